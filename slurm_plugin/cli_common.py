@@ -1,0 +1,57 @@
+"""Shared CLI plumbing for ``coda-slurm`` and ``coda-node``.
+
+Library code raises :class:`CliError` (or a domain error the CLI translates); only ``main()``
+turns it into ``<prog>: <what> (<why>)`` on stderr and an exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+
+class CliError(click.ClickException):
+    """An error the user can act on: printed as ``<prog>: <what> (<why>)``, exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, what: str, why: str | None = None) -> None:
+        self.what = what
+        self.why = why
+        super().__init__(f"{what} ({why})" if why else what)
+
+
+def emit_json(data: Any) -> None:
+    """Print ``data`` as stable, sorted JSON on stdout."""
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def run_cli(group: click.Group, prog: str, argv: list[str] | None = None) -> int:
+    """Run a click group and return its exit code instead of exiting.
+
+    One error handler for the whole CLI: click's own usage errors keep their message,
+    :class:`CliError` prints ``<prog>: <what> (<why>)``, a closed pipe is quiet.
+    """
+    try:
+        rv = group.main(args=argv, prog_name=prog, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.Abort:
+        click.echo(f"{prog}: aborted", err=True)
+        return 130
+    except CliError as exc:
+        click.echo(f"{prog}: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except BrokenPipeError:
+        # Quiet on a closed pipe (`coda-slurm profiles list | head`).
+        try:
+            sys.stdout = None  # type: ignore[assignment]
+        finally:
+            return 0
+    return rv if isinstance(rv, int) else 0
