@@ -1,0 +1,36 @@
+"""CODA for Slurm: CPU-aware scheduling of GPU jobs (job_submit/coda + coda-node)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="coda-slurm",
+    version="0.1.0",
+    description="Make Slurm CPU-aware for GPU training jobs (after CODA, ICDCS 2020)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["slurm_plugin", "slurm_plugin.*", "coda_node", "coda_node.*"]),
+    setup_requires=["cffi>=1.16"],
+    # csrc/build_plugin.py: the embedded-Python Slurm plugin (job_submit_coda.so).
+    cffi_modules=["csrc/build_plugin.py:ffibuilder"],
+    install_requires=[
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "cffi>=1.16",
+        "click>=8.1",
+        "psutil>=5.9",
+        "nvidia-ml-py>=12.535",
+    ],
+    extras_require={
+        # PyPI only has pyslurm for Slurm 25.11; nothing requires it.
+        "pyslurm": ["pyslurm"],
+        "test": ["pytest>=7.4", "ruff>=0.4"],
+    },
+    entry_points={
+        "console_scripts": [
+            "coda-slurm=slurm_plugin.cli:main",
+            "coda-node=coda_node.cli:main",
+        ],
+    },
+    zip_safe=False,
+)

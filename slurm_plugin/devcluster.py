@@ -1,0 +1,442 @@
+"""A real one-node Slurm cluster on localhost, for the demo and the tests.
+
+Starts munged, slurmctld and slurmd from Debian's packages in a private directory:
+random ports, fake GPUs (character devices ``c 195 N`` as the NVIDIA driver makes
+them; a gres.conf line without ``File=`` makes the node INVAL), and job_submit/coda
+loaded from the directory we install it into (``PluginDir`` takes a colon list, so
+nothing is written to system directories). Nothing here is a mock: jobs are real
+Slurm jobs and ``scontrol show job`` reads slurmctld's own record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_plugin.install import install_plugin
+
+SYSTEM_PLUGIN_DIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
+NODE_NAME = "gpu01"
+STATE_FILE = "cluster.json"
+# Slurm's daemons keep their own idea of time-outs; these bound our waiting only.
+START_TIMEOUT_S = 30.0
+
+
+class DevClusterError(RuntimeError):
+    """The local cluster could not be started, queried or stopped; says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """Shape of the fake GPU node (CPUs may exceed the host's: config_overrides)."""
+
+    cpus: int = 32
+    sockets: int = 2
+    gpus: int = 4
+    gpu_type: str = "a100"
+    real_memory_mb: int = 64000
+
+
+@dataclass(slots=True)
+class DevCluster:
+    root: Path
+    node: NodeSpec = field(default_factory=NodeSpec)
+    job_submit_plugins: str = "coda"
+    def_cpu_per_gpu: int | None = 4
+    coda_conf_extra: str = ""
+
+    # -- paths ---------------------------------------------------------------
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def coda_conf(self) -> Path:
+        return self.etc / "coda.conf"
+
+    @property
+    def profile_store(self) -> Path:
+        return self.root / "profiles"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    @property
+    def ctld_log(self) -> Path:
+        return self.root / "log" / "slurmctld.log"
+
+    @property
+    def ctld_stderr(self) -> Path:
+        return self.root / "log" / "slurmctld.stderr"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients talking to this cluster."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.slurm_conf)
+        env["CODA_CONF"] = str(self.coda_conf)
+        return env
+
+    # -- lifecycle -----------------------------------------------------------
+    def up(self) -> None:
+        """Write the configuration, start the three daemons, wait for an idle node."""
+        for tool in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol"):
+            if shutil.which(tool) is None:
+                raise DevClusterError(
+                    f"{tool} not found",
+                    "install Debian's munge slurmctld slurmd slurm-client packages",
+                )
+        if self.is_running():
+            raise DevClusterError(f"a dev cluster is already running in {self.root}")
+        for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.profile_store.mkdir(mode=0o755, exist_ok=True)
+        install_plugin(self.plugin_dir)
+        self._make_gpu_devices()
+        ports = _free_ports(2)
+        self._write_configs(ctld_port=ports[0], slurmd_port=ports[1])
+        pids: dict[str, int] = {}
+        pids["munged"] = self._start_munged()
+        pids["slurmctld"] = self._spawn(
+            ["slurmctld", "-D", "-f", str(self.slurm_conf)], self.ctld_stderr
+        )
+        self._save_state(pids)
+        self._wait_for(lambda: self._scontrol_ok(), "slurmctld to answer")
+        pids["slurmd"] = self._spawn(
+            ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", NODE_NAME],
+            self.root / "log" / "slurmd.stderr",
+        )
+        self._save_state(pids)
+        self._wait_for(lambda: self.node_state().startswith("IDLE"), "the node to be IDLE")
+
+    def down(self) -> None:
+        """Stop the daemons this cluster started (slurmd, slurmctld, munged)."""
+        state = self._load_state()
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid = state.get("pids", {}).get(name)
+            if pid:
+                _stop_pid(int(pid))
+        state_path = self.root / STATE_FILE
+        if state_path.exists():
+            state_path.unlink()
+
+    def is_running(self) -> bool:
+        state = self._load_state()
+        pid = state.get("pids", {}).get("slurmctld")
+        return bool(pid) and _pid_alive(int(pid))
+
+    def status(self) -> dict[str, object]:
+        state = self._load_state()
+        pids = state.get("pids", {})
+        alive = {name: _pid_alive(int(pid)) for name, pid in pids.items()}
+        node = self.node_state() if alive.get("slurmctld") else "unknown"
+        return {"root": str(self.root), "slurm_conf": str(self.slurm_conf), "daemons": alive,
+                "node": NODE_NAME, "node_state": node}
+
+    # -- Slurm client helpers used by the demo and the tests -----------------
+    def run(self, argv: list[str], *, check: bool = True, timeout_s: float = 30.0,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout_s,
+            input=input_text, cwd=self.root / "tmp",
+        )
+        if check and proc.returncode != 0:
+            raise DevClusterError(
+                f"{' '.join(argv)} exited {proc.returncode}", proc.stderr.strip() or "no stderr"
+            )
+        return proc
+
+    def sbatch(self, args: list[str], script: str) -> tuple[int, str]:
+        """Submit ``script`` with ``args``; return (job id, sbatch's stderr)."""
+        path = self.root / "tmp" / f"job-{time.monotonic_ns()}.sh"
+        path.write_text(script)
+        proc = self.run(["sbatch", "--parsable", *args, str(path)])
+        return int(proc.stdout.strip().split(";")[0]), proc.stderr
+
+    def show_job(self, job_id: int) -> dict[str, str]:
+        """``scontrol -o show job`` as a dict of its Key=Value fields."""
+        out = self.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout.strip()
+        return parse_scontrol_line(out)
+
+    def node_state(self) -> str:
+        proc = self.run(["scontrol", "-o", "show", "node", NODE_NAME], check=False)
+        if proc.returncode != 0:
+            return "unknown"
+        return parse_scontrol_line(proc.stdout.strip()).get("State", "unknown")
+
+    # -- internals -----------------------------------------------------------
+    def _make_gpu_devices(self) -> None:
+        for index in range(self.node.gpus):
+            dev = self.root / "dev" / f"nvidia{index}"
+            if not dev.exists():
+                # Major 195 is the NVIDIA driver's; slurmd stats File= entries and
+                # only accepts character devices.
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(195, index))
+
+    def _write_configs(self, *, ctld_port: int, slurmd_port: int) -> None:
+        host = socket.gethostname().split(".")[0]
+        node = self.node
+        cores_per_socket = node.cpus // node.sockets
+        def_cpg = f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else ""
+        plugin_dirs = f"{self.plugin_dir}:{SYSTEM_PLUGIN_DIR}"
+        submit = f"JobSubmitPlugins={self.job_submit_plugins}\n" if self.job_submit_plugins else ""
+        r = self.root
+        self.slurm_conf.write_text(
+            f"""# Written by coda dev-cluster; a private one-node cluster.
+ClusterName=coda-dev
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+CredType=cred/munge
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/run/slurmctld.pid
+SlurmdPidFile={r}/run/slurmd.pid
+SlurmctldLogFile={self.ctld_log}
+SlurmdLogFile={r}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PluginDir={plugin_dirs}
+{submit}SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+ReturnToService=2
+MailProg=/bin/true
+SlurmdParameters=config_overrides
+SlurmctldTimeout=30
+SlurmdTimeout=30
+MinJobAge=300
+NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} Port={slurmd_port} """
+            f"""Sockets={node.sockets} CoresPerSocket={cores_per_socket} ThreadsPerCore=1 """
+            f"""RealMemory={node.real_memory_mb} Gres=gpu:{node.gpu_type}:{node.gpus} State=UNKNOWN
+PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cpg}
+"""
+        )
+        last = node.gpus - 1
+        (self.etc / "gres.conf").write_text(
+            f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} "
+            f"File={r}/dev/nvidia[0-{last}]\n"
+        )
+        (self.etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        self.coda_conf.write_text(
+            f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
+            f"ReloadIntervalS=1\n{self.coda_conf_extra}"
+        )
+
+    def _start_munged(self) -> int:
+        key = self.root / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o600)
+        pid_file = self.root / "munge" / "munged.pid"
+        # --force: we run as root with the socket outside /run/munge.
+        subprocess.run(
+            ["munged", f"--socket={self.munge_socket}", f"--key-file={key}",
+             f"--pid-file={pid_file}", f"--log-file={self.root / 'log' / 'munged.log'}",
+             f"--seed-file={self.root / 'munge' / 'munged.seed'}", "--force"],
+            check=True, capture_output=True, text=True, timeout=START_TIMEOUT_S,
+        )
+        return int(pid_file.read_text().strip())
+
+    def _spawn(self, argv: list[str], stderr_path: Path) -> int:
+        with open(stderr_path, "ab") as err:
+            proc = subprocess.Popen(
+                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                start_new_session=True, cwd=self.root,
+            )
+        return proc.pid
+
+    def _scontrol_ok(self) -> bool:
+        return self.run(["scontrol", "ping"], check=False, timeout_s=5).returncode == 0
+
+    def _wait_for(self, predicate, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise DevClusterError(
+            f"timed out waiting for {what}",
+            f"see {self.ctld_log} and {self.root / 'log'}",
+        )
+
+    def _save_state(self, pids: Mapping[str, int]) -> None:
+        (self.root / STATE_FILE).write_text(json.dumps({"pids": dict(pids)}))
+
+    def _load_state(self) -> dict:
+        path = self.root / STATE_FILE
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+
+def parse_scontrol_line(line: str) -> dict[str, str]:
+    """Split ``scontrol -o`` output (``Key=Value`` separated by spaces) into a dict.
+
+    Values may contain spaces only in a few fields (Reason, Comment...). A token
+    without ``=`` continues the previous value.
+    """
+    fields: dict[str, str] = {}
+    last: str | None = None
+    for token in line.split(" "):
+        if not token:
+            continue
+        key, sep, value = token.partition("=")
+        if sep and key and key[0].isalpha():
+            fields[key] = value
+            last = key
+        elif last is not None:
+            fields[last] += " " + token
+    return fields
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _stop_pid(pid: int, timeout_s: float = 10.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            _reap(pid)
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+DEFAULT_ROOT = Path(os.environ.get("CODA_DEV_CLUSTER", f"/tmp/coda-dev-cluster-{os.getuid()}"))
+
+
+def _cli():  # built lazily: importing this module must stay cheap for the tests
+    import click
+
+    from slurm_plugin.cli_common import CliError
+
+    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+    def dev_cluster() -> None:
+        """A private one-node Slurm (munge, slurmctld, slurmd) with fake GPUs on localhost."""
+
+    dir_option = click.option(
+        "--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_ROOT,
+        show_default=True, help="Where the cluster keeps its config, state and logs.")
+
+    @dev_cluster.command()
+    @dir_option
+    @click.option("--no-plugin", is_flag=True, help="Start without job_submit/coda.")
+    def up(root: Path, no_plugin: bool) -> None:
+        """Start the cluster and print the SLURM_CONF to export."""
+        cluster = DevCluster(root, job_submit_plugins="" if no_plugin else "coda")
+        try:
+            cluster.up()
+        except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
+            raise CliError("cannot start the dev cluster", str(exc)) from exc
+        click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
+        click.echo(f"# node {NODE_NAME}: {cluster.node.cpus} CPUs, "
+                   f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}; "
+                   f"profiles in {cluster.profile_store}; logs in {root / 'log'}", err=True)
+
+    @dev_cluster.command()
+    @dir_option
+    def down(root: Path) -> None:
+        """Stop the cluster's daemons."""
+        DevCluster(root).down()
+        click.echo(f"stopped the dev cluster in {root}", err=True)
+
+    @dev_cluster.command()
+    @dir_option
+    @click.option("--json", "as_json", is_flag=True)
+    def status(root: Path, as_json: bool) -> None:
+        """Say whether the cluster runs, and its node's state."""
+        info = DevCluster(root).status()
+        if as_json:
+            click.echo(json.dumps(info, indent=2))
+            return
+        daemons = info["daemons"] or {}
+        if not daemons:
+            click.echo(f"no dev cluster in {root}")
+            return
+        for name, alive in daemons.items():
+            click.echo(f"{name:10} {'running' if alive else 'stopped'}")
+        click.echo(f"{NODE_NAME:10} {info['node_state']}")
+        click.echo(f"export SLURM_CONF={info['slurm_conf']}")
+
+    return dev_cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    from slurm_plugin.cli_common import run_cli
+
+    return run_cli(_cli(), "dev-cluster", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
