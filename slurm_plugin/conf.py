@@ -1,0 +1,655 @@
+"""``coda.conf``: CODA's configuration file, in Slurm's own syntax; and the node shapes
+of ``slurm.conf``.
+
+Syntax (as in ``cgroup.conf`` or ``gres.conf``)::
+
+    # comment
+    Mode=advise            # keys are case-insensitive
+    ProfileStore="/var/lib/coda/profiles"
+    Partitions=gpu,gpu-long  MinConfidence=0.9     # several pairs on one line are fine
+
+``#`` starts a comment outside double quotes (``\\#`` is a literal ``#``); a line ending
+in ``\\`` continues on the next.  Unknown keys are errors (``coda.conf:7: unknown key
+...``); a key given twice keeps the last value and produces a warning.  :data:`CONFIG_KEYS`
+documents every key.
+
+Only :func:`load_config` and :func:`read_slurm_nodes` read files; everything else is pure.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = [
+    "CONFIG_KEYS",
+    "CodaConfig",
+    "ConfigError",
+    "KeySpec",
+    "NodeShape",
+    "count_hostlist",
+    "load_config",
+    "make_node_cap",
+    "max_cpus_per_gpu_on_any_node",
+    "parse_config",
+    "read_slurm_nodes",
+]
+
+MAX_CPUS = 65533
+"""Largest CPU count a key may hold (Slurm keeps cpus_per_task in a uint16 below NO_VAL16)."""
+
+_MAX_INCLUDE_DEPTH = 16
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; ``str()`` is ``source:line: message`` (or
+    ``source: message`` when no line applies)."""
+
+    def __init__(self, source: str, line: int | None, message: str) -> None:
+        self.source = source
+        self.line = line
+        self.message = message
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+
+
+class KeySpec(NamedTuple):
+    """Documentation of one ``coda.conf`` key: ``(type, default, help)``."""
+
+    type: str
+    """Value syntax, e.g. ``int``, ``float``, ``path``, ``enforce|advise|off``, ``list``."""
+    default: str
+    """The default as it would be written in the file (``""`` = empty)."""
+    help: str
+
+
+CONFIG_KEYS: dict[str, KeySpec] = {
+    "ProfileStore": KeySpec(
+        "path",
+        "/var/lib/coda/profiles",
+        "Directory of the workload profile store (absolute path).",
+    ),
+    "Mode": KeySpec(
+        "enforce|advise|off",
+        "enforce",
+        "enforce: rewrite --cpus-per-gpu; advise: record and log the decision but leave the "
+        "job unchanged; off: do nothing.",
+    ),
+    "UserValue": KeySpec(
+        "keep|lower|replace",
+        "keep",
+        "What to do when the user gave --cpus-per-gpu or --cpus-per-task: keep it, lower it "
+        "to the profile's value when that is smaller, or replace it with the profile's value.",
+    ),
+    "MinCpusPerGpu": KeySpec("int", "1", "Smallest --cpus-per-gpu CODA sets (1 or more)."),
+    "MaxCpusPerGpu": KeySpec(
+        "int", "64", "Largest --cpus-per-gpu CODA sets (MinCpusPerGpu or more)."
+    ),
+    "DefaultCpusPerGpu": KeySpec(
+        "int or empty",
+        "",
+        "--cpus-per-gpu for workloads without a confident profile; empty leaves Slurm's "
+        "DefCpuPerGPU in charge.",
+    ),
+    "MinConfidence": KeySpec(
+        "float", "0.8", "A profile is used only when its confidence is at least this (0..1)."
+    ),
+    "MultiNodeGpuCap": KeySpec(
+        "int",
+        "2",
+        "Multi-node jobs: per-GPU CPU demand is scaled as if a node had at most this many "
+        "GPUs (CODA: multi-node demand is at most the 1-node-2-GPU demand).",
+    ),
+    "HookBudgetMs": KeySpec("float", "20", "Time budget of the submit hook in milliseconds (> 0)."),
+    "ReloadIntervalS": KeySpec(
+        "float", "5", "Seconds between checks for a changed profile store or coda.conf (> 0)."
+    ),
+    "Partitions": KeySpec(
+        "list", "", "Comma-separated partitions CODA manages; empty = all partitions."
+    ),
+    "ExcludePartitions": KeySpec(
+        "list", "", "Comma-separated partitions CODA never touches (wins over Partitions)."
+    ),
+    "LogLevel": KeySpec(
+        "error|info|verbose|debug", "info", "How much the hook writes to slurmctld's log."
+    ),
+    "HookStatsFile": KeySpec(
+        "path or empty",
+        "/var/lib/coda/hook-stats.json",
+        "Where the hook writes its counters (calls, p50/p99 time, fail-open count) every "
+        "ReloadIntervalS, for coda-slurm status; empty = do not write them.",
+    ),
+    "SlurmConf": KeySpec(
+        "path or empty",
+        "",
+        "slurm.conf to read node shapes from; empty = the slurm.conf beside coda.conf; a "
+        "relative path is relative to coda.conf's directory.",
+    ),
+}
+
+_MODES = ("enforce", "advise", "off")
+_USER_VALUES = ("keep", "lower", "replace")
+_LOG_LEVELS = ("error", "info", "verbose", "debug")
+
+
+@dataclass(frozen=True, slots=True)
+class CodaConfig:
+    """Parsed ``coda.conf``; defaults as in :data:`CONFIG_KEYS`."""
+
+    profile_store: Path = Path("/var/lib/coda/profiles")
+    mode: str = "enforce"
+    """``enforce``, ``advise`` or ``off`` (lower case)."""
+    user_value: str = "keep"
+    """``keep``, ``lower`` or ``replace`` (lower case)."""
+    min_cpus_per_gpu: int = 1
+    max_cpus_per_gpu: int = 64
+    default_cpus_per_gpu: int | None = None
+    min_confidence: float = 0.8
+    multi_node_gpu_cap: int = 2
+    hook_budget_ms: float = 20.0
+    reload_interval_s: float = 5.0
+    partitions: tuple[str, ...] = ()
+    """Managed partitions; empty = all."""
+    exclude_partitions: tuple[str, ...] = ()
+    log_level: str = "info"
+    hook_stats_file: Path | None = Path("/var/lib/coda/hook-stats.json")
+    """None = the hook keeps its counters in memory only."""
+    slurm_conf: Path | None = None
+    """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
+
+
+# ----------------------------------------------------------------------------- lexing
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` without its comment: ``#`` outside double quotes, not preceded by ``\\``."""
+    if "#" not in line:
+        return line
+    in_quotes = False
+    prev = ""
+    for i, c in enumerate(line):
+        if c == '"':
+            in_quotes = not in_quotes
+        elif c == "#" and not in_quotes and prev != "\\":
+            return line[:i]
+        prev = c
+    return line
+
+
+def _logical_lines(text: str, source: str) -> Iterator[tuple[int, str]]:
+    """``(first line number, text)`` of each non-blank logical line: comments stripped,
+    ``\\``-continued lines joined as Slurm does (backslash dropped, next line appended
+    as is), CR before LF dropped."""
+    pending: list[str] = []
+    start = 0
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        if raw.endswith("\r"):
+            raw = raw[:-1]
+        bad = _CONTROL.search(raw)
+        if bad is not None:
+            raise ConfigError(source, lineno, f"control character {bad.group()!a} in the file")
+        line = _strip_comment(raw).rstrip()
+        if not pending:
+            start = lineno
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        joined = "".join(pending).strip()
+        pending = []
+        if joined:
+            yield start, joined
+    if pending:
+        joined = "".join(pending).strip()
+        if joined:
+            yield start, joined
+
+
+def _tokenize(line: str, source: str, lineno: int) -> list[tuple[str, str]]:
+    """The ``Key=Value`` pairs of one logical line; values may be ``"quoted"``."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    n = len(line)
+    while i < n:
+        if line[i] in " \t":
+            i += 1
+            continue
+        eq = line.find("=", i)
+        space = min((j for j in (line.find(" ", i), line.find("\t", i)) if j >= 0), default=n)
+        if eq < 0 or eq > space:
+            word = line[i:space]
+            raise ConfigError(source, lineno, f"expected Key=Value, got {word!r}")
+        key = line[i:eq]
+        if not key:
+            raise ConfigError(source, lineno, "missing key before '='")
+        i = eq + 1
+        if i < n and line[i] == '"':
+            end = line.find('"', i + 1)
+            if end < 0:
+                raise ConfigError(source, lineno, f"unterminated quote in the value of {key}")
+            value = line[i + 1 : end]
+            i = end + 1
+            if i < n and line[i] not in " \t":
+                raise ConfigError(
+                    source, lineno, f"unexpected text after the quoted value of {key}"
+                )
+        else:
+            end = i
+            while end < n and line[end] not in " \t":
+                end += 1
+            value = line[i:end].replace("\\#", "#")
+            if '"' in value:
+                raise ConfigError(source, lineno, f"stray quote in the value of {key}")
+            i = end
+        pairs.append((key, value))
+    return pairs
+
+
+# ---------------------------------------------------------------------- value parsing
+
+_INT = re.compile(r"\+?[0-9]{1,9}")
+_FLOAT = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,2})?")
+
+
+def _int(key: str, value: str, low: int, high: int = MAX_CPUS) -> int:
+    if _INT.fullmatch(value) is None:
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    number = int(value)
+    if not low <= number <= high:
+        raise ValueError(f"{key} must be {low}..{high}, got {number}")
+    return number
+
+
+def _float(key: str, value: str) -> float:
+    if _FLOAT.fullmatch(value) is None:
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _positive_float(key: str, value: str) -> float:
+    number = _float(key, value)
+    if not number > 0:
+        raise ValueError(f"{key} must be greater than 0, got {value}")
+    return number
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
+    lowered = value.lower()
+    if lowered not in choices:
+        raise ValueError(f"{key} must be one of {'|'.join(choices)}, got {value!r}")
+    return lowered
+
+
+def _partition_list(key: str, value: str) -> tuple[str, ...]:
+    names: list[str] = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if any(c.isspace() for c in part):
+            raise ValueError(f"{key}: partition name {part!r} contains blanks")
+        if part not in names:
+            names.append(part)
+    return tuple(names)
+
+
+def _convert(key: str, value: str) -> tuple[str, object]:
+    """``(CodaConfig field, typed value)`` for canonical ``key``; ValueError if invalid."""
+    if key == "ProfileStore":
+        if not value:
+            raise ValueError("ProfileStore needs a value")
+        path = Path(value)
+        if not path.is_absolute():
+            raise ValueError(f"ProfileStore must be an absolute path, got {value!r}")
+        return "profile_store", path
+    if key == "Mode":
+        return "mode", _choice(key, value, _MODES)
+    if key == "UserValue":
+        return "user_value", _choice(key, value, _USER_VALUES)
+    if key == "MinCpusPerGpu":
+        return "min_cpus_per_gpu", _int(key, value, 1)
+    if key == "MaxCpusPerGpu":
+        return "max_cpus_per_gpu", _int(key, value, 1)
+    if key == "DefaultCpusPerGpu":
+        return "default_cpus_per_gpu", _int(key, value, 1) if value else None
+    if key == "MinConfidence":
+        number = _float(key, value)
+        if not 0.0 <= number <= 1.0:
+            raise ValueError(f"MinConfidence must be 0..1, got {value}")
+        return "min_confidence", number
+    if key == "MultiNodeGpuCap":
+        return "multi_node_gpu_cap", _int(key, value, 1)
+    if key == "HookBudgetMs":
+        return "hook_budget_ms", _positive_float(key, value)
+    if key == "ReloadIntervalS":
+        return "reload_interval_s", _positive_float(key, value)
+    if key == "Partitions":
+        return "partitions", _partition_list(key, value)
+    if key == "ExcludePartitions":
+        return "exclude_partitions", _partition_list(key, value)
+    if key == "LogLevel":
+        return "log_level", _choice(key, value, _LOG_LEVELS)
+    if key == "HookStatsFile":
+        if value and not Path(value).is_absolute():
+            raise ValueError(f"HookStatsFile must be an absolute path, got {value!r}")
+        return "hook_stats_file", Path(value) if value else None
+    if key == "SlurmConf":
+        return "slurm_conf", Path(value) if value else None
+    raise AssertionError(f"no converter for {key}")  # CONFIG_KEYS and _convert disagree
+
+
+_CANONICAL = {key.lower(): key for key in CONFIG_KEYS}
+
+
+def _unknown_key_message(key: str) -> str:
+    import difflib  # error path only: keep the import off slurmctld's start-up
+
+    close = difflib.get_close_matches(key.lower(), list(_CANONICAL), n=1)
+    hint = f" (did you mean {_CANONICAL[close[0]]}?)" if close else ""
+    return f"unknown key {key!r}{hint}"
+
+
+def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list[str]]:
+    """Parse the text of a ``coda.conf``: ``(config, warnings)``.
+
+    Raises :class:`ConfigError` (``source:line: message``) for unknown keys, malformed
+    lines and invalid values; warnings (same prefix) report keys given more than once and
+    partitions both managed and excluded.  ``SlurmConf`` is returned as written (None when
+    empty); :func:`load_config` resolves it.
+    """
+    seen: dict[str, tuple[str, int]] = {}
+    warnings: list[str] = []
+    for lineno, line in _logical_lines(text, source):
+        for key, value in _tokenize(line, source, lineno):
+            canonical = _CANONICAL.get(key.lower())
+            if canonical is None:
+                raise ConfigError(source, lineno, _unknown_key_message(key))
+            if canonical in seen:
+                warnings.append(
+                    f"{source}:{lineno}: {canonical} given again (first on line "
+                    f"{seen[canonical][1]}); the last value wins"
+                )
+            seen[canonical] = (value, lineno)
+
+    values: dict[str, object] = {}
+    lines: dict[str, int] = {}
+    for key, (value, lineno) in seen.items():
+        try:
+            name, typed = _convert(key, value)
+        except ValueError as exc:
+            raise ConfigError(source, lineno, str(exc)) from None
+        values[name] = typed
+        lines[key] = lineno
+    config = CodaConfig(**values)  # type: ignore[arg-type]
+
+    if config.max_cpus_per_gpu < config.min_cpus_per_gpu:
+        line = max(lines.get("MaxCpusPerGpu", 0), lines.get("MinCpusPerGpu", 0)) or None
+        raise ConfigError(
+            source,
+            line,
+            f"MaxCpusPerGpu={config.max_cpus_per_gpu} is below "
+            f"MinCpusPerGpu={config.min_cpus_per_gpu}",
+        )
+    default = config.default_cpus_per_gpu
+    if default is not None and not (config.min_cpus_per_gpu <= default <= config.max_cpus_per_gpu):
+        raise ConfigError(
+            source,
+            lines.get("DefaultCpusPerGpu"),
+            f"DefaultCpusPerGpu={default} is outside "
+            f"MinCpusPerGpu..MaxCpusPerGpu ({config.min_cpus_per_gpu}..{config.max_cpus_per_gpu})",
+        )
+    for name in config.partitions:
+        if name in config.exclude_partitions:
+            warnings.append(
+                f"{source}:{lines['ExcludePartitions']}: partition {name!r} is in both "
+                "Partitions and ExcludePartitions; it is excluded"
+            )
+    return config, warnings
+
+
+def _read_text(path: Path, source: str | None = None) -> str:
+    """The UTF-8 text of ``path``; ConfigError when unreadable or not UTF-8."""
+    source = source or str(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, None, f"cannot read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(source, lineno, "not valid UTF-8") from None
+
+
+def load_config(path: Path, *, warnings: list[str] | None = None) -> CodaConfig:
+    """Read and parse ``coda.conf`` at ``path``.
+
+    Warnings (duplicate keys ...) are appended to ``warnings`` when a list is given.
+    ``slurm_conf`` comes back resolved: ``<dir of path>/slurm.conf`` when not set, a
+    relative value taken relative to ``path``'s directory.  Raises :class:`ConfigError`.
+    """
+    config, found = parse_config(_read_text(path), str(path))
+    if warnings is not None:
+        warnings.extend(found)
+    slurm_conf = config.slurm_conf
+    if slurm_conf is None:
+        slurm_conf = path.parent / "slurm.conf"
+    elif not slurm_conf.is_absolute():
+        slurm_conf = path.parent / slurm_conf
+    return replace(config, slurm_conf=slurm_conf)
+
+
+# --------------------------------------------------------------------------- slurm.conf
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """One ``NodeName=`` line of slurm.conf: its host expression, CPUs and GPUs per node."""
+
+    names: str
+    """The NodeName value as written (``gpu[01-04]``)."""
+    cpus: int
+    """CPUs per node: ``CPUs=``, else Boards x Sockets x CoresPerSocket x ThreadsPerCore."""
+    gpus: int
+    """GPUs per node: all ``gpu`` entries of ``Gres=`` summed, typed or not."""
+    count: int = 1
+    """Number of nodes the host expression names."""
+
+
+_NODENAME_LINE = re.compile(r"\s*nodename\s*=", re.IGNORECASE)
+_INCLUDE_LINE = re.compile(r"\s*include\s+(.+)", re.IGNORECASE)
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_GRES_COUNT = re.compile(r"([0-9]{1,9})([kKmMgG]?)")
+_GRES_MULT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+_MAX_HOSTS = 10_000_000
+
+
+def count_hostlist(expr: str) -> int:
+    """Number of hosts in a Slurm hostlist expression (``gpu[01-04,07],login1`` is 6).
+
+    Raises ValueError on unbalanced brackets or bad ranges.
+    """
+    total = 0
+    depth = 0
+    start = 0
+    items: list[str] = []
+    for i, c in enumerate(expr):
+        if c == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"nested '[' in host list {expr!r}")
+        elif c == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in host list {expr!r}")
+        elif c == "," and depth == 0:
+            items.append(expr[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced '[' in host list {expr!r}")
+    items.append(expr[start:])
+    for item in items:
+        if not item:
+            continue
+        hosts = 1
+        for m in _BRACKET.finditer(item):
+            in_bracket = 0
+            for part in m.group(1).split(","):
+                r = _RANGE.fullmatch(part.strip())
+                if r is None:
+                    raise ValueError(f"bad range {part!r} in host list {expr!r}")
+                low = int(r.group(1))
+                high = int(r.group(2)) if r.group(2) is not None else low
+                if high < low:
+                    raise ValueError(f"descending range {part!r} in host list {expr!r}")
+                in_bracket += high - low + 1
+            hosts *= in_bracket
+        total += hosts
+        if total > _MAX_HOSTS:
+            raise ValueError(f"host list {expr!r} names more than {_MAX_HOSTS} hosts")
+    return total
+
+
+def _gres_gpus(gres: str) -> int:
+    """GPUs in a node's ``Gres=`` value (``gpu:a100:4,gpu:v100:2(S:0-1),shard:8`` is 6)."""
+    total = 0
+    for item in gres.split(","):
+        item = item.strip()
+        paren = item.find("(")
+        if paren >= 0:
+            item = item[:paren]
+        fields = item.split(":")
+        if fields[0] == "gres" and len(fields) > 1:
+            del fields[0]
+        if fields[0] != "gpu":
+            continue
+        count = 1
+        if len(fields) > 1:
+            m = _GRES_COUNT.fullmatch(fields[-1])
+            if m is not None:
+                count = int(m.group(1)) * _GRES_MULT[m.group(2).lower()]
+            elif len(fields) > 2 or not fields[-1]:
+                raise ValueError(f"bad GPU count in Gres={gres!r}")
+        total += count
+    return total
+
+
+def _node_int(params: dict[str, str], key: str, default: int) -> int:
+    value = params.get(key)
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or len(value) > 9:
+        raise ValueError(f"bad {key} value {value!r}")
+    return int(value)
+
+
+def _node_shape(params: dict[str, str]) -> NodeShape:
+    """Shape of one node line; ``params`` has lower-case keys, DEFAULT values merged."""
+    names = params["nodename"]
+    cpus = _node_int(params, "cpus", 0) or _node_int(params, "procs", 0)
+    if not cpus:
+        # As Slurm: SocketsPerBoard, when given, wins over Sockets (the total).
+        boards = _node_int(params, "boards", 1)
+        per_board = _node_int(params, "socketsperboard", 0)
+        sockets = boards * per_board if per_board else _node_int(params, "sockets", 1)
+        cpus = (
+            sockets
+            * _node_int(params, "corespersocket", 1)
+            * _node_int(params, "threadspercore", 1)
+        )
+    gpus = _gres_gpus(params["gres"]) if params.get("gres") else 0
+    return NodeShape(names, cpus, gpus, count_hostlist(names))
+
+
+def _read_slurm_file(
+    path: Path,
+    base_dir: Path,
+    nodes: list[NodeShape],
+    defaults: dict[str, str],
+    stack: tuple[Path, ...],
+) -> None:
+    if len(stack) > _MAX_INCLUDE_DEPTH:
+        raise ConfigError(str(path), None, "Include nested too deeply")
+    resolved = path.resolve()
+    if resolved in stack:
+        raise ConfigError(str(path), None, "Include loop")
+    stack = (*stack, resolved)
+    source = str(path)
+    for lineno, line in _logical_lines(_read_text(path), source):
+        include = _INCLUDE_LINE.fullmatch(line)
+        if include is not None:
+            for included in _include_targets(include.group(1).strip(), base_dir, source, lineno):
+                _read_slurm_file(included, base_dir, nodes, defaults, stack)
+            continue
+        if _NODENAME_LINE.match(line) is None:
+            continue
+        params = {key.lower(): value for key, value in _tokenize(line, source, lineno)}
+        name = params.get("nodename", "")
+        if not name:
+            raise ConfigError(source, lineno, "NodeName without a value")
+        if name.upper() == "DEFAULT":
+            del params["nodename"]
+            defaults.update(params)
+            continue
+        try:
+            nodes.append(_node_shape({**defaults, **params}))
+        except ValueError as exc:
+            raise ConfigError(source, lineno, f"NodeName={name}: {exc}") from None
+
+
+def _include_targets(spec: str, base_dir: Path, source: str, lineno: int) -> list[Path]:
+    if len(spec) >= 2 and spec[0] == '"' and spec[-1] == '"':
+        spec = spec[1:-1]
+    target = Path(spec)
+    if not target.is_absolute():
+        target = base_dir / target
+    if glob.has_magic(str(target)):
+        return [Path(p) for p in sorted(glob.glob(str(target)))]
+    if not target.is_file():
+        raise ConfigError(source, lineno, f"Include {spec}: no such file")
+    return [target]
+
+
+def read_slurm_nodes(path: Path) -> tuple[NodeShape, ...]:
+    """Node shapes from the ``NodeName=`` lines of slurm.conf at ``path``.
+
+    ``NodeName=DEFAULT`` lines are not nodes: their values become defaults for later lines
+    (as in Slurm).  ``Include FILE`` lines are followed (relative paths and globs relative
+    to ``path``'s directory).  Other lines are ignored.  Raises :class:`ConfigError`.
+    """
+    nodes: list[NodeShape] = []
+    _read_slurm_file(path, path.parent, nodes, {}, ())
+    return tuple(nodes)
+
+
+def max_cpus_per_gpu_on_any_node(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
+    """The largest ``cpus // gpus_per_node`` over nodes with at least ``gpus_per_node``
+    GPUs: the most CPUs per GPU any node can give such a job.  None when no node fits (or
+    there is no node information, or ``gpus_per_node`` < 1)."""
+    if gpus_per_node < 1:
+        return None
+    best: int | None = None
+    for node in nodes:
+        if node.gpus >= gpus_per_node:
+            per_gpu = node.cpus // gpus_per_node
+            if best is None or per_gpu > best:
+                best = per_gpu
+    return best
+
+
+def make_node_cap(nodes: Iterable[NodeShape]) -> Callable[[int], int | None]:
+    """A fast ``node_cap(gpus_per_node)`` for :func:`slurm_plugin.policy.decide`: the
+    answers of :func:`max_cpus_per_gpu_on_any_node` precomputed for every GPU count."""
+    shapes = tuple(nodes)
+    most_gpus = max((node.gpus for node in shapes), default=0)
+    table: dict[int, int | None] = {
+        gpn: max_cpus_per_gpu_on_any_node(shapes, gpn) for gpn in range(1, most_gpus + 1)
+    }
+    return table.get

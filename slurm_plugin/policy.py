@@ -1,0 +1,480 @@
+"""The submit-time decision: which ``--cpus-per-gpu`` a job gets.  Pure and stdlib-only.
+
+:func:`decide` takes the job's request fields, the configuration, the in-memory profiles and
+a node-size cap, and returns a :class:`Decision` the job_submit hook applies verbatim.
+
+Actions (:data:`ACTIONS`, a closed set)::
+
+    set      no user value; cpus_per_tres set to the profile's prediction
+    default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu
+    keep     the user's --cpus-per-gpu / --cpus-per-task left as is (UserValue=keep, or
+             UserValue=lower and the prediction is not lower, or no confident profile)
+    lower    UserValue=lower and the prediction is below the user's per-GPU value: set
+    replace  UserValue=replace: the prediction replaces the user's value
+    advise   Mode=advise: one of set/default/lower/replace was decided but nothing is
+             written (the admin record's ``would=`` says which)
+    skip     CODA leaves the job alone (CPU-only, Mode=off, partition filter, coda:off,
+             malformed TRES, or no confident profile and no DefaultCpusPerGpu)
+    reject   refuse the submission: a malformed ``coda:`` directive in --comment
+
+Admin record (``Decision.admin_comment``), one token without blanks, < 200 characters::
+
+    coda:sig=<KEY>;cpg=<N>;was=<WAS>;action=<ACTION>;src=<SRC>[;would=<ACTION>];gpn=<N>;nodes=<N>
+
+    sig     signature key (slurm_plugin.signature), e.g. workload:1000:resnet50,
+            script:1000:0123456789abcdef, name:1000:0123456789abcdef
+    cpg     CPUs per GPU CODA chose: written (set/default/lower/replace), suggested
+            (keep/advise); empty when there is none (skip of an unknown workload)
+    was     the user's explicit request before CODA: cpg:<N> (--cpus-per-gpu=N),
+            cpt:<N> (--cpus-per-task=N), empty when none
+    action  Decision.action
+    src     profile (the user's own key), global (workload:*:<NAME>), default
+            (DefaultCpusPerGpu), none (no confident profile)
+    would   only with action=advise: the action enforce mode would have taken
+    gpn     GPUs per node as CODA computed it;  nodes: node count assumed
+
+Fields are ``;``-separated ``key=value`` pairs; values never hold ``;``, ``=`` or blanks.
+:func:`parse_admin_record` reads it back (also from inside a longer admin comment).  Jobs
+CODA skips for good (CPU-only, Mode=off, partition filter, coda:off, malformed TRES,
+reject) get no record; an unknown workload's skip does, so node daemons can profile it.
+
+GPUs per node, from the first of these that asks for GPUs:
+
+* ``tres_per_node`` (``--gpus-per-node``, ``--gres``): as is;
+* ``tres_per_job`` (``--gpus``): divided by the node count (``min_nodes``; 1 when unset),
+  rounded up;
+* ``tres_per_task`` (``--gpus-per-task``): times tasks per node (``ntasks_per_node``, else
+  ``num_tasks`` / nodes rounded up, else 1);
+* ``tres_per_socket`` (``--gpus-per-socket``): the socket count is not known at submit time,
+  so it is treated as one socket per node: GPUs per node = GPUs per socket.  This can only
+  undercount, which loosens the node cap and the multi-node rule, never tightens them.
+
+The node count is ``min_nodes`` when set, else 1 (``max_nodes`` is not used).  A job with
+several partitions (``-p a,b``) is managed only if every one of them is; a job without
+``--partition`` counts as managed only when ``Partitions`` is empty (the caller may fill in
+the default partition first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from slurm_plugin.conf import CodaConfig
+from slurm_plugin.signature import (
+    DirectiveError,
+    Signature,
+    global_key,
+    parse_coda_directives,
+    quote_label,
+    workload_signature,
+)
+from slurm_plugin.tres import TresError, cpus_per_gpu, gpu_count, set_gpu_count
+
+__all__ = [
+    "ACTIONS",
+    "INFINITE",
+    "INFINITE16",
+    "NO_VAL",
+    "NO_VAL16",
+    "Decision",
+    "JobRequest",
+    "ProfileView",
+    "decide",
+    "parse_admin_record",
+    "predict_cpus_per_gpu",
+]
+
+NO_VAL16 = 0xFFFE
+INFINITE16 = 0xFFFF
+NO_VAL = 0xFFFFFFFE
+INFINITE = 0xFFFFFFFF
+
+ACTIONS = frozenset({"set", "default", "keep", "lower", "replace", "advise", "skip", "reject"})
+"""Every value :attr:`Decision.action` can take (see the module docstring)."""
+
+_WRITING = frozenset({"set", "default", "lower", "replace"})
+ADMIN_PREFIX = "coda:sig="
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """The job_desc fields CODA reads.  Strings may be None (NULL in C); numbers carry
+    Slurm's unset markers (NO_VAL16 for uint16 fields, NO_VAL for uint32 ones)."""
+
+    uid: int
+    job_name: str | None = None
+    partition: str | None = None
+    """Comma-separated partition list as submitted, None when not given."""
+    tres_per_node: str | None = None
+    tres_per_job: str | None = None
+    tres_per_task: str | None = None
+    tres_per_socket: str | None = None
+    cpus_per_tres: str | None = None
+    cpus_per_task: int = NO_VAL16
+    """uint16; NO_VAL16 when unset."""
+    min_nodes: int = NO_VAL
+    """uint32; NO_VAL when unset."""
+    max_nodes: int = NO_VAL
+    num_tasks: int = NO_VAL
+    """uint32; NO_VAL when unset."""
+    ntasks_per_node: int = NO_VAL16
+    """uint16; NO_VAL16 when unset."""
+    comment: str | None = None
+    script: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileView:
+    """The hook's in-memory record of one workload profile (the store gives the hook a
+    ``Mapping[str, ProfileView]`` keyed by signature key)."""
+
+    signature: str
+    workload: str
+    cpus_per_gpu: int
+    """Predicted CPUs per GPU on one node."""
+    confidence: float
+    """0..1."""
+    n_samples: int
+    multi_node_cpus_per_gpu: int | None
+    """Measured multi-node value when known; else the CODA rule applies."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the hook does with a job (see the module docstring for the formats)."""
+
+    action: str
+    """One of :data:`ACTIONS`."""
+    cpus_per_tres: str | None
+    """New ``cpus_per_tres`` to write; None = leave the field alone."""
+    clear_cpus_per_task: bool
+    """Also set ``cpus_per_task`` to NO_VAL16 (Slurm refuses both at once)."""
+    user_msg: str | None
+    """One line for sbatch's output, or None."""
+    log_msg: str
+    """One line for slurmctld's log."""
+    admin_comment: str | None
+    """The admin record, or None."""
+    reason: str
+    """Why, in a few words (also part of ``log_msg``)."""
+
+
+def parse_admin_record(s: str) -> dict[str, str]:
+    """The fields of the admin record in ``s`` (``{"sig": ..., "cpg": ..., ...}``).
+
+    ``s`` may be the record alone or a longer admin comment holding it (the record runs
+    from ``coda:sig=`` to the next blank).  Raises ValueError when there is no record or
+    it is malformed.
+    """
+    start = s.find(ADMIN_PREFIX)
+    if start < 0:
+        raise ValueError("no coda record (coda:sig=...) in the admin comment")
+    end = start
+    while end < len(s) and not s[end].isspace():
+        end += 1
+    fields: dict[str, str] = {}
+    for part in s[start + len("coda:") : end].split(";"):
+        key, eq, value = part.partition("=")
+        if not eq or not key or "=" in value:
+            raise ValueError(f"malformed field {part!r} in coda record")
+        if key in fields:
+            raise ValueError(f"field {key!r} twice in coda record")
+        fields[key] = value
+    for key in ("sig", "cpg", "was", "action", "src"):
+        if key not in fields:
+            raise ValueError(f"coda record lacks {key}=")
+    return fields
+
+
+def predict_cpus_per_gpu(
+    profile: ProfileView, gpus_per_node: int, nodes: int, multi_node_gpu_cap: int
+) -> int:
+    """The CODA model rule, before clamping.
+
+    One node: the profile's ``cpus_per_gpu``.  Several nodes: the measured
+    ``multi_node_cpus_per_gpu`` when the profile has one, else
+    ``ceil(cpus_per_gpu * min(gpus_per_node, cap) / gpus_per_node)`` (multi-node demand per
+    node is at most the demand of the same workload on one node with ``cap`` GPUs).
+    """
+    if nodes <= 1:
+        return profile.cpus_per_gpu
+    if profile.multi_node_cpus_per_gpu is not None:
+        return profile.multi_node_cpus_per_gpu
+    gpn = max(gpus_per_node, 1)
+    return -(-(profile.cpus_per_gpu * min(gpn, multi_node_gpu_cap)) // gpn)
+
+
+def _set16(value: int) -> bool:
+    return 0 < value < NO_VAL16
+
+
+def _set32(value: int) -> bool:
+    return 0 < value < NO_VAL
+
+
+def _job_label(req: JobRequest) -> str:
+    return f"job {quote_label(req.job_name or '')} uid={req.uid}"
+
+
+def _skip(req: JobRequest, reason: str, user_msg: str | None = None) -> Decision:
+    return Decision(
+        action="skip",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg=user_msg,
+        log_msg=f"coda: {_job_label(req)} action=skip: {reason}",
+        admin_comment=None,
+        reason=reason,
+    )
+
+
+def _partition_reason(partition: str | None, cfg: CodaConfig) -> str | None:
+    """Why the job's partitions are not managed, or None when they are."""
+    if not cfg.partitions and not cfg.exclude_partitions:
+        return None
+    parts = [p for p in partition.split(",") if p] if partition else []
+    for part in parts:
+        if part in cfg.exclude_partitions:
+            return f"partition {quote_label(part)} is in ExcludePartitions"
+    if cfg.partitions:
+        if not parts:
+            return "no --partition given and Partitions is set"
+        for part in parts:
+            if part not in cfg.partitions:
+                return f"partition {quote_label(part)} is not in Partitions"
+    return None
+
+
+def _clamp(
+    value: int, gpn: int, cfg: CodaConfig, node_cap: Callable[[int], int | None]
+) -> tuple[int, str]:
+    """``value`` within MinCpusPerGpu..MaxCpusPerGpu and the node cap, and a note (or "")
+    saying which bound applied.  The node cap wins over MinCpusPerGpu (a larger value
+    could not run anywhere) but never goes below 1."""
+    note = ""
+    if value > cfg.max_cpus_per_gpu:
+        value = cfg.max_cpus_per_gpu
+        note = f", capped at MaxCpusPerGpu={value}"
+    elif value < cfg.min_cpus_per_gpu:
+        value = cfg.min_cpus_per_gpu
+        note = f", raised to MinCpusPerGpu={value}"
+    cap = node_cap(gpn)
+    if cap is not None and value > cap:
+        value = max(cap, 1)
+        note = f", capped at {value} by the largest node with {gpn} GPUs"
+    return value, note
+
+
+def decide(
+    req: JobRequest,
+    cfg: CodaConfig,
+    profiles: Mapping[str, ProfileView],
+    node_cap: Callable[[int], int | None],
+) -> Decision:
+    """The decision for one submitted job (rules in the module docstring).
+
+    Never raises for bad job input: malformed TRES fails open (skip), a malformed
+    ``coda:`` directive rejects the job (Mode=enforce) or is reported and ignored
+    (Mode=advise).  ``node_cap(gpus_per_node)`` returns the most CPUs per GPU any node can
+    give (None = unknown).
+    """
+    if cfg.mode == "off":
+        return _skip(req, "Mode=off")
+    try:
+        per_node = gpu_count(req.tres_per_node)
+        per_job = gpu_count(req.tres_per_job)
+        per_task = gpu_count(req.tres_per_task)
+        per_socket = gpu_count(req.tres_per_socket)
+    except TresError as exc:
+        return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
+    if not (per_node or per_job or per_task or per_socket):
+        return _skip(req, "no GPUs requested")
+    try:
+        user_cpg = cpus_per_gpu(req.cpus_per_tres) or None
+    except TresError as exc:
+        return _skip(req, f"malformed cpus_per_tres, job left unchanged: {exc}")
+    not_managed = _partition_reason(req.partition, cfg)
+    if not_managed is not None:
+        return _skip(req, not_managed)
+    try:
+        directives = parse_coda_directives(req.comment)
+    except DirectiveError as exc:
+        if cfg.mode == "advise":
+            return _skip(
+                req, f"invalid coda directive (advise mode): {exc}", f"{exc} (ignored for now)"
+            )
+        return Decision(
+            action="reject",
+            cpus_per_tres=None,
+            clear_cpus_per_task=False,
+            user_msg=str(exc),
+            log_msg=f"coda: {_job_label(req)} action=reject: {exc}",
+            admin_comment=None,
+            reason="invalid coda directive in --comment",
+        )
+    if directives.off:
+        return _skip(
+            req,
+            "coda:off in --comment",
+            "coda: off for this job (coda:off in --comment); CPUs per GPU left as submitted",
+        )
+
+    nodes = req.min_nodes if _set32(req.min_nodes) else 1
+    if _set16(req.ntasks_per_node):
+        tasks_per_node = req.ntasks_per_node
+    elif _set32(req.num_tasks):
+        tasks_per_node = -(-req.num_tasks // nodes)
+    else:
+        tasks_per_node = 1
+    if per_node:
+        gpn = per_node
+    elif per_job:
+        gpn = -(-per_job // nodes)
+    elif per_task:
+        gpn = per_task * tasks_per_node
+    else:
+        gpn = per_socket
+    user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
+
+    sig = workload_signature(req.uid, req.job_name, req.script, directives)
+    profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
+    pred: int | None = None
+    note = ""
+    if profile is not None:
+        pred, note = _clamp(
+            predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, node_cap
+        )
+    elif cfg.default_cpus_per_gpu is not None:
+        src = "default"
+        pred, note = _clamp(cfg.default_cpus_per_gpu, gpn, cfg, node_cap)
+
+    if user_cpg is not None:
+        was = f"cpg:{user_cpg}"
+        user_flag = f"--cpus-per-gpu={user_cpg}"
+    elif user_cpt is not None:
+        was = f"cpt:{user_cpt}"
+        user_flag = f"--cpus-per-task={user_cpt}"
+    else:
+        was = ""
+        user_flag = ""
+
+    label = quote_label(sig.workload)
+    basis = _basis(profile, src, nodes) + note
+    if not user_flag:
+        if pred is None:
+            reason = weak or "no profile for this workload yet"
+            return _finish(req, cfg, sig, "skip", None, was, src, gpn, nodes, reason, None, False)
+        if profile is not None:
+            action, reason = "set", "confident profile"
+        else:
+            action = "default"
+            reason = f"{weak or 'no profile for this workload yet'}; DefaultCpusPerGpu"
+        msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
+        return _finish(req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False)
+
+    if profile is None or pred is None:
+        reason = f"{weak or 'no profile for this workload yet'}; user value kept"
+        return _finish(req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, None, False)
+    if cfg.user_value == "replace":
+        msg = f"coda: --cpus-per-gpu={pred} for workload {label} (replaces {user_flag}; {basis})"
+        reason = "UserValue=replace"
+        return _finish(req, cfg, sig, "replace", pred, was, src, gpn, nodes, reason, msg, True)
+    if cfg.user_value == "lower":
+        # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
+        user_total = user_cpg * gpn if user_cpg is not None else (user_cpt or 0) * tasks_per_node
+        if pred * gpn < user_total:
+            msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
+            reason = "UserValue=lower, prediction below the user value"
+            return _finish(req, cfg, sig, "lower", pred, was, src, gpn, nodes, reason, msg, True)
+        reason = "UserValue=lower, prediction not below the user value"
+    else:
+        reason = "UserValue=keep"
+    msg = None
+    if user_cpg != pred:
+        msg = (
+            f"coda: kept your {user_flag}; the profile of workload {label} suggests "
+            f"--cpus-per-gpu={pred} ({basis})"
+        )
+    return _finish(req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, msg, False)
+
+
+def _lookup(
+    sig: Signature, profiles: Mapping[str, ProfileView], min_confidence: float
+) -> tuple[ProfileView | None, str, str]:
+    """``(confident profile or None, src, why-not)``: the user's key first, then the
+    global key; a low-confidence user profile does not hide a confident global one."""
+    weak = ""
+    profile = profiles.get(sig.key)
+    if profile is not None:
+        if profile.confidence >= min_confidence:
+            return profile, "profile", ""
+        weak = f"profile confidence {profile.confidence:.2f} < MinConfidence {min_confidence:g}"
+    gkey = global_key(sig)
+    if gkey is not None:
+        shared = profiles.get(gkey)
+        if shared is not None:
+            if shared.confidence >= min_confidence:
+                return shared, "global", ""
+            weak = weak or (
+                f"shared profile confidence {shared.confidence:.2f} "
+                f"< MinConfidence {min_confidence:g}"
+            )
+    return None, "none", weak
+
+
+def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:
+    if profile is None:
+        return "site default, no confident profile yet"
+    kind = "profile" if src == "profile" else "shared profile"
+    text = f"{kind}, {profile.n_samples} samples, confidence {profile.confidence:.2f}"
+    return f"{text}, {nodes} nodes" if nodes > 1 else text
+
+
+def _finish(
+    req: JobRequest,
+    cfg: CodaConfig,
+    sig: Signature,
+    action: str,
+    pred: int | None,
+    was: str,
+    src: str,
+    gpn: int,
+    nodes: int,
+    reason: str,
+    user_msg: str | None,
+    clear: bool,
+) -> Decision:
+    """Build the Decision of a job that has a signature (and hence an admin record)."""
+    cpg = "" if pred is None else str(pred)
+    would = ""
+    new_tres: str | None = None
+    if action in _WRITING:
+        if cfg.mode == "advise":
+            would = f";would={action}"
+            action = "advise"
+            clear = False
+            if user_msg is not None:
+                user_msg = f"coda: would set {user_msg[6:]}; advise mode, job unchanged"
+        else:
+            # pred is set for every writing action; set_gpu_count cannot fail on a string
+            # cpus_per_gpu() already parsed.
+            new_tres = set_gpu_count(req.cpus_per_tres, pred or 1)
+    clear = clear and _set16(req.cpus_per_task)
+    admin = (
+        f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
+        f";gpn={gpn};nodes={nodes}"
+    )
+    log = (
+        f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
+        f"cpg={cpg or '-'} was={was or '-'} src={src} gpn={gpn} nodes={nodes}: {reason}"
+    )
+    return Decision(
+        action=action,
+        cpus_per_tres=new_tres,
+        clear_cpus_per_task=clear,
+        user_msg=user_msg,
+        log_msg=log,
+        admin_comment=admin,
+        reason=reason,
+    )

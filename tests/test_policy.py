@@ -1,0 +1,776 @@
+"""The submit-time decision (slurm_plugin.policy.decide)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from slurm_plugin.conf import CodaConfig
+from slurm_plugin.policy import (
+    ACTIONS,
+    NO_VAL,
+    NO_VAL16,
+    Decision,
+    JobRequest,
+    ProfileView,
+    decide,
+    parse_admin_record,
+    predict_cpus_per_gpu,
+)
+from slurm_plugin.signature import Directives, workload_signature
+
+UID = 1000
+SCRIPT = "#!/bin/bash\n#SBATCH --gpus-per-node=2\npython train.py\n"
+SCRIPT_KEY = workload_signature(UID, "train", SCRIPT, Directives()).key
+
+
+def _profile(key: str, cpg: int, conf: float = 0.93, n: int = 12, mn: int | None = None):
+    return ProfileView(key, key.rsplit(":", 1)[-1], cpg, conf, n, mn)
+
+
+PROFILES: dict[str, ProfileView] = {
+    p.signature: p
+    for p in (
+        _profile("workload:1000:resnet50", 6),
+        _profile("workload:1000:weak", 5, conf=0.5, n=2),
+        _profile("workload:1000:mn", 8, mn=5),
+        _profile("workload:1000:big", 200),
+        _profile("workload:1000:one", 1),
+        _profile("workload:*:bert", 10, conf=0.95, n=40),
+        _profile("workload:1000:bert", 3, conf=0.4, n=1),  # weak own profile
+        _profile("workload:*:shared-weak", 7, conf=0.1, n=1),
+        _profile(SCRIPT_KEY, 5),
+    )
+}
+
+
+def no_cap(gpus_per_node: int) -> int | None:
+    return None
+
+
+def cap16(gpus_per_node: int) -> int | None:
+    return 16
+
+
+def cap0(gpus_per_node: int) -> int | None:
+    return 0
+
+
+def job(**fields: Any) -> JobRequest:
+    base: dict[str, Any] = {
+        "uid": UID,
+        "job_name": "train",
+        "tres_per_node": "gres:gpu:2",
+        "comment": "coda:workload=resnet50",
+        "script": SCRIPT,
+    }
+    base.update(fields)
+    return JobRequest(**base)
+
+
+def cfg(**fields: Any) -> CodaConfig:
+    return dataclasses.replace(CodaConfig(), **fields)
+
+
+def run(req: JobRequest, config: CodaConfig | None = None, cap=no_cap) -> Decision:
+    return decide(req, config or CodaConfig(), PROFILES, cap)
+
+
+# ------------------------------------------------------------ the full decision table
+
+Case = tuple[str, JobRequest, CodaConfig, Callable[[int], int | None], str, str | None, bool]
+
+CASES: list[Case] = [
+    # id, request, config, node cap, action, cpus_per_tres written, clear cpus_per_task
+    # -- jobs CODA never touches
+    ("cpu-only", job(tres_per_node=None), cfg(), no_cap, "skip", None, False),
+    ("cpu-only-shard", job(tres_per_node="gres:shard:2"), cfg(), no_cap, "skip", None, False),
+    ("zero-gpus", job(tres_per_node="gres:gpu:0"), cfg(), no_cap, "skip", None, False),
+    ("gpu-license-only", job(tres_per_node="license:gpu:1"), cfg(), no_cap, "skip", None, False),
+    ("mode-off", job(), cfg(mode="off"), no_cap, "skip", None, False),
+    ("coda-off", job(comment="coda:off"), cfg(), no_cap, "skip", None, False),
+    (
+        "coda-off-with-workload",
+        job(comment="coda:workload=resnet50 coda:off"),
+        cfg(),
+        no_cap,
+        "skip",
+        None,
+        False,
+    ),
+    ("bad-tres", job(tres_per_node="gres:gpu:-2"), cfg(), no_cap, "skip", None, False),
+    ("bad-tres-job", job(tres_per_job="gres:gpu:9999999"), cfg(), no_cap, "skip", None, False),
+    ("bad-cpus-per-tres", job(cpus_per_tres="gres::4"), cfg(), no_cap, "skip", None, False),
+    ("bad-directive", job(comment="coda:workload="), cfg(), no_cap, "reject", None, False),
+    ("unknown-directive", job(comment="coda:fast"), cfg(), no_cap, "reject", None, False),
+    (
+        "bad-directive-cpu-job",
+        job(tres_per_node=None, comment="coda:bogus"),
+        cfg(),
+        no_cap,
+        "skip",
+        None,
+        False,
+    ),
+    (
+        "bad-directive-advise",
+        job(comment="coda:bogus"),
+        cfg(mode="advise"),
+        no_cap,
+        "skip",
+        None,
+        False,
+    ),
+    # -- partition filters
+    ("part-in", job(partition="gpu"), cfg(partitions=("gpu",)), no_cap, "set", "gres:gpu:6", False),
+    ("part-out", job(partition="cpu"), cfg(partitions=("gpu",)), no_cap, "skip", None, False),
+    ("part-mixed", job(partition="gpu,cpu"), cfg(partitions=("gpu",)), no_cap, "skip", None, False),
+    ("part-none", job(partition=None), cfg(partitions=("gpu",)), no_cap, "skip", None, False),
+    (
+        "part-excluded",
+        job(partition="debug"),
+        cfg(exclude_partitions=("debug",)),
+        no_cap,
+        "skip",
+        None,
+        False,
+    ),
+    (
+        "part-excluded-wins",
+        job(partition="gpu,debug"),
+        cfg(partitions=("gpu", "debug"), exclude_partitions=("debug",)),
+        no_cap,
+        "skip",
+        None,
+        False,
+    ),
+    (
+        "part-none-exclude-only",
+        job(partition=None),
+        cfg(exclude_partitions=("debug",)),
+        no_cap,
+        "set",
+        "gres:gpu:6",
+        False,
+    ),
+    # -- no user value: the profile decides
+    ("set", job(), cfg(), no_cap, "set", "gres:gpu:6", False),
+    ("set-typed", job(tres_per_node="gres:gpu:a100:2"), cfg(), no_cap, "set", "gres:gpu:6", False),
+    (
+        "set-keeps-other-cpus-per-tres",
+        job(cpus_per_tres="gres:shard:1"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:shard:1,gres:gpu:6",
+        False,
+    ),
+    ("set-from-script", job(comment=None), cfg(), no_cap, "set", "gres:gpu:5", False),
+    (
+        "set-global",
+        job(uid=2000, comment="coda:workload=bert"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:10",
+        False,
+    ),
+    (
+        "weak-own-confident-global",
+        job(comment="coda:workload=bert"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:10",
+        False,
+    ),
+    ("other-user-no-profile", job(uid=2000), cfg(), no_cap, "skip", None, False),
+    ("unknown", job(comment="coda:workload=new"), cfg(), no_cap, "skip", None, False),
+    ("weak", job(comment="coda:workload=weak"), cfg(), no_cap, "skip", None, False),
+    (
+        "weak-but-threshold-lowered",
+        job(comment="coda:workload=weak"),
+        cfg(min_confidence=0.5),
+        no_cap,
+        "set",
+        "gres:gpu:5",
+        False,
+    ),
+    (
+        "shared-weak",
+        job(comment="coda:workload=shared-weak"),
+        cfg(),
+        no_cap,
+        "skip",
+        None,
+        False,
+    ),
+    (
+        "unknown-default",
+        job(comment="coda:workload=new"),
+        cfg(default_cpus_per_gpu=4),
+        no_cap,
+        "default",
+        "gres:gpu:4",
+        False,
+    ),
+    (
+        "weak-default",
+        job(comment="coda:workload=weak"),
+        cfg(default_cpus_per_gpu=4),
+        no_cap,
+        "default",
+        "gres:gpu:4",
+        False,
+    ),
+    (
+        "default-node-capped",
+        job(comment="coda:workload=new"),
+        cfg(default_cpus_per_gpu=32),
+        cap16,
+        "default",
+        "gres:gpu:16",
+        False,
+    ),
+    # -- clamping
+    ("clamp-max", job(comment="coda:workload=big"), cfg(), no_cap, "set", "gres:gpu:64", False),
+    (
+        "clamp-min",
+        job(comment="coda:workload=one"),
+        cfg(min_cpus_per_gpu=2),
+        no_cap,
+        "set",
+        "gres:gpu:2",
+        False,
+    ),
+    ("clamp-node", job(comment="coda:workload=big"), cfg(), cap16, "set", "gres:gpu:16", False),
+    (
+        "node-cap-beats-min",
+        job(),
+        cfg(min_cpus_per_gpu=32, max_cpus_per_gpu=64),
+        cap16,
+        "set",
+        "gres:gpu:16",
+        False,
+    ),
+    ("node-cap-zero-floors-at-1", job(), cfg(), cap0, "set", "gres:gpu:1", False),
+    # -- GPUs per node and the multi-node rule (profile 6/GPU, cap 2)
+    (
+        "multi-node-per-node",
+        job(tres_per_node="gres:gpu:4", min_nodes=2),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:3",  # ceil(6 * 2 / 4)
+        False,
+    ),
+    (
+        "multi-node-two-gpus",
+        job(tres_per_node="gres:gpu:2", min_nodes=4),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:6",  # min(2, cap) / 2 = 1
+        False,
+    ),
+    (
+        "multi-node-cap-4",
+        job(tres_per_node="gres:gpu:8", min_nodes=2),
+        cfg(multi_node_gpu_cap=4),
+        no_cap,
+        "set",
+        "gres:gpu:3",  # ceil(6 * 4 / 8)
+        False,
+    ),
+    (
+        "multi-node-measured",
+        job(tres_per_node="gres:gpu:4", min_nodes=2, comment="coda:workload=mn"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:5",
+        False,
+    ),
+    (
+        "single-node-ignores-measured",
+        job(tres_per_node="gres:gpu:4", min_nodes=1, comment="coda:workload=mn"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:8",
+        False,
+    ),
+    (
+        "per-job-over-nodes",
+        job(tres_per_node=None, tres_per_job="gres:gpu:8", min_nodes=2),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:3",  # 4 GPUs per node on 2 nodes
+        False,
+    ),
+    (
+        "per-job-one-node",
+        job(tres_per_node=None, tres_per_job="gres:gpu:1"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:6",
+        False,
+    ),
+    (
+        "per-task",
+        job(tres_per_node=None, tres_per_task="gres:gpu:1", ntasks_per_node=4, min_nodes=2),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:3",
+        False,
+    ),
+    (
+        "per-task-num-tasks",  # 8 tasks on 2 nodes: 4 tasks, 4 GPUs per node
+        job(tres_per_node=None, tres_per_task="gres:gpu:1", num_tasks=8, min_nodes=2),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:3",
+        False,
+    ),
+    (
+        "per-socket",
+        job(tres_per_node=None, tres_per_socket="gres:gpu:1"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:6",
+        False,
+    ),
+    (
+        "mig",
+        job(tres_per_node="gres:gpu:1g.10gb:3,gres:shard:2"),
+        cfg(),
+        no_cap,
+        "set",
+        "gres:gpu:6",
+        False,
+    ),
+    # -- the user gave a value
+    ("keep-cpg", job(cpus_per_tres="gres:gpu:12"), cfg(), no_cap, "keep", None, False),
+    ("keep-cpt", job(cpus_per_task=8), cfg(), no_cap, "keep", None, False),
+    (
+        "lower-cpg",
+        job(cpus_per_tres="gres:gpu:12"),
+        cfg(user_value="lower"),
+        no_cap,
+        "lower",
+        "gres:gpu:6",
+        False,
+    ),
+    (
+        "lower-not-needed",
+        job(cpus_per_tres="gres:gpu:4"),
+        cfg(user_value="lower"),
+        no_cap,
+        "keep",
+        None,
+        False,
+    ),
+    (
+        "lower-equal-keeps",
+        job(cpus_per_tres="gres:gpu:6"),
+        cfg(user_value="lower"),
+        no_cap,
+        "keep",
+        None,
+        False,
+    ),
+    (
+        "lower-cpt",  # 16 CPUs per task, 1 task, 2 GPUs: 8 per GPU > 6
+        job(cpus_per_task=16),
+        cfg(user_value="lower"),
+        no_cap,
+        "lower",
+        "gres:gpu:6",
+        True,
+    ),
+    (
+        "lower-cpt-not-needed",  # 8 per task, 1 task, 2 GPUs: 4 per GPU < 6
+        job(cpus_per_task=8),
+        cfg(user_value="lower"),
+        no_cap,
+        "keep",
+        None,
+        False,
+    ),
+    (
+        "lower-cpt-many-tasks",  # 4 per task x 4 tasks / 2 GPUs = 8 per GPU > 6
+        job(cpus_per_task=4, ntasks_per_node=4),
+        cfg(user_value="lower"),
+        no_cap,
+        "lower",
+        "gres:gpu:6",
+        True,
+    ),
+    (
+        "lower-cpt-num-tasks",  # 4 per task x ceil(6 tasks / 2 nodes) / 2 GPUs = 6 > 1
+        job(cpus_per_task=4, num_tasks=6, min_nodes=2, comment="coda:workload=one"),
+        cfg(user_value="lower"),
+        no_cap,
+        "lower",
+        "gres:gpu:1",
+        True,
+    ),
+    (
+        "replace-cpg",
+        job(cpus_per_tres="gres:gpu:2"),
+        cfg(user_value="replace"),
+        no_cap,
+        "replace",
+        "gres:gpu:6",
+        False,
+    ),
+    (
+        "replace-cpt",
+        job(cpus_per_task=2),
+        cfg(user_value="replace"),
+        no_cap,
+        "replace",
+        "gres:gpu:6",
+        True,
+    ),
+    (
+        "replace-unknown-keeps",
+        job(cpus_per_tres="gres:gpu:2", comment="coda:workload=new"),
+        cfg(user_value="replace", default_cpus_per_gpu=4),
+        no_cap,
+        "keep",
+        None,
+        False,
+    ),
+    # -- advise mode writes nothing
+    ("advise-set", job(), cfg(mode="advise"), no_cap, "advise", None, False),
+    (
+        "advise-replace",
+        job(cpus_per_task=2),
+        cfg(mode="advise", user_value="replace"),
+        no_cap,
+        "advise",
+        None,
+        False,
+    ),
+    (
+        "advise-default",
+        job(comment="coda:workload=new"),
+        cfg(mode="advise", default_cpus_per_gpu=4),
+        no_cap,
+        "advise",
+        None,
+        False,
+    ),
+    (
+        "advise-keep",
+        job(cpus_per_tres="gres:gpu:12"),
+        cfg(mode="advise"),
+        no_cap,
+        "keep",
+        None,
+        False,
+    ),
+    ("advise-cpu-only", job(tres_per_node=None), cfg(mode="advise"), no_cap, "skip", None, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("req", "config", "cap", "action", "cpus_per_tres", "clear"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_decision_table(
+    req: JobRequest,
+    config: CodaConfig,
+    cap: Callable[[int], int | None],
+    action: str,
+    cpus_per_tres: str | None,
+    clear: bool,
+) -> None:
+    d = decide(req, config, PROFILES, cap)
+    assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task) == (action, cpus_per_tres, clear)
+    assert d.action in ACTIONS
+    # One-line messages only.
+    assert "\n" not in d.log_msg and d.log_msg.startswith("coda: ")
+    assert d.user_msg is None or ("\n" not in d.user_msg and d.user_msg.startswith("coda: "))
+    assert (d.reason and d.reason in d.log_msg) or d.action == "reject"
+    if d.admin_comment is not None:
+        record = parse_admin_record(d.admin_comment)
+        assert len(d.admin_comment) < 200
+        assert record["action"] == d.action
+        if d.cpus_per_tres is not None:
+            assert d.cpus_per_tres.endswith(f"gres:gpu:{record['cpg']}") or (
+                f"gres:gpu:{record['cpg']}," in d.cpus_per_tres
+            )
+    if d.action in {"set", "default", "lower", "replace"}:
+        assert d.cpus_per_tres is not None and d.user_msg is not None
+    else:
+        assert d.cpus_per_tres is None and not d.clear_cpus_per_task
+
+
+# ------------------------------------------------------------------- specific outputs
+
+
+def test_set_messages_and_record() -> None:
+    d = run(job(tres_per_node="gres:gpu:2"))
+    assert d.user_msg == (
+        'coda: --cpus-per-gpu=6 for workload "resnet50" (profile, 12 samples, confidence 0.93)'
+    )
+    assert d.admin_comment == (
+        "coda:sig=workload:1000:resnet50;cpg=6;was=;action=set;src=profile;gpn=2;nodes=1"
+    )
+    assert "sig=workload:1000:resnet50" in d.log_msg
+    assert 'job "train" uid=1000' in d.log_msg
+
+
+@pytest.mark.parametrize(
+    ("req", "config", "record"),
+    [
+        (job(tres_per_node=None), cfg(), None),  # CPU-only: no record
+        (job(comment="coda:off"), cfg(), None),
+        (job(), cfg(mode="off"), None),
+        (job(partition="cpu"), cfg(partitions=("gpu",)), None),
+        (job(tres_per_node="gres:gpu:x:y:z"), cfg(), None),
+        (job(comment="coda:nope"), cfg(), None),  # reject
+        (
+            job(comment="coda:workload=new"),
+            cfg(),
+            {"sig": "workload:1000:new", "cpg": "", "was": "", "action": "skip", "src": "none"},
+        ),
+        (
+            job(comment="coda:workload=new", cpus_per_task=4),
+            cfg(default_cpus_per_gpu=3),
+            {"cpg": "3", "was": "cpt:4", "action": "keep", "src": "default"},
+        ),
+        (
+            job(uid=7, comment="coda:workload=bert", tres_per_node="gres:gpu:4", min_nodes=3),
+            cfg(),
+            {"sig": "workload:7:bert", "cpg": "5", "src": "global", "gpn": "4", "nodes": "3"},
+        ),
+        (
+            job(cpus_per_tres="gres:gpu:12"),
+            cfg(),
+            {"cpg": "6", "was": "cpg:12", "action": "keep", "src": "profile"},
+        ),
+        (
+            job(cpus_per_task=2),
+            cfg(mode="advise", user_value="replace"),
+            {"cpg": "6", "was": "cpt:2", "action": "advise", "would": "replace"},
+        ),
+        (
+            job(tres_per_node=None, tres_per_task="gres:gpu:2", num_tasks=3),
+            cfg(),
+            {"gpn": "6", "nodes": "1"},
+        ),
+    ],
+)
+def test_admin_record(req: JobRequest, config: CodaConfig, record: dict[str, str] | None) -> None:
+    d = run(req, config)
+    if record is None:
+        assert d.admin_comment is None
+        return
+    assert d.admin_comment is not None
+    parsed = parse_admin_record(d.admin_comment)
+    assert {k: parsed[k] for k in record} == record
+    if d.action != "advise":
+        assert "would" not in parsed
+
+
+def test_record_stays_short_for_longest_names() -> None:
+    name = "w" * 64
+    profiles = {f"workload:4294967294:{name}": _profile(f"workload:4294967294:{name}", 65533)}
+    req = job(
+        uid=4294967294,
+        comment=f"coda:workload={name}",
+        cpus_per_task=65533,
+        tres_per_node="gres:gpu:1000000",
+        min_nodes=4294967293,
+    )
+    d = decide(
+        req, cfg(mode="advise", user_value="replace", max_cpus_per_gpu=65533), profiles, no_cap
+    )
+    assert d.admin_comment is not None
+    assert len(d.admin_comment) < 200
+    assert parse_admin_record(d.admin_comment)["would"] == "replace"
+
+
+def test_reject_message_is_the_directive_error() -> None:
+    d = run(job(comment='coda:workload="a b"'))
+    assert d.action == "reject"
+    assert d.user_msg is not None
+    assert d.user_msg.startswith('coda: invalid workload name "a b" in --comment')
+
+
+def test_advise_mode_reports_bad_directive_but_accepts() -> None:
+    d = run(job(comment="coda:bogus"), cfg(mode="advise"))
+    assert d.action == "skip"
+    assert d.user_msg is not None and "coda:bogus" in d.user_msg
+
+
+def test_coda_off_tells_the_user() -> None:
+    d = run(job(comment="nightly; coda:off"))
+    assert d.user_msg is not None and "coda:off" in d.user_msg
+    assert "coda:off" in d.reason
+
+
+def test_malformed_tres_fails_open_with_reason() -> None:
+    d = run(job(tres_per_node="gres:gpu:1,gres::2"))
+    assert d.action == "skip"
+    assert "malformed" in d.log_msg and "gres::2" in d.log_msg
+    assert d.user_msg is None
+
+
+def test_cpu_only_job_untouched_even_with_cpus_per_task() -> None:
+    d = run(job(tres_per_node=None, cpus_per_task=8), cfg(user_value="replace"))
+    assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task, d.admin_comment) == (
+        "skip",
+        None,
+        False,
+        None,
+    )
+
+
+def test_keep_tells_user_what_profile_suggests() -> None:
+    d = run(job(cpus_per_tres="gres:gpu:12"))
+    assert d.user_msg is not None
+    assert "--cpus-per-gpu=12" in d.user_msg and "--cpus-per-gpu=6" in d.user_msg
+    same = run(job(cpus_per_tres="gres:gpu:6"))
+    assert same.action == "keep" and same.user_msg is None
+
+
+def test_lower_and_replace_messages_name_the_user_flag() -> None:
+    lowered = run(job(cpus_per_task=16), cfg(user_value="lower"))
+    assert lowered.user_msg is not None and "--cpus-per-task=16" in lowered.user_msg
+    replaced = run(job(cpus_per_tres="gres:gpu:2"), cfg(user_value="replace"))
+    assert replaced.user_msg is not None and "--cpus-per-gpu=2" in replaced.user_msg
+
+
+def test_advise_message_says_nothing_changed() -> None:
+    d = run(job(), cfg(mode="advise"))
+    assert d.user_msg is not None
+    assert d.user_msg.startswith("coda: would set --cpus-per-gpu=6")
+    assert "job unchanged" in d.user_msg
+
+
+def test_shared_profile_named_in_message() -> None:
+    d = run(job(uid=2000, comment="coda:workload=bert"))
+    assert d.user_msg is not None and "shared profile, 40 samples" in d.user_msg
+
+
+def test_weak_profile_reason_mentions_confidence() -> None:
+    d = run(job(comment="coda:workload=weak"))
+    assert "confidence 0.50" in d.reason
+
+
+def test_clamp_is_explained() -> None:
+    d = run(job(comment="coda:workload=big"))
+    assert d.user_msg is not None and "MaxCpusPerGpu=64" in d.user_msg
+    capped = run(job(comment="coda:workload=big"), cap=cap16)
+    assert capped.user_msg is not None and "largest node" in capped.user_msg
+
+
+def test_node_cap_is_asked_for_gpus_per_node() -> None:
+    asked: list[int] = []
+
+    def spy(gpus_per_node: int) -> int | None:
+        asked.append(gpus_per_node)
+        return None
+
+    decide(job(tres_per_node=None, tres_per_job="gres:gpu:12", min_nodes=3), cfg(), PROFILES, spy)
+    assert asked == [4]
+
+
+def test_hostile_job_name_and_comment() -> None:
+    name = "x\n\x00\udcff\"';" * 300
+    comment = ("noise; " * 1500) + "coda:workload=resnet50"
+    assert len(comment) > 10_000
+    d = run(job(job_name=name, comment=comment))
+    assert d.action == "set"
+    assert d.log_msg.isprintable()
+    assert len(d.log_msg) < 400
+
+
+def test_unset_numbers_are_unset() -> None:
+    explicit_unset = job(
+        cpus_per_task=NO_VAL16, min_nodes=NO_VAL, max_nodes=NO_VAL, num_tasks=NO_VAL
+    )
+    assert run(explicit_unset) == run(job())
+    assert run(job(min_nodes=0xFFFFFFFF)) == run(job())  # INFINITE
+    assert run(job(cpus_per_task=0)).action == "set"  # 0 is not a user value
+
+
+def test_jobrequest_defaults_are_unset_markers() -> None:
+    req = JobRequest(uid=1)
+    assert (req.cpus_per_task, req.ntasks_per_node) == (NO_VAL16, NO_VAL16)
+    assert (req.min_nodes, req.max_nodes, req.num_tasks) == (NO_VAL, NO_VAL, NO_VAL)
+    assert req.tres_per_node is None and req.script is None
+
+
+# ------------------------------------------------------------------ model rule, record
+
+
+@pytest.mark.parametrize(
+    ("cpg", "mn", "gpn", "nodes", "cap", "expected"),
+    [
+        (6, None, 4, 1, 2, 6),
+        (6, None, 4, 2, 2, 3),
+        (7, None, 4, 2, 2, 4),  # ceil(3.5)
+        (6, None, 2, 2, 2, 6),
+        (6, None, 1, 8, 2, 6),
+        (6, None, 8, 2, 4, 3),
+        (6, 5, 4, 2, 2, 5),
+        (6, 5, 4, 1, 2, 6),
+    ],
+)
+def test_predict_cpus_per_gpu(
+    cpg: int, mn: int | None, gpn: int, nodes: int, cap: int, expected: int
+) -> None:
+    profile = ProfileView("k", "w", cpg, 1.0, 1, mn)
+    assert predict_cpus_per_gpu(profile, gpn, nodes, cap) == expected
+
+
+def test_parse_admin_record_inside_longer_comment() -> None:
+    text = (
+        "admin note: broken node  "
+        "coda:sig=script:5:abc;cpg=4;was=;action=set;src=profile;gpn=1;nodes=1 more"
+    )
+    assert parse_admin_record(text) == {
+        "sig": "script:5:abc",
+        "cpg": "4",
+        "was": "",
+        "action": "set",
+        "src": "profile",
+        "gpn": "1",
+        "nodes": "1",
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "no record here",
+        "coda:sig=a;cpg=1;was=;action=set",  # src missing
+        "coda:sig=a;cpg=1;cpg=2;was=;action=set;src=none",
+        "coda:sig=a;cpg;was=;action=set;src=none",
+        "coda:sig=a=b;cpg=1;was=;action=set;src=none",
+    ],
+)
+def test_parse_admin_record_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_admin_record(text)
+
+
+def test_decision_is_immutable() -> None:
+    d = run(job())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.action = "skip"  # type: ignore[misc]
