@@ -52,6 +52,8 @@ class DevCluster:
     job_submit_plugins: str = "coda"
     def_cpu_per_gpu: int | None = 4
     coda_conf_extra: str = ""
+    ctld_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for slurmctld only (fault-injection tests)."""
 
     # -- paths ---------------------------------------------------------------
     @property
@@ -69,6 +71,10 @@ class DevCluster:
     @property
     def profile_store(self) -> Path:
         return self.root / "profiles"
+
+    @property
+    def hook_stats_file(self) -> Path:
+        return self.root / "hook-stats.json"
 
     @property
     def plugin_dir(self) -> Path:
@@ -115,7 +121,8 @@ class DevCluster:
         pids: dict[str, int] = {}
         pids["munged"] = self._start_munged()
         pids["slurmctld"] = self._spawn(
-            ["slurmctld", "-D", "-f", str(self.slurm_conf)], self.ctld_stderr
+            ["slurmctld", "-D", "-f", str(self.slurm_conf)], self.ctld_stderr,
+            extra_env=self.ctld_env,
         )
         self._save_state(pids)
         self._wait_for(lambda: self._scontrol_ok(), "slurmctld to answer")
@@ -249,7 +256,7 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         (self.etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         self.coda_conf.write_text(
             f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
-            f"ReloadIntervalS=1\n{self.coda_conf_extra}"
+            f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n{self.coda_conf_extra}"
         )
 
     def _start_munged(self) -> int:
@@ -267,10 +274,12 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         )
         return int(pid_file.read_text().strip())
 
-    def _spawn(self, argv: list[str], stderr_path: Path) -> int:
+    def _spawn(self, argv: list[str], stderr_path: Path,
+               extra_env: Mapping[str, str] | None = None) -> int:
+        env = {**self.env, **(extra_env or {})}
         with open(stderr_path, "ab") as err:
             proc = subprocess.Popen(
-                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                 start_new_session=True, cwd=self.root,
             )
         return proc.pid

@@ -1,0 +1,374 @@
+"""job_submit/coda: the Python side of the plugin, running inside slurmctld.
+
+slurmctld calls ``job_submit()`` for every new job while it holds the job write
+lock, so this path does no I/O: the profile store and coda.conf are reloaded by a
+background thread (:class:`slurm_plugin.store.Reloader`) and the hook reads an
+immutable snapshot. The decision itself is :func:`slurm_plugin.policy.decide`, a
+pure function tested by tables; this module only moves data between the C struct
+and Python, enforces the time budget and fails open.
+
+Fail-open contract: any exception, or a decision that took longer than
+``HookBudgetMs``, leaves the job exactly as the user submitted it and logs one
+line. The only way this hook refuses a job is a malformed ``coda:`` directive the
+user wrote in ``--comment`` (they asked for something invalid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_plugin.conf import CodaConfig, ConfigError, load_config
+from slurm_plugin.nodecap import NodeCap
+from slurm_plugin.paths import default_conf_path, slurm_conf_for
+from slurm_plugin.policy import Decision, JobRequest, decide
+from slurm_plugin.signature import DirectiveError, parse_coda_directives
+from slurm_plugin.store import ProfileCache, Reloader, StoreUnavailable
+
+LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
+_LEVELS = {"error": LOG_ERROR, "info": LOG_INFO, "verbose": LOG_VERBOSE, "debug": LOG_DEBUG}
+STATS_WINDOW = 4096  # in-hook durations kept for p50/p99
+
+_ffi: Any = None
+_lib: Any = None
+_state: HookState | None = None
+
+
+@dataclass(slots=True)
+class HookStats:
+    """Counters the hook keeps about itself (read by ``coda-slurm status`` and bench/)."""
+
+    calls: int = 0
+    gpu_jobs: int = 0
+    changed: int = 0
+    rejected: int = 0
+    fail_open: int = 0
+    over_budget: int = 0
+    durations_ns: list[int] = field(default_factory=list)
+    _next: int = 0
+
+    def record(self, duration_ns: int) -> None:
+        if len(self.durations_ns) < STATS_WINDOW:
+            self.durations_ns.append(duration_ns)
+        else:
+            self.durations_ns[self._next] = duration_ns
+            self._next = (self._next + 1) % STATS_WINDOW
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.durations_ns)
+
+        def pct(q: float) -> float | None:
+            if not ordered:
+                return None
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
+
+        return {
+            "calls": self.calls,
+            "gpu_jobs": self.gpu_jobs,
+            "changed": self.changed,
+            "rejected": self.rejected,
+            "fail_open": self.fail_open,
+            "over_budget": self.over_budget,
+            "window": len(ordered),
+            "p50_us": pct(0.50),
+            "p99_us": pct(0.99),
+            "max_us": ordered[-1] / 1000.0 if ordered else None,
+        }
+
+
+@dataclass(slots=True)
+class HookState:
+    """Everything the hot path reads; swapped as a whole when coda.conf changes."""
+
+    cfg: CodaConfig
+    cfg_path: Path
+    cfg_mtime_ns: int
+    cache: ProfileCache
+    node_cap: NodeCap
+    reloader: Reloader | None = None
+    stats: HookStats = field(default_factory=HookStats)
+    stats_error: str | None = None
+    started_unix_s: float = field(default_factory=time.time)
+
+
+# -- logging -------------------------------------------------------------------
+
+
+def log(level: int, msg: str) -> None:
+    """One line into slurmctld's log (prefixed ``job_submit/coda:`` by the C side)."""
+    state = _state
+    if state is not None and level > _LEVELS.get(state.cfg.log_level, LOG_INFO):
+        return
+    if _lib is None:
+        return
+    _lib.coda_log(level, msg.replace("\n", " | ").encode("utf-8", "replace"))
+
+
+def _log_named(level_name: str, msg: str) -> None:
+    log(_LEVELS.get(level_name, LOG_INFO), msg)
+
+
+def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> None:
+    """cffi's last line of defence: an exception escaped a def_extern function.
+
+    The C caller then receives 0 (SLURM_SUCCESS / "inactive"), i.e. the job passes
+    unchanged; say so once.
+    """
+    try:
+        log(LOG_ERROR, f"internal error escaped to C ({exc_type.__name__}: {exc_value}); "
+            "job passes unchanged")
+    except Exception:  # noqa: BLE001 - nothing may raise into slurmctld
+        pass
+
+
+# -- plugin life cycle ---------------------------------------------------------
+
+
+def bind(ffi: Any, lib: Any) -> None:
+    global _ffi, _lib
+    _ffi, _lib = ffi, lib
+
+
+def _load_state(path: Path) -> HookState:
+    cfg = load_config(path)
+    mtime_ns = path.stat().st_mtime_ns
+    cache = ProfileCache(Path(cfg.profile_store), _log_named)
+    node_cap = NodeCap.from_slurm_conf(slurm_conf_for(path, cfg.slurm_conf), _log_named)
+    return HookState(cfg=cfg, cfg_path=path, cfg_mtime_ns=mtime_ns, cache=cache,
+                     node_cap=node_cap)
+
+
+def plugin_init() -> int:
+    """Load coda.conf and the profile store; start the reloader. 1 = ready."""
+    global _state
+    path = default_conf_path()
+    try:
+        state = _load_state(path)
+    except (OSError, ConfigError) as exc:
+        _lib.coda_log(LOG_ERROR, f"cannot load {path}: {exc}".encode("utf-8", "replace"))
+        return 0
+    try:
+        stats = state.cache.refresh()
+    except StoreUnavailable as exc:
+        # Not fatal: the store may be an NFS mount that comes later. Unknown
+        # workloads get the default until it appears.
+        _lib.coda_log(LOG_ERROR, f"profile store unavailable: {exc}".encode())
+        stats = None
+    _state = state
+    state.reloader = Reloader(state.cache, state.cfg.reload_interval_s, _log_named,
+                              on_tick=_on_reload_tick)
+    state.reloader.start()
+    n = len(state.cache.snapshot())
+    log(LOG_INFO, f"active: mode={state.cfg.mode} user_value={state.cfg.user_value} "
+        f"store={state.cfg.profile_store} profiles={n} conf={path}"
+        + (f" load_ms={stats.duration_s * 1000:.1f}" if stats else ""))
+    return 1
+
+
+def plugin_fini() -> None:
+    global _state
+    state = _state
+    if state is not None and state.reloader is not None:
+        state.reloader.stop()
+        _write_stats(state)
+    _state = None
+
+
+def _on_reload_tick() -> None:
+    """Runs on the reloader thread: pick up coda.conf edits and persist counters."""
+    state = _state
+    if state is None:
+        return
+    try:
+        mtime_ns = state.cfg_path.stat().st_mtime_ns
+    except OSError as exc:
+        log(LOG_ERROR, f"cannot stat {state.cfg_path}: {exc}; keeping the loaded configuration")
+        mtime_ns = state.cfg_mtime_ns
+    if mtime_ns != state.cfg_mtime_ns:
+        _reload_config(state, mtime_ns)
+    _write_stats(_state or state)
+
+
+def _reload_config(state: HookState, mtime_ns: int) -> None:
+    global _state
+    try:
+        fresh = _load_state(state.cfg_path)
+    except (OSError, ConfigError) as exc:
+        state.cfg_mtime_ns = mtime_ns  # log once per edit
+        log(LOG_ERROR, f"{state.cfg_path} changed but is invalid ({exc}); "
+            "keeping the last good configuration")
+        return
+    if fresh.cfg.profile_store == state.cfg.profile_store:
+        fresh.cache = state.cache
+    else:
+        try:
+            fresh.cache.refresh()
+        except StoreUnavailable as exc:
+            log(LOG_ERROR, f"new profile store unavailable ({exc}); keeping the old one")
+            fresh.cache = state.cache
+    fresh.stats = state.stats
+    fresh.reloader = state.reloader
+    if fresh.reloader is not None:
+        fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
+    _state = fresh
+    log(LOG_INFO, f"reloaded {state.cfg_path}: mode={fresh.cfg.mode} "
+        f"user_value={fresh.cfg.user_value}")
+
+
+def _write_stats(state: HookState) -> None:
+    if not state.cfg.hook_stats_file:
+        return
+    path = Path(state.cfg.hook_stats_file)
+    data = {
+        "format": "coda-hook-stats",
+        "format_version": 1,
+        "pid": os.getpid(),
+        "started_unix_s": state.started_unix_s,
+        "written_unix_s": time.time(),
+        "profiles": len(state.cache.snapshot()),
+        "profile_store": str(state.cfg.profile_store),
+        **state.stats.summary(),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data, sort_keys=True))
+        os.replace(tmp, path)
+        state.stats_error = None
+    except OSError as exc:
+        if state.stats_error != str(exc):  # once per distinct problem, not every tick
+            state.stats_error = str(exc)
+            log(LOG_ERROR, f"cannot write HookStatsFile {path}: {exc}")
+
+
+# -- the hot path --------------------------------------------------------------
+
+
+def _str(ptr: Any) -> str | None:
+    if ptr == _ffi.NULL:
+        return None
+    # Job fields are bytes from the user's client; keep undecodable bytes.
+    return _ffi.string(ptr).decode("utf-8", "surrogateescape")
+
+
+def read_request(desc: Any, submit_uid: int) -> JobRequest:
+    """Copy the fields the policy needs out of job_desc_msg_t."""
+    uid = desc.user_id
+    return JobRequest(
+        uid=uid if uid != _lib.NO_VAL else submit_uid,
+        job_name=_str(desc.name),
+        partition=_str(desc.partition),
+        tres_per_node=_str(desc.tres_per_node),
+        tres_per_job=_str(desc.tres_per_job),
+        tres_per_task=_str(desc.tres_per_task),
+        tres_per_socket=_str(desc.tres_per_socket),
+        cpus_per_tres=_str(desc.cpus_per_tres),
+        cpus_per_task=desc.cpus_per_task,
+        min_nodes=desc.min_nodes,
+        max_nodes=desc.max_nodes,
+        num_tasks=desc.num_tasks,
+        ntasks_per_node=desc.ntasks_per_node,
+        comment=_str(desc.comment),
+        script=_str(desc.script),
+    )
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _append_user_msg(err_msg: Any, line: str) -> None:
+    # Another job_submit plugin (lua) may already have said something.
+    old = _str(err_msg[0])
+    _lib.coda_replace_str(err_msg, _encode(f"{old}\n{line}" if old else line))
+
+
+def apply_decision(desc: Any, decision: Decision, err_msg: Any) -> None:
+    """Write the decision into job_desc. Values are computed before any write."""
+    if decision.cpus_per_tres is not None:
+        _lib.coda_replace_str(_ffi.addressof(desc, "cpus_per_tres"),
+                              _encode(decision.cpus_per_tres))
+    if decision.clear_cpus_per_task:
+        desc.cpus_per_task = _lib.NO_VAL16
+    if decision.admin_comment:
+        old = _str(desc.admin_comment)
+        new = f"{old} {decision.admin_comment}" if old else decision.admin_comment
+        _lib.coda_replace_str(_ffi.addressof(desc, "admin_comment"), _encode(new))
+    if decision.user_msg:
+        _append_user_msg(err_msg, decision.user_msg)
+
+
+def _log_line(decision: Decision) -> str:
+    # slurmctld's line is already prefixed "job_submit/coda: ".
+    return decision.log_msg.removeprefix("coda: ")
+
+
+def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
+    state = _state
+    if state is None:
+        return _lib.SLURM_SUCCESS
+    t0 = time.perf_counter_ns()
+    stats = state.stats
+    stats.calls += 1
+    try:
+        req = read_request(desc, submit_uid)
+        decision = decide(req, state.cfg, state.cache.snapshot(), state.node_cap)
+        if decision.action == "reject":
+            stats.rejected += 1
+            _append_user_msg(err_msg, decision.user_msg or "coda: invalid coda: directive")
+            log(LOG_INFO, _log_line(decision))
+            return _lib.SLURM_ERROR
+        if decision.action == "skip" and decision.admin_comment is None:
+            return _lib.SLURM_SUCCESS  # CPU-only job or coda:off: nothing to say
+        stats.gpu_jobs += 1
+        elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
+        if elapsed_ms > state.cfg.hook_budget_ms:
+            stats.over_budget += 1
+            stats.fail_open += 1
+            log(LOG_ERROR, f"uid={req.uid} name={req.job_name!r}: decision took "
+                f"{elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}; "
+                "job passes unchanged")
+            return _lib.SLURM_SUCCESS
+        apply_decision(desc, decision, err_msg)
+        if decision.cpus_per_tres is not None:
+            stats.changed += 1
+        log(LOG_INFO, _log_line(decision))
+        return _lib.SLURM_SUCCESS
+    except Exception as exc:  # noqa: BLE001 - the fail-open boundary
+        stats.fail_open += 1
+        log(LOG_ERROR, f"uid={submit_uid}: {type(exc).__name__}: {exc}; job passes unchanged")
+        return _lib.SLURM_SUCCESS
+    finally:
+        stats.record(time.perf_counter_ns() - t0)
+
+
+def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
+    """Updates (``scontrol update job``) pass unchanged, except an invalid directive.
+
+    The update message carries only the changed fields (no script), so there is
+    no signature to look up; right-sizing happens at submission.
+    """
+    if _state is None:
+        return _lib.SLURM_SUCCESS
+    try:
+        comment = _str(desc.comment)
+        if comment and "coda:" in comment:
+            parse_coda_directives(comment)
+        return _lib.SLURM_SUCCESS
+    except DirectiveError as exc:
+        _append_user_msg(err_msg, str(exc))
+        log(LOG_INFO, f"job_id={desc.job_id} uid={submit_uid}: update rejected: {exc}")
+        return _lib.SLURM_ERROR
+    except Exception as exc:  # noqa: BLE001 - the fail-open boundary
+        log(LOG_ERROR, f"job_id={desc.job_id}: {type(exc).__name__}: {exc}; "
+            "update passes unchanged")
+        return _lib.SLURM_SUCCESS
+
+
+def current_state() -> HookState | None:
+    """For in-process tests and tools: the live state, or None before init."""
+    return _state
+

@@ -1,0 +1,156 @@
+"""Turn sbatch options and a batch script into the job_desc fields the hook reads.
+
+Used by ``coda-slurm predict`` to show what job_submit/coda would do without
+submitting. The mapping mirrors what sbatch 22.05 sends (measured on a real
+slurmctld): ``--gpus-per-node``/``--gres=gpu`` -> ``tres_per_node``, ``--gpus`` ->
+``tres_per_job``, ``--gpus-per-task`` -> ``tres_per_task``, ``--cpus-per-gpu`` ->
+``cpus_per_tres``. Only the options that matter to the decision are read; any other
+option must be written ``--name=value`` (or be a flag) so it can be skipped safely.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+
+from slurm_plugin.policy import JobRequest
+
+NO_VAL = 0xFFFFFFFE
+NO_VAL16 = 0xFFFE
+
+# option -> (field, takes a value); short options map to their long names.
+_SHORT = {"-G": "--gpus", "-c": "--cpus-per-task", "-N": "--nodes", "-n": "--ntasks",
+          "-J": "--job-name", "-p": "--partition"}
+_KNOWN = {"--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket", "--gres",
+          "--cpus-per-gpu", "--cpus-per-task", "--nodes", "--ntasks", "--ntasks-per-node",
+          "--job-name", "--partition", "--comment"}
+# sbatch stops reading #SBATCH lines at the first command (not comment, not blank).
+_SBATCH_LINE = re.compile(r"^#SBATCH\s+(.*)$")
+
+
+class SbatchOptionError(ValueError):
+    """An option this tool needs to read has a missing or unparsable value."""
+
+
+def _tres(value: str) -> str:
+    """``a100:2`` / ``2`` / ``gpu:2,shard:1`` -> Slurm's ``gres:gpu:...`` list."""
+    items = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        items.append(item if item.startswith("gres:") else f"gres:{item}")
+    return ",".join(items)
+
+
+def _gpu_tres(value: str) -> str:
+    # --gpus=2 and --gpus=a100:2 name the GPU implicitly.
+    return "gres:gpu:" + value if not value.startswith(("gpu", "gres:")) else _tres(value)
+
+
+def _int(option: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError as exc:
+        raise SbatchOptionError(f"{option}={value!r} is not a whole number") from exc
+    if n < 0:
+        raise SbatchOptionError(f"{option}={value!r} is negative")
+    return n
+
+
+def split_options(argv: list[str]) -> list[tuple[str, str | None]]:
+    """``['-N', '2', '--gpus=1', '--exclusive']`` -> [('--nodes','2'), ('--gpus','1'), ...]."""
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            if eq:
+                out.append((name, value))
+            elif name in _KNOWN:
+                if i >= len(argv):
+                    raise SbatchOptionError(f"{name} needs a value")
+                out.append((name, argv[i]))
+                i += 1
+            else:
+                out.append((name, None))
+        elif arg.startswith("-") and len(arg) >= 2:
+            short, rest = arg[:2], arg[2:]
+            long = _SHORT.get(short)
+            if long is None:
+                out.append((short, rest or None))
+                continue
+            if rest:
+                out.append((long, rest.lstrip("=")))
+            else:
+                if i >= len(argv):
+                    raise SbatchOptionError(f"{short} needs a value")
+                out.append((long, argv[i]))
+                i += 1
+        else:
+            raise SbatchOptionError(f"unexpected argument {arg!r} (the script comes last)")
+    return out
+
+
+def script_options(script: str) -> list[str]:
+    """The arguments of the leading ``#SBATCH`` lines, split like a shell would (simply)."""
+    args: list[str] = []
+    for n, line in enumerate(script.splitlines()):
+        stripped = line.strip()
+        if n == 0 and stripped.startswith("#!"):
+            continue
+        m = _SBATCH_LINE.match(stripped)
+        if m:
+            # Anything after a second '#' is a comment, as in sbatch.
+            args.extend(m.group(1).split("#", 1)[0].split())
+            continue
+        if stripped and not stripped.startswith("#"):
+            break
+    return args
+
+
+def request_from_sbatch(argv: list[str], script: str, *, uid: int | None = None) -> JobRequest:
+    """Build the JobRequest sbatch would send for ``sbatch ARGV SCRIPT``."""
+    req = JobRequest(
+        uid=os.getuid() if uid is None else uid, job_name=None, partition=None,
+        tres_per_node=None, tres_per_job=None, tres_per_task=None, tres_per_socket=None,
+        cpus_per_tres=None, cpus_per_task=NO_VAL16, min_nodes=NO_VAL, max_nodes=NO_VAL,
+        num_tasks=NO_VAL, ntasks_per_node=NO_VAL16, comment=None, script=script,
+    )
+    # Command line after the script's own lines: the command line wins.
+    for name, value in split_options(script_options(script)) + split_options(argv):
+        if name not in _KNOWN:
+            continue
+        if value is None:
+            raise SbatchOptionError(f"{name} needs a value")
+        if name == "--gpus":
+            req = replace(req, tres_per_job=_gpu_tres(value))
+        elif name == "--gpus-per-node":
+            req = replace(req, tres_per_node=_gpu_tres(value))
+        elif name == "--gres":
+            req = replace(req, tres_per_node=_tres(value))
+        elif name == "--gpus-per-task":
+            req = replace(req, tres_per_task=_gpu_tres(value))
+        elif name == "--gpus-per-socket":
+            req = replace(req, tres_per_socket=_gpu_tres(value))
+        elif name == "--cpus-per-gpu":
+            req = replace(req, cpus_per_tres=f"gres:gpu:{_int(name, value)}")
+        elif name == "--cpus-per-task":
+            req = replace(req, cpus_per_task=_int(name, value))
+        elif name == "--nodes":
+            lo, _, hi = value.partition("-")
+            req = replace(req, min_nodes=_int(name, lo), max_nodes=_int(name, hi or lo))
+        elif name == "--ntasks":
+            req = replace(req, num_tasks=_int(name, value))
+        elif name == "--ntasks-per-node":
+            req = replace(req, ntasks_per_node=_int(name, value))
+        elif name == "--job-name":
+            req = replace(req, job_name=value)
+        elif name == "--partition":
+            req = replace(req, partition=value)
+        elif name == "--comment":
+            req = replace(req, comment=value)
+    return req

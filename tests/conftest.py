@@ -1,0 +1,82 @@
+"""Shared fixtures. The ``cluster`` fixture is a real Slurm (munge, slurmctld, slurmd)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.devcluster import DevCluster
+
+SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+
+
+def slurm_missing_reason() -> str | None:
+    missing = [t for t in SLURM_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"Slurm/munge not installed ({', '.join(missing)}); run scripts/setup"
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (mknod, SlurmUser=root)"
+    return None
+
+
+def require_slurm() -> None:
+    reason = slurm_missing_reason()
+    if reason is None:
+        return
+    # CI sets CODA_REQUIRE_SLURM=1: there a missing Slurm is a failure, not a skip.
+    if os.environ.get("CODA_REQUIRE_SLURM") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+class LogWatch:
+    """Follow a log file from the moment the watch was made."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def text(self) -> str:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            f.seek(self.offset)
+            return f.read()
+
+    def wait_for(self, pattern: str, timeout_s: float = 15.0) -> re.Match[str]:
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = regex.search(self.text())
+            if m:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} not in {self.path} within {timeout_s} s:\n"
+                                     + self.text()[-3000:])
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """One real Slurm cluster for the whole session, with job_submit/coda loaded."""
+    require_slurm()
+    root = tmp_path_factory.mktemp("slurm")
+    c = DevCluster(root)
+    try:
+        c.up()
+    except Exception:
+        c.down()
+        raise
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def ctld_log(cluster: DevCluster) -> LogWatch:
+    return LogWatch(cluster.ctld_log)
