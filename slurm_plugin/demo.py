@@ -99,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         for label, opts in JOBS:
             job_id, said = cluster.sbatch(["--hold", *opts], script)
             fields = cluster.show_job(job_id)
-            rows.append((job_id, label, " ".join(opts), fields.get("CpusPerTres", "-") or "-",
-                         fields.get("NumCPUs", "?"), said.strip().replace("sbatch: ", "")))
-        out(f"  {'job':>4}  {'what':22} {'CpusPerTres':14} {'NumCPUs':>7}  sbatch said\n")
-        for job_id, label, _opts, cpt, ncpu, said in rows:
-            out(f"  {job_id:>4}  {label:22} {cpt:14} {ncpu:>7}  {said or '-'}\n")
+            gpus = fields.get("TresPerNode") or fields.get("TresPerJob") or "-"
+            rows.append((job_id, label, gpus, fields.get("CpusPerTres", "-") or "-",
+                         said.strip().replace("sbatch: ", "")))
+        out(f"  {'job':>4}  {'what':22} {'GPUs asked':17} {'CpusPerTres':12}  sbatch said\n")
+        for job_id, label, gpus, cpt, said in rows:
+            out(f"  {job_id:>4}  {label:22} {gpus:17} {cpt:12}  {said or '-'}\n")
+        out("  (a '-' CpusPerTres on a GPU job means Slurm's own DefCpuPerGPU applies)\n")
         out("\nslurmctld's log (job_submit/coda lines):\n")
         for line in cluster.ctld_log.read_text(errors="replace").splitlines():
             if "job_submit/coda" in line:

@@ -10,6 +10,7 @@ Slurm jobs and ``scontrol show job`` reads slurmctld's own record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -368,18 +369,14 @@ def _stop_pid(pid: int, timeout_s: float = 10.0) -> None:
             _reap(pid)
             return
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     _reap(pid)
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 DEFAULT_ROOT = Path(os.environ.get("CODA_DEV_CLUSTER", f"/tmp/coda-dev-cluster-{os.getuid()}"))

@@ -15,6 +15,7 @@ user wrote in ``--comment`` (they asked for something invalid).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -118,11 +119,9 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
     The C caller then receives 0 (SLURM_SUCCESS / "inactive"), i.e. the job passes
     unchanged; say so once.
     """
-    try:
+    with contextlib.suppress(Exception):
         log(LOG_ERROR, f"internal error escaped to C ({exc_type.__name__}: {exc_value}); "
             "job passes unchanged")
-    except Exception:  # noqa: BLE001 - nothing may raise into slurmctld
-        pass
 
 
 # -- plugin life cycle ---------------------------------------------------------
@@ -337,7 +336,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             stats.changed += 1
         log(LOG_INFO, _log_line(decision))
         return _lib.SLURM_SUCCESS
-    except Exception as exc:  # noqa: BLE001 - the fail-open boundary
+    except Exception as exc:
         stats.fail_open += 1
         log(LOG_ERROR, f"uid={submit_uid}: {type(exc).__name__}: {exc}; job passes unchanged")
         return _lib.SLURM_SUCCESS
@@ -362,7 +361,7 @@ def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
         _append_user_msg(err_msg, str(exc))
         log(LOG_INFO, f"job_id={desc.job_id} uid={submit_uid}: update rejected: {exc}")
         return _lib.SLURM_ERROR
-    except Exception as exc:  # noqa: BLE001 - the fail-open boundary
+    except Exception as exc:
         log(LOG_ERROR, f"job_id={desc.job_id}: {type(exc).__name__}: {exc}; "
             "update passes unchanged")
         return _lib.SLURM_SUCCESS

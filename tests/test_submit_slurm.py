@@ -324,7 +324,7 @@ def test_plugin_that_cannot_start_leaves_slurm_scheduling(
     c = DevCluster(tmp_path / "broken", ctld_env=ctld_env)
     try:
         c.up()
-        job_id, said = c.sbatch(["--hold", "--gpus-per-node=1", "--cpus-per-gpu=2",
+        job_id, _said = c.sbatch(["--hold", "--gpus-per-node=1", "--cpus-per-gpu=2",
                                  "--comment=coda:workload=x"], SCRIPT)
         fields = c.show_job(job_id)
         log = c.ctld_log.read_text(errors="replace")
