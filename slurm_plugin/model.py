@@ -1,0 +1,513 @@
+"""The CPU-demand model: how many cores a GPU training job needs per GPU.
+
+The predictor is the one of Xiao et al., "Scheduling CPU for GPU-based Deep Learning jobs"
+(SoCC'18 poster)::
+
+    S(C) = P0 * log(C) + P1 * C    for C <  θ
+    S(C) = P2                      for C >= θ
+
+where ``S`` is training throughput with ``C`` cores and ``θ`` is the "sweet point" after
+which more cores do not help. We fit it to a handful of (cores, throughput) probes, report
+the *sweet spot* -- the fewest whole cores predicted to reach ``plateau_fraction`` of the
+plateau ``P2`` -- and say how much that answer can be trusted.
+
+Choices made here (the poster gives the form, not a fitting procedure):
+
+* **Continuity at θ.** We impose ``P2 = P0*log(θ) + P1*θ``. Without it the squared error is
+  a step function of θ (it only changes when θ crosses a probed core count), so θ is not
+  identified between probes and the fit has four free parameters instead of three. With it,
+  θ is where the rising curve meets the plateau, which lets two rising probes and one plateau
+  probe place the knee between them.
+* **P0, P1 >= 0.** Below θ the data stage is the bottleneck and adding cores cannot slow it
+  down; non-negative coefficients keep ``S`` non-decreasing and concave, as a parallel data
+  pipeline with diminishing returns is. A curve that clearly falls with more cores is
+  refused instead of being bent into shape.
+* **Profile over θ.** For a fixed θ the model is linear in (P0, P1), so each θ on a grid is a
+  two-variable non-negative least-squares problem solved in closed form, vectorised over
+  the grid; the best grid point is then refined with a bounded scalar search.
+* **Confidence is a posterior probability.** The profiled squared error over the θ grid,
+  with a noise level pooled from the residuals and a prior floor, gives a posterior over θ
+  (flat prior on the tested range). ``confidence`` is the posterior probability that the
+  sweet spot lies within ±1 core (or ±5 %, whichever is larger) of the reported one. It is
+  low when the noise is large relative to the knee, when the probes leave the rising part
+  undetermined, or when many knee positions explain the probes equally well.
+* **Experiment design.** :func:`next_probe` probes the largest and the smallest core count
+  first, then the core count whose predicted throughput differs most between knee positions
+  that imply different sweet spots (the between-group variance of the prediction).
+
+The multi-GPU rules come from Zhao et al., "CODA: Improving Resource Utilization by
+Slimming and Co-locating DNN and CPU Jobs" (ICDCS'20), section I.C: on one node CPU demand
+is linear in the number of GPUs; across nodes it is at most the one-node-two-GPU (1N2G)
+demand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+__all__ = [
+    "Fit",
+    "InconsistentSamples",
+    "InsufficientSamples",
+    "ModelError",
+    "cpus_per_gpu_for_request",
+    "fit_curve",
+    "next_probe",
+    "normalise_samples",
+]
+
+
+class ModelError(ValueError):
+    """The samples cannot be turned into a CPU-demand prediction."""
+
+
+class InsufficientSamples(ModelError):
+    """Too few samples, or too few distinct core counts, to fit three parameters."""
+
+
+class InconsistentSamples(ModelError):
+    """The samples do not look like a throughput-vs-cores curve (too noisy, falling, ...)."""
+
+
+# Number of θ values in the profile grid. The posterior and the sweet spot are evaluated
+# on it, so its spacing ((max - min) / (N - 1) cores, ~0.06 core on a 24-core box) must stay
+# well below one core.
+_THETA_GRID_POINTS = 401
+
+# Prior on the measurement noise, so that a fit passing exactly through three probes is not
+# trusted as if the noise were zero. 3 % of the mean throughput is an assumption (probe
+# throughput moves with data-loader warm-up, page cache and clock boost; none of the seed
+# documents reports run-to-run noise), weighted as 3 pseudo-degrees of freedom: the
+# residuals take over once there are several more samples than parameters.
+_NOISE_FLOOR_REL = 0.03
+_NOISE_PRIOR_DOF = 3.0
+
+# Residual RMSE, relative to the mean throughput, above which the samples are refused:
+# at that level the knee is lost in the noise and the "fit" would be a guess.
+_MAX_RMSE_REL = 0.2
+
+# A curve is refused as falling when throughput drops by more than this fraction of its
+# mean across the probed range, and the drop is statistically clear (|t| above the
+# threshold) -- real curves can sag a little past the knee (contention), that is fine.
+_MAX_FALL_REL = 0.10
+_FALL_T_STAT = 3.0
+
+# Number of model parameters (P0, P1, θ; P2 follows from continuity).
+_N_PARAMS = 3
+
+# The posterior over θ profiles (P0, P1) out instead of integrating over them, which
+# ignores how uncertain the curve's shape below the knee is and makes it overconfident.
+# Dividing the log-likelihood by 3 (a tempered likelihood) corrects that in our calibration
+# on synthetic curves (bench/bench_model.py prints the table, docs/model.md discusses it).
+# Hard knees, 4-24 random probes, 0-10 % noise, 1.5k curves: of fits reporting 0.9-0.95,
+# 93 % had the sweet spot within tolerance; 0.95-0.99: 99 %; >= 0.99: 100 % (untempered:
+# 79 %, 87 %, 98 %). With rounded knees and adaptive probing (the benchmark) fits reporting
+# 0.9-0.99 are right about 90 % of the time. Below 0.8 the tempered value is pessimistic.
+_POSTERIOR_TEMPERATURE = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A fitted CPU-demand curve for one GPU.
+
+    ``confidence`` is the posterior probability (flat prior on θ over the probed range,
+    Gaussian noise pooled from the residuals and a 3 % prior level, likelihood tempered by
+    3) that the sweet spot lies within ±1 core, or ±5 % if that is larger, of
+    ``sweet_spot_cores``.
+    ``plateau_throughput`` is ``P2``, the best throughput within the probed range: if the
+    curve still rises at the largest probe, ``theta_cores`` equals that probe.
+    ``r2`` is not meaningful for a flat curve (all variance is noise); use ``rmse_rel``.
+    """
+
+    p0: float
+    p1: float
+    p2: float
+    theta_cores: float
+    sweet_spot_cores: int
+    plateau_fraction: float
+    plateau_throughput: float
+    confidence: float
+    r2: float
+    rmse_rel: float
+    n_samples: int
+    distinct_cores: int
+
+    def predict(self, cores: float | np.ndarray) -> float | np.ndarray:
+        """Predicted throughput at ``cores`` (same units as the fitted samples)."""
+        c = np.asarray(cores, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rising = self.p0 * np.log(c) + self.p1 * c
+        out = np.where(c < self.theta_cores, rising, self.p2)
+        if np.ndim(cores) == 0:
+            return float(out)
+        return out
+
+    def to_dict(self) -> dict[str, float | int]:
+        """All fields as plain numbers, for JSON."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Profile:
+    """Best (P0, P1) for each θ on a grid, with the squared error left."""
+
+    theta: np.ndarray
+    p0: np.ndarray
+    p1: np.ndarray
+    sse: np.ndarray
+
+    @property
+    def p2(self) -> np.ndarray:
+        return self.p0 * np.log(self.theta) + self.p1 * self.theta
+
+
+def _solve(cores: np.ndarray, y: np.ndarray, theta: np.ndarray) -> _Profile:
+    """Continuous piecewise fit for every θ at once: 2-variable NNLS in closed form.
+
+    For a fixed θ, continuity makes every plateau sample a row ``[log θ, θ]`` and every
+    rising sample a row ``[log C, C]``, so (P0, P1) is a linear least-squares problem.
+    With two non-negative variables the optimum is the unconstrained one if feasible,
+    otherwise the better of the two one-variable (clamped) optima -- the objective is convex.
+    """
+    below = cores[None, :] < theta[:, None]
+    log_theta = np.log(theta)[:, None]
+    x1 = np.where(below, np.log(cores)[None, :], log_theta)
+    x2 = np.where(below, cores[None, :], theta[:, None])
+    s11 = np.einsum("gi,gi->g", x1, x1)
+    s12 = np.einsum("gi,gi->g", x1, x2)
+    s22 = np.einsum("gi,gi->g", x2, x2)
+    r1 = x1 @ y
+    r2 = x2 @ y
+    det = s11 * s22 - s12 * s12
+    # Rank-deficient when every sample is on the plateau (all rows equal) or θ = 1.
+    full_rank = det > 1e-9 * np.maximum(s11 * s22, 1e-300)
+    safe_det = np.where(full_rank, det, 1.0)
+    a_int = (s22 * r1 - s12 * r2) / safe_det
+    b_int = (s11 * r2 - s12 * r1) / safe_det
+    interior_ok = full_rank & (a_int >= 0.0) & (b_int >= 0.0)
+
+    a_only = np.where(s11 > 0.0, np.maximum(r1, 0.0) / np.where(s11 > 0.0, s11, 1.0), 0.0)
+    b_only = np.where(s22 > 0.0, np.maximum(r2, 0.0) / np.where(s22 > 0.0, s22, 1.0), 0.0)
+
+    def sse_of(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        resid = y[None, :] - (a[:, None] * x1 + b[:, None] * x2)
+        return np.einsum("gi,gi->g", resid, resid)
+
+    sse_a = sse_of(a_only, np.zeros_like(a_only))
+    sse_b = sse_of(np.zeros_like(b_only), b_only)
+    use_a = sse_a <= sse_b
+    p0 = np.where(use_a, a_only, 0.0)
+    p1 = np.where(use_a, 0.0, b_only)
+    sse = np.where(use_a, sse_a, sse_b)
+    if np.any(interior_ok):
+        sse_int = sse_of(np.where(interior_ok, a_int, 0.0), np.where(interior_ok, b_int, 0.0))
+        take = interior_ok & (sse_int <= sse)
+        p0 = np.where(take, a_int, p0)
+        p1 = np.where(take, b_int, p1)
+        sse = np.where(take, sse_int, sse)
+    return _Profile(theta=theta, p0=p0, p1=p1, sse=sse)
+
+
+def _theta_grid(lo_cores: float, hi_cores: float) -> np.ndarray:
+    if hi_cores <= lo_cores:
+        return np.array([lo_cores])
+    return np.linspace(lo_cores, hi_cores, _THETA_GRID_POINTS)
+
+
+def _sweet_spots(prof: _Profile, plateau_fraction: float, lo_cores: int) -> np.ndarray:
+    """Fewest whole cores (>= ``lo_cores``) reaching ``plateau_fraction * P2``, per θ."""
+    top = max(lo_cores, math.ceil(float(prof.theta.max())))
+    ks = np.arange(lo_cores, top + 1, dtype=float)
+    theta = prof.theta[:, None]
+    rising = prof.p0[:, None] * np.log(ks)[None, :] + prof.p1[:, None] * ks[None, :]
+    p2 = prof.p2[:, None]
+    # At k >= θ the prediction *is* P2, so every row has a hit at ceil(θ) at the latest.
+    reached = (ks[None, :] >= theta) | (rising >= plateau_fraction * p2 - 1e-12 * np.abs(p2))
+    return ks[np.argmax(reached, axis=1)].astype(int)
+
+
+def _posterior(prof: _Profile, n_samples: int) -> tuple[np.ndarray, float]:
+    """Posterior weights over the θ grid and the pooled noise variance (y scaled to mean 1)."""
+    sse_min = float(prof.sse.min())
+    dof = max(n_samples - _N_PARAMS, 0)
+    sigma2 = (sse_min + _NOISE_PRIOR_DOF * _NOISE_FLOOR_REL**2) / (dof + _NOISE_PRIOR_DOF)
+    log_w = -(prof.sse - sse_min) / (2.0 * _POSTERIOR_TEMPERATURE * sigma2)
+    w = np.exp(log_w - log_w.max())
+    return w / w.sum(), sigma2
+
+
+def _tolerance_cores(sweet_spot_cores: int) -> float:
+    return max(1.0, 0.05 * sweet_spot_cores)
+
+
+def _as_arrays(cores: Sequence[float], throughput: Sequence[float]) -> tuple[np.ndarray, ...]:
+    c = np.asarray(cores, dtype=float).ravel()
+    y = np.asarray(throughput, dtype=float).ravel()
+    if c.shape != y.shape:
+        raise ModelError(f"{c.size} core counts but {y.size} throughput values")
+    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(y))):
+        raise ModelError("samples contain NaN or infinity")
+    if np.any(c <= 0.0):
+        raise ModelError("core counts must be positive")
+    if np.any(y < 0.0):
+        raise ModelError("throughput must not be negative")
+    return c, y
+
+
+def _check_not_falling(c: np.ndarray, y_rel: np.ndarray) -> None:
+    """Refuse curves that clearly lose throughput as cores are added."""
+    x = np.log(c)
+    x_c = x - x.mean()
+    sxx = float(x_c @ x_c)
+    if sxx <= 0.0 or c.size < 3:
+        return
+    slope = float(x_c @ (y_rel - y_rel.mean())) / sxx
+    resid = y_rel - y_rel.mean() - slope * x_c
+    se = math.sqrt(max(float(resid @ resid), 1e-300) / (c.size - 2) / sxx)
+    fall_rel = -slope * (x.max() - x.min())
+    if fall_rel > _MAX_FALL_REL and slope / se < -_FALL_T_STAT:
+        raise InconsistentSamples(
+            f"throughput falls by {fall_rel:.0%} of its mean from {c.min():g} to "
+            f"{c.max():g} cores; the job is not limited by CPU the way the model assumes, "
+            "or the probes were disturbed"
+        )
+
+
+def fit_curve(
+    cores: Sequence[float],
+    throughput: Sequence[float],
+    *,
+    plateau_fraction: float = 0.95,
+    min_distinct_cores: int = 3,
+) -> Fit:
+    """Fit the SoCC'18 predictor to (cores, throughput) samples of one job.
+
+    Raises :class:`InsufficientSamples` for fewer than three samples or fewer than
+    ``min_distinct_cores`` distinct core counts (the model has three free parameters), and
+    :class:`InconsistentSamples` when the residual noise exceeds 20 % of the mean throughput
+    or the curve clearly falls with more cores. The sweet spot is never below the smallest
+    probed core count (rounded up): the model does not extrapolate downwards.
+    """
+    if not 0.0 < plateau_fraction <= 1.0:
+        raise ModelError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
+    if min_distinct_cores < _N_PARAMS:
+        raise ModelError(f"min_distinct_cores must be at least {_N_PARAMS} (three parameters)")
+    c, y = _as_arrays(cores, throughput)
+    distinct = int(np.unique(c).size)
+    if c.size < _N_PARAMS or distinct < min_distinct_cores:
+        raise InsufficientSamples(
+            f"{c.size} samples at {distinct} distinct core counts; need at least "
+            f"{max(_N_PARAMS, min_distinct_cores)} samples at {min_distinct_cores} core counts"
+        )
+    scale = float(y.mean())
+    if scale <= 0.0:
+        raise InconsistentSamples("every throughput sample is zero")
+    y_rel = y / scale
+    _check_not_falling(c, y_rel)
+
+    lo, hi = float(c.min()), float(c.max())
+    prof = _solve(c, y_rel, _theta_grid(lo, hi))
+    best = int(np.argmin(prof.sse))
+    theta_hat = _refine_theta(c, y_rel, prof.theta, best)
+    point = _solve(c, y_rel, np.array([theta_hat]))
+    if not np.all(np.isfinite([point.p0[0], point.p1[0], point.sse[0]])):
+        raise InconsistentSamples("the least-squares fit did not converge")
+
+    sse = float(point.sse[0])
+    rmse_rel = math.sqrt(sse / c.size)
+    if rmse_rel > _MAX_RMSE_REL:
+        raise InconsistentSamples(
+            f"residual noise is {rmse_rel:.0%} of the mean throughput (limit "
+            f"{_MAX_RMSE_REL:.0%}); re-measure with longer probes"
+        )
+    sst = float(((y_rel - y_rel.mean()) ** 2).sum())
+    r2 = 1.0 - sse / sst if sst > 0.0 else 1.0
+
+    lo_cores = max(1, math.ceil(lo - 1e-9))
+    sweet = int(_sweet_spots(point, plateau_fraction, lo_cores)[0])
+    weights, _ = _posterior(prof, c.size)
+    spots = _sweet_spots(prof, plateau_fraction, lo_cores)
+    near = np.abs(spots - sweet) <= _tolerance_cores(sweet) + 1e-9
+    confidence = float(np.clip(weights[near].sum(), 0.0, 1.0))
+
+    p0 = float(point.p0[0]) * scale
+    p1 = float(point.p1[0]) * scale
+    p2 = float(point.p2[0]) * scale
+    return Fit(
+        p0=p0,
+        p1=p1,
+        p2=p2,
+        theta_cores=theta_hat,
+        sweet_spot_cores=sweet,
+        plateau_fraction=plateau_fraction,
+        plateau_throughput=p2,
+        confidence=confidence,
+        r2=r2,
+        rmse_rel=rmse_rel,
+        n_samples=int(c.size),
+        distinct_cores=distinct,
+    )
+
+
+def _refine_theta(c: np.ndarray, y: np.ndarray, grid: np.ndarray, best: int) -> float:
+    """Polish the best grid θ with a bounded scalar search between its neighbours."""
+    if grid.size == 1:
+        return float(grid[0])
+    lo = float(grid[max(best - 1, 0)])
+    hi = float(grid[min(best + 1, grid.size - 1)])
+
+    def sse_at(t: float) -> float:
+        return float(_solve(c, y, np.array([t])).sse[0])
+
+    res = minimize_scalar(sse_at, bounds=(lo, hi), method="bounded", options={"xatol": 1e-5})
+    grid_theta = float(grid[best])
+    if res.success and float(res.fun) <= sse_at(grid_theta):
+        return float(res.x)
+    return grid_theta
+
+
+def normalise_samples(samples: Iterable[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Turn (cores, throughput, gpus) samples into per-GPU cores and per-GPU throughput.
+
+    CODA (section I.C) finds that on one node CPU demand is linear in the number of GPUs,
+    so a 2-GPU probe with 8 cores says the same about the curve as a 1-GPU probe with 4
+    cores. Only valid for single-node probes.
+    """
+    cores_per_gpu: list[float] = []
+    throughput_per_gpu: list[float] = []
+    for i, (cores, throughput, gpus) in enumerate(samples):
+        if gpus != int(gpus) or int(gpus) < 1:
+            raise ModelError(f"sample {i}: GPU count must be a positive integer, got {gpus}")
+        cores_per_gpu.append(float(cores) / int(gpus))
+        throughput_per_gpu.append(float(throughput) / int(gpus))
+    c, y = _as_arrays(cores_per_gpu, throughput_per_gpu)
+    return c, y
+
+
+def next_probe(
+    samples: Sequence[tuple[float, float]],
+    *,
+    max_cores: int,
+    min_cores: int = 1,
+    plateau_fraction: float = 0.95,
+    confident_at: float = 0.9,
+) -> int | None:
+    """Which core count to measure next, or ``None`` when no further probe is needed.
+
+    Design (deterministic, so a re-run profiles the same way):
+
+    1. ``max_cores`` first: it measures the plateau on this box.
+    2. ``min_cores`` next: it measures how CPU-starved the job is.
+    3. Then, over the θ grid on [min_cores, max_cores], weight each knee position by its
+       posterior (see :class:`Fit`) and group positions by the sweet spot they imply. Probe
+       the untried whole core count where the predicted throughput differs most between
+       those groups (largest between-group variance): that is where one measurement best
+       tells the candidate sweet spots apart. After the two end probes it lies inside the
+       feasible knee range (θ <= P2 / S(1) when P0, P1 >= 0); once two probes pin the
+       rising part down, the knee is extrapolated and probes go next to it.
+    4. If no candidate separates the groups (all agree), probe the untried core count
+       farthest from every tried one, which also sharpens the noise estimate.
+
+    Returns ``None`` when :func:`fit_curve` succeeds with ``confidence >= confident_at``, or
+    every core count in the range has been tried. Callers should also cap the number of
+    probes: with very noisy measurements the confidence may never reach ``confident_at``.
+    """
+    if min_cores < 1 or max_cores < min_cores:
+        raise ModelError(f"need 1 <= min_cores <= max_cores, got {min_cores}..{max_cores}")
+    if not samples:
+        return max_cores
+    c, y = _as_arrays([s[0] for s in samples], [s[1] for s in samples])
+    tried = {round(v, 9) for v in c.tolist()}
+    candidates = [k for k in range(min_cores, max_cores + 1) if float(k) not in tried]
+    if float(max_cores) not in tried:
+        return max_cores
+    if float(min_cores) not in tried:
+        return min_cores
+    if not candidates:
+        return None
+    if np.unique(c).size >= _N_PARAMS:
+        try:
+            fit = fit_curve(c, y, plateau_fraction=plateau_fraction)
+        except InconsistentSamples:
+            fit = None
+        if fit is not None and fit.confidence >= confident_at:
+            return None
+
+    scale = float(y.mean())
+    if scale <= 0.0:
+        return _farthest(candidates, c)
+    y_rel = y / scale
+    lo = min(float(min_cores), float(c.min()))
+    hi = max(float(max_cores), float(c.max()))
+    prof = _solve(c, y_rel, _theta_grid(lo, hi))
+    weights, sigma2 = _posterior(prof, c.size)
+    spots = _sweet_spots(prof, plateau_fraction, max(1, math.ceil(lo - 1e-9)))
+
+    ks = np.asarray(candidates, dtype=float)
+    pred = np.where(
+        ks[None, :] < prof.theta[:, None],
+        prof.p0[:, None] * np.log(ks)[None, :] + prof.p1[:, None] * ks[None, :],
+        prof.p2[:, None],
+    )
+    groups, group_of = np.unique(spots, return_inverse=True)
+    onehot = np.zeros((spots.size, groups.size))
+    onehot[np.arange(spots.size), group_of] = weights
+    group_w = onehot.sum(axis=0)
+    keep = group_w > 1e-12
+    group_mean = (onehot.T @ pred)[keep] / group_w[keep, None]
+    overall = weights @ pred
+    between_var = group_w[keep] @ ((group_mean - overall[None, :]) ** 2)
+    best = int(np.argmax(between_var))
+    # Differences far below the noise cannot be resolved by one probe; fall back to filling
+    # the largest gap, which at least improves the noise estimate.
+    if between_var[best] < 1e-4 * sigma2:
+        return _farthest(candidates, c)
+    return candidates[best]
+
+
+def _farthest(candidates: list[int], tried: np.ndarray) -> int:
+    dist = [float(np.min(np.abs(tried - k))) for k in candidates]
+    return candidates[int(np.argmax(dist))]
+
+
+def cpus_per_gpu_for_request(
+    sweet_spot_cores_per_gpu: int,
+    *,
+    gpus_per_node: int,
+    nodes: int,
+    multi_node_cpus_per_gpu: int | None = None,
+    multi_node_gpu_cap: int = 2,
+) -> int:
+    """Cores per GPU to give a job that asks for ``nodes`` x ``gpus_per_node`` GPUs.
+
+    * One node: CODA (section I.C) finds CPU demand linear in the GPU count on a node, so
+      the per-GPU sweet spot measured with one GPU applies unchanged.
+    * Several nodes: use ``multi_node_cpus_per_gpu`` if it was measured. Otherwise CODA finds
+      multi-node demand never above the one-node-two-GPU (1N2G) demand (network time slows
+      the GPU stage, leaving the data stage more time), so a node needs at most
+      ``sweet_spot * min(gpus_per_node, multi_node_gpu_cap)`` cores, spread over its GPUs and
+      rounded up.
+
+    The result is at least 1.
+    """
+    if sweet_spot_cores_per_gpu < 1:
+        raise ValueError(f"sweet spot must be at least 1 core, got {sweet_spot_cores_per_gpu}")
+    if gpus_per_node < 1 or nodes < 1:
+        raise ValueError(f"need gpus_per_node >= 1 and nodes >= 1, got {gpus_per_node}, {nodes}")
+    if multi_node_gpu_cap < 1:
+        raise ValueError(f"multi_node_gpu_cap must be at least 1, got {multi_node_gpu_cap}")
+    if nodes == 1:
+        return sweet_spot_cores_per_gpu
+    if multi_node_cpus_per_gpu is not None:
+        if multi_node_cpus_per_gpu < 1:
+            raise ValueError(
+                f"measured multi-node demand must be at least 1 core, got {multi_node_cpus_per_gpu}"
+            )
+        return multi_node_cpus_per_gpu
+    per_node_cores = sweet_spot_cores_per_gpu * min(gpus_per_node, multi_node_gpu_cap)
+    return max(1, -(-per_node_cores // gpus_per_node))
