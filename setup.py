@@ -1,12 +1,14 @@
 """CODA for Slurm: CPU-aware scheduling of GPU jobs (job_submit/coda + coda-node)."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="coda-slurm",
     version="0.1.0",
     description="Make Slurm CPU-aware for GPU training jobs (after CODA, ICDCS 2020)",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["slurm_plugin", "slurm_plugin.*", "coda_node", "coda_node.*"]),

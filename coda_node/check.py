@@ -49,13 +49,21 @@ def probe_cgroups(root: SystemRoot) -> list[Capability]:
         except OSError:
             have = []
         ok = "cpuset" in have
-        caps.append(Capability("cpuset control", ok, "cgroup v2, cpuset controller "
-                               + ("enabled" if ok else "not enabled at the root")))
+        caps.append(
+            Capability(
+                "cpuset control",
+                ok,
+                "cgroup v2, cpuset controller " + ("enabled" if ok else "not enabled at the root"),
+            )
+        )
     else:
         caps.append(Capability("cpuset control", False, "no cgroup cpuset controller mounted"))
     if "cpu" in v1 or v2:
-        caps.append(Capability("CPU quota", True, "cgroup " + ("v1 cpu" if "cpu" in v1 else "v2")
-                               + " controller"))
+        caps.append(
+            Capability(
+                "CPU quota", True, "cgroup " + ("v1 cpu" if "cpu" in v1 else "v2") + " controller"
+            )
+        )
     else:
         caps.append(Capability("CPU quota", False, "no cgroup cpu controller mounted"))
     return caps
@@ -66,14 +74,24 @@ def probe_resctrl(root: SystemRoot) -> list[Capability]:
     info = root.path("/sys/fs/resctrl/info")
     if not mounted or not info.is_dir():
         why = "resctrl not mounted" if not mounted else "resctrl has no info/ directory"
-        return [Capability("memory-bandwidth control", False, f"{why} (Intel RDT MBA)"),
-                Capability("memory-bandwidth monitoring", False, f"{why} (Intel RDT MBM)")]
+        return [
+            Capability("memory-bandwidth control", False, f"{why} (Intel RDT MBA)"),
+            Capability("memory-bandwidth monitoring", False, f"{why} (Intel RDT MBM)"),
+        ]
     mb = (info / "MB").is_dir()
     mon = (info / "L3_MON").is_dir()
-    return [Capability("memory-bandwidth control", mb,
-                       "resctrl MB resource" if mb else "resctrl mounted, no MB resource"),
-            Capability("memory-bandwidth monitoring", mon,
-                       "resctrl L3_MON" if mon else "resctrl mounted, no L3_MON")]
+    return [
+        Capability(
+            "memory-bandwidth control",
+            mb,
+            "resctrl MB resource" if mb else "resctrl mounted, no MB resource",
+        ),
+        Capability(
+            "memory-bandwidth monitoring",
+            mon,
+            "resctrl L3_MON" if mon else "resctrl mounted, no L3_MON",
+        ),
+    ]
 
 
 def probe_uncore(root: SystemRoot) -> Capability:
@@ -85,8 +103,9 @@ def probe_uncore(root: SystemRoot) -> Capability:
     imc = [n for n in names if n.startswith("uncore_imc")]
     if imc:
         return Capability("uncore counters", True, f"{len(imc)} memory-controller PMUs")
-    return Capability("uncore counters", False,
-                      "no uncore_imc PMUs (PMUs here: " + ", ".join(names) + ")")
+    return Capability(
+        "uncore counters", False, "no uncore_imc PMUs (PMUs here: " + ", ".join(names) + ")"
+    )
 
 
 def probe_gpus(root: SystemRoot) -> Capability:
@@ -97,8 +116,9 @@ def probe_gpus(root: SystemRoot) -> Capability:
         pynvml.nvmlInit()
     except Exception as exc:
         reason = getattr(exc, "__class__", type(exc)).__name__
-        return Capability("GPUs (NVML)", False,
-                          f"NVML unavailable ({reason}: {exc}); device nodes: {len(devs)}")
+        return Capability(
+            "GPUs (NVML)", False, f"NVML unavailable ({reason}: {exc}); device nodes: {len(devs)}"
+        )
     try:
         count = pynvml.nvmlDeviceGetCount()
     finally:

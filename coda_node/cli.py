@@ -20,8 +20,13 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
-              show_default=True, help="System root (a fixture tree in tests).")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="System root (a fixture tree in tests).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def check(root: Path, as_json: bool) -> None:
     """Which capabilities (cpusets, CPU quota, RDT, uncore PMUs, NVML) are usable here."""

@@ -39,8 +39,12 @@ def plugin_path() -> None:
 
 
 @plugin.command("install")
-@click.option("--plugin-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="A directory listed in slurm.conf's PluginDir.")
+@click.option(
+    "--plugin-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="A directory listed in slurm.conf's PluginDir.",
+)
 def plugin_install(plugin_dir: Path) -> None:
     """Install job_submit_coda.so (atomic rename; safe while slurmctld runs)."""
     try:
@@ -53,8 +57,12 @@ def plugin_install(plugin_dir: Path) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("--conf", "conf_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="coda.conf (default: $CODA_CONF, beside $SLURM_CONF, /etc/slurm/coda.conf)")
+@click.option(
+    "--conf",
+    "conf_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="coda.conf (default: $CODA_CONF, beside $SLURM_CONF, /etc/slurm/coda.conf)",
+)
 @click.option("--uid", type=int, help="Predict for this uid (default: yours).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -74,8 +82,10 @@ def predict(conf_file: Path | None, uid: int | None, as_json: bool, args: tuple[
     click.echo(f"workload:   {result['workload']}  ({result['signature']})")
     click.echo(f"GPU job:    {result['gpu_job']}")
     click.echo(f"action:     {result['action']}")
-    click.echo(f"cpus/tres:  {result['cpus_per_tres_before'] or '-'} -> "
-               f"{result['cpus_per_tres_after'] or '(unchanged)'}")
+    click.echo(
+        f"cpus/tres:  {result['cpus_per_tres_before'] or '-'} -> "
+        f"{result['cpus_per_tres_after'] or '(unchanged)'}"
+    )
     click.echo(f"reason:     {result['reason']}")
     if result["user_msg"]:
         click.echo(f"sbatch says: {result['user_msg']}")

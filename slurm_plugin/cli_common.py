@@ -7,6 +7,7 @@ turns it into ``<prog>: <what> (<why>)`` on stderr and an exit code.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -49,9 +50,9 @@ def run_cli(group: click.Group, prog: str, argv: list[str] | None = None) -> int
         exc.show()
         return exc.exit_code
     except BrokenPipeError:
-        # Quiet on a closed pipe (`coda-slurm profiles list | head`).
-        try:
-            sys.stdout = None  # type: ignore[assignment]
-        finally:
-            return 0
+        # Quiet on a closed pipe (`coda-slurm profiles list | head`): point stdout at
+        # /dev/null so the interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return rv if isinstance(rv, int) else 0

@@ -34,8 +34,10 @@ JOBS: tuple[tuple[str, list[str]], ...] = (
     ("deepspeech, --gres", ["--gres=gpu:a100:2", "--comment=coda:workload=deepspeech"]),
     ("googlenet, 4 GPUs", ["--gpus-per-node=4", "--comment=coda:workload=googlenet"]),
     ("unprofiled script", ["--gpus=1", "--job-name=new-model"]),
-    ("user asked 8/GPU", ["--gpus-per-node=1", "--cpus-per-gpu=8",
-                          "--comment=coda:workload=languagemodel"]),
+    (
+        "user asked 8/GPU",
+        ["--gpus-per-node=1", "--cpus-per-gpu=8", "--comment=coda:workload=languagemodel"],
+    ),
     ("CPU-only job", ["--ntasks=4"]),
 )
 
@@ -60,16 +62,21 @@ def profile_workload(name: str, sweet_spot: int, host_cores: int, seed: int) -> 
         updated_unix_s=time.time(),
         source="demo (SoCC'18 P100 curve)",
         gpu_model="P100",
-        samples=tuple(Sample(cores=c, throughput=t, gpus=1, nodes=1, gpu_model="P100",
-                             node="demo") for c, t in samples),
+        samples=tuple(
+            Sample(cores=c, throughput=t, gpus=1, nodes=1, gpu_model="P100", node="demo")
+            for c, t in samples
+        ),
         fit=fit.to_dict(),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--keep", action="store_true",
-                        help="leave the cluster running (stop it with scripts/dev-cluster down)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster running (stop it with scripts/dev-cluster down)",
+    )
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="coda-demo-"))
@@ -79,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     cluster.up()
     try:
         store = ProfileStore(cluster.profile_store)
-        out("\nProfiling workloads (probes chosen by the experiment design, then a fit of\n"
-            "S(C) = P0*log C + P1*C below the sweet spot, plateau above it):\n")
+        out(
+            "\nProfiling workloads (probes chosen by the experiment design, then a fit of\n"
+            "S(C) = P0*log C + P1*C below the sweet spot, plateau above it):\n"
+        )
         out(f"  {'workload':14} {'true':>5} {'fitted':>7} {'probes':>7} {'confidence':>11}\n")
         for i, ref in enumerate(w for w in REFERENCE_WORKLOADS if w.name in DEMO_WORKLOADS):
             try:
@@ -89,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                 out(f"  {ref.name:14} could not be profiled: {exc}\n")
                 continue
             store.write(prof)
-            out(f"  {prof.workload:14} {ref.sweet_spot_cores:>5} {prof.cpus_per_gpu:>7} "
-                f"{prof.n_samples:>7} {prof.confidence:>11.2f}\n")
+            out(
+                f"  {prof.workload:14} {ref.sweet_spot_cores:>5} {prof.cpus_per_gpu:>7} "
+                f"{prof.n_samples:>7} {prof.confidence:>11.2f}\n"
+            )
         time.sleep(1.5)  # the hook's reloader polls the store every ReloadIntervalS=1
 
         out("\nSubmitting with plain sbatch (node: 32 CPUs, 4 GPUs; partition DefCpuPerGPU=4):\n")
@@ -100,8 +111,15 @@ def main(argv: list[str] | None = None) -> int:
             job_id, said = cluster.sbatch(["--hold", *opts], script)
             fields = cluster.show_job(job_id)
             gpus = fields.get("TresPerNode") or fields.get("TresPerJob") or "-"
-            rows.append((job_id, label, gpus, fields.get("CpusPerTres", "-") or "-",
-                         said.strip().replace("sbatch: ", "")))
+            rows.append(
+                (
+                    job_id,
+                    label,
+                    gpus,
+                    fields.get("CpusPerTres", "-") or "-",
+                    said.strip().replace("sbatch: ", ""),
+                )
+            )
         out(f"  {'job':>4}  {'what':22} {'GPUs asked':17} {'CpusPerTres':12}  sbatch said\n")
         for job_id, label, gpus, cpt, said in rows:
             out(f"  {job_id:>4}  {label:22} {gpus:17} {cpt:12}  {said or '-'}\n")
@@ -113,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         cluster.run(["scancel", *[str(r[0]) for r in rows]], check=False)
     finally:
         if args.keep:
-            out(f"\nCluster left running: export SLURM_CONF={cluster.slurm_conf}\n"
-                f"Stop it with: scripts/dev-cluster down --dir {root}\n")
+            out(
+                f"\nCluster left running: export SLURM_CONF={cluster.slurm_conf}\n"
+                f"Stop it with: scripts/dev-cluster down --dir {root}\n"
+            )
         else:
             cluster.down()
     return 0

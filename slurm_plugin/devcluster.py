@@ -122,7 +122,8 @@ class DevCluster:
         pids: dict[str, int] = {}
         pids["munged"] = self._start_munged()
         pids["slurmctld"] = self._spawn(
-            ["slurmctld", "-D", "-f", str(self.slurm_conf)], self.ctld_stderr,
+            ["slurmctld", "-D", "-f", str(self.slurm_conf)],
+            self.ctld_stderr,
             extra_env=self.ctld_env,
         )
         self._save_state(pids)
@@ -155,15 +156,31 @@ class DevCluster:
         pids = state.get("pids", {})
         alive = {name: _pid_alive(int(pid)) for name, pid in pids.items()}
         node = self.node_state() if alive.get("slurmctld") else "unknown"
-        return {"root": str(self.root), "slurm_conf": str(self.slurm_conf), "daemons": alive,
-                "node": NODE_NAME, "node_state": node}
+        return {
+            "root": str(self.root),
+            "slurm_conf": str(self.slurm_conf),
+            "daemons": alive,
+            "node": NODE_NAME,
+            "node_state": node,
+        }
 
     # -- Slurm client helpers used by the demo and the tests -----------------
-    def run(self, argv: list[str], *, check: bool = True, timeout_s: float = 30.0,
-            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        check: bool = True,
+        timeout_s: float = 30.0,
+        input_text: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            argv, env=self.env, capture_output=True, text=True, timeout=timeout_s,
-            input=input_text, cwd=self.root / "tmp",
+            argv,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            input=input_text,
+            cwd=self.root / "tmp",
         )
         if check and proc.returncode != 0:
             raise DevClusterError(
@@ -251,8 +268,7 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         )
         last = node.gpus - 1
         (self.etc / "gres.conf").write_text(
-            f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} "
-            f"File={r}/dev/nvidia[0-{last}]\n"
+            f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} File={r}/dev/nvidia[0-{last}]\n"
         )
         (self.etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         self.coda_conf.write_text(
@@ -268,20 +284,35 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         pid_file = self.root / "munge" / "munged.pid"
         # --force: we run as root with the socket outside /run/munge.
         subprocess.run(
-            ["munged", f"--socket={self.munge_socket}", f"--key-file={key}",
-             f"--pid-file={pid_file}", f"--log-file={self.root / 'log' / 'munged.log'}",
-             f"--seed-file={self.root / 'munge' / 'munged.seed'}", "--force"],
-            check=True, capture_output=True, text=True, timeout=START_TIMEOUT_S,
+            [
+                "munged",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={pid_file}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+                "--force",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
         )
         return int(pid_file.read_text().strip())
 
-    def _spawn(self, argv: list[str], stderr_path: Path,
-               extra_env: Mapping[str, str] | None = None) -> int:
+    def _spawn(
+        self, argv: list[str], stderr_path: Path, extra_env: Mapping[str, str] | None = None
+    ) -> int:
         env = {**self.env, **(extra_env or {})}
         with open(stderr_path, "ab") as err:
             proc = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                start_new_session=True, cwd=self.root,
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                start_new_session=True,
+                cwd=self.root,
             )
         return proc.pid
 
@@ -392,8 +423,13 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         """A private one-node Slurm (munge, slurmctld, slurmd) with fake GPUs on localhost."""
 
     dir_option = click.option(
-        "--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_ROOT,
-        show_default=True, help="Where the cluster keeps its config, state and logs.")
+        "--dir",
+        "root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=DEFAULT_ROOT,
+        show_default=True,
+        help="Where the cluster keeps its config, state and logs.",
+    )
 
     @dev_cluster.command()
     @dir_option
@@ -406,9 +442,12 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
             raise CliError("cannot start the dev cluster", str(exc)) from exc
         click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
-        click.echo(f"# node {NODE_NAME}: {cluster.node.cpus} CPUs, "
-                   f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}; "
-                   f"profiles in {cluster.profile_store}; logs in {root / 'log'}", err=True)
+        click.echo(
+            f"# node {NODE_NAME}: {cluster.node.cpus} CPUs, "
+            f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}; "
+            f"profiles in {cluster.profile_store}; logs in {root / 'log'}",
+            err=True,
+        )
 
     @dev_cluster.command()
     @dir_option

@@ -120,8 +120,10 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
     unchanged; say so once.
     """
     with contextlib.suppress(Exception):
-        log(LOG_ERROR, f"internal error escaped to C ({exc_type.__name__}: {exc_value}); "
-            "job passes unchanged")
+        log(
+            LOG_ERROR,
+            f"internal error escaped to C ({exc_type.__name__}: {exc_value}); job passes unchanged",
+        )
 
 
 # -- plugin life cycle ---------------------------------------------------------
@@ -137,8 +139,7 @@ def _load_state(path: Path) -> HookState:
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
     node_cap = NodeCap.from_slurm_conf(slurm_conf_for(path, cfg.slurm_conf), _log_named)
-    return HookState(cfg=cfg, cfg_path=path, cfg_mtime_ns=mtime_ns, cache=cache,
-                     node_cap=node_cap)
+    return HookState(cfg=cfg, cfg_path=path, cfg_mtime_ns=mtime_ns, cache=cache, node_cap=node_cap)
 
 
 def plugin_init() -> int:
@@ -158,13 +159,17 @@ def plugin_init() -> int:
         _lib.coda_log(LOG_ERROR, f"profile store unavailable: {exc}".encode())
         stats = None
     _state = state
-    state.reloader = Reloader(state.cache, state.cfg.reload_interval_s, _log_named,
-                              on_tick=_on_reload_tick)
+    state.reloader = Reloader(
+        state.cache, state.cfg.reload_interval_s, _log_named, on_tick=_on_reload_tick
+    )
     state.reloader.start()
     n = len(state.cache.snapshot())
-    log(LOG_INFO, f"active: mode={state.cfg.mode} user_value={state.cfg.user_value} "
+    log(
+        LOG_INFO,
+        f"active: mode={state.cfg.mode} user_value={state.cfg.user_value} "
         f"store={state.cfg.profile_store} profiles={n} conf={path}"
-        + (f" load_ms={stats.duration_s * 1000:.1f}" if stats else ""))
+        + (f" load_ms={stats.duration_s * 1000:.1f}" if stats else ""),
+    )
     return 1
 
 
@@ -198,8 +203,10 @@ def _reload_config(state: HookState, mtime_ns: int) -> None:
         fresh = _load_state(state.cfg_path)
     except (OSError, ConfigError) as exc:
         state.cfg_mtime_ns = mtime_ns  # log once per edit
-        log(LOG_ERROR, f"{state.cfg_path} changed but is invalid ({exc}); "
-            "keeping the last good configuration")
+        log(
+            LOG_ERROR,
+            f"{state.cfg_path} changed but is invalid ({exc}); keeping the last good configuration",
+        )
         return
     if fresh.cfg.profile_store == state.cfg.profile_store:
         fresh.cache = state.cache
@@ -214,8 +221,10 @@ def _reload_config(state: HookState, mtime_ns: int) -> None:
     if fresh.reloader is not None:
         fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
     _state = fresh
-    log(LOG_INFO, f"reloaded {state.cfg_path}: mode={fresh.cfg.mode} "
-        f"user_value={fresh.cfg.user_value}")
+    log(
+        LOG_INFO,
+        f"reloaded {state.cfg_path}: mode={fresh.cfg.mode} user_value={fresh.cfg.user_value}",
+    )
 
 
 def _write_stats(state: HookState) -> None:
@@ -288,8 +297,9 @@ def _append_user_msg(err_msg: Any, line: str) -> None:
 def apply_decision(desc: Any, decision: Decision, err_msg: Any) -> None:
     """Write the decision into job_desc. Values are computed before any write."""
     if decision.cpus_per_tres is not None:
-        _lib.coda_replace_str(_ffi.addressof(desc, "cpus_per_tres"),
-                              _encode(decision.cpus_per_tres))
+        _lib.coda_replace_str(
+            _ffi.addressof(desc, "cpus_per_tres"), _encode(decision.cpus_per_tres)
+        )
     if decision.clear_cpus_per_task:
         desc.cpus_per_task = _lib.NO_VAL16
     if decision.admin_comment:
@@ -327,9 +337,12 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         if elapsed_ms > state.cfg.hook_budget_ms:
             stats.over_budget += 1
             stats.fail_open += 1
-            log(LOG_ERROR, f"uid={req.uid} name={req.job_name!r}: decision took "
+            log(
+                LOG_ERROR,
+                f"uid={req.uid} name={req.job_name!r}: decision took "
                 f"{elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}; "
-                "job passes unchanged")
+                "job passes unchanged",
+            )
             return _lib.SLURM_SUCCESS
         apply_decision(desc, decision, err_msg)
         if decision.cpus_per_tres is not None:
@@ -362,12 +375,12 @@ def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
         log(LOG_INFO, f"job_id={desc.job_id} uid={submit_uid}: update rejected: {exc}")
         return _lib.SLURM_ERROR
     except Exception as exc:
-        log(LOG_ERROR, f"job_id={desc.job_id}: {type(exc).__name__}: {exc}; "
-            "update passes unchanged")
+        log(
+            LOG_ERROR, f"job_id={desc.job_id}: {type(exc).__name__}: {exc}; update passes unchanged"
+        )
         return _lib.SLURM_SUCCESS
 
 
 def current_state() -> HookState | None:
     """For in-process tests and tools: the live state, or None before init."""
     return _state
-

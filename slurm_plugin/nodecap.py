@@ -28,8 +28,11 @@ class NodeCap:
             nodes = read_slurm_nodes(path)
         except (OSError, ConfigError) as exc:
             # Without node shapes the hook still clamps to MaxCpusPerGpu.
-            log("error", f"cannot read node shapes from {path} ({exc}); "
-                "cores per GPU are capped by MaxCpusPerGpu only")
+            log(
+                "error",
+                f"cannot read node shapes from {path} ({exc}); "
+                "cores per GPU are capped by MaxCpusPerGpu only",
+            )
             nodes = ()
         return cls(nodes, str(path))
 

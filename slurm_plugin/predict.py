@@ -15,8 +15,9 @@ from slurm_plugin.store import ProfileCache, StoreUnavailable
 from slurm_plugin.tres import TresError, gpu_count
 
 
-def predict_submission(argv: list[str], script_path: Path, *, conf_file: Path | None = None,
-                       uid: int | None = None) -> dict[str, Any]:
+def predict_submission(
+    argv: list[str], script_path: Path, *, conf_file: Path | None = None, uid: int | None = None
+) -> dict[str, Any]:
     conf = conf_file or default_conf_path()
     try:
         cfg = load_config(conf)
@@ -44,12 +45,15 @@ def predict_submission(argv: list[str], script_path: Path, *, conf_file: Path | 
         cache.refresh()
     except StoreUnavailable as exc:
         notes.append(f"profile store unavailable: {exc}")
-    node_cap = NodeCap.from_slurm_conf(slurm_conf_for(conf, cfg.slurm_conf),
-                                       lambda level, msg: notes.append(msg))
+    node_cap = NodeCap.from_slurm_conf(
+        slurm_conf_for(conf, cfg.slurm_conf), lambda level, msg: notes.append(msg)
+    )
     decision = decide(req, cfg, cache.snapshot(), node_cap)
     try:
-        gpu_job = any(gpu_count(t) for t in (req.tres_per_node, req.tres_per_job,
-                                              req.tres_per_task, req.tres_per_socket))
+        gpu_job = any(
+            gpu_count(t)
+            for t in (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket)
+        )
     except TresError:
         gpu_job = False
     from slurm_plugin.policy import parse_admin_record

@@ -20,11 +20,29 @@ NO_VAL = 0xFFFFFFFE
 NO_VAL16 = 0xFFFE
 
 # option -> (field, takes a value); short options map to their long names.
-_SHORT = {"-G": "--gpus", "-c": "--cpus-per-task", "-N": "--nodes", "-n": "--ntasks",
-          "-J": "--job-name", "-p": "--partition"}
-_KNOWN = {"--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket", "--gres",
-          "--cpus-per-gpu", "--cpus-per-task", "--nodes", "--ntasks", "--ntasks-per-node",
-          "--job-name", "--partition", "--comment"}
+_SHORT = {
+    "-G": "--gpus",
+    "-c": "--cpus-per-task",
+    "-N": "--nodes",
+    "-n": "--ntasks",
+    "-J": "--job-name",
+    "-p": "--partition",
+}
+_KNOWN = {
+    "--gpus",
+    "--gpus-per-node",
+    "--gpus-per-task",
+    "--gpus-per-socket",
+    "--gres",
+    "--cpus-per-gpu",
+    "--cpus-per-task",
+    "--nodes",
+    "--ntasks",
+    "--ntasks-per-node",
+    "--job-name",
+    "--partition",
+    "--comment",
+}
 # sbatch stops reading #SBATCH lines at the first command (not comment, not blank).
 _SBATCH_LINE = re.compile(r"^#SBATCH\s+(.*)$")
 
@@ -115,10 +133,21 @@ def script_options(script: str) -> list[str]:
 def request_from_sbatch(argv: list[str], script: str, *, uid: int | None = None) -> JobRequest:
     """Build the JobRequest sbatch would send for ``sbatch ARGV SCRIPT``."""
     req = JobRequest(
-        uid=os.getuid() if uid is None else uid, job_name=None, partition=None,
-        tres_per_node=None, tres_per_job=None, tres_per_task=None, tres_per_socket=None,
-        cpus_per_tres=None, cpus_per_task=NO_VAL16, min_nodes=NO_VAL, max_nodes=NO_VAL,
-        num_tasks=NO_VAL, ntasks_per_node=NO_VAL16, comment=None, script=script,
+        uid=os.getuid() if uid is None else uid,
+        job_name=None,
+        partition=None,
+        tres_per_node=None,
+        tres_per_job=None,
+        tres_per_task=None,
+        tres_per_socket=None,
+        cpus_per_tres=None,
+        cpus_per_task=NO_VAL16,
+        min_nodes=NO_VAL,
+        max_nodes=NO_VAL,
+        num_tasks=NO_VAL,
+        ntasks_per_node=NO_VAL16,
+        comment=None,
+        script=script,
     )
     # Command line after the script's own lines: the command line wins.
     for name, value in split_options(script_options(script)) + split_options(argv):

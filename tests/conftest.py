@@ -55,8 +55,9 @@ class LogWatch:
             if m:
                 return m
             if time.monotonic() > deadline:
-                raise AssertionError(f"{pattern!r} not in {self.path} within {timeout_s} s:\n"
-                                     + self.text()[-3000:])
+                raise AssertionError(
+                    f"{pattern!r} not in {self.path} within {timeout_s} s:\n" + self.text()[-3000:]
+                )
             time.sleep(0.1)
 
 

@@ -80,13 +80,22 @@ def field(desc: Any, name: str) -> str | None:
 def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
     store = tmp_path / "profiles"
     store.mkdir(mode=0o755)
-    ProfileStore(store).write(Profile(
-        signature="workload:*:resnet50", workload="resnet50", cpus_per_gpu=6,
-        confidence=0.95, n_samples=8, updated_unix_s=time.time(), source="test"))
+    ProfileStore(store).write(
+        Profile(
+            signature="workload:*:resnet50",
+            workload="resnet50",
+            cpus_per_gpu=6,
+            confidence=0.95,
+            n_samples=8,
+            updated_unix_s=time.time(),
+            source="test",
+        )
+    )
     conf = tmp_path / "coda.conf"
     conf.write_text(f"ProfileStore={store}\nHookStatsFile={tmp_path / 'stats.json'}\n")
     (tmp_path / "slurm.conf").write_text(
-        "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n")
+        "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n"
+    )
     monkeypatch.setenv("CODA_CONF", str(conf))
     fake = FakeLib()
     hook.bind(ffi, fake)
@@ -98,8 +107,13 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
 
 
 def test_rewrites_fields_with_slurm_allocator(lib: FakeLib) -> None:
-    desc = make_desc(lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50",
-                     script="#!/bin/sh\ntrue\n", admin_comment="from-lua")
+    desc = make_desc(
+        lib,
+        tres_per_node="gres:gpu:2",
+        comment="coda:workload=resnet50",
+        script="#!/bin/sh\ntrue\n",
+        admin_comment="from-lua",
+    )
     err = ffi.new("char **")
     assert hook.job_submit(desc, 1000, err) == 0
     assert field(desc, "cpus_per_tres") == "gres:gpu:6"
@@ -116,13 +130,18 @@ def test_appends_to_a_message_from_an_earlier_plugin(lib: FakeLib) -> None:
 
 
 def test_exception_in_decision_fails_open_with_one_line(
-        lib: FakeLib, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib: FakeLib, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("profile index exploded")
 
     monkeypatch.setattr(hook, "decide", boom)
-    desc = make_desc(lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50",
-                     cpus_per_tres="gres:gpu:3")
+    desc = make_desc(
+        lib,
+        tres_per_node="gres:gpu:2",
+        comment="coda:workload=resnet50",
+        cpus_per_tres="gres:gpu:3",
+    )
     err = ffi.new("char **")
     before = len(lib.lines)
     assert hook.job_submit(desc, 1000, err) == 0

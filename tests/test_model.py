@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import click
@@ -249,18 +248,6 @@ def test_confidence_is_low_when_the_knee_is_between_far_apart_probes() -> None:
     assert fit_curve(cores, throughput_curve(11, cores)).sweet_spot_cores == cores_for_fraction(
         11, max_cores=24
     )
-
-
-def test_fit_of_ten_samples_is_fast() -> None:
-    cores = np.array([1.0, 2, 3, 4, 6, 8, 11, 14, 18, 24])
-    y = noisy_samples(3, 11, cores, 0.03)
-    fit_curve(cores, y)
-    times = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        fit_curve(cores, y)
-        times.append(time.perf_counter() - t0)
-    assert float(np.median(times)) < 0.05
 
 
 # --- normalise_samples -------------------------------------------------------------------

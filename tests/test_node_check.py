@@ -15,8 +15,10 @@ from coda_node.paths import SystemRoot
 def make_tree(root: Path, *, resctrl: bool, mb: bool, imc: int, cgroup: str) -> Path:
     mounts = []
     if cgroup == "v1":
-        mounts += ["cgroup /sys/fs/cgroup/cpuset cgroup rw,nosuid,relatime,cpuset 0 0",
-                   "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0"]
+        mounts += [
+            "cgroup /sys/fs/cgroup/cpuset cgroup rw,nosuid,relatime,cpuset 0 0",
+            "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0",
+        ]
     elif cgroup == "v2":
         mounts.append("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0")
         (root / "sys/fs/cgroup").mkdir(parents=True)
@@ -35,16 +37,45 @@ def make_tree(root: Path, *, resctrl: bool, mb: bool, imc: int, cgroup: str) -> 
     return root
 
 
-@pytest.mark.parametrize("resctrl,mb,imc,cgroup,expect", [
-    (True, True, 4, "v1", {"cpuset control": True, "memory-bandwidth control": True,
-                           "memory-bandwidth monitoring": True, "uncore counters": True}),
-    (True, False, 0, "v2", {"cpuset control": True, "memory-bandwidth control": False,
-                            "memory-bandwidth monitoring": True, "uncore counters": False}),
-    (False, False, 0, "none", {"cpuset control": False, "CPU quota": False,
-                               "memory-bandwidth control": False}),
-])
-def test_capabilities_follow_the_tree(tmp_path: Path, resctrl: bool, mb: bool, imc: int,
-                                      cgroup: str, expect: dict[str, bool]) -> None:
+@pytest.mark.parametrize(
+    "resctrl,mb,imc,cgroup,expect",
+    [
+        (
+            True,
+            True,
+            4,
+            "v1",
+            {
+                "cpuset control": True,
+                "memory-bandwidth control": True,
+                "memory-bandwidth monitoring": True,
+                "uncore counters": True,
+            },
+        ),
+        (
+            True,
+            False,
+            0,
+            "v2",
+            {
+                "cpuset control": True,
+                "memory-bandwidth control": False,
+                "memory-bandwidth monitoring": True,
+                "uncore counters": False,
+            },
+        ),
+        (
+            False,
+            False,
+            0,
+            "none",
+            {"cpuset control": False, "CPU quota": False, "memory-bandwidth control": False},
+        ),
+    ],
+)
+def test_capabilities_follow_the_tree(
+    tmp_path: Path, resctrl: bool, mb: bool, imc: int, cgroup: str, expect: dict[str, bool]
+) -> None:
     root = make_tree(tmp_path, resctrl=resctrl, mb=mb, imc=imc, cgroup=cgroup)
     caps = {c.name: c for c in probe_all(SystemRoot(root))}
     for name, available in expect.items():

