@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,10 +10,24 @@ from slurm_plugin.cli_common import CliError
 from slurm_plugin.conf import ConfigError, load_config
 from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.paths import default_conf_path, slurm_conf_for
-from slurm_plugin.policy import decide
+from slurm_plugin.policy import JobRequest, decide, parse_admin_record
 from slurm_plugin.sbatchopts import SbatchOptionError, request_from_sbatch
+from slurm_plugin.signature import (
+    DirectiveError,
+    Directives,
+    parse_coda_directives,
+    workload_signature,
+)
 from slurm_plugin.store import ProfileCache, StoreUnavailable
 from slurm_plugin.tres import TresError, gpu_count
+
+
+def _asks_for_gpus(req: JobRequest) -> bool:
+    fields = (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket)
+    try:
+        return any(gpu_count(tres) for tres in fields)
+    except TresError:
+        return False
 
 
 def predict_submission(
@@ -21,8 +36,6 @@ def predict_submission(
     conf = conf_file or default_conf_path()
     try:
         cfg = load_config(conf)
-    except FileNotFoundError as exc:
-        raise CliError(f"cannot read {conf}", "no such file; pass --conf") from exc
     except (OSError, ConfigError) as exc:
         raise CliError(f"cannot load {conf}", str(exc)) from exc
     try:
@@ -35,34 +48,29 @@ def predict_submission(
         raise CliError("bad sbatch options", str(exc)) from exc
     if req.job_name is None:
         # sbatch names a job after its script file when -J is not given.
-        from dataclasses import replace
-
         req = replace(req, job_name=script_path.name)
     notes: list[str] = []
 
-    cache = ProfileCache(Path(cfg.profile_store), lambda level, msg: notes.append(msg))
+    def note(_level: str, msg: str) -> None:
+        notes.append(msg)
+
+    cache = ProfileCache(Path(cfg.profile_store), note)
     try:
         cache.refresh()
     except StoreUnavailable as exc:
         notes.append(f"profile store unavailable: {exc}")
-    node_cap = NodeCap.from_slurm_conf(
-        slurm_conf_for(conf, cfg.slurm_conf), lambda level, msg: notes.append(msg)
-    )
+    node_cap = NodeCap.from_slurm_conf(slurm_conf_for(conf, cfg.slurm_conf), note)
     decision = decide(req, cfg, cache.snapshot(), node_cap)
-    try:
-        gpu_job = any(
-            gpu_count(t)
-            for t in (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket)
-        )
-    except TresError:
-        gpu_job = False
-    from slurm_plugin.policy import parse_admin_record
-
     record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
+    try:
+        directives = parse_coda_directives(req.comment)
+    except DirectiveError:
+        directives = Directives()
+    signature = workload_signature(req.uid, req.job_name, req.script, directives)
     return {
-        "signature": record.get("sig", "-"),
-        "workload": req.job_name if not record else record.get("sig", "-").split(":")[-1],
-        "gpu_job": gpu_job,
+        "signature": record.get("sig", signature.key),
+        "workload": signature.workload,
+        "gpu_job": _asks_for_gpus(req),
         "action": decision.action,
         "cpus_per_tres_before": req.cpus_per_tres,
         "cpus_per_tres_after": decision.cpus_per_tres,

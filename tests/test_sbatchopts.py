@@ -1,0 +1,45 @@
+"""sbatch options -> the job_desc fields sbatch 22.05 sends (as measured on slurmctld)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_plugin.sbatchopts import SbatchOptionError, request_from_sbatch
+
+SCRIPT = (
+    "#!/bin/sh\n#SBATCH --gpus-per-node=2\n#SBATCH -J from-script\npython x.py\n#SBATCH --gpus=9\n"
+)
+
+
+@pytest.mark.parametrize(
+    "argv,field,value",
+    [
+        (["--gpus=1"], "tres_per_job", "gres:gpu:1"),
+        (["-G", "a100:2"], "tres_per_job", "gres:gpu:a100:2"),
+        (["--gpus-per-node=4"], "tres_per_node", "gres:gpu:4"),
+        (["--gres=gpu:a100:2,shard:1"], "tres_per_node", "gres:gpu:a100:2,gres:shard:1"),
+        (["--gpus-per-task", "1"], "tres_per_task", "gres:gpu:1"),
+        (["--cpus-per-gpu=3"], "cpus_per_tres", "gres:gpu:3"),
+        (["-c", "5"], "cpus_per_task", 5),
+        (["-c5"], "cpus_per_task", 5),
+        (["-N", "2-4"], "min_nodes", 2),
+        (["--ntasks-per-node=8"], "ntasks_per_node", 8),
+        (["--comment=coda:workload=x"], "comment", "coda:workload=x"),
+        (["--exclusive", "--mem=4G", "-J", "name"], "job_name", "name"),
+    ],
+)
+def test_option_maps_to_field(argv: list[str], field: str, value: object) -> None:
+    assert getattr(request_from_sbatch(argv, "#!/bin/sh\ntrue\n", uid=7), field) == value
+
+
+def test_script_lines_until_first_command_then_command_line_wins() -> None:
+    req = request_from_sbatch(["--gpus-per-node=1"], SCRIPT, uid=7)
+    assert req.tres_per_node == "gres:gpu:1"  # command line over #SBATCH
+    assert req.job_name == "from-script"
+    assert req.tres_per_job is None  # #SBATCH after the first command is ignored, as in sbatch
+
+
+@pytest.mark.parametrize("argv", [["--cpus-per-gpu=x"], ["-c"], ["--nodes=-1"], ["stray"]])
+def test_bad_options_say_which(argv: list[str]) -> None:
+    with pytest.raises(SbatchOptionError):
+        request_from_sbatch(argv, "true\n", uid=7)
