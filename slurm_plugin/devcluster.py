@@ -121,6 +121,7 @@ class DevCluster:
         self._write_configs(ctld_port=ports[0], slurmd_port=ports[1])
         pids: dict[str, int] = {}
         pids["munged"] = self._start_munged()
+        self._save_state(pids)  # so down() stops munged even if slurmctld fails to start
         pids["slurmctld"] = self._spawn(
             ["slurmctld", "-D", "-f", str(self.slurm_conf)],
             self.ctld_stderr,
