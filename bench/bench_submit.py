@@ -57,7 +57,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_plugin.conf import CONFIG_KEYS, load_config
+from slurm_plugin.conf import load_config
 from slurm_plugin.devcluster import DevCluster, DevClusterError, parse_scontrol_line
 from slurm_plugin.store import Profile, ProfileStore, Sample
 
@@ -594,16 +594,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _raise_interrupt)
 
     root = Path(tempfile.mkdtemp(prefix="coda-bench-submit-", dir=args.workdir))
-    have_stats_key = "HookStatsFile" in CONFIG_KEYS
-    if not have_stats_key:
-        print(
-            "warning: this coda.conf has no HookStatsFile key yet; in-hook times will be missing",
-            file=sys.stderr,
-        )
-    # Newer DevClusters write HookStatsFile= themselves; add it only where they do not.
-    own_stats = have_stats_key and not hasattr(DevCluster, "hook_stats_file")
-    extra = f"HookStatsFile={root / 'coda' / 'hook-stats.json'}\n" if own_stats else ""
-
     names, values = workload_table(args.profiles, args.cpus_per_gpu, args.seed)
     started: list[BenchCluster] = []
     try:
@@ -612,7 +602,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             cl = DevCluster(
                 root / name,
                 job_submit_plugins="" if args.aa else PLUGINS[name],
-                coda_conf_extra=extra if name == "coda" else "",
             )
             clusters.append(BenchCluster(name, cl))
         coda = clusters[2].cluster
