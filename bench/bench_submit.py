@@ -52,7 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -91,20 +91,12 @@ class Submission:
 class BenchCluster:
     name: str
     cluster: DevCluster
-    env: dict[str, str] = field(default_factory=dict)
     script: Path = Path()
 
     def submit(self, index: int, extra_args: Sequence[str]) -> Submission:
         argv = ["sbatch", "--parsable", *extra_args, str(self.script)]
         start = time.perf_counter()
-        proc = subprocess.run(
-            argv,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=SBATCH_TIMEOUT_S,
-            cwd=self.cluster.root / "tmp",
-        )
+        proc = self.cluster.run(argv, check=False, timeout_s=SBATCH_TIMEOUT_S)
         elapsed = time.perf_counter() - start
         job_id: int | None = None
         if proc.returncode == 0:
@@ -616,13 +608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"starting cluster {bc.name} in {bc.cluster.root} ...", file=sys.stderr)
             started.append(bc)
             bc.cluster.up()
-            bc.env = bc.cluster.env
             bc.script = bc.cluster.root / "tmp" / "bench-job.sh"
             bc.script.write_text(JOB_SCRIPT)
         coda_cfg = load_config(coda.coda_conf)  # what the plugin itself read
-        stats_file: Path | None = getattr(coda_cfg, "hook_stats_file", None)
-        if stats_file is not None:
-            stats_file = None if args.aa else Path(stats_file)
+        stats_file: Path | None = None if args.aa else coda_cfg.hook_stats_file
         if coda_cfg.reload_interval_s != 1.0:
             print(
                 f"warning: coda.conf has ReloadIntervalS={coda_cfg.reload_interval_s:g}",
@@ -679,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report: dict[str, Any] = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": machine_info(clusters[0].env),
+            "machine": machine_info(clusters[0].cluster.env),
             "sbatch_args": sbatch_args,
             "profile_write_s": write_s,
             "phase_wall_s": phase_wall,
