@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,9 +228,19 @@ def _reload_config(state: HookState, mtime_ns: int) -> None:
     )
 
 
+# The reloader thread and plugin_fini() both write the stats file; one writer at a time,
+# each through its own temporary file, so a reader never sees two documents spliced.
+_stats_lock = threading.Lock()
+
+
 def _write_stats(state: HookState) -> None:
     if not state.cfg.hook_stats_file:
         return
+    with _stats_lock:
+        _write_stats_locked(state)
+
+
+def _write_stats_locked(state: HookState) -> None:
     path = Path(state.cfg.hook_stats_file)
     data = {
         "format": "coda-hook-stats",
@@ -241,7 +252,7 @@ def _write_stats(state: HookState) -> None:
         "profile_store": str(state.cfg.profile_store),
         **state.stats.summary(),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     try:
         tmp.write_text(json.dumps(data, sort_keys=True))
         os.replace(tmp, path)

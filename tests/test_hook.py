@@ -193,3 +193,30 @@ def test_stats_file_reports_counters(lib: FakeLib, tmp_path: Path) -> None:
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["calls"] == 3 and stats["changed"] == 3 and stats["profiles"] == 1
     assert stats["p50_us"] > 0
+
+
+def test_stats_file_stays_whole_under_concurrent_writers(lib: FakeLib, tmp_path: Path) -> None:
+    """The reloader thread and plugin_fini may write at once; readers see one document."""
+    import json
+    import threading
+
+    state = hook.current_state()
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            hook._write_stats(state)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(200):
+            path = tmp_path / "stats.json"
+            if path.exists():
+                assert json.loads(path.read_text())["format"] == "coda-hook-stats"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not list(tmp_path.glob(".stats.json.*")), "temporary files left behind"
