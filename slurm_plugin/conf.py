@@ -129,9 +129,37 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "slurm.conf to read node shapes from; empty = the slurm.conf beside coda.conf; a "
         "relative path is relative to coda.conf's directory.",
     ),
+    # -- coda-node, the daemon on each GPU node --------------------------------------
+    "NodeName": KeySpec(
+        "name or empty",
+        "",
+        "coda-node: this node's NodeName in slurm.conf; empty = the short host name.",
+    ),
+    "NodeStateDir": KeySpec(
+        "path",
+        "/var/lib/coda-node",
+        "coda-node: directory of its state file (everything it changed, so that a restart or "
+        "coda-node restore can put jobs back) and of admin limits.",
+    ),
+    "NodeIntervalS": KeySpec(
+        "float", "5", "coda-node: seconds between two sample-plan-enforce passes (> 0)."
+    ),
+    "NodeRoot": KeySpec(
+        "path",
+        "/",
+        "coda-node: system root every /sys, /proc and /dev path is read under (tests point "
+        "it at a fixture tree).",
+    ),
+    "NodeEnforce": KeySpec(
+        "list",
+        "cpuset,quota,rdt",
+        "coda-node: mechanisms the daemon may use (cpuset, quota, rdt); empty = observe only, "
+        "change nothing.",
+    ),
 }
 
 _MODES = ("enforce", "advise", "off")
+_NODE_MECHANISMS = ("cpuset", "quota", "rdt")
 _USER_VALUES = ("keep", "lower", "replace")
 _LOG_LEVELS = ("error", "info", "verbose", "debug")
 
@@ -160,6 +188,12 @@ class CodaConfig:
     """None = the hook keeps its counters in memory only."""
     slurm_conf: Path | None = None
     """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
+    node_name: str | None = None
+    """None = the short host name."""
+    node_state_dir: Path = Path("/var/lib/coda-node")
+    node_interval_s: float = 5.0
+    node_root: Path = Path("/")
+    node_enforce: tuple[str, ...] = ("cpuset", "quota", "rdt")
 
 
 # ----------------------------------------------------------------------------- lexing
@@ -341,6 +375,27 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         return "hook_stats_file", Path(value) if value else None
     if key == "SlurmConf":
         return "slurm_conf", Path(value) if value else None
+    if key == "NodeName":
+        if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise ValueError(f"NodeName {value!r} is not a Slurm node name")
+        return "node_name", value or None
+    if key in ("NodeStateDir", "NodeRoot"):
+        path = Path(value)
+        if not value or not path.is_absolute():
+            raise ValueError(f"{key} must be an absolute path, got {value!r}")
+        return ("node_state_dir" if key == "NodeStateDir" else "node_root"), path
+    if key == "NodeIntervalS":
+        return "node_interval_s", _positive_float(key, value)
+    if key == "NodeEnforce":
+        items = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+        bad = [v for v in items if v not in _NODE_MECHANISMS]
+        if bad:
+            raise ValueError(
+                f"NodeEnforce: unknown mechanism {bad[0]!r} (choose from "
+                + ", ".join(_NODE_MECHANISMS)
+                + ")"
+            )
+        return "node_enforce", items
     raise AssertionError(f"no converter for {key}")  # CONFIG_KEYS and _convert disagree
 
 

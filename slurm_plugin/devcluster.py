@@ -55,6 +55,9 @@ class DevCluster:
     coda_conf_extra: str = ""
     ctld_env: dict[str, str] = field(default_factory=dict)
     """Extra environment for slurmctld only (fault-injection tests)."""
+    cgroups: bool = False
+    """Real cgroup confinement (proctrack/cgroup, task/cgroup+affinity, ConstrainCores):
+    the node then declares this host's real CPUs so Slurm's cpusets are not folded."""
 
     # -- paths ---------------------------------------------------------------
     @property
@@ -219,6 +222,24 @@ class DevCluster:
     def _write_configs(self, *, ctld_port: int, slurmd_port: int) -> None:
         host = socket.gethostname().split(".")[0]
         node = self.node
+        if self.cgroups:
+            # ConstrainCores writes real cpusets: a node bigger than the host would be
+            # folded onto its CPUs, so declare exactly what the host has.
+            node = NodeSpec(
+                cpus=os.cpu_count() or 1,
+                sockets=1,
+                gpus=node.gpus,
+                gpu_type=node.gpu_type,
+                real_memory_mb=node.real_memory_mb,
+            )
+        if self.cgroups:
+            proctrack, task, acct = (
+                "proctrack/cgroup",
+                "task/cgroup,task/affinity",
+                "jobacct_gather/cgroup",
+            )
+        else:
+            proctrack, task, acct = "proctrack/linuxproc", "task/none", "jobacct_gather/none"
         cores_per_socket = node.cpus // node.sockets
         def_cpg = f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else ""
         plugin_dirs = f"{self.plugin_dir}:{SYSTEM_PLUGIN_DIR}"
@@ -247,14 +268,14 @@ PluginDir={plugin_dirs}
 {submit}SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType={proctrack}
+TaskPlugin={task}
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
+JobAcctGatherType={acct}
 ReturnToService=2
 MailProg=/bin/true
 SlurmdParameters=config_overrides
@@ -271,7 +292,10 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         (self.etc / "gres.conf").write_text(
             f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} File={r}/dev/nvidia[0-{last}]\n"
         )
-        (self.etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        cgroup_conf = "CgroupPlugin=cgroup/v1\n"
+        if self.cgroups:
+            cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
+        (self.etc / "cgroup.conf").write_text(cgroup_conf)
         self.coda_conf.write_text(
             f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
             f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n{self.coda_conf_extra}"

@@ -113,6 +113,12 @@ def test_full_config() -> None:
         ("  \t Mode=advise   ", "mode", "advise"),
         ("SlurmConf=", "slurm_conf", None),
         ("SlurmConf=conf/slurm.conf", "slurm_conf", Path("conf/slurm.conf")),
+        ("NodeName=gpu-07", "node_name", "gpu-07"),
+        ("NodeName=", "node_name", None),
+        ("NodeStateDir=/run/coda", "node_state_dir", Path("/run/coda")),
+        ("NodeIntervalS=0.5", "node_interval_s", 0.5),
+        ("NodeEnforce=", "node_enforce", ()),
+        ("NodeEnforce=Quota,cpuset,quota", "node_enforce", ("quota", "cpuset")),
     ],
 )
 def test_values(text: str, attr: str, value: object) -> None:
@@ -156,6 +162,11 @@ def test_values(text: str, attr: str, value: object) -> None:
         ('ProfileStore=/x"y', 1, "stray quote"),
         ("Mode=advise\nMode=en\x01force", 2, "control character"),
         ("Partitions=gpu\x0bx", 1, "control character"),
+        ("NodeEnforce=cpuset,mba", 1, "unknown mechanism 'mba'"),
+        ("NodeStateDir=state", 1, "NodeStateDir must be an absolute path"),
+        ("NodeRoot=", 1, "NodeRoot must be an absolute path"),
+        ("NodeIntervalS=-1", 1, "must be"),
+        ('NodeName="gpu 01"', 1, "not a Slurm node name"),
     ],
 )
 def test_errors_carry_file_and_line(text: str, line: int, fragment: str) -> None:
