@@ -14,7 +14,8 @@ setup(
     packages=find_packages(include=["slurm_plugin", "slurm_plugin.*", "coda_node", "coda_node.*"]),
     setup_requires=["cffi>=1.16"],
     # csrc/build_plugin.py: the embedded-Python Slurm plugin (job_submit_coda.so).
-    cffi_modules=["csrc/build_plugin.py:ffibuilder"],
+    # csrc/build_perf.py: coda_node._perf, the perf_event_open(2) syscall wrappers.
+    cffi_modules=["csrc/build_plugin.py:ffibuilder", "csrc/build_perf.py:ffibuilder"],
     install_requires=[
         "numpy>=1.24",
         "scipy>=1.10",
