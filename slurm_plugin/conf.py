@@ -32,6 +32,7 @@ __all__ = [
     "KeySpec",
     "NodeShape",
     "count_hostlist",
+    "expand_hostlist",
     "load_config",
     "make_node_cap",
     "max_cpus_per_gpu_on_any_node",
@@ -570,6 +571,44 @@ def count_hostlist(expr: str) -> int:
         if total > _MAX_HOSTS:
             raise ValueError(f"host list {expr!r} names more than {_MAX_HOSTS} hosts")
     return total
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """The names in a Slurm hostlist expression, in order (``gpu[01-02],x`` is
+    ``["gpu01", "gpu02", "x"]``; zero padding follows the range's first number). Also
+    expands gres.conf ``File=/dev/nvidia[0-3]``. Raises ValueError as :func:`count_hostlist`.
+    """
+    count_hostlist(expr)  # validates and bounds the size before we build anything
+    items: list[str] = []
+    depth = 0
+    start = 0
+    for i, c in enumerate(expr):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(expr[start:i])
+            start = i + 1
+    items.append(expr[start:])
+    names: list[str] = []
+    for item in filter(None, items):
+        partial = [""]
+        pos = 0
+        for m in _BRACKET.finditer(item):
+            choices: list[str] = []
+            for part in m.group(1).split(","):
+                r = _RANGE.fullmatch(part.strip())
+                assert r is not None  # count_hostlist checked
+                width = len(r.group(1))
+                low = int(r.group(1))
+                high = int(r.group(2)) if r.group(2) is not None else low
+                choices += [str(n).zfill(width) for n in range(low, high + 1)]
+            prefix = item[pos : m.start()]
+            partial = [p + prefix + c for p in partial for c in choices]
+            pos = m.end()
+        names += [p + item[pos:] for p in partial]
+    return names
 
 
 def _gres_gpus(gres: str) -> int:

@@ -81,6 +81,10 @@ class DevCluster:
         return self.root / "hook-stats.json"
 
     @property
+    def node_state_dir(self) -> Path:
+        return self.root / "coda-node"
+
+    @property
     def plugin_dir(self) -> Path:
         return self.root / "plugins"
 
@@ -118,6 +122,10 @@ class DevCluster:
         for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.profile_store.mkdir(mode=0o755, exist_ok=True)
+        if self.cgroups:
+            # One confined dev cluster per host: its tree is /sys/fs/cgroup/*/slurm_gpu01.
+            # Jobs left there by a cluster that was never stopped would be mistaken for ours.
+            _kill_cgroup_jobs()
         install_plugin(self.plugin_dir)
         self._make_gpu_devices()
         ports = _free_ports(2)
@@ -142,10 +150,19 @@ class DevCluster:
     def down(self) -> None:
         """Stop the daemons this cluster started (slurmd, slurmctld, munged)."""
         state = self._load_state()
+        confined = bool(state.get("cgroups"))
+        if confined and self.is_running():
+            # Jobs outlive slurmd (slurmstepd is their parent): end them while Slurm can.
+            self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and _cgroup_tasks():
+                time.sleep(0.2)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = state.get("pids", {}).get(name)
             if pid:
                 _stop_pid(int(pid))
+        if confined:
+            _kill_cgroup_jobs()
         state_path = self.root / STATE_FILE
         if state_path.exists():
             state_path.unlink()
@@ -298,7 +315,9 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         (self.etc / "cgroup.conf").write_text(cgroup_conf)
         self.coda_conf.write_text(
             f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
-            f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n{self.coda_conf_extra}"
+            f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
+            f"NodeName={NODE_NAME}\nNodeStateDir={self.node_state_dir}\nNodeIntervalS=1\n"
+            f"{self.coda_conf_extra}"
         )
 
     def _start_munged(self) -> int:
@@ -356,7 +375,9 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         )
 
     def _save_state(self, pids: Mapping[str, int]) -> None:
-        (self.root / STATE_FILE).write_text(json.dumps({"pids": dict(pids)}))
+        (self.root / STATE_FILE).write_text(
+            json.dumps({"pids": dict(pids), "cgroups": self.cgroups})
+        )
 
     def _load_state(self) -> dict:
         path = self.root / STATE_FILE
@@ -384,6 +405,38 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
         elif last is not None:
             fields[last] += " " + token
     return fields
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def _cgroup_trees() -> list[Path]:
+    return [p for p in CGROUP_V1.glob(f"*/slurm_{NODE_NAME}") if p.is_dir()]
+
+
+def _cgroup_tasks() -> set[int]:
+    pids: set[int] = set()
+    for tree in _cgroup_trees():
+        for tasks in tree.rglob("tasks"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in tasks.read_text().split())
+    return pids
+
+
+def _kill_cgroup_jobs() -> None:
+    """Kill what is left in the confined dev cluster's cgroup tree and remove the tree."""
+    deadline = time.monotonic() + 10
+    while (pids := _cgroup_tasks()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    for tree in _cgroup_trees():
+        for d in sorted((p for p in tree.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        with contextlib.suppress(OSError):
+            tree.rmdir()
 
 
 def _free_ports(n: int) -> list[int]:

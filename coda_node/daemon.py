@@ -1,0 +1,327 @@
+"""``coda-node run``: the loop on each GPU node. Sample, plan, enforce; record everything.
+
+Each tick reads the node (:mod:`coda_node.sampling`), asks the pure policy what every job
+should look like (:mod:`coda_node.policy`), and writes only the differences
+(:mod:`coda_node.enforce`). The state file records, before any write, how Slurm had set
+each job, so a restart puts back whatever the plan no longer wants; SIGTERM (and
+``coda-node restore``) puts back everything. The systemd unit also runs ``coda-node
+restore`` after the daemon stops for any reason, SIGKILL included.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coda_node import __version__, cgroups
+from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
+from coda_node.check import probe_all
+from coda_node.enforce import Enforcer, JobResult
+from coda_node.nvml import Nvml
+from coda_node.paths import SystemRoot
+from coda_node.policy import JobFacts, JobTarget, plan
+from coda_node.sampling import NodeSnapshot, Sampler
+from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
+from coda_node.state import NodeState, StateError, StateFile, load_limits
+from slurm_plugin.conf import CodaConfig
+
+log = logging.getLogger("coda-node")
+
+MAX_EVENTS = 200
+
+
+@dataclass(slots=True)
+class TickReport:
+    snapshot: NodeSnapshot
+    targets: dict[int, JobTarget]
+    results: dict[int, JobResult]
+    problems: list[str] = field(default_factory=list)
+    cpu_time_s: float = 0.0
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: CodaConfig,
+        *,
+        runner: Runner | None = None,
+        nvml: Nvml | None = None,
+        node_name: str | None = None,
+        cpuset_writer: Callable[[CgroupLayout], CpusetWriter] | None = None,
+        quota_writer: Callable[[CgroupLayout], CpuQuotaWriter] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.root = SystemRoot(cfg.node_root)
+        self.node_name = node_name or cfg.node_name or socket.gethostname().split(".")[0]
+        env = dict(os.environ)
+        if cfg.slurm_conf is not None:
+            env["SLURM_CONF"] = str(cfg.slurm_conf)
+        self.runner = runner or make_runner(env)
+        self.nvml = nvml or Nvml()
+        self.state_file = StateFile(cfg.node_state_dir)
+        self.state = NodeState()
+        self.layout: CgroupLayout = cgroups.discover_layout(self.root)
+        self._make_cpuset = cpuset_writer or CpusetWriter
+        self._make_quota = quota_writer or CpuQuotaWriter
+        self.slurm = SlurmJobs(self.node_name, self.runner)
+        gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
+        self.sampler = Sampler(
+            root=self.root,
+            node_name=self.node_name,
+            layout=self.layout if self.layout.has_slurm else None,
+            slurm=self.slurm,
+            nvml=self.nvml,
+            gres_conf=gres_conf,
+        )
+        self.enforcer = self._make_enforcer()
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self.capabilities: list[dict[str, object]] = []
+        self.started_unix_s = time.time()
+        self._limits_error: str | None = None
+
+    def _make_enforcer(self) -> Enforcer:
+        usable = self.layout.has_slurm
+        return Enforcer(
+            state=self.state,
+            save=self._save,
+            cpuset=self._make_cpuset(self.layout) if usable else None,
+            quota=self._make_quota(self.layout) if usable else None,
+            mechanisms=self.cfg.node_enforce,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        """Load what a previous run changed. Raises StateError for a file we must not
+        overwrite (a newer format)."""
+        try:
+            self.state = self.state_file.load()
+        except StateError as exc:
+            if "newer coda-node" in str(exc):
+                raise
+            log.error("%s", exc)  # corrupt: moved aside, start clean
+            self.state = NodeState()
+        self.enforcer = self._make_enforcer()
+        self.capabilities = [c.to_dict() for c in probe_all(self.root)]
+        if not self.layout.has_slurm:
+            log.warning(
+                "no Slurm cgroup tree (%s): observing through squeue only, changing nothing",
+                self.layout.reason,
+            )
+        pending = sorted(self.state.changes)
+        if pending:
+            log.info("state file lists changes to jobs %s; reconciling", pending)
+
+    def _save(self) -> None:
+        self.state_file.save(self.state)
+
+    def _cgroup_jobs(self) -> dict[int, CgroupJob]:
+        return cgroups.list_jobs(self.layout) if self.layout.has_slurm else {}
+
+    def tick(self) -> TickReport:
+        cpu0 = time.process_time()
+        snap = self.sampler.sample()
+        limits = {}
+        try:
+            limits = load_limits(self.cfg.node_state_dir)
+            self._limits_error = None
+        except StateError as exc:
+            if str(exc) != self._limits_error:
+                log.error("%s", exc)
+            self._limits_error = str(exc)
+        facts = {}
+        for job_id, view in snap.jobs.items():
+            if view.cgroup is None:
+                continue
+            facts[job_id] = JobFacts(
+                job_id=job_id,
+                allocated_cpus=self._allocated(job_id, view.cgroup),
+                is_dnn=view.kind == "dnn",
+            )
+        targets, problems = plan(facts, limits)
+        cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
+        results = self.enforcer.reconcile(cg_jobs, targets)
+        for job_id, res in results.items():
+            reason = targets[job_id].reason if job_id in targets else "no target"
+            for what in res.applied:
+                self._event(job_id, what, reason)
+                log.info("job=%d action=%r reason=%r", job_id, what, reason)
+            for what in res.failed:
+                self._event(job_id, f"failed: {what}", reason)
+        report = TickReport(
+            snapshot=snap,
+            targets=targets,
+            results=results,
+            problems=[f"job {p.job_id}: {p.message}" for p in problems],
+        )
+        self.state.view = self._view(report, limits)
+        report.cpu_time_s = time.process_time() - cpu0
+        self.state.view["tick_cpu_s"] = report.cpu_time_s
+        self._save()
+        return report
+
+    def _allocated(self, job_id: int, cg: CgroupJob) -> frozenset[int]:
+        """Slurm's allocation: what the cgroup held before our first change."""
+        ch = self.state.changes.get(job_id)
+        if ch is not None and ch.cpuset_original is not None:
+            return cgroups.parse_cpulist(ch.cpuset_original["cpus"].get(".", ""))
+        return cg.cpus
+
+    def restore(self) -> dict[int, JobResult]:
+        """Put every job back as Slurm set it."""
+        results = self.enforcer.restore_all(self._cgroup_jobs())
+        for job_id, res in results.items():
+            for what in res.applied:
+                self._event(job_id, what, "restore")
+                log.info("job=%d action=%r reason='restore'", job_id, what)
+            for what in res.failed:
+                log.error("job=%d restore failed: %s", job_id, what)
+        try:
+            snap = self.sampler.sample()
+            report = TickReport(snapshot=snap, targets={}, results=results)
+            self.state.view = self._view(report, {})
+        except Exception:  # the jobs are restored; only the view is stale
+            log.exception("cannot refresh the status view after restoring")
+        self.state.view.setdefault("daemon", {})["running"] = False
+        self._save()
+        return results
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every NodeIntervalS until ``stop`` is set, then restore every job."""
+        interval_s = self.cfg.node_interval_s
+        log.info(
+            "coda-node %s on %s: every %gs, enforcing %s",
+            __version__,
+            self.node_name,
+            interval_s,
+            ",".join(self.cfg.node_enforce) or "nothing (observe only)",
+        )
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                report = self.tick()
+                for p in report.problems:
+                    log.warning("%s", p)
+            except StateError as exc:
+                log.error("%s", exc)
+            except Exception:
+                log.exception("tick failed; retrying next interval")
+            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+        self.restore()
+        self.nvml.shutdown()
+
+    # -- the view for `coda-node status` -----------------------------------------------
+    def _event(self, job_id: int, what: str, reason: str) -> None:
+        self.events.append(
+            {"unix_s": round(time.time(), 3), "job_id": job_id, "what": what, "reason": reason}
+        )
+
+    def _view(self, report: TickReport, limits: dict) -> dict[str, Any]:
+        snap = report.snapshot
+        gpu_by_nvml = {g.index: g for g in snap.gpus}
+        jobs = []
+        for job_id, v in sorted(snap.jobs.items()):
+            ch = self.state.changes.get(job_id)
+            target = report.targets.get(job_id)
+            res = report.results.get(job_id)
+            gpus = []
+            for ref in v.gpus:
+                g = gpu_by_nvml.get(ref.nvml_index) if ref.nvml_index is not None else None
+                gpus.append(
+                    {
+                        "slurm_index": ref.slurm_index,
+                        "minor": ref.minor,
+                        "nvml_index": ref.nvml_index,
+                        "util_pct": g.util_pct if g else None,
+                    }
+                )
+            record = dict(v.slurm.admin_record) if v.slurm and v.slurm.admin_record else None
+            jobs.append(
+                {
+                    "job_id": job_id,
+                    "user": v.slurm.user if v.slurm else None,
+                    "name": v.slurm.name if v.slurm else None,
+                    "kind": v.kind,
+                    "gpus": gpus,
+                    "cpus_slurm": _cpulist(v.slurm.cpu_ids) if v.slurm else None,
+                    "cpus_allocated": _cpulist(self._allocated(job_id, v.cgroup))
+                    if v.cgroup
+                    else None,
+                    "cpus_now": _cpulist(v.cpus_now),
+                    "cpu_usage_ns": v.cpu_usage_ns,
+                    "cpu_rate_cores": v.cpu_rate_cores,
+                    "mem_bw_bytes_per_s": v.mem_bw_bytes_per_s,
+                    "quota_cores": ch.quota_applied if ch and ch.quota_active else None,
+                    "limit": limits[job_id].to_dict() if job_id in limits else None,
+                    "target_reason": target.reason if target else None,
+                    "hook_record": record,
+                    "last_failed": res.failed if res else [],
+                }
+            )
+        return {
+            "daemon": {
+                "running": True,
+                "pid": os.getpid(),
+                "version": __version__,
+                "node_name": self.node_name,
+                "started_unix_s": self.started_unix_s,
+                "interval_s": self.cfg.node_interval_s,
+                "enforce": list(self.cfg.node_enforce),
+            },
+            "node": {
+                "cgroup_version": self.layout.version,
+                "slurm_cgroups": [str(p) for p in self.layout.slurm_dirs],
+                "slurm_cgroups_reason": self.layout.reason,
+                "cpus_online": os.cpu_count(),
+                "capabilities": self.capabilities,
+                "nvml": _asdict(self.nvml.status()),
+                "gpus": [_asdict(g) for g in snap.gpus],
+                "mem_bw": [_asdict(m) for m in snap.mem_bw],
+                "errors": list(snap.errors) + report.problems,
+            },
+            "jobs": jobs,
+            "events": list(self.events),
+            "sampled_unix_s": snap.unix_s,
+        }
+
+
+def _cpulist(cpus: frozenset[int]) -> str:
+    return cgroups.format_cpulist(cpus)
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    from dataclasses import asdict, is_dataclass
+
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    return dict(obj)
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT end the loop; the loop then restores every job."""
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("signal %d: restoring every job and stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def default_state_dir_ok(path: Path) -> str | None:
+    """None when ``path`` can hold the state file, else why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {path} ({exc.strerror})"
+    if not os.access(path, os.W_OK):
+        return f"{path} is not writable (coda-node runs as root)"
+    return None

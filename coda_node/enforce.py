@@ -1,0 +1,186 @@
+"""Enforcement: make each job's cgroups match the plan, writing only what differs.
+
+Every change is recorded in the state file *before* it is made (how Slurm had set the job),
+so a crash at any point leaves enough on disk to put the job back. Each job is handled on
+its own: an error on one job is reported in its :class:`JobResult` and the others go on.
+This is one of the two places that catch every exception (the other is the submit hook).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from coda_node.cgroups import (
+    CgroupError,
+    CgroupJob,
+    CpuQuotaWriter,
+    CpusetSnapshot,
+    CpusetWriter,
+    JobGone,
+    format_cpulist,
+    parse_cpulist,
+)
+from coda_node.policy import JobTarget
+from coda_node.state import JobChanges, NodeState
+
+log = logging.getLogger("coda-node")
+
+MECHANISMS = ("cpuset", "quota", "rdt")
+
+
+@dataclass(slots=True)
+class JobResult:
+    applied: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    gone: bool = False
+
+
+def snapshot_to_dict(snap: CpusetSnapshot) -> dict[str, Any]:
+    return {
+        "job_id": snap.job_id,
+        "cpus": dict(snap.cpus),
+        "affinity": {str(tid): format_cpulist(mask) for tid, mask in snap.affinity.items()},
+    }
+
+
+def snapshot_from_dict(d: Mapping[str, Any]) -> CpusetSnapshot:
+    return CpusetSnapshot(
+        job_id=int(d["job_id"]),
+        cpus={str(k): str(v) for k, v in d["cpus"].items()},
+        affinity={int(k): parse_cpulist(v) for k, v in d.get("affinity", {}).items()},
+    )
+
+
+class Enforcer:
+    def __init__(
+        self,
+        *,
+        state: NodeState,
+        save: Callable[[], None],
+        cpuset: CpusetWriter | None,
+        quota: CpuQuotaWriter | None,
+        mechanisms: Iterable[str] = MECHANISMS,
+    ) -> None:
+        self.state = state
+        self._save = save
+        self.cpuset = cpuset
+        self.quota = quota
+        self.mechanisms = frozenset(mechanisms)
+
+    # -- one tick -------------------------------------------------------------
+    def reconcile(
+        self, jobs: Mapping[int, CgroupJob], targets: Mapping[int, JobTarget]
+    ) -> dict[int, JobResult]:
+        """Bring every job in ``jobs`` to its target (absent = as Slurm set it), and
+        forget jobs that ended. ``jobs`` are the cgroups seen this tick."""
+        results: dict[int, JobResult] = {}
+        for job_id in sorted(set(targets) | set(self.state.changes)):
+            cg = jobs.get(job_id)
+            if cg is None:
+                if job_id in self.state.changes:
+                    results[job_id] = self._ended(job_id)
+                continue
+            results[job_id] = self._job(cg, targets.get(job_id, JobTarget()))
+        self.state.prune()
+        self._save()
+        return results
+
+    def restore_all(self, jobs: Mapping[int, CgroupJob]) -> dict[int, JobResult]:
+        """Put every job coda-node changed back as Slurm set it (SIGTERM, ``restore``)."""
+        results: dict[int, JobResult] = {}
+        for job_id in sorted(self.state.changes):
+            cg = jobs.get(job_id)
+            if cg is None:
+                results[job_id] = self._ended(job_id)
+            else:
+                results[job_id] = self._job(cg, JobTarget(), restoring=True)
+        self.state.prune()
+        self._save()
+        return results
+
+    # -- per job ----------------------------------------------------------------
+    def _job(self, cg: CgroupJob, target: JobTarget, *, restoring: bool = False) -> JobResult:
+        result = JobResult()
+        ch = self.state.job(cg.job_id)
+        steps: list[tuple[str, Callable[[CgroupJob, JobTarget, JobChanges, JobResult], None]]] = [
+            ("cpuset", self._cpuset),
+            ("quota", self._quota),
+        ]
+        for name, step in steps:
+            # A mechanism turned off in coda.conf still undoes what it did before.
+            wanted = target if (name in self.mechanisms and not restoring) else JobTarget()
+            try:
+                step(cg, wanted, ch, result)
+            except JobGone:
+                result.gone = True
+                self._forget(cg.job_id)
+                return result
+            except CgroupError as exc:
+                result.failed.append(f"{name}: {exc}")
+                log.error("job %d: %s: %s", cg.job_id, name, exc)
+            except Exception as exc:  # the per-job boundary: one job never stops the others
+                result.failed.append(f"{name}: unexpected {type(exc).__name__}: {exc}")
+                log.exception("job %d: %s failed", cg.job_id, name)
+        return result
+
+    def _cpuset(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
+        if self.cpuset is None:
+            return
+        if target.cpus is not None:
+            if ch.cpuset_original is None:
+                ch.cpuset_original = snapshot_to_dict(self.cpuset.snapshot(cg))
+                self._save()  # write-ahead: Slurm's setting is on disk before we change it
+            snap = snapshot_from_dict(ch.cpuset_original)
+            if self.cpuset.shrink(cg, target.cpus, snapshot=snap):
+                r.applied.append(f"cpuset {format_cpulist(target.cpus)}")
+            ch.cpuset_applied = sorted(target.cpus)
+        elif ch.cpuset_original is not None:
+            snap = snapshot_from_dict(ch.cpuset_original)
+            self.cpuset.restore(cg, snap)
+            r.applied.append(f"cpuset restored to {snap.cpus.get('.', '?')}")
+            ch.cpuset_original = None
+            ch.cpuset_applied = None
+            self._save()
+
+    def _quota(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
+        if self.quota is None:
+            return
+        if target.quota_cores is not None:
+            if not ch.quota_active:
+                ch.quota_original = self.quota.read_quota(cg)
+                ch.quota_active = True
+                self._save()
+            changed = ch.quota_applied != target.quota_cores
+            # Called every tick while active: moves tasks that started since (v1).
+            self.quota.set_quota(cg, target.quota_cores)
+            if changed:
+                r.applied.append(f"cpu quota {target.quota_cores:g} cores")
+            ch.quota_applied = target.quota_cores
+        elif ch.quota_active:
+            self.quota.set_quota(cg, ch.quota_original)
+            r.applied.append("cpu quota released")
+            ch.quota_active = False
+            ch.quota_applied = None
+            ch.quota_original = None
+            self._save()
+
+    def _ended(self, job_id: int) -> JobResult:
+        """The job is gone; its cgroups went with it. Remove what is ours."""
+        result = JobResult(gone=True)
+        ch = self.state.changes.get(job_id)
+        if ch is not None and ch.quota_active and self.quota is not None:
+            try:
+                self.quota.release(job_id)
+            except CgroupError as exc:
+                result.failed.append(f"quota clean-up: {exc}")
+                log.error("job %d ended: quota clean-up: %s", job_id, exc)
+                return result
+        self._forget(job_id)
+        return result
+
+    def _forget(self, job_id: int) -> None:
+        self.state.changes.pop(job_id, None)
+        self._save()

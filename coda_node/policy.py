@@ -1,0 +1,110 @@
+"""Node policy: a snapshot of the jobs in, the wanted state of each job out. Pure.
+
+No ``os``, no files, no NVML here: the daemon hands in what sampling read, and
+:mod:`coda_node.enforce` makes the cgroups match what this returns. Today the targets
+come from operators' limits (``coda-node limit``); the adaptive allocator and the
+contention eliminator (issue 4) add theirs through the same :class:`JobTarget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from coda_node.state import Limit
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the policy needs to know about one job."""
+
+    job_id: int
+    allocated_cpus: frozenset[int]
+    """The CPUs Slurm gave the job on this node (before any change of ours)."""
+    is_dnn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobTarget:
+    """How a job should be; None fields mean "as Slurm set it"."""
+
+    cpus: frozenset[int] | None = None
+    quota_cores: float | None = None
+    reason: str = ""
+
+    @property
+    def is_default(self) -> bool:
+        return self.cpus is None and self.quota_cores is None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanProblem:
+    job_id: int
+    message: str
+
+
+def choose_cpus(allocated: frozenset[int], cores: int) -> frozenset[int]:
+    """``cores`` CPUs of the allocation: the lowest-numbered ones, so that repeated plans
+    pick the same CPUs and a tick never moves a job back and forth."""
+    return frozenset(sorted(allocated)[:cores])
+
+
+def plan(
+    jobs: Mapping[int, JobFacts], limits: Mapping[int, Limit]
+) -> tuple[dict[int, JobTarget], list[PlanProblem]]:
+    """Targets for every job that should differ from Slurm's setting, and the limits
+    that cannot be honoured (with why). Jobs not in the result are to be as Slurm set
+    them; limits for jobs not on this node are ignored (the job may not have started)."""
+    targets: dict[int, JobTarget] = {}
+    problems: list[PlanProblem] = []
+    for job_id, limit in sorted(limits.items()):
+        facts = jobs.get(job_id)
+        if facts is None:
+            continue
+        allocated = facts.allocated_cpus
+        cpus: frozenset[int] | None = None
+        if limit.cpus is not None:
+            wanted = frozenset(limit.cpus)
+            outside = wanted - allocated
+            if not wanted:
+                problems.append(PlanProblem(job_id, "an empty CPU list is not a limit"))
+            elif outside:
+                problems.append(
+                    PlanProblem(
+                        job_id,
+                        f"CPUs {_cpulist(outside)} are outside the job's allocation "
+                        f"{_cpulist(allocated)}; the cpuset limit is not applied",
+                    )
+                )
+            elif wanted != allocated:
+                cpus = wanted
+        elif limit.cores is not None:
+            if limit.cores < 1:
+                problems.append(PlanProblem(job_id, "a job keeps at least 1 core"))
+            elif limit.cores < len(allocated):
+                cpus = choose_cpus(allocated, limit.cores)
+        quota = limit.quota_cores
+        if quota is not None and quota <= 0:
+            problems.append(PlanProblem(job_id, "a CPU quota must be more than 0 cores"))
+            quota = None
+        if quota is not None and quota >= len(cpus if cpus is not None else allocated):
+            quota = None  # a cap at or above the job's CPUs changes nothing
+        target = JobTarget(cpus=cpus, quota_cores=quota, reason=limit.reason or "admin limit")
+        if not target.is_default:
+            targets[job_id] = target
+    return targets, problems
+
+
+def _cpulist(cpus: frozenset[int]) -> str:
+    out: list[str] = []
+    run: list[int] = []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

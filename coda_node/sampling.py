@@ -1,0 +1,170 @@
+"""Sampling: everything the daemon reads in one tick, joined per job. Reads only.
+
+Jobs are found in Slurm's cgroup tree (:mod:`coda_node.cgroups`) and joined with Slurm's
+record of them (:mod:`coda_node.slurmjobs`, fetched once per job); GPUs come from NVML
+(:mod:`coda_node.nvml`), mapped from Slurm's GRES index through the device minor number;
+CPU time from cgroup accounting; memory bandwidth from resctrl MBM and the uncore memory
+controllers where the node has them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from coda_node import cgroups
+from coda_node.cgroups import CgroupJob, CgroupLayout
+from coda_node.nvml import GpuSample, Nvml
+from coda_node.paths import SystemRoot
+from coda_node.slurmjobs import GresDevice, SlurmJob, SlurmJobs, SlurmQueryError
+
+log = logging.getLogger("coda-node")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU of a job: Slurm's index, the device's minor number, NVML's index."""
+
+    slurm_index: int
+    minor: int | None
+    nvml_index: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job_id: int
+    slurm: SlurmJob | None
+    """None when slurmctld could not be asked (the job is still shown, from its cgroup)."""
+    cgroup: CgroupJob | None
+    gpus: tuple[GpuRef, ...]
+    cpu_usage_ns: int | None
+    cpu_rate_cores: float | None
+    """CPU time used per second of wall time since the last tick, in cores."""
+    mem_bw_bytes_per_s: float | None
+    """From the job's resctrl monitoring group, where one exists."""
+
+    @property
+    def kind(self) -> str:
+        if self.slurm is None:
+            return "unknown"
+        return "dnn" if self.slurm.is_dnn else "cpu"
+
+    @property
+    def cpus_now(self) -> frozenset[int]:
+        if self.cgroup is not None:
+            return self.cgroup.cpus
+        return self.slurm.cpu_ids if self.slurm is not None else frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    monotonic_s: float
+    unix_s: float
+    node_name: str
+    jobs: dict[int, JobView]
+    gpus: tuple[GpuSample, ...]
+    mem_bw: tuple[object, ...]
+    """Per-socket uncore memory bandwidth samples (:class:`coda_node.perf.MemBwSample`)."""
+    errors: tuple[str, ...]
+
+
+class Sampler:
+    def __init__(
+        self,
+        *,
+        root: SystemRoot,
+        node_name: str,
+        layout: CgroupLayout | None,
+        slurm: SlurmJobs,
+        nvml: Nvml,
+        gres_conf: Path | None,
+        mem_bw: Callable[[], list[object]] | None = None,
+        mbm: Callable[[int], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root
+        self.node_name = node_name
+        self.layout = layout
+        self.slurm = slurm
+        self.nvml = nvml
+        self.gres_conf = gres_conf
+        self._mem_bw = mem_bw
+        self._mbm = mbm
+        self._clock = clock
+        self._last_cpu: dict[int, tuple[float, int]] = {}
+        self._gres: list[GresDevice] | None = None
+
+    def gres_devices(self) -> list[GresDevice]:
+        if self._gres is None:
+            if self.gres_conf is None:
+                self._gres = []
+            else:
+                from coda_node.slurmjobs import gres_gpu_devices
+
+                self._gres = gres_gpu_devices(self.gres_conf, self.node_name, self.root)
+        return self._gres
+
+    def sample(self) -> NodeSnapshot:
+        errors: list[str] = []
+        now = self._clock()
+        cg_jobs: dict[int, CgroupJob] = {}
+        if self.layout is not None:
+            cg_jobs = cgroups.list_jobs(self.layout)
+        ids = set(cg_jobs)
+        if self.layout is None:
+            try:
+                ids = self.slurm.on_node()
+            except SlurmQueryError as exc:
+                errors.append(f"cannot list jobs: {exc}")
+        slurm_jobs = self.slurm.get(ids)
+        if self.slurm.last_error:
+            errors.append(self.slurm.last_error)
+        gpus = tuple(self.nvml.sample())
+        minor_to_nvml = self.nvml.minor_to_index() if gpus else {}
+        by_index = {d.index: d for d in self.gres_devices()}
+        jobs: dict[int, JobView] = {}
+        for job_id in sorted(ids):
+            cg = cg_jobs.get(job_id)
+            sj = slurm_jobs.get(job_id)
+            if cg is None and sj is None:
+                continue
+            refs = []
+            for idx in sj.gpu_indices if sj is not None else ():
+                dev = by_index.get(idx)
+                minor = dev.minor if dev is not None else None
+                refs.append(
+                    GpuRef(idx, minor, minor_to_nvml.get(minor) if minor is not None else None)
+                )
+            usage = cgroups.cpu_usage_ns(self.layout, cg) if (cg and self.layout) else None
+            rate = None
+            if usage is not None:
+                last = self._last_cpu.get(job_id)
+                if last is not None and now > last[0] and usage >= last[1]:
+                    rate = (usage - last[1]) / 1e9 / (now - last[0])
+                self._last_cpu[job_id] = (now, usage)
+            jobs[job_id] = JobView(
+                job_id=job_id,
+                slurm=sj,
+                cgroup=cg,
+                gpus=tuple(refs),
+                cpu_usage_ns=usage,
+                cpu_rate_cores=rate,
+                mem_bw_bytes_per_s=self._mbm(job_id) if self._mbm is not None else None,
+            )
+        for gone in set(self._last_cpu) - set(jobs):
+            del self._last_cpu[gone]
+        mem_bw: list[object] = []
+        if self._mem_bw is not None:
+            mem_bw = self._mem_bw()
+        return NodeSnapshot(
+            monotonic_s=now,
+            unix_s=time.time(),
+            node_name=self.node_name,
+            jobs=jobs,
+            gpus=gpus,
+            mem_bw=tuple(mem_bw),
+            errors=tuple(errors),
+        )

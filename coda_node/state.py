@@ -1,0 +1,220 @@
+"""The daemon's versioned state file: everything it changed, so nothing stays changed.
+
+Before coda-node touches a job it records here how Slurm had set it (the cpuset of the
+job and of each step, each task's affinity, the CPU quota), fsyncs, and only then writes.
+After a crash, a restart (or ``coda-node restore``) finds the record and puts the job back;
+a job that ended needs nothing but the clean-up of coda's own cgroup/resctrl groups. The
+same file carries the last tick's view of the node for ``coda-node status``.
+
+Format: JSON, ``{"format": "coda-node-state", "format_version": 1, ...}``. A file from a
+newer coda-node is refused with what to do, never overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "coda-node-state"
+FORMAT_VERSION = 1
+STATE_FILE = "state.json"
+LIMITS_FILE = "limits.json"
+
+
+class StateError(RuntimeError):
+    """The state file cannot be used; the message says what an operator should do."""
+
+
+@dataclass(slots=True)
+class JobChanges:
+    """What coda-node changed on one job, and what it found there before."""
+
+    cpuset_original: dict[str, Any] | None = None
+    """The cpuset snapshot taken before the first shrink (cgroup writer's to_dict())."""
+    cpuset_applied: list[int] | None = None
+    quota_original: float | None = None
+    """The job's CPU quota in cores before coda-node set one (None = unlimited)."""
+    quota_applied: float | None = None
+    quota_active: bool = False
+    rdt_group: str | None = None
+    """The resctrl control group coda-node moved the job's tasks into."""
+    rdt_mon_group: str | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.cpuset_original is None
+            and not self.quota_active
+            and self.rdt_group is None
+            and self.rdt_mon_group is None
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpuset_original": self.cpuset_original,
+            "cpuset_applied": self.cpuset_applied,
+            "quota_original": self.quota_original,
+            "quota_applied": self.quota_applied,
+            "quota_active": self.quota_active,
+            "rdt_group": self.rdt_group,
+            "rdt_mon_group": self.rdt_mon_group,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobChanges:
+        return cls(
+            cpuset_original=d.get("cpuset_original"),
+            cpuset_applied=d.get("cpuset_applied"),
+            quota_original=d.get("quota_original"),
+            quota_applied=d.get("quota_applied"),
+            quota_active=bool(d.get("quota_active", False)),
+            rdt_group=d.get("rdt_group"),
+            rdt_mon_group=d.get("rdt_mon_group"),
+        )
+
+
+@dataclass(slots=True)
+class NodeState:
+    changes: dict[int, JobChanges] = field(default_factory=dict)
+    view: dict[str, Any] = field(default_factory=dict)
+    """The last tick's observation (jobs, GPUs, counters, events) for ``coda-node status``."""
+
+    def job(self, job_id: int) -> JobChanges:
+        return self.changes.setdefault(job_id, JobChanges())
+
+    def prune(self) -> None:
+        for job_id in [j for j, c in self.changes.items() if c.is_empty()]:
+            del self.changes[job_id]
+
+
+class StateFile:
+    """``<NodeStateDir>/state.json``, written atomically (temp file, fsync, rename)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.path = state_dir / STATE_FILE
+
+    def load(self) -> NodeState:
+        """The recorded state; empty when there is none. A corrupt file is moved aside
+        (kept for the operator) and an empty state returned, since the cgroups themselves
+        still hold Slurm's allocation; a newer format raises :class:`StateError`."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return NodeState()
+        except OSError as exc:
+            raise StateError(f"cannot read {self.path} ({exc.strerror})") from None
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                raise ValueError("not a coda-node state file")
+            version = int(data.get("format_version", 0))
+        except (ValueError, TypeError) as exc:
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt.{int(time.time())}")
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            raise StateError(
+                f"{self.path} is unreadable ({exc}); moved to {aside.name}. Jobs changed "
+                "before this cannot be restored from it: check them with coda-node status"
+            ) from None
+        if version > FORMAT_VERSION:
+            raise StateError(
+                f"{self.path} was written by a newer coda-node (format {version}; this one "
+                f"reads {FORMAT_VERSION}). Run `coda-node restore` with the newer version "
+                "first, or upgrade this one; the file is left untouched"
+            )
+        changes = {int(k): JobChanges.from_dict(v) for k, v in (data.get("changes") or {}).items()}
+        return NodeState(changes=changes, view=dict(data.get("view") or {}))
+
+    def save(self, state: NodeState) -> None:
+        state.prune()
+        data = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "pid": os.getpid(),
+            "written_unix_s": time.time(),
+            "changes": {str(k): v.to_dict() for k, v in sorted(state.changes.items())},
+            "view": state.view,
+        }
+        write_json_atomic(self.path, data)
+
+
+def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644) -> None:
+    """Write ``data`` as JSON so that a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+# -- admin limits: what an operator asked for with `coda-node limit` -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """An operator's limit on one job (``coda-node limit``); None = leave as Slurm set."""
+
+    cores: int | None = None
+    """Keep the job on this many of its allocated cores (cpuset)."""
+    cpus: tuple[int, ...] | None = None
+    """Keep the job on exactly these of its allocated CPUs (cpuset)."""
+    quota_cores: float | None = None
+    """Cap the job's CPU time at this many cores' worth (CFS bandwidth)."""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "cpus": list(self.cpus) if self.cpus is not None else None,
+            "quota_cores": self.quota_cores,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Limit:
+        cpus = d.get("cpus")
+        return cls(
+            cores=d.get("cores"),
+            cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
+            quota_cores=d.get("quota_cores"),
+            reason=str(d.get("reason", "")),
+        )
+
+
+def load_limits(state_dir: Path) -> dict[int, Limit]:
+    """The operator's limits; an unreadable file means none (the daemon logs it)."""
+    path = state_dir / LIMITS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise StateError(f"cannot read {path} ({exc}); limits ignored") from None
+    if not isinstance(data, dict) or data.get("format") != "coda-node-limits":
+        raise StateError(f"{path} is not a coda-node limits file; limits ignored")
+    return {int(k): Limit.from_dict(v) for k, v in (data.get("limits") or {}).items()}
+
+
+def save_limits(state_dir: Path, limits: Mapping[int, Limit]) -> None:
+    write_json_atomic(
+        state_dir / LIMITS_FILE,
+        {
+            "format": "coda-node-limits",
+            "format_version": 1,
+            "limits": {str(k): v.to_dict() for k, v in sorted(limits.items())},
+        },
+    )
