@@ -69,62 +69,124 @@ def probe_cgroups(root: SystemRoot) -> list[Capability]:
     return caps
 
 
-def probe_resctrl(root: SystemRoot) -> list[Capability]:
-    mounted = any(m[2] == "resctrl" for m in _mounts(root))
-    info = root.path("/sys/fs/resctrl/info")
-    if not mounted or not info.is_dir():
-        why = "resctrl not mounted" if not mounted else "resctrl has no info/ directory"
-        return [
-            Capability("memory-bandwidth control", False, f"{why} (Intel RDT MBA)"),
-            Capability("memory-bandwidth monitoring", False, f"{why} (Intel RDT MBM)"),
-        ]
-    mb = (info / "MB").is_dir()
-    mon = (info / "L3_MON").is_dir()
-    return [
-        Capability(
-            "memory-bandwidth control",
-            mb,
-            "resctrl MB resource" if mb else "resctrl mounted, no MB resource",
-        ),
-        Capability(
-            "memory-bandwidth monitoring",
-            mon,
-            "resctrl L3_MON" if mon else "resctrl mounted, no L3_MON",
-        ),
-    ]
+def probe_slurm_tree(root: SystemRoot) -> Capability:
+    from coda_node.cgroups import discover_layout
 
-
-def probe_uncore(root: SystemRoot) -> Capability:
-    devices = root.path("/sys/bus/event_source/devices")
-    try:
-        names = sorted(p.name for p in devices.iterdir())
-    except OSError:
-        return Capability("uncore counters", False, f"cannot list {devices}")
-    imc = [n for n in names if n.startswith("uncore_imc")]
-    if imc:
-        return Capability("uncore counters", True, f"{len(imc)} memory-controller PMUs")
+    layout = discover_layout(root)
+    if layout.has_slurm:
+        where = ", ".join(str(p) for p in layout.slurm_dirs)
+        return Capability("Slurm job cgroups", True, f"cgroup v{layout.version}: {where}")
     return Capability(
-        "uncore counters", False, "no uncore_imc PMUs (PMUs here: " + ", ".join(names) + ")"
+        "Slurm job cgroups",
+        False,
+        f"{layout.reason or 'none found'}; without them coda-node observes but changes nothing "
+        "(cgroup.conf ConstrainCores=yes and TaskPlugin=task/cgroup create them)",
     )
 
 
-def probe_gpus(root: SystemRoot) -> Capability:
-    devs = sorted(p.name for p in root.dev.glob("nvidia[0-9]*"))
-    try:
-        import pynvml  # nvidia-ml-py
+def probe_resctrl(root: SystemRoot) -> list[Capability]:
+    from coda_node.resctrl import discover
 
-        pynvml.nvmlInit()
-    except Exception as exc:
-        reason = getattr(exc, "__class__", type(exc)).__name__
-        return Capability(
-            "GPUs (NVML)", False, f"NVML unavailable ({reason}: {exc}); device nodes: {len(devs)}"
+    info = discover(root)
+    if not info.mounted or not info.usable:
+        why = info.reason or "resctrl unusable"
+        return [
+            Capability("memory-bandwidth control", False, f"Intel RDT MBA: {why}"),
+            Capability("cache allocation", False, f"Intel RDT CAT: {why}"),
+            Capability("memory-bandwidth monitoring", False, f"Intel RDT MBM: {why}"),
+        ]
+    rows = []
+    if info.mb is not None:
+        unit = "MBps (mba_MBps)" if info.mb.mba_mbps else "percent"
+        rows.append(
+            Capability(
+                "memory-bandwidth control",
+                True,
+                f"resctrl MB in {unit}, steps of {info.mb.bandwidth_gran} from "
+                f"{info.mb.min_bandwidth}; {info.max_ctrl_groups} control groups free by "
+                f"design (num_closids={info.num_closids})",
+            )
         )
+    else:
+        rows.append(
+            Capability("memory-bandwidth control", False, info.mb_reason or "no MB resource")
+        )
+    if info.l3 is not None:
+        rows.append(
+            Capability(
+                "cache allocation",
+                True,
+                f"resctrl L3, {info.l3.cbm_bits} ways (cbm_mask {info.l3.cbm_mask:x}), at least "
+                f"{info.l3.min_cbm_bits} per group",
+            )
+        )
+    else:
+        rows.append(Capability("cache allocation", False, info.l3_reason or "no L3 resource"))
+    if info.mbm and info.mon is not None:
+        rows.append(
+            Capability(
+                "memory-bandwidth monitoring",
+                True,
+                f"resctrl L3_MON, {info.mon.num_rmids} RMIDs: "
+                + ", ".join(info.mon.mon_features),
+            )
+        )
+    else:
+        rows.append(
+            Capability("memory-bandwidth monitoring", False, info.mbm_reason or "no MBM events")
+        )
+    return rows
+
+
+def probe_uncore(root: SystemRoot) -> list[Capability]:
+    from coda_node.perf import probe_perf
+
+    return probe_perf(root)
+
+
+def probe_gpus(root: SystemRoot) -> Capability:
+    from coda_node.nvml import Nvml
+
+    devs = sorted(p.name for p in root.dev.glob("nvidia[0-9]*"))
+    nvml = Nvml()
     try:
-        count = pynvml.nvmlDeviceGetCount()
+        st = nvml.status()
     finally:
-        pynvml.nvmlShutdown()
-    return Capability("GPUs (NVML)", count > 0, f"{count} GPUs via NVML")
+        nvml.shutdown()
+    detail = st.detail
+    if not st.available:
+        detail += f"; /dev/nvidia* device nodes: {len(devs)}"
+    return Capability("GPUs (NVML)", st.available and st.gpu_count > 0, detail)
 
 
-def probe_all(root: SystemRoot) -> list[Capability]:
-    return [*probe_cgroups(root), *probe_resctrl(root), probe_uncore(root), probe_gpus(root)]
+def probe_slurm_commands(env: dict[str, str] | None = None) -> Capability:
+    """``scontrol ping``: can this node ask slurmctld about its jobs?"""
+    import shutil
+    import subprocess
+
+    if shutil.which("scontrol") is None:
+        return Capability("Slurm commands", False, "scontrol not found on PATH (slurm-client)")
+    try:
+        proc = subprocess.run(
+            ["scontrol", "ping"], capture_output=True, text=True, timeout=10, env=env, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Capability("Slurm commands", False, f"scontrol ping failed ({exc})")
+    text = (proc.stdout or proc.stderr).strip().splitlines()
+    first = text[0] if text else f"exit {proc.returncode}"
+    ok = proc.returncode == 0 and "UP" in first
+    return Capability("Slurm commands", ok, first if ok else f"slurmctld unreachable: {first}")
+
+
+def probe_all(root: SystemRoot, *, slurm: bool = True) -> list[Capability]:
+    """Every capability row; ``slurm=False`` skips asking slurmctld (fixture trees)."""
+    rows = [
+        *probe_cgroups(root),
+        probe_slurm_tree(root),
+        *probe_resctrl(root),
+        *probe_uncore(root),
+        probe_gpus(root),
+    ]
+    if slurm:
+        rows.append(probe_slurm_commands())
+    return rows

@@ -64,7 +64,8 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def check(root: Path, as_json: bool) -> None:
     """Which capabilities (cpusets, CPU quota, RDT, uncore PMUs, NVML) are usable here."""
-    caps = probe_all(SystemRoot(root))
+    # Ask slurmctld only about the real system, not about a fixture tree.
+    caps = probe_all(SystemRoot(root), slurm=root.resolve() == Path("/"))
     if as_json:
         emit_json([c.to_dict() for c in caps])
         return

@@ -139,9 +139,9 @@ class FakeResctrl:
             opts.append("mba_MBps")
         if self.spec.mounted:
             mounts.append(f"resctrl /sys/fs/resctrl resctrl {','.join(opts)} 0 0")
-        (base / "proc/self").mkdir(parents=True)
+        (base / "proc/self").mkdir(parents=True, exist_ok=True)
         (base / "proc/self/mounts").write_text("\n".join(mounts) + "\n")
-        self.path.mkdir(parents=True)
+        self.path.mkdir(parents=True, exist_ok=True)
         if not self.spec.mounted:
             return
         info = self.path / "info"

@@ -1,4 +1,4 @@
-"""coda-node check against fixture trees laid out like the kernel's."""
+"""coda-node check against fixture trees laid out like the kernel's, one per hardware kind."""
 
 from __future__ import annotations
 
@@ -10,83 +10,115 @@ import pytest
 from coda_node.check import probe_all
 from coda_node.cli import main
 from coda_node.paths import SystemRoot
+from tests import cgroup_fixtures, perf_fixtures, resctrl_fixtures
 
 
-def make_tree(root: Path, *, resctrl: bool, mb: bool, imc: int, cgroup: str) -> Path:
-    mounts = []
-    if cgroup == "v1":
-        mounts += [
-            "cgroup /sys/fs/cgroup/cpuset cgroup rw,nosuid,relatime,cpuset 0 0",
-            "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0",
-        ]
-    elif cgroup == "v2":
-        mounts.append("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0")
-        (root / "sys/fs/cgroup").mkdir(parents=True)
-        (root / "sys/fs/cgroup/cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    if resctrl:
-        mounts.append("resctrl /sys/fs/resctrl resctrl rw,relatime 0 0")
-        (root / "sys/fs/resctrl/info/L3_MON").mkdir(parents=True)
-        if mb:
-            (root / "sys/fs/resctrl/info/MB").mkdir(parents=True)
-    (root / "proc/self").mkdir(parents=True)
-    (root / "proc/self/mounts").write_text("\n".join(mounts) + "\n")
-    pmus = root / "sys/bus/event_source/devices"
-    for name in ["software", "tracepoint", *[f"uncore_imc_{i}" for i in range(imc)]]:
-        (pmus / name).mkdir(parents=True)
-    (root / "dev").mkdir()
-    return root
+def make_node(tmp: Path, *, cgroup: str, resctrl: str, cpu: str) -> SystemRoot:
+    """One tree: a Slurm cgroup layout, a resctrl variant and a PMU set."""
+    builders = {
+        "v1": cgroup_fixtures.build_v1_debian,
+        "v2": cgroup_fixtures.build_v2,
+        "none": lambda base: cgroup_fixtures.build_no_slurm(base, "none"),
+    }
+    builders[cgroup](tmp)
+    mounts = (tmp / "proc/self/mounts").read_text().splitlines()
+    resctrl_fixtures.build(tmp, resctrl)
+    resctrl_line = [
+        line for line in (tmp / "proc/self/mounts").read_text().splitlines() if "resctrl" in line
+    ]
+    (tmp / "proc/self/mounts").write_text("\n".join(mounts + resctrl_line) + "\n")
+    if cpu == "skx":
+        perf_fixtures.make_skx_tree(tmp)
+    else:
+        perf_fixtures.make_amd_tree(tmp)
+    (tmp / "dev").mkdir(exist_ok=True)
+    return SystemRoot(tmp)
 
 
 @pytest.mark.parametrize(
-    "resctrl,mb,imc,cgroup,expect",
+    ("cgroup", "resctrl", "cpu", "expect"),
     [
         (
-            True,
-            True,
-            4,
             "v1",
+            "full",
+            "skx",
             {
                 "cpuset control": True,
+                "Slurm job cgroups": True,
                 "memory-bandwidth control": True,
+                "cache allocation": True,
                 "memory-bandwidth monitoring": True,
-                "uncore counters": True,
+                "uncore memory bandwidth": True,
             },
         ),
         (
-            True,
-            False,
-            0,
             "v2",
+            "nomb",
+            "skx",
             {
-                "cpuset control": True,
+                "Slurm job cgroups": True,
                 "memory-bandwidth control": False,
+                "cache allocation": True,
                 "memory-bandwidth monitoring": True,
-                "uncore counters": False,
             },
         ),
         (
-            False,
-            False,
-            0,
-            "none",
-            {"cpuset control": False, "CPU quota": False, "memory-bandwidth control": False},
+            "v1",
+            "unmounted",
+            "amd",
+            {
+                "Slurm job cgroups": True,
+                "memory-bandwidth control": False,
+                "memory-bandwidth monitoring": False,
+                "uncore memory bandwidth": False,
+            },
         ),
+        ("none", "cat_only", "amd", {"Slurm job cgroups": False, "cache allocation": True}),
     ],
 )
 def test_capabilities_follow_the_tree(
-    tmp_path: Path, resctrl: bool, mb: bool, imc: int, cgroup: str, expect: dict[str, bool]
+    tmp_path: Path, cgroup: str, resctrl: str, cpu: str, expect: dict[str, bool]
 ) -> None:
-    root = make_tree(tmp_path, resctrl=resctrl, mb=mb, imc=imc, cgroup=cgroup)
-    caps = {c.name: c for c in probe_all(SystemRoot(root))}
+    caps = {
+        c.name: c
+        for c in probe_all(
+            make_node(tmp_path, cgroup=cgroup, resctrl=resctrl, cpu=cpu), slurm=False
+        )
+    }
     for name, available in expect.items():
         assert caps[name].available is available, caps[name]
-    if not resctrl:
-        assert "resctrl not mounted" in caps["memory-bandwidth control"].detail
     assert caps["GPUs (NVML)"].available is False  # no GPU on this machine or in the tree
+    assert "Slurm commands" not in caps
+
+
+def test_missing_hardware_is_explained_in_plain_words(tmp_path: Path) -> None:
+    root = make_node(tmp_path, cgroup="none", resctrl="unmounted", cpu="amd")
+    caps = {c.name: c.detail for c in probe_all(root, slurm=False)}
+    assert "resctrl not mounted" in caps["memory-bandwidth control"]
+    assert "no uncore_imc" in caps["uncore memory bandwidth"]
+    assert "ConstrainCores=yes" in caps["Slurm job cgroups"]
+    assert "NVML" in caps["GPUs (NVML)"] and "driver" in caps["GPUs (NVML)"]
+
+
+def test_resctrl_limits_are_reported(tmp_path: Path) -> None:
+    root = make_node(tmp_path, cgroup="v1", resctrl="full", cpu="skx")
+    caps = {c.name: c.detail for c in probe_all(root, slurm=False)}
+    assert "steps of 10 from 10" in caps["memory-bandwidth control"]
+    assert "224 RMIDs" in caps["memory-bandwidth monitoring"]
+    assert "20 ways" in caps["cache allocation"]
 
 
 def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    root = make_tree(tmp_path, resctrl=False, mb=False, imc=2, cgroup="v1")
-    assert main(["check", "--root", str(root), "--json"]) == 0
+    root = make_node(tmp_path, cgroup="v1", resctrl="unmounted", cpu="skx")
+    assert main(["check", "--root", str(root.root), "--json"]) == 0
     data = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
-    assert data["uncore counters"]["detail"] == "2 memory-controller PMUs"
+    assert data["uncore memory bandwidth"]["available"] is True
+    assert data["memory-bandwidth control"]["available"] is False
+    assert "Slurm commands" not in data  # a fixture tree: slurmctld is not asked
+
+
+def test_cli_table_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check"]) == 0
+    out = capsys.readouterr().out
+    for name in ("cpuset control", "GPUs (NVML)", "Slurm commands", "uncore memory bandwidth"):
+        assert name in out
