@@ -160,6 +160,12 @@ def restore(conf_path: Path | None) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Cap the job's CPU time at this many cores' worth.",
 )
+@click.option(
+    "--mem-bw",
+    "mem_bw_pct",
+    type=click.IntRange(min=1),
+    help="Cap the job's memory bandwidth (Intel RDT MBA: percent, or MBps on mba_MBps).",
+)
 @click.option("--reason", default="admin limit", show_default=True)
 def limit(
     conf_path: Path | None,
@@ -167,6 +173,7 @@ def limit(
     cores: int | None,
     cpu_list: str | None,
     quota_cores: float | None,
+    mem_bw_pct: int | None,
     reason: str,
 ) -> None:
     """Limit a running job on this node; the daemon applies it on its next tick.
@@ -178,8 +185,8 @@ def limit(
 
     if cores is not None and cpu_list is not None:
         raise CliError("give --cores or --cpus, not both")
-    if cores is None and cpu_list is None and quota_cores is None:
-        raise CliError("nothing to limit", "give --cores, --cpus or --cpu-quota")
+    if cores is None and cpu_list is None and quota_cores is None and mem_bw_pct is None:
+        raise CliError("nothing to limit", "give --cores, --cpus, --cpu-quota or --mem-bw")
     cpus = None
     if cpu_list is not None:
         try:
@@ -190,7 +197,9 @@ def limit(
             raise CliError("an empty CPU list is not a limit")
     cfg = load_node_config(conf_path)
     limits = _limits(cfg)
-    limits[job_id] = Limit(cores=cores, cpus=cpus, quota_cores=quota_cores, reason=reason)
+    limits[job_id] = Limit(
+        cores=cores, cpus=cpus, quota_cores=quota_cores, mem_bw_pct=mem_bw_pct, reason=reason
+    )
     _save_limits(cfg, limits)
     click.echo(
         f"job {job_id}: limit recorded; coda-node applies it within {cfg.node_interval_s:g}s"

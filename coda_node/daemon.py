@@ -29,6 +29,8 @@ from coda_node.enforce import Enforcer, JobResult
 from coda_node.nvml import Nvml
 from coda_node.paths import SystemRoot
 from coda_node.policy import JobFacts, JobTarget, plan
+from coda_node.resctrl import ResctrlControl, ResctrlInfo
+from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.state import NodeState, StateError, StateFile, load_limits
@@ -58,6 +60,8 @@ class Daemon:
         node_name: str | None = None,
         cpuset_writer: Callable[[CgroupLayout], CpusetWriter] | None = None,
         quota_writer: Callable[[CgroupLayout], CpuQuotaWriter] | None = None,
+        rdt_control: Callable[[SystemRoot, ResctrlInfo], ResctrlControl] | None = None,
+        mem_bw: Callable[[], list[object]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.root = SystemRoot(cfg.node_root)
@@ -72,6 +76,8 @@ class Daemon:
         self.layout: CgroupLayout = cgroups.discover_layout(self.root)
         self._make_cpuset = cpuset_writer or CpusetWriter
         self._make_quota = quota_writer or CpuQuotaWriter
+        self._make_rdt = rdt_control
+        self.rdt_info: ResctrlInfo = resctrl_discover(self.root)
         self.slurm = SlurmJobs(self.node_name, self.runner)
         gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
         self.sampler = Sampler(
@@ -81,6 +87,7 @@ class Daemon:
             slurm=self.slurm,
             nvml=self.nvml,
             gres_conf=gres_conf,
+            mem_bw=mem_bw if mem_bw is not None else self._uncore_mem_bw(),
         )
         self.enforcer = self._make_enforcer()
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
@@ -95,8 +102,43 @@ class Daemon:
             save=self._save,
             cpuset=self._make_cpuset(self.layout) if usable else None,
             quota=self._make_quota(self.layout) if usable else None,
+            rdt=self._rdt_control() if usable else None,
+            root=self.root,
+            cgroup_version=self.layout.version,
             mechanisms=self.cfg.node_enforce,
         )
+
+    def _rdt_control(self) -> ResctrlControl | None:
+        if self.rdt_info.mb is None or "rdt" not in self.cfg.node_enforce:
+            return None
+        if self._make_rdt is not None:
+            return self._make_rdt(self.root, self.rdt_info)
+        return ResctrlControl(self.root, self.rdt_info)
+
+    @property
+    def mba_unavailable(self) -> str | None:
+        """None when memory-bandwidth limits can be applied, else why not."""
+        if "rdt" not in self.cfg.node_enforce:
+            return "NodeEnforce does not include rdt"
+        if not self.rdt_info.mounted:
+            return self.rdt_info.reason or "resctrl not mounted"
+        if self.rdt_info.mb is None:
+            return self.rdt_info.mb_reason or "no MB resource in resctrl"
+        return None
+
+    def _uncore_mem_bw(self) -> Callable[[], list[object]] | None:
+        """Per-socket memory bandwidth from the uncore IMC counters, where there are some."""
+        from coda_node.perf import PerfError, UncoreMemBw, plan_mem_bw
+
+        if not plan_mem_bw(self.root).available:
+            return None
+        sampler = UncoreMemBw(self.root)
+        try:
+            sampler.open()
+        except PerfError as exc:
+            log.warning("uncore memory-bandwidth counters unavailable: %s", exc)
+            return None
+        return lambda: list(sampler.sample())
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -146,7 +188,7 @@ class Daemon:
                 allocated_cpus=self._allocated(job_id, view.cgroup),
                 is_dnn=view.kind == "dnn",
             )
-        targets, problems = plan(facts, limits)
+        targets, problems = plan(facts, limits, mba=self.mba_unavailable)
         cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
         results = self.enforcer.reconcile(cg_jobs, targets)
         for job_id, res in results.items():

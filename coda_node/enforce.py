@@ -8,6 +8,7 @@ This is one of the two places that catch every exception (the other is the submi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ from coda_node.cgroups import (
     format_cpulist,
     parse_cpulist,
 )
+from coda_node.paths import SystemRoot
 from coda_node.policy import JobTarget
+from coda_node.resctrl import OutOfIds, ResctrlControl, ResctrlError, mb_value
 from coda_node.state import JobChanges, NodeState
 
 log = logging.getLogger("coda-node")
@@ -62,12 +65,18 @@ class Enforcer:
         save: Callable[[], None],
         cpuset: CpusetWriter | None,
         quota: CpuQuotaWriter | None,
+        rdt: ResctrlControl | None = None,
+        root: SystemRoot | None = None,
+        cgroup_version: int | None = 1,
         mechanisms: Iterable[str] = MECHANISMS,
     ) -> None:
         self.state = state
         self._save = save
         self.cpuset = cpuset
         self.quota = quota
+        self.rdt = rdt
+        self.root = root or SystemRoot()
+        self.cgroup_version = cgroup_version
         self.mechanisms = frozenset(mechanisms)
 
     # -- one tick -------------------------------------------------------------
@@ -77,13 +86,15 @@ class Enforcer:
         """Bring every job in ``jobs`` to its target (absent = as Slurm set it), and
         forget jobs that ended. ``jobs`` are the cgroups seen this tick."""
         results: dict[int, JobResult] = {}
-        for job_id in sorted(set(targets) | set(self.state.changes)):
-            cg = jobs.get(job_id)
-            if cg is None:
-                if job_id in self.state.changes:
-                    results[job_id] = self._ended(job_id)
-                continue
-            results[job_id] = self._job(cg, targets.get(job_id, JobTarget()))
+        with self._rdt_lock():
+            for job_id in sorted(set(targets) | set(self.state.changes)):
+                cg = jobs.get(job_id)
+                if cg is None:
+                    if job_id in self.state.changes:
+                        results[job_id] = self._ended(job_id)
+                    continue
+                results[job_id] = self._job(cg, targets.get(job_id, JobTarget()))
+            self._remove_unused_rdt_groups()
         self.state.prune()
         self._save()
         return results
@@ -91,15 +102,33 @@ class Enforcer:
     def restore_all(self, jobs: Mapping[int, CgroupJob]) -> dict[int, JobResult]:
         """Put every job coda-node changed back as Slurm set it (SIGTERM, ``restore``)."""
         results: dict[int, JobResult] = {}
-        for job_id in sorted(self.state.changes):
-            cg = jobs.get(job_id)
-            if cg is None:
-                results[job_id] = self._ended(job_id)
-            else:
-                results[job_id] = self._job(cg, JobTarget(), restoring=True)
+        with self._rdt_lock():
+            for job_id in sorted(self.state.changes):
+                cg = jobs.get(job_id)
+                if cg is None:
+                    results[job_id] = self._ended(job_id)
+                else:
+                    results[job_id] = self._job(cg, JobTarget(), restoring=True)
+            self._remove_unused_rdt_groups()
         self.state.prune()
         self._save()
         return results
+
+    def _rdt_lock(self) -> contextlib.AbstractContextManager[None]:
+        return self.rdt.locked() if self.rdt is not None else contextlib.nullcontext()
+
+    def _remove_unused_rdt_groups(self) -> None:
+        """Remove coda's resctrl groups no recorded job uses: classes emptied this tick,
+        and groups left by a daemon that crashed before recording them."""
+        if self.rdt is None:
+            return
+        used = {c.rdt_group for c in self.state.changes.values() if c.rdt_group}
+        for name in self.rdt.list_coda_groups():
+            if name not in used:
+                try:
+                    self.rdt.remove_group(name)
+                except ResctrlError as exc:
+                    log.error("cannot remove resctrl group %s: %s", name, exc)
 
     # -- per job ----------------------------------------------------------------
     def _job(self, cg: CgroupJob, target: JobTarget, *, restoring: bool = False) -> JobResult:
@@ -108,6 +137,7 @@ class Enforcer:
         steps: list[tuple[str, Callable[[CgroupJob, JobTarget, JobChanges, JobResult], None]]] = [
             ("cpuset", self._cpuset),
             ("quota", self._quota),
+            ("rdt", self._rdt),
         ]
         for name, step in steps:
             # A mechanism turned off in coda.conf still undoes what it did before.
@@ -118,7 +148,7 @@ class Enforcer:
                 result.gone = True
                 self._forget(cg.job_id)
                 return result
-            except CgroupError as exc:
+            except (CgroupError, ResctrlError) as exc:
                 result.failed.append(f"{name}: {exc}")
                 log.error("job %d: %s: %s", cg.job_id, name, exc)
             except Exception as exc:  # the per-job boundary: one job never stops the others
@@ -167,6 +197,76 @@ class Enforcer:
             ch.quota_original = None
             self._save()
 
+    def _rdt(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
+        """One shared control group per MB level (``coda_mb<value>``): CLOSIDs are few
+        (often 8-16 per socket), so jobs capped alike share one."""
+        if self.rdt is None:
+            return
+        if target.mem_bw_pct is not None:
+            info = self.rdt.info.mb
+            if info is None:
+                raise ResctrlError(f"no MB resource: {self.rdt.info.mb_reason}")
+            value = mb_value(target.mem_bw_pct, info)
+            name = f"coda_mb{value}"
+            if ch.rdt_group not in (None, name):
+                self._rdt_release(cg, ch)
+            try:
+                self.rdt.ensure_group(name)
+            except OutOfIds as exc:
+                name = self._stricter_group(value) or ""
+                if not name:
+                    raise ResctrlError(
+                        f"no free CLOSID for a {value} MB group and no stricter coda group to "
+                        f"share ({exc})"
+                    ) from exc
+                log.warning("job %d: no free CLOSID; sharing %s instead", cg.job_id, name)
+            if ch.rdt_group != name:
+                ch.rdt_group = name
+                self._save()  # write-ahead: the group is on record before tasks move
+                r.applied.append(f"memory bandwidth {name.removeprefix('coda_mb')}")
+            domains = self.rdt.info.mb.domain_ids if self.rdt.info.mb else ()
+            if name == f"coda_mb{value}":
+                self.rdt.set_schemata(name, mb=dict.fromkeys(domains, value))
+            # Every tick: threads started since the last one join the group.
+            self.rdt.assign_tasks(name, self._tids(cg))
+        elif ch.rdt_group is not None:
+            self._rdt_release(cg, ch)
+            r.applied.append("memory bandwidth released")
+            self._save()
+
+    def _rdt_release(self, cg: CgroupJob, ch: JobChanges) -> None:
+        assert self.rdt is not None and ch.rdt_group is not None
+        self.rdt.release_tasks(ch.rdt_group, self._tids(cg))
+        ch.rdt_group = None
+
+    def _stricter_group(self, value: int) -> str | None:
+        """The existing coda MB group closest to ``value`` from below (never looser)."""
+        assert self.rdt is not None
+        best: tuple[int, str] | None = None
+        for name in self.rdt.list_coda_groups():
+            level = name.removeprefix("coda_mb")
+            if not (name.startswith("coda_mb") and level.isdigit() and int(level) <= value):
+                continue
+            if best is None or int(level) > best[0]:
+                best = (int(level), name)
+        return best[1] if best else None
+
+    def _tids(self, cg: CgroupJob) -> list[int]:
+        """Thread ids of the job: resctrl moves threads, one id per write. On v1 the
+        cgroup ``tasks`` files already list threads; on v2 ``cgroup.procs`` lists
+        processes, whose threads are under /proc/<pid>/task."""
+        if self.cgroup_version == 1:
+            return list(cg.pids)
+        tids: list[int] = []
+        for pid in cg.pids:
+            try:
+                tids += sorted(
+                    int(t.name) for t in self.root.proc.joinpath(str(pid), "task").iterdir()
+                )
+            except (OSError, ValueError):
+                continue
+        return tids
+
     def _ended(self, job_id: int) -> JobResult:
         """The job is gone; its cgroups went with it. Remove what is ours."""
         result = JobResult(gone=True)
@@ -178,6 +278,8 @@ class Enforcer:
                 result.failed.append(f"quota clean-up: {exc}")
                 log.error("job %d ended: quota clean-up: %s", job_id, exc)
                 return result
+        if ch is not None:
+            ch.rdt_group = None  # its threads are gone; the group goes if no one else uses it
         self._forget(job_id)
         return result
 

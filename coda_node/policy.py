@@ -30,11 +30,13 @@ class JobTarget:
 
     cpus: frozenset[int] | None = None
     quota_cores: float | None = None
+    mem_bw_pct: int | None = None
+    """Memory-bandwidth cap through RDT MBA (the value written to ``MB:``)."""
     reason: str = ""
 
     @property
     def is_default(self) -> bool:
-        return self.cpus is None and self.quota_cores is None
+        return self.cpus is None and self.quota_cores is None and self.mem_bw_pct is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +52,15 @@ def choose_cpus(allocated: frozenset[int], cores: int) -> frozenset[int]:
 
 
 def plan(
-    jobs: Mapping[int, JobFacts], limits: Mapping[int, Limit]
+    jobs: Mapping[int, JobFacts],
+    limits: Mapping[int, Limit],
+    *,
+    mba: str | None = None,
 ) -> tuple[dict[int, JobTarget], list[PlanProblem]]:
     """Targets for every job that should differ from Slurm's setting, and the limits
     that cannot be honoured (with why). Jobs not in the result are to be as Slurm set
-    them; limits for jobs not on this node are ignored (the job may not have started)."""
+    them; limits for jobs not on this node are ignored (the job may not have started).
+    ``mba`` is None when memory-bandwidth allocation works here, else why it does not."""
     targets: dict[int, JobTarget] = {}
     problems: list[PlanProblem] = []
     for job_id, limit in sorted(limits.items()):
@@ -89,7 +95,19 @@ def plan(
             quota = None
         if quota is not None and quota >= len(cpus if cpus is not None else allocated):
             quota = None  # a cap at or above the job's CPUs changes nothing
-        target = JobTarget(cpus=cpus, quota_cores=quota, reason=limit.reason or "admin limit")
+        mem_bw = limit.mem_bw_pct
+        if mem_bw is not None and mba is not None:
+            problems.append(PlanProblem(job_id, f"memory-bandwidth limit not applied: {mba}"))
+            mem_bw = None
+        elif mem_bw is not None and mem_bw <= 0:
+            problems.append(PlanProblem(job_id, "a memory-bandwidth limit must be more than 0"))
+            mem_bw = None
+        target = JobTarget(
+            cpus=cpus,
+            quota_cores=quota,
+            mem_bw_pct=mem_bw,
+            reason=limit.reason or "admin limit",
+        )
         if not target.is_default:
             targets[job_id] = target
     return targets, problems

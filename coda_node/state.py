@@ -174,6 +174,9 @@ class Limit:
     """Keep the job on exactly these of its allocated CPUs (cpuset)."""
     quota_cores: float | None = None
     """Cap the job's CPU time at this many cores' worth (CFS bandwidth)."""
+    mem_bw_pct: int | None = None
+    """Cap the job's memory bandwidth (Intel RDT MBA, percent of a socket's, or MBps on
+    an mba_MBps mount)."""
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +184,7 @@ class Limit:
             "cores": self.cores,
             "cpus": list(self.cpus) if self.cpus is not None else None,
             "quota_cores": self.quota_cores,
+            "mem_bw_pct": self.mem_bw_pct,
             "reason": self.reason,
         }
 
@@ -191,6 +195,7 @@ class Limit:
             cores=d.get("cores"),
             cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
             quota_cores=d.get("quota_cores"),
+            mem_bw_pct=d.get("mem_bw_pct"),
             reason=str(d.get("reason", "")),
         )
 
