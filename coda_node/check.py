@@ -178,7 +178,9 @@ def probe_slurm_commands(env: dict[str, str] | None = None) -> Capability:
     return Capability("Slurm commands", ok, first if ok else f"slurmctld unreachable: {first}")
 
 
-def probe_all(root: SystemRoot, *, slurm: bool = True) -> list[Capability]:
+def probe_all(
+    root: SystemRoot, *, slurm: bool = True, env: dict[str, str] | None = None
+) -> list[Capability]:
     """Every capability row; ``slurm=False`` skips asking slurmctld (fixture trees)."""
     rows = [
         *probe_cgroups(root),
@@ -188,5 +190,5 @@ def probe_all(root: SystemRoot, *, slurm: bool = True) -> list[Capability]:
         probe_gpus(root),
     ]
     if slurm:
-        rows.append(probe_slurm_commands())
+        rows.append(probe_slurm_commands(env))
     return rows

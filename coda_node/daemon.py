@@ -69,6 +69,8 @@ class Daemon:
         env = dict(os.environ)
         if cfg.slurm_conf is not None:
             env["SLURM_CONF"] = str(cfg.slurm_conf)
+        self.env = env
+        self._real_runner = runner is None
         self.runner = runner or make_runner(env)
         self.nvml = nvml or Nvml()
         self.state_file = StateFile(cfg.node_state_dir)
@@ -152,7 +154,9 @@ class Daemon:
             log.error("%s", exc)  # corrupt: moved aside, start clean
             self.state = NodeState()
         self.enforcer = self._make_enforcer()
-        self.capabilities = [c.to_dict() for c in probe_all(self.root)]
+        self.capabilities = [
+            c.to_dict() for c in probe_all(self.root, slurm=self._real_runner, env=self.env)
+        ]
         if not self.layout.has_slurm:
             log.warning(
                 "no Slurm cgroup tree (%s): observing through squeue only, changing nothing",

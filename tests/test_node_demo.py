@@ -1,0 +1,33 @@
+"""The README demo's node half runs end to end on a real, cgroup-confined Slurm."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import require_slurm
+from tests.test_node_slurm import _cgroup_v1_reason
+
+pytestmark = pytest.mark.slurm
+
+
+def test_node_demo_slims_caps_and_restores() -> None:
+    require_slurm()
+    reason = _cgroup_v1_reason()
+    if reason:
+        pytest.skip(reason)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coda_node.demo"], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"^\s+1 root\s+dnn\s+0\s+0-1\s+0-1", out, re.M), out
+    assert "job 1 cpuset.cpus is now 0 (Slurm allocated 0-1)" in out
+    assert "job 1 cpuset.cpus is back to 0-1" in out
+    m = re.search(r"measured CPU use: ([0-9.]+) cores before, ([0-9.]+) cores after", out)
+    assert m is not None, out
+    assert float(m.group(1)) > 0.6 and float(m.group(2)) < 0.45
+    assert "Slurm commands: " in out and "slurmctld unreachable" not in out
