@@ -321,12 +321,27 @@ def _list_dir(path: Path) -> list[str]:
         raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
 
 
+def _subdirs(path: Path) -> list[str]:
+    """Sorted names of the subdirectories of ``path``; gone (the job ended) lists as empty.
+
+    ``scandir`` gives the entry type from the directory itself (cgroupfs/kernfs fill
+    d_type), so a tick does not stat every control file of every cgroup.
+    """
+    try:
+        with os.scandir(path) as it:
+            return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+    except OSError as exc:
+        if exc.errno in _GONE_ERRNOS or exc.errno == errno.ENOTDIR:
+            return []
+        raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
+
+
 def _numbered(parent: Path, prefix: str) -> list[tuple[int, Path]]:
     """``job_12`` -> (12, path) for the subdirectories of ``parent`` named ``<prefix><int>``."""
     out = []
-    for name in _list_dir(parent):
+    for name in _subdirs(parent):
         suffix = name[len(prefix) :]
-        if name.startswith(prefix) and suffix.isdecimal() and (parent / name).is_dir():
+        if name.startswith(prefix) and suffix.isdecimal():
             out.append((int(suffix), parent / name))
     return out
 
@@ -334,12 +349,10 @@ def _numbered(parent: Path, prefix: str) -> list[tuple[int, Path]]:
 def _subtree(top: Path) -> list[tuple[str, Path]]:
     """(relative path, path) of ``top`` (as ``"."``) and every directory below, parents first."""
     out = [(".", top)]
-    for name in _list_dir(top):
-        child = top / name
-        if child.is_dir():
-            out.extend(
-                (name if rel == "." else f"{name}/{rel}", path) for rel, path in _subtree(child)
-            )
+    for name in _subdirs(top):
+        out.extend(
+            (name if rel == "." else f"{name}/{rel}", path) for rel, path in _subtree(top / name)
+        )
     return out
 
 
@@ -403,22 +416,25 @@ def _dir_mems(path: Path, version: int) -> str:
 
 
 def _read_job(
-    layout: CgroupLayout, job_id: int, uid: int | None, job_dir: Path
+    layout: CgroupLayout, job_id: int, uid: int | None, job_dir: Path, *, detail: bool = True
 ) -> CgroupJob | None:
-    """The job at ``job_dir``, or None if it vanished while being read (the job ended)."""
+    """The job at ``job_dir``, or None if it vanished while being read (the job ended).
+    Without ``detail`` only the job's own CPUs are read (no mems, steps or tasks)."""
     version = 2 if layout.version == 2 else 1
     pids_file = _PIDS_FILE[version]
     try:
         cpus = _dir_cpus(job_dir, version)
-        mems = _dir_mems(job_dir, version)
+        mems = _dir_mems(job_dir, version) if detail else ""
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
             return None
         raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
+    if not detail:
+        return CgroupJob(job_id, uid, job_dir, cpus, mems, steps=(), pids=())
     steps = []
-    for name in _list_dir(job_dir):
+    for name in _subdirs(job_dir):
         step_dir = job_dir / name
-        if not name.startswith("step_") or not step_dir.is_dir():
+        if not name.startswith("step_"):
             continue
         try:
             step_cpus = _dir_cpus(step_dir, version)
@@ -437,6 +453,17 @@ def _read_job(
         )
     if not job_dir.is_dir():
         return None
+    # The job's tasks: its steps' (already read) and any in the job directory itself or in
+    # a non-step directory below it; one walk of the tree, not two.
+    pids: set[int] = {p for step in steps for p in step.pids}
+    try:
+        pids.update(_read_pids(job_dir / pids_file))
+    except OSError as exc:
+        if exc.errno not in _GONE_ERRNOS:
+            raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
+    for name in _subdirs(job_dir):
+        if not name.startswith("step_"):
+            pids.update(_subtree_pids(job_dir / name, pids_file))
     return CgroupJob(
         job_id=job_id,
         uid=uid,
@@ -444,15 +471,19 @@ def _read_job(
         cpus=cpus,
         mems=mems,
         steps=tuple(steps),
-        pids=_subtree_pids(job_dir, pids_file),
+        pids=tuple(sorted(pids)),
     )
 
 
-def list_jobs(layout: CgroupLayout) -> dict[int, CgroupJob]:
+def list_jobs(
+    layout: CgroupLayout, *, detail: Callable[[int], bool] | None = None
+) -> dict[int, CgroupJob]:
     """Every job in Slurm's tree, by job id. Jobs that end while being read are left out.
 
     With several ``slurm_<nodename>`` trees (multiple-slurmd) a job id seen twice keeps the
-    first tree's entry.
+    first tree's entry. ``detail(job_id)`` False reads only the job's CPUs (steps and tasks
+    empty): the daemon reads the whole subtree only of jobs it may change, which keeps a
+    tick on a node of many jobs to a few reads per job.
     """
     found: list[tuple[int, int | None, Path]] = []
     for top in layout.slurm_dirs:
@@ -467,7 +498,8 @@ def list_jobs(layout: CgroupLayout) -> dict[int, CgroupJob]:
     for job_id, uid, job_dir in found:
         if job_id in jobs:
             continue
-        job = _read_job(layout, job_id, uid, job_dir)
+        want = detail(job_id) if detail is not None else True
+        job = _read_job(layout, job_id, uid, job_dir, detail=want)
         if job is not None:
             jobs[job_id] = job
     return jobs

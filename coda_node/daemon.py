@@ -174,7 +174,6 @@ class Daemon:
 
     def tick(self) -> TickReport:
         cpu0 = time.process_time()
-        snap = self.sampler.sample()
         limits = {}
         try:
             limits = load_limits(self.cfg.node_state_dir)
@@ -183,6 +182,9 @@ class Daemon:
             if str(exc) != self._limits_error:
                 log.error("%s", exc)
             self._limits_error = str(exc)
+        # Steps and tasks are read only for the jobs this tick may change or put back.
+        self.sampler.detail_jobs = set(limits) | set(self.state.changes)
+        snap = self.sampler.sample()
         facts = {}
         for job_id, view in snap.jobs.items():
             if view.cgroup is None:
@@ -211,14 +213,18 @@ class Daemon:
         self.state.view = self._view(report, limits)
         report.cpu_time_s = time.process_time() - cpu0
         self.state.view["tick_cpu_s"] = report.cpu_time_s
-        self._save()
+        # Changes were saved durably before each write; the view needs no fsync.
+        self.state_file.save(self.state, durable=False)
         return report
 
     def _allocated(self, job_id: int, cg: CgroupJob) -> frozenset[int]:
         """Slurm's allocation: what the cgroup held before our first change."""
         ch = self.state.changes.get(job_id)
-        if ch is not None and ch.cpuset_original is not None:
-            return cgroups.parse_cpulist(ch.cpuset_original["cpus"].get(".", ""))
+        if ch is not None and ch.allocated_cpus is not None:
+            return frozenset(ch.allocated_cpus)
+        if ch is not None and ch.cpuset_original is not None:  # a state file without it
+            recorded = cgroups.parse_cpulist(ch.cpuset_original["cpus"].get(".", ""))
+            return recorded or cg.cpus
         return cg.cpus
 
     def restore(self) -> dict[int, JobResult]:

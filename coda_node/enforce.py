@@ -96,7 +96,6 @@ class Enforcer:
                 results[job_id] = self._job(cg, targets.get(job_id, JobTarget()))
             self._remove_unused_rdt_groups()
         self.state.prune()
-        self._save()
         return results
 
     def restore_all(self, jobs: Mapping[int, CgroupJob]) -> dict[int, JobResult]:
@@ -111,7 +110,6 @@ class Enforcer:
                     results[job_id] = self._job(cg, JobTarget(), restoring=True)
             self._remove_unused_rdt_groups()
         self.state.prune()
-        self._save()
         return results
 
     def _rdt_lock(self) -> contextlib.AbstractContextManager[None]:
@@ -145,9 +143,11 @@ class Enforcer:
             try:
                 step(cg, wanted, ch, result)
             except JobGone:
-                result.gone = True
-                self._forget(cg.job_id)
-                return result
+                # It ended between sampling and writing: clean up what is ours (a v1
+                # quota directory, an MB group) as for any ended job.
+                ended = self._ended(cg.job_id)
+                ended.applied[:0] = result.applied
+                return ended
             except (CgroupError, ResctrlError) as exc:
                 result.failed.append(f"{name}: {exc}")
                 log.error("job %d: %s: %s", cg.job_id, name, exc)
@@ -162,7 +162,17 @@ class Enforcer:
         if target.cpus is not None:
             if ch.cpuset_original is None:
                 ch.cpuset_original = snapshot_to_dict(self.cpuset.snapshot(cg))
+                ch.allocated_cpus = sorted(cg.cpus)
                 self._save()  # write-ahead: Slurm's setting is on disk before we change it
+            elif not {f"step_{s.name}" for s in cg.steps} <= set(ch.cpuset_original["cpus"]):
+                # A step started since (slurmd gave it the full allocation): record how
+                # Slurm set it, so that a restore puts it back too.
+                fresh = snapshot_to_dict(self.cpuset.snapshot(cg))
+                for rel, text in fresh["cpus"].items():
+                    ch.cpuset_original["cpus"].setdefault(rel, text)
+                for tid, mask in fresh["affinity"].items():
+                    ch.cpuset_original["affinity"].setdefault(tid, mask)
+                self._save()
             snap = snapshot_from_dict(ch.cpuset_original)
             if self.cpuset.shrink(cg, target.cpus, snapshot=snap):
                 r.applied.append(f"cpuset {format_cpulist(target.cpus)}")
@@ -173,6 +183,7 @@ class Enforcer:
             r.applied.append(f"cpuset restored to {snap.cpus.get('.', '?')}")
             ch.cpuset_original = None
             ch.cpuset_applied = None
+            ch.allocated_cpus = None
             self._save()
 
     def _quota(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:

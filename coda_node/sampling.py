@@ -95,6 +95,9 @@ class Sampler:
         self._mbm = mbm
         self._clock = clock
         self._last_cpu: dict[int, tuple[float, int]] = {}
+        self._cgroup_accounting: bool | None = None
+        self.detail_jobs: set[int] = set()
+        """Jobs whose steps and tasks are read too (those the daemon may change)."""
         self._gres: list[GresDevice] | None = None
 
     def gres_devices(self) -> list[GresDevice]:
@@ -107,12 +110,34 @@ class Sampler:
                 self._gres = gres_gpu_devices(self.gres_conf, self.node_name, self.root)
         return self._gres
 
+    def _accounting_in_cgroups(self) -> bool:
+        """Whether a job's CPU time is one file (v2 cpu.stat, v1 cpuacct by Slurm's
+        jobacct_gather/cgroup) rather than a sum over its threads."""
+        if self._cgroup_accounting is None:
+            layout = self.layout
+            ok = False
+            if layout is not None and layout.version == 2:
+                ok = True
+            elif layout is not None and layout.cpuacct_mount and layout.cpuset_mount:
+                ok = any(
+                    (layout.cpuacct_mount / top.relative_to(layout.cpuset_mount)).is_dir()
+                    for top in layout.slurm_dirs
+                    if top.is_relative_to(layout.cpuset_mount)
+                )
+            self._cgroup_accounting = ok
+        return self._cgroup_accounting
+
     def sample(self) -> NodeSnapshot:
         errors: list[str] = []
         now = self._clock()
         cg_jobs: dict[int, CgroupJob] = {}
         if self.layout is not None:
-            cg_jobs = cgroups.list_jobs(self.layout)
+            full = self.detail_jobs
+            if not self._accounting_in_cgroups():
+                full = None  # CPU time then comes from each thread in /proc: read them all
+            cg_jobs = cgroups.list_jobs(
+                self.layout, detail=(lambda j: j in full) if full is not None else None
+            )
         ids = set(cg_jobs)
         if self.layout is None:
             try:

@@ -38,6 +38,9 @@ class JobChanges:
     cpuset_original: dict[str, Any] | None = None
     """The cpuset snapshot taken before the first shrink (cgroup writer's to_dict())."""
     cpuset_applied: list[int] | None = None
+    allocated_cpus: list[int] | None = None
+    """The job's CPUs as Slurm allocated them (effective CPUs on v2, where a job's
+    ``cpuset.cpus`` may be empty and inherited), recorded before the first change."""
     quota_original: float | None = None
     """The job's CPU quota in cores before coda-node set one (None = unlimited)."""
     quota_applied: float | None = None
@@ -58,6 +61,7 @@ class JobChanges:
         return {
             "cpuset_original": self.cpuset_original,
             "cpuset_applied": self.cpuset_applied,
+            "allocated_cpus": self.allocated_cpus,
             "quota_original": self.quota_original,
             "quota_applied": self.quota_applied,
             "quota_active": self.quota_active,
@@ -70,6 +74,7 @@ class JobChanges:
         return cls(
             cpuset_original=d.get("cpuset_original"),
             cpuset_applied=d.get("cpuset_applied"),
+            allocated_cpus=d.get("allocated_cpus"),
             quota_original=d.get("quota_original"),
             quota_applied=d.get("quota_applied"),
             quota_active=bool(d.get("quota_active", False)),
@@ -114,7 +119,14 @@ class StateFile:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("not a coda-node state file")
             version = int(data.get("format_version", 0))
-        except (ValueError, TypeError) as exc:
+            changes: dict[int, JobChanges] = {}
+            view: dict[str, Any] = {}
+            if version <= FORMAT_VERSION:
+                changes = {
+                    int(k): JobChanges.from_dict(v) for k, v in (data.get("changes") or {}).items()
+                }
+                view = dict(data.get("view") or {})
+        except (ValueError, TypeError, AttributeError) as exc:
             aside = self.path.with_name(f"{STATE_FILE}.corrupt.{int(time.time())}")
             with contextlib.suppress(OSError):
                 os.replace(self.path, aside)
@@ -128,10 +140,11 @@ class StateFile:
                 f"reads {FORMAT_VERSION}). Run `coda-node restore` with the newer version "
                 "first, or upgrade this one; the file is left untouched"
             )
-        changes = {int(k): JobChanges.from_dict(v) for k, v in (data.get("changes") or {}).items()}
-        return NodeState(changes=changes, view=dict(data.get("view") or {}))
+        return NodeState(changes=changes, view=view)
 
-    def save(self, state: NodeState) -> None:
+    def save(self, state: NodeState, *, durable: bool = True) -> None:
+        """Write the state. ``durable`` fsyncs before the rename: needed for the record
+        made before a change (the write-ahead), not for the per-tick status view."""
         state.prune()
         data = {
             "format": FORMAT,
@@ -141,10 +154,10 @@ class StateFile:
             "changes": {str(k): v.to_dict() for k, v in sorted(state.changes.items())},
             "view": state.view,
         }
-        write_json_atomic(self.path, data)
+        write_json_atomic(self.path, data, durable=durable)
 
 
-def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644) -> None:
+def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644, durable: bool = True) -> None:
     """Write ``data`` as JSON so that a reader (or a crash) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -152,8 +165,9 @@ def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -332,7 +332,7 @@ def test_job_that_ends_between_listing_and_reading_is_skipped(
 ) -> None:
     fx = build_v1_debian(tmp_path)
     layout = discover_layout(fx.root)
-    real = cgroups._list_dir
+    real = cgroups._subdirs
 
     def list_then_job_ends(path: Path) -> list[str]:
         names = real(path)
@@ -340,7 +340,7 @@ def test_job_that_ends_between_listing_and_reading_is_skipped(
             shutil.rmtree(path / "job_202")  # slurmd removed it right after we listed it
         return names
 
-    monkeypatch.setattr(cgroups, "_list_dir", list_then_job_ends)
+    monkeypatch.setattr(cgroups, "_subdirs", list_then_job_ends)
     assert sorted(list_jobs(layout)) == [101]
 
 
@@ -349,7 +349,7 @@ def test_step_that_ends_mid_walk_is_left_out_of_its_job(
 ) -> None:
     fx = build_v1_debian(tmp_path)
     layout = discover_layout(fx.root)
-    real = cgroups._list_dir
+    real = cgroups._subdirs
 
     def list_then_step_ends(path: Path) -> list[str]:
         names = real(path)
@@ -357,7 +357,7 @@ def test_step_that_ends_mid_walk_is_left_out_of_its_job(
             shutil.rmtree(path / "step_batch")
         return names
 
-    monkeypatch.setattr(cgroups, "_list_dir", list_then_step_ends)
+    monkeypatch.setattr(cgroups, "_subdirs", list_then_step_ends)
     job = list_jobs(layout)[101]
     assert [s.name for s in job.steps] == ["0", "extern"]
     assert job.pids == (1100, 1110, 1111, 1112)
