@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.paths import SystemRoot
 
 # The default CFS bandwidth period, 100 ms (Documentation/scheduler/sched-bwc.rst:
@@ -47,7 +48,6 @@ _V1_CONTROLLERS = ("cpuset", "cpu", "cpuacct", "freezer", "memory")
 # errnos that mean "the cgroup or the task is no longer there": ENOENT (directory removed),
 # ENODEV (a file opened before its cgroup was removed), ESRCH (the task exited).
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH})
-_CPULIST_PART = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
 _MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
@@ -91,42 +91,6 @@ class JobGone(CgroupError):
 
 # --------------------------------------------------------------------------------------------
 # cpulists
-
-
-def parse_cpulist(text: str) -> frozenset[int]:
-    """``"0-3,8,10-11"`` -> {0, 1, 2, 3, 8, 10, 11}; ``""`` -> empty. Order does not matter.
-
-    Accepts what the kernel prints in ``cpuset.cpus`` (Documentation/admin-guide/cgroup-v1/
-    cpusets.rst, "list format"); raises ValueError on anything else.
-    """
-    text = text.strip()
-    if not text:
-        return frozenset()
-    cpus: set[int] = set()
-    for part in text.split(","):
-        m = _CPULIST_PART.fullmatch(part.strip())
-        if m is None:
-            raise ValueError(f"bad cpulist {text!r}")
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
-        if last < first:
-            raise ValueError(f"bad cpulist {text!r}: range {part} runs backwards")
-        cpus.update(range(first, last + 1))
-    return frozenset(cpus)
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """{0, 1, 2, 3, 8} -> ``"0-3,8"``: compact ranges, as the kernel prints them."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _cpulist_bytes(cpus: Iterable[int]) -> bytes:

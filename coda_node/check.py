@@ -127,8 +127,7 @@ def probe_resctrl(root: SystemRoot) -> list[Capability]:
             Capability(
                 "memory-bandwidth monitoring",
                 True,
-                f"resctrl L3_MON, {info.mon.num_rmids} RMIDs: "
-                + ", ".join(info.mon.mon_features),
+                f"resctrl L3_MON, {info.mon.num_rmids} RMIDs: " + ", ".join(info.mon.mon_features),
             )
         )
     else:

@@ -25,6 +25,7 @@ from typing import Any
 from coda_node import __version__, cgroups
 from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.check import probe_all
+from coda_node.cpulist import format_cpulist
 from coda_node.enforce import Enforcer, JobResult
 from coda_node.nvml import Nvml
 from coda_node.paths import SystemRoot
@@ -303,11 +304,11 @@ class Daemon:
                     "name": v.slurm.name if v.slurm else None,
                     "kind": v.kind,
                     "gpus": gpus,
-                    "cpus_slurm": _cpulist(v.slurm.cpu_ids) if v.slurm else None,
-                    "cpus_allocated": _cpulist(self._allocated(job_id, v.cgroup))
+                    "cpus_slurm": format_cpulist(v.slurm.cpu_ids) if v.slurm else None,
+                    "cpus_allocated": format_cpulist(self._allocated(job_id, v.cgroup))
                     if v.cgroup
                     else None,
-                    "cpus_now": _cpulist(v.cpus_now),
+                    "cpus_now": format_cpulist(v.cpus_now),
                     "cpu_usage_ns": v.cpu_usage_ns,
                     "cpu_rate_cores": v.cpu_rate_cores,
                     "mem_bw_bytes_per_s": v.mem_bw_bytes_per_s,
@@ -343,10 +344,6 @@ class Daemon:
             "events": list(self.events),
             "sampled_unix_s": snap.unix_s,
         }
-
-
-def _cpulist(cpus: frozenset[int]) -> str:
-    return cgroups.format_cpulist(cpus)
 
 
 def _asdict(obj: Any) -> dict[str, Any]:

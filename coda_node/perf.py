@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
+from coda_node import cpulist
 from coda_node.check import Capability
 from coda_node.paths import SystemRoot
 
@@ -216,14 +217,8 @@ def parse_format(name: str, text: str) -> FormatField:
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Kernel cpulist (Documentation/admin-guide/cputopology.rst): ``0,28``, ``0-3,8-11``."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
-    return tuple(cpus)
+    """Kernel cpulist (Documentation/admin-guide/cputopology.rst): ``0,28`` -> (0, 28)."""
+    return tuple(sorted(cpulist.parse_cpulist(text)))
 
 
 def _parse_int(text: str) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from coda_node.cpulist import format_cpulist
 from coda_node.state import Limit
 
 
@@ -78,8 +79,8 @@ def plan(
                 problems.append(
                     PlanProblem(
                         job_id,
-                        f"CPUs {_cpulist(outside)} are outside the job's allocation "
-                        f"{_cpulist(allocated)}; the cpuset limit is not applied",
+                        f"CPUs {format_cpulist(outside)} are outside the job's allocation "
+                        f"{format_cpulist(allocated)}; the cpuset limit is not applied",
                     )
                 )
             elif wanted != allocated:
@@ -111,18 +112,3 @@ def plan(
         if not target.is_default:
             targets[job_id] = target
     return targets, problems
-
-
-def _cpulist(cpus: frozenset[int]) -> str:
-    out: list[str] = []
-    run: list[int] = []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from coda_node.cpulist import parse_cpulist
 from coda_node.paths import SystemRoot
 from slurm_plugin.conf import expand_hostlist
 from slurm_plugin.policy import parse_admin_record
@@ -102,18 +103,6 @@ class SlurmJob:
         return bool(self.gpu_indices) or any(g.name == "gpu" and g.count for g in self.gres)
 
 
-def parse_cpu_ids(text: str) -> frozenset[int]:
-    """``0-3,8`` -> {0, 1, 2, 3, 8}."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return frozenset(cpus)
-
-
 _GRES_ITEM = re.compile(r"([^:,()]+)(?::([^:,()]+))?(?::(\d+))?(?:\(IDX:([0-9,\-]*)\))?")
 
 
@@ -141,7 +130,7 @@ def parse_gres(text: str) -> tuple[SlurmGres, ...]:
         gtype = second
         if count is None and second is not None and second.isdigit():
             gtype, count = None, second
-        indices = tuple(sorted(parse_cpu_ids(idx))) if idx else ()
+        indices = tuple(sorted(parse_cpulist(idx))) if idx else ()
         out.append(SlurmGres(name, gtype, int(count) if count else len(indices), indices))
     return tuple(out)
 
@@ -165,7 +154,7 @@ def parse_job_line(line: str, node_name: str) -> SlurmJob | None:
         except ValueError as exc:
             raise SlurmQueryError(f"job {job_id}: {exc}") from None
         if node_name in nodes:
-            cpu_ids = parse_cpu_ids(m.group(2))
+            cpu_ids = parse_cpulist(m.group(2))
             gres = parse_gres(m.group(3) or "")
             break
     if cpu_ids is None:
