@@ -25,7 +25,7 @@ from pathlib import Path
 
 from coda_node.cpulist import parse_cpulist
 from coda_node.paths import SystemRoot
-from slurm_plugin.conf import expand_hostlist
+from slurm_plugin.conf import expand_hostlist, split_outside
 from slurm_plugin.policy import parse_admin_record
 
 SCONTROL_TIMEOUT_S = 10.0
@@ -110,18 +110,10 @@ def parse_gres(text: str) -> tuple[SlurmGres, ...]:
     """``gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:3)`` (the per-node ``GRES=`` of ``scontrol -d``)."""
     out: list[SlurmGres] = []
     # Commas also separate indices inside (IDX:0,2); split only outside parentheses.
-    depth = 0
-    start = 0
-    items: list[str] = []
-    for i, c in enumerate(text):
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
+    try:
+        items = split_outside(text, "(", ")", what="GRES")
+    except ValueError as exc:
+        raise SlurmQueryError(str(exc)) from None
     for item in filter(None, (s.strip() for s in items)):
         m = _GRES_ITEM.fullmatch(item)
         if m is None:

@@ -38,6 +38,7 @@ __all__ = [
     "max_cpus_per_gpu_on_any_node",
     "parse_config",
     "read_slurm_nodes",
+    "split_outside",
 ]
 
 MAX_CPUS = 65533
@@ -527,30 +528,38 @@ _GRES_MULT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 _MAX_HOSTS = 10_000_000
 
 
+def split_outside(text: str, opening: str, closing: str, *, what: str = "list") -> list[str]:
+    """``text`` split at commas outside ``opening``/``closing`` (``gpu[1,3],x`` -> 2 items;
+    ``gpu:2(IDX:0,2),mps`` with parentheses -> 2 items). Raises ValueError on nesting or
+    unbalanced brackets."""
+    depth = 0
+    start = 0
+    items: list[str] = []
+    for i, c in enumerate(text):
+        if c == opening:
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"nested {opening!r} in {what} {text!r}")
+        elif c == closing:
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced {closing!r} in {what} {text!r}")
+        elif c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced {opening!r} in {what} {text!r}")
+    items.append(text[start:])
+    return items
+
+
 def count_hostlist(expr: str) -> int:
     """Number of hosts in a Slurm hostlist expression (``gpu[01-04,07],login1`` is 6).
 
     Raises ValueError on unbalanced brackets or bad ranges.
     """
     total = 0
-    depth = 0
-    start = 0
-    items: list[str] = []
-    for i, c in enumerate(expr):
-        if c == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"nested '[' in host list {expr!r}")
-        elif c == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in host list {expr!r}")
-        elif c == "," and depth == 0:
-            items.append(expr[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"unbalanced '[' in host list {expr!r}")
-    items.append(expr[start:])
+    items = split_outside(expr, "[", "]", what="host list")
     for item in items:
         if not item:
             continue
@@ -579,18 +588,7 @@ def expand_hostlist(expr: str) -> list[str]:
     expands gres.conf ``File=/dev/nvidia[0-3]``. Raises ValueError as :func:`count_hostlist`.
     """
     count_hostlist(expr)  # validates and bounds the size before we build anything
-    items: list[str] = []
-    depth = 0
-    start = 0
-    for i, c in enumerate(expr):
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            items.append(expr[start:i])
-            start = i + 1
-    items.append(expr[start:])
+    items = split_outside(expr, "[", "]", what="host list")
     names: list[str] = []
     for item in filter(None, items):
         partial = [""]
