@@ -228,10 +228,18 @@ class SlurmJobs:
         for job_id in sorted(job_ids):
             cached = self._cache.get(job_id)
             if cached is None or now - cached[0] >= self._refresh_s:
+                if self.last_error is not None:
+                    # slurmctld failed once this tick: do not wait out a time-out per job;
+                    # a record due for refresh is still served, the rest next tick.
+                    if cached is not None:
+                        out[job_id] = cached[1]
+                    continue
                 try:
                     job = self._query(job_id)
                 except SlurmQueryError as exc:
                     self.last_error = str(exc)
+                    if cached is not None:
+                        out[job_id] = cached[1]
                     continue
                 if job is None or job.state not in ACTIVE_STATES:
                     # Not (yet) running here as far as slurmctld knows: a job whose cgroup
