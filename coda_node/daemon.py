@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -347,8 +347,6 @@ class Daemon:
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
-    from dataclasses import asdict, is_dataclass
-
     if is_dataclass(obj) and not isinstance(obj, type):
         return asdict(obj)
     return dict(obj)

@@ -19,7 +19,13 @@ from coda_node import cgroups
 from coda_node.cgroups import CgroupJob, CgroupLayout
 from coda_node.nvml import GpuSample, Nvml
 from coda_node.paths import SystemRoot
-from coda_node.slurmjobs import GresDevice, SlurmJob, SlurmJobs, SlurmQueryError
+from coda_node.slurmjobs import (
+    GresDevice,
+    SlurmJob,
+    SlurmJobs,
+    SlurmQueryError,
+    gres_gpu_devices,
+)
 
 log = logging.getLogger("coda-node")
 
@@ -105,8 +111,6 @@ class Sampler:
             if self.gres_conf is None:
                 self._gres = []
             else:
-                from coda_node.slurmjobs import gres_gpu_devices
-
                 self._gres = gres_gpu_devices(self.gres_conf, self.node_name, self.root)
         return self._gres
 

@@ -65,8 +65,11 @@ class LogWatch:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """One real Slurm cluster for the whole session, with job_submit/coda loaded."""
     require_slurm()
-    root = tmp_path_factory.mktemp("slurm")
-    c = DevCluster(root)
+    yield from started(DevCluster(tmp_path_factory.mktemp("slurm")))
+
+
+def started(c: DevCluster) -> Iterator[DevCluster]:
+    """Start ``c``, yield it, stop it (also when starting fails half way)."""
     try:
         c.up()
     except Exception:

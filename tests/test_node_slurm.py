@@ -24,7 +24,7 @@ from coda_node.daemon import Daemon
 from coda_node.state import Limit, StateFile, load_limits, save_limits
 from slurm_plugin.conf import load_config
 from slurm_plugin.devcluster import DevCluster
-from tests.conftest import require_slurm
+from tests.conftest import require_slurm, started
 
 pytestmark = pytest.mark.slurm
 
@@ -51,17 +51,8 @@ def cg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
     reason = _cgroup_v1_reason()
     if reason:
         pytest.skip(reason)
-    c = DevCluster(tmp_path_factory.mktemp("cgslurm"), cgroups=True)
-    try:
-        c.up()
-    except Exception:
-        c.down()
-        raise
-    try:
-        yield c
-    finally:
-        c.run(["scancel", "--full", "-u", "root"], check=False)
-        c.down()
+    # down() cancels the jobs and clears the cgroup tree of a confined cluster.
+    yield from started(DevCluster(tmp_path_factory.mktemp("cgslurm"), cgroups=True))
 
 
 @pytest.fixture
