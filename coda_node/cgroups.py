@@ -469,6 +469,12 @@ def list_jobs(
     return jobs
 
 
+def read_job(layout: CgroupLayout, job: CgroupJob) -> CgroupJob | None:
+    """``job`` read again with its steps and tasks (a job listed without them); None when
+    it ended meanwhile."""
+    return _read_job(layout, job.job_id, job.uid, job.path, detail=True)
+
+
 def _thread_cpu_ticks(root: SystemRoot, tid: int) -> int | None:
     """utime + stime of one thread, in clock ticks; None if it exited."""
     # /proc/<tid>/stat reports the whole thread group's times for any of its threads, so

@@ -10,6 +10,7 @@ restore`` after the daemon stops for any reason, SIGKILL included.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -23,19 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from coda_node import __version__, cgroups
+from coda_node.adaptive import AdaptiveLoop
 from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.check import probe_all
 from coda_node.cpulist import format_cpulist
 from coda_node.enforce import Enforcer, JobResult
 from coda_node.nvml import Nvml
 from coda_node.paths import SystemRoot
-from coda_node.policy import JobFacts, JobTarget, plan
+from coda_node.policy import JobFacts, JobTarget, choose_cpus, plan
 from coda_node.resctrl import ResctrlControl, ResctrlInfo
 from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.state import NodeState, StateError, StateFile, load_limits
 from slurm_plugin.conf import CodaConfig
+from slurm_plugin.store import ProfileStore
 
 log = logging.getLogger("coda-node")
 
@@ -63,6 +66,8 @@ class Daemon:
         quota_writer: Callable[[CgroupLayout], CpuQuotaWriter] | None = None,
         rdt_control: Callable[[SystemRoot, ResctrlInfo], ResctrlControl] | None = None,
         mem_bw: Callable[[], list[object]] | None = None,
+        mbm: Callable[[int], float | None] | None = None,
+        store: ProfileStore | None = None,
     ) -> None:
         self.cfg = cfg
         self.root = SystemRoot(cfg.node_root)
@@ -91,8 +96,19 @@ class Daemon:
             nvml=self.nvml,
             gres_conf=gres_conf,
             mem_bw=mem_bw if mem_bw is not None else self._uncore_mem_bw(),
+            mbm=mbm,
         )
         self.enforcer = self._make_enforcer()
+        self.loop = AdaptiveLoop(
+            cfg,
+            self.root,
+            node_name=self.node_name,
+            mba=self.mba_unavailable is None and mbm is not None,
+            profiling_off=self._profiling_off(),
+            contention_off=self._contention_off(mbm is not None),
+            store=store,
+        )
+        self._adaptive_jobs: set[int] = set()
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self.capabilities: list[dict[str, object]] = []
         self.started_unix_s = time.time()
@@ -127,6 +143,21 @@ class Daemon:
             return self.rdt_info.reason or "resctrl not mounted"
         if self.rdt_info.mb is None:
             return self.rdt_info.mb_reason or "no MB resource in resctrl"
+        return None
+
+    def _profiling_off(self) -> str | None:
+        if not self.layout.has_slurm:
+            return f"no Slurm cgroup tree ({self.layout.reason})"
+        if "cpuset" not in self.cfg.node_enforce:
+            return "NodeEnforce does not include cpuset"
+        return None
+
+    def _contention_off(self, per_job_bw: bool) -> str | None:
+        if not self.layout.has_slurm:
+            return f"no Slurm cgroup tree ({self.layout.reason})"
+        mba = self.mba_unavailable is None and per_job_bw
+        if "quota" not in self.cfg.node_enforce and not mba:
+            return "NodeEnforce includes neither quota nor a usable rdt"
         return None
 
     def _uncore_mem_bw(self) -> Callable[[], list[object]] | None:
@@ -184,7 +215,8 @@ class Daemon:
                 log.error("%s", exc)
             self._limits_error = str(exc)
         # Steps and tasks are read only for the jobs this tick may change or put back.
-        self.sampler.detail_jobs = set(limits) | set(self.state.changes)
+        detailed = set(limits) | set(self.state.changes) | self._adaptive_jobs
+        self.sampler.detail_jobs = detailed
         snap = self.sampler.sample()
         facts = {}
         for job_id, view in snap.jobs.items():
@@ -196,15 +228,46 @@ class Daemon:
                 is_dnn=view.kind == "dnn",
             )
         targets, problems = plan(facts, limits, mba=self.mba_unavailable)
+        loop = self.loop.step(
+            snap,
+            lambda j: facts[j].allocated_cpus if j in facts else None,
+            blocked={j: "an admin limit is set" for j in limits},
+        )
+        for job_id, cores in loop.cores.items():
+            if job_id in facts and job_id not in targets:
+                cpus = choose_cpus(facts[job_id].allocated_cpus, cores)
+                targets[job_id] = JobTarget(cpus=cpus, reason=f"probe: {cores} cores")
+        for job_id, th in loop.throttles.items():
+            if job_id in facts and job_id not in targets:
+                quota = th.quota_cores
+                if quota is not None and quota >= len(facts[job_id].allocated_cpus):
+                    quota = None
+                targets[job_id] = JobTarget(
+                    quota_cores=quota, mem_bw_pct=th.mem_bw_pct, reason=th.reason
+                )
+        self._adaptive_jobs = set(loop.cores) | set(loop.throttles)
         cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
+        for job_id in set(targets) - detailed:
+            if job_id in cg_jobs and self.layout.has_slurm:
+                # A job this tick's policy changes for the first time: read its tasks now.
+                full = cgroups.read_job(self.layout, cg_jobs[job_id])
+                if full is None:
+                    del cg_jobs[job_id]
+                else:
+                    cg_jobs[job_id] = full
         results = self.enforcer.reconcile(cg_jobs, targets)
         for job_id, res in results.items():
             reason = targets[job_id].reason if job_id in targets else "no target"
             for what in res.applied:
                 self._event(job_id, what, reason)
-                log.info("job=%d action=%r reason=%r", job_id, what, reason)
             for what in res.failed:
                 self._event(job_id, f"failed: {what}", reason)
+        for ev in loop.events:
+            self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
+        for pub in loop.publish:
+            gpu_model = self._gpu_model(snap, pub.job_id)
+            line = self.loop.publish(pub, gpu_model)
+            self._event(pub.job_id, "profile-publish", line)
         report = TickReport(
             snapshot=snap,
             targets=targets,
@@ -217,6 +280,13 @@ class Daemon:
         # Changes were saved durably before each write; the view needs no fsync.
         self.state_file.save(self.state, durable=False)
         return report
+
+    def _gpu_model(self, snap: NodeSnapshot, job_id: int) -> str | None:
+        view = snap.jobs.get(job_id)
+        names = {g.index: g.name for g in snap.gpus}
+        models = {names.get(r.nvml_index) for r in view.gpus} if view else set()
+        models.discard(None)
+        return models.pop() if len(models) == 1 else None
 
     def _allocated(self, job_id: int, cg: CgroupJob) -> frozenset[int]:
         """Slurm's allocation: what the cgroup held before our first change."""
@@ -234,7 +304,6 @@ class Daemon:
         for job_id, res in results.items():
             for what in res.applied:
                 self._event(job_id, what, "restore")
-                log.info("job=%d action=%r reason='restore'", job_id, what)
             for what in res.failed:
                 log.error("job=%d restore failed: %s", job_id, what)
         try:
@@ -272,9 +341,25 @@ class Daemon:
         self.nvml.shutdown()
 
     # -- the view for `coda-node status` -----------------------------------------------
-    def _event(self, job_id: int, what: str, reason: str) -> None:
-        self.events.append(
-            {"unix_s": round(time.time(), 3), "job_id": job_id, "what": what, "reason": reason}
+    def _event(
+        self, job_id: int, what: str, reason: str, reading: dict[str, Any] | None = None
+    ) -> None:
+        """Keep the decision for `coda-node status` and log it once, job id first."""
+        event: dict[str, Any] = {
+            "unix_s": round(time.time(), 3),
+            "job_id": job_id,
+            "what": what,
+            "reason": reason,
+        }
+        if reading:
+            event["reading"] = reading
+        self.events.append(event)
+        log.info(
+            "job=%d action=%s reason=%s%s",
+            job_id,
+            json.dumps(what),
+            json.dumps(reason),
+            f" reading={json.dumps(reading, sort_keys=True)}" if reading else "",
         )
 
     def _view(self, report: TickReport, limits: dict) -> dict[str, Any]:
@@ -317,6 +402,7 @@ class Daemon:
                     "target_reason": target.reason if target else None,
                     "hook_record": record,
                     "last_failed": res.failed if res else [],
+                    **self._policy_view(job_id),
                 }
             )
         return {
@@ -328,6 +414,9 @@ class Daemon:
                 "started_unix_s": self.started_unix_s,
                 "interval_s": self.cfg.node_interval_s,
                 "enforce": list(self.cfg.node_enforce),
+                "profiling": self.loop.profiling_off or "on",
+                "contention": self.loop.contention_off
+                or ("on" if self.cfg.node_contention else "off (NodeContention=no)"),
             },
             "node": {
                 "cgroup_version": self.layout.version,
@@ -343,6 +432,26 @@ class Daemon:
             "jobs": jobs,
             "events": list(self.events),
             "sampled_unix_s": snap.unix_s,
+        }
+
+    def _policy_view(self, job_id: int) -> dict[str, Any]:
+        """What the adaptive loop knows of a job: progress, profiling, contention."""
+        prog = self.loop.progress.get(job_id)
+        rec = self.loop.allocator.records.get(job_id)
+        contention = self.loop.eliminator.dnn_status(job_id) or self.loop.eliminator.cpu_status(
+            job_id
+        )
+        return {
+            "progress": {
+                "rate": prog.rate,
+                "source": prog.source,
+                "phase": prog.phase,
+                "level": prog.level,
+            }
+            if prog
+            else None,
+            "profiling": rec.to_dict() if rec else None,
+            "contention": contention,
         }
 
 

@@ -92,6 +92,7 @@ class SlurmJob:
     admin_record: Mapping[str, str] | None
     """The submit hook's ``coda:sig=...`` record, None when the hook did not see the job."""
     cpus_per_tres: str | None
+    num_nodes: int = 1
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -171,7 +172,14 @@ def parse_job_line(line: str, node_name: str) -> SlurmJob | None:
         gres=gres,
         admin_record=record,
         cpus_per_tres=cpt if cpt and cpt != "(null)" else None,
+        num_nodes=_leading_int(fields.get("NumNodes", ""), 1),
     )
+
+
+def _leading_int(value: str, default: int) -> int:
+    """``2`` from ``2`` or ``2-4`` (a pending job's range); ``default`` when there is none."""
+    m = re.match(r"\d+", value)
+    return int(m.group()) if m else default
 
 
 def _fields(line: str) -> list[tuple[str, str]]:

@@ -144,7 +144,7 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "coda-node restore can put jobs back) and of admin limits.",
     ),
     "NodeIntervalS": KeySpec(
-        "float", "5", "coda-node: seconds between two sample-plan-enforce passes (> 0)."
+        "float", "1", "coda-node: seconds between two sample-plan-enforce passes (> 0)."
     ),
     "NodeRoot": KeySpec(
         "path",
@@ -157,6 +157,69 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "cpuset,quota,rdt",
         "coda-node: mechanisms the daemon may use (cpuset, quota, rdt); empty = observe only, "
         "change nothing.",
+    ),
+    "NodeProgressDir": KeySpec(
+        "path",
+        "/run/coda-node/progress",
+        "coda-node: directory of the per-job progress files jobs may write (created root-owned "
+        "0755; one file per job, owned by the job's user).",
+    ),
+    "NodeProfile": KeySpec(
+        "yes|no",
+        "yes",
+        "coda-node: profile GPU jobs of unknown workloads online (probe core counts inside "
+        "their allocation) and publish the profile to ProfileStore.",
+    ),
+    "NodeProbeWarmupS": KeySpec(
+        "float",
+        "300",
+        "coda-node: seconds after a job starts before it is probed or gets a baseline (>= 0).",
+    ),
+    "NodeProbeSettleS": KeySpec(
+        "float", "30", "coda-node: seconds a probe waits after changing cores before measuring."
+    ),
+    "NodeProbeMeasureS": KeySpec(
+        "float", "60", "coda-node: seconds a probe measures (three samples) (> 0)."
+    ),
+    "NodeProbeMaxJobs": KeySpec("int", "1", "coda-node: jobs probed at once on a node (0 = none)."),
+    "NodeProbeBudgetS": KeySpec(
+        "float",
+        "900",
+        "coda-node: most seconds one job spends below its allocation while probed (> 0).",
+    ),
+    "NodeProbeMaxSlowdownPct": KeySpec(
+        "float",
+        "50",
+        "coda-node: a probe slower than this % below the job's full-allocation rate ends at "
+        "once, and fewer cores are not tried (1..99).",
+    ),
+    "NodeContention": KeySpec(
+        "yes|no",
+        "yes",
+        "coda-node: throttle CPU jobs that slow a DNN job on the same socket (MBA, else CPU "
+        "quota).",
+    ),
+    "NodeContentionTriggerPct": KeySpec(
+        "float",
+        "10",
+        "coda-node: throttle when a DNN job runs this % below its uncontended baseline (1..99).",
+    ),
+    "NodeContentionReleasePct": KeySpec(
+        "float",
+        "5",
+        "coda-node: release one step when every DNN job nearby is within this % of its "
+        "baseline (< NodeContentionTriggerPct).",
+    ),
+    "NodeReleaseHoldS": KeySpec(
+        "float",
+        "30",
+        "coda-node: seconds between two release steps of a throttled CPU job (> 0).",
+    ),
+    "NodeThrottleFloorPct": KeySpec(
+        "float",
+        "10",
+        "coda-node: a throttled CPU job keeps at least this % of its cores (quota) or of "
+        "memory bandwidth (MBA) (1..100).",
     ),
 }
 
@@ -193,9 +256,22 @@ class CodaConfig:
     node_name: str | None = None
     """None = the short host name."""
     node_state_dir: Path = Path("/var/lib/coda-node")
-    node_interval_s: float = 5.0
+    node_interval_s: float = 1.0
     node_root: Path = Path("/")
     node_enforce: tuple[str, ...] = ("cpuset", "quota", "rdt")
+    node_progress_dir: Path = Path("/run/coda-node/progress")
+    node_profile: bool = True
+    node_probe_warmup_s: float = 300.0
+    node_probe_settle_s: float = 30.0
+    node_probe_measure_s: float = 60.0
+    node_probe_max_jobs: int = 1
+    node_probe_budget_s: float = 900.0
+    node_probe_max_slowdown_pct: float = 50.0
+    node_contention: bool = True
+    node_contention_trigger_pct: float = 10.0
+    node_contention_release_pct: float = 5.0
+    node_release_hold_s: float = 30.0
+    node_throttle_floor_pct: float = 10.0
 
 
 # ----------------------------------------------------------------------------- lexing
@@ -398,7 +474,44 @@ def _convert(key: str, value: str) -> tuple[str, object]:
                 + ")"
             )
         return "node_enforce", items
+    if key == "NodeProgressDir":
+        path = Path(value)
+        if not value or not path.is_absolute():
+            raise ValueError(f"{key} must be an absolute path, got {value!r}")
+        return "node_progress_dir", path
+    if key in ("NodeProfile", "NodeContention"):
+        return _snake(key), _choice(key, value, ("yes", "no")) == "yes"
+    if key == "NodeProbeMaxJobs":
+        return "node_probe_max_jobs", _int(key, value, 0)
+    if key == "NodeProbeWarmupS":
+        number = _float(key, value)
+        if number < 0:
+            raise ValueError(f"{key} must be 0 or more, got {value}")
+        return "node_probe_warmup_s", number
+    if key in ("NodeProbeSettleS",):
+        number = _float(key, value)
+        if number < 0:
+            raise ValueError(f"{key} must be 0 or more, got {value}")
+        return "node_probe_settle_s", number
+    if key in ("NodeProbeMeasureS", "NodeProbeBudgetS", "NodeReleaseHoldS"):
+        return _snake(key), _positive_float(key, value)
+    if key in (
+        "NodeProbeMaxSlowdownPct",
+        "NodeContentionTriggerPct",
+        "NodeContentionReleasePct",
+        "NodeThrottleFloorPct",
+    ):
+        number = _float(key, value)
+        high = 100.0 if key == "NodeThrottleFloorPct" else 99.0
+        if not 0.0 < number <= high:
+            raise ValueError(f"{key} must be more than 0 and at most {high:g}, got {value}")
+        return _snake(key), number
     raise AssertionError(f"no converter for {key}")  # CONFIG_KEYS and _convert disagree
+
+
+def _snake(key: str) -> str:
+    """``NodeProbeBudgetS`` -> ``node_probe_budget_s``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
 _CANONICAL = {key.lower(): key for key in CONFIG_KEYS}
@@ -460,6 +573,13 @@ def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list
             lines.get("DefaultCpusPerGpu"),
             f"DefaultCpusPerGpu={default} is outside "
             f"MinCpusPerGpu..MaxCpusPerGpu ({config.min_cpus_per_gpu}..{config.max_cpus_per_gpu})",
+        )
+    if config.node_contention_release_pct >= config.node_contention_trigger_pct:
+        raise ConfigError(
+            source,
+            lines.get("NodeContentionReleasePct") or lines.get("NodeContentionTriggerPct"),
+            f"NodeContentionReleasePct={config.node_contention_release_pct:g} must be below "
+            f"NodeContentionTriggerPct={config.node_contention_trigger_pct:g} (hysteresis)",
         )
     for name in config.partitions:
         if name in config.exclude_partitions:

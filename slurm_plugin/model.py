@@ -31,6 +31,10 @@ Choices made here (the poster gives the form, not a fitting procedure):
   sweet spot lies within ±1 core (or ±5 %, whichever is larger) of the reported one. It is
   low when the noise is large relative to the knee, when the probes leave the rising part
   undetermined, or when many knee positions explain the probes equally well.
+* **Exhaustive probes need no model.** When every whole core count of the range has been
+  measured but at only two distinct counts (too few for three parameters),
+  :func:`estimate_sweet_spot` reads the sweet spot off the table of mean throughputs
+  instead, with a normal-approximation confidence (see :class:`SweetSpot`).
 * **Experiment design.** :func:`next_probe` probes the largest and the smallest core count
   first, then the core count whose predicted throughput differs most between knee positions
   that imply different sweet spots (the between-group variance of the prediction).
@@ -45,20 +49,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
+from scipy.stats import norm
+
+if TYPE_CHECKING:  # the store imports nothing from here, but keep the model numpy-only at runtime
+    from slurm_plugin.store import Profile
 
 __all__ = [
     "Fit",
     "InconsistentSamples",
     "InsufficientSamples",
     "ModelError",
+    "SweetSpot",
     "cpus_per_gpu_for_request",
+    "estimate_sweet_spot",
     "fit_curve",
     "next_probe",
     "normalise_samples",
+    "refit_profile",
 ]
 
 
@@ -369,6 +381,165 @@ def _refine_theta(c: np.ndarray, y: np.ndarray, grid: np.ndarray, best: int) -> 
     if res.success and float(res.fun) <= sse_at(grid_theta):
         return float(res.x)
     return grid_theta
+
+
+@dataclass(frozen=True, slots=True)
+class SweetSpot:
+    """The sweet spot of one job's samples, by :func:`estimate_sweet_spot`.
+
+    ``cores`` is in the units of the samples' cores (whole cores, at least 1). ``method`` is
+    ``"fit"`` (:func:`fit_curve`, whose :class:`Fit` is ``fit``) or ``"table"`` (every whole
+    core count of the range was measured; ``fit`` is None). ``plateau_throughput`` is
+    ``Fit.plateau_throughput``, or the table's largest mean throughput.
+    """
+
+    cores: int
+    confidence: float
+    method: str
+    plateau_throughput: float
+    fit: Fit | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values; ``fit`` nested as :meth:`Fit.to_dict` or None."""
+        return {
+            "cores": int(self.cores),
+            "confidence": float(self.confidence),
+            "method": self.method,
+            "plateau_throughput": float(self.plateau_throughput),
+            "fit": None if self.fit is None else self.fit.to_dict(),
+        }
+
+
+def _is_whole(c: np.ndarray) -> bool:
+    return bool(np.all(np.abs(c - np.rint(c)) <= 1e-9))
+
+
+def _table_sweet_spot(c: np.ndarray, y: np.ndarray, plateau_fraction: float) -> SweetSpot:
+    """Sweet spot from per-count means (whole core counts only).
+
+    The noise is the pooled within-count standard deviation, at least the prior floor of
+    :data:`_NOISE_FLOOR_REL` times the mean throughput (the floor alone without replicates).
+    Treating the largest mean ``M`` as fixed, ``confidence`` is the normal-approximation
+    probability that the chosen count's mean reaches ``plateau_fraction * M`` and every
+    smaller count's mean stays below it (product over counts, standard error sigma/sqrt(n)).
+    """
+    counts = np.rint(c).astype(int)
+    ks, inverse, n_k = np.unique(counts, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=y)
+    means = sums / n_k
+    resid = y - means[inverse]
+    dof = c.size - ks.size
+    pooled_sd = math.sqrt(float(resid @ resid) / dof) if dof > 0 else 0.0
+    sigma = max(pooled_sd, _NOISE_FLOOR_REL * float(y.mean()))
+    best = float(means.max())
+    threshold = plateau_fraction * best
+    idx = int(np.argmax(means >= threshold - 1e-12 * abs(threshold)))
+    z = (means - threshold) / (sigma / np.sqrt(n_k))
+    confidence = float(norm.cdf(z[idx])) * float(np.prod(norm.sf(z[:idx])))
+    return SweetSpot(
+        cores=max(1, int(ks[idx])),
+        confidence=float(np.clip(confidence, 0.0, 1.0)),
+        method="table",
+        plateau_throughput=best,
+        fit=None,
+    )
+
+
+def estimate_sweet_spot(
+    cores: Sequence[float],
+    throughput: Sequence[float],
+    *,
+    plateau_fraction: float = 0.95,
+    min_cores: int | None = None,
+    max_cores: int | None = None,
+) -> SweetSpot:
+    """The sweet spot of (cores, throughput) samples, replicates allowed.
+
+    If every sample is at a whole core count in [``min_cores``, ``max_cores``] (defaults: the
+    smallest and largest sample, rounded), every whole count there has a sample, and there
+    are fewer than three distinct counts (or :func:`fit_curve` finds too few samples), the
+    answer is read off the table of mean throughputs (``method="table"``, see
+    :func:`_table_sweet_spot`). Otherwise it is :func:`fit_curve`'s (``method="fit"``).
+
+    Raises :class:`InsufficientSamples` for fewer than two distinct core counts, when every
+    throughput is zero, or when the fit has too few samples and the table does not cover the
+    range; :class:`InconsistentSamples` from :func:`fit_curve` propagates.
+    """
+    if not 0.0 < plateau_fraction <= 1.0:
+        raise ModelError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
+    c, y = _as_arrays(cores, throughput)
+    distinct = int(np.unique(c).size)
+    if distinct < 2:
+        raise InsufficientSamples(
+            f"{c.size} samples at {distinct} distinct core counts; need at least 2 core counts"
+        )
+    if not np.any(y > 0.0):
+        raise InsufficientSamples("every throughput sample is zero")
+    lo = max(1, round(float(c.min()))) if min_cores is None else min_cores
+    hi = max(lo, round(float(c.max()))) if max_cores is None else max_cores
+    if lo < 1 or hi < lo:
+        raise ModelError(f"need 1 <= min_cores <= max_cores, got {lo}..{hi}")
+    # Every sample at a whole count within [lo, hi], and all of those counts sampled.
+    covered = (
+        _is_whole(c)
+        and bool(np.all((np.rint(c) >= lo) & (np.rint(c) <= hi)))
+        and int(np.unique(np.rint(c)).size) == hi - lo + 1
+    )
+    if covered and distinct < _N_PARAMS:
+        return _table_sweet_spot(c, y, plateau_fraction)
+    try:
+        fit = fit_curve(c, y, plateau_fraction=plateau_fraction)
+    except InsufficientSamples:
+        if covered:
+            return _table_sweet_spot(c, y, plateau_fraction)
+        raise
+    return SweetSpot(
+        cores=fit.sweet_spot_cores,
+        confidence=fit.confidence,
+        method="fit",
+        plateau_throughput=fit.plateau_throughput,
+        fit=fit,
+    )
+
+
+def refit_profile(profile: Profile, *, plateau_fraction: float = 0.95) -> Profile:
+    """Re-estimate a stored profile from its samples; a ``refit`` for ``merge_samples``.
+
+    Uses the single-node samples (``nodes == 1``), per GPU (:func:`normalise_samples`), and
+    :func:`estimate_sweet_spot` over their per-GPU core range. Sets ``cpus_per_gpu``,
+    ``confidence`` and ``fit`` (JSON: ``method``, ``sweet_spot_cores_per_gpu``,
+    ``plateau_throughput`` per GPU, ``n_used``, plus :meth:`Fit.to_dict`'s keys for the
+    ``"fit"`` method). Never raises for unusable samples: a merge must still store them, so
+    the profile comes back with ``confidence`` 0, ``cpus_per_gpu`` unchanged and
+    ``fit={"error": <why>}``.
+    """
+    if not 0.0 < plateau_fraction <= 1.0:
+        raise ValueError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
+    used = [s for s in profile.samples if s.nodes == 1]
+    try:
+        if not used:
+            raise InsufficientSamples("no single-node samples")
+        c, y = normalise_samples((s.cores, s.throughput, s.gpus) for s in used)
+        lo = max(1, round(float(c.min())))
+        hi = max(lo, round(float(c.max())))
+        spot = estimate_sweet_spot(
+            c, y, plateau_fraction=plateau_fraction, min_cores=lo, max_cores=hi
+        )
+    except ModelError as exc:
+        return replace(profile, confidence=0.0, fit={"error": str(exc)})
+    fit: dict[str, Any] = {} if spot.fit is None else spot.fit.to_dict()
+    fit.update(
+        method=spot.method,
+        sweet_spot_cores_per_gpu=int(spot.cores),
+        plateau_throughput=float(spot.plateau_throughput),
+        n_used=len(used),
+    )
+    return replace(
+        profile,
+        cpus_per_gpu=max(1, math.ceil(spot.cores)),
+        confidence=float(spot.confidence),
+        fit=fit,
+    )
 
 
 def normalise_samples(samples: Iterable[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:

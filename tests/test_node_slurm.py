@@ -256,7 +256,7 @@ def test_sigterm_restores_every_job(cluster: DevCluster) -> None:
             proc.kill()
     assert proc.returncode == 0, err
     assert (d / "cpuset.cpus").read_text().strip() == "0-1"
-    assert f"job={job_id} action='cpuset restored to 0-1' reason='restore'" in err
+    assert f'job={job_id} action="cpuset restored to 0-1" reason="restore"' in err
     # The limit is the operator's and stays recorded; only the job was put back.
     assert load_limits(cluster.node_state_dir) == {job_id: Limit(cpus=(1,))}
 

@@ -1,0 +1,294 @@
+"""The daemon's closed loop: turn each snapshot into inputs of the two pure policies
+(:mod:`coda_node.allocator`, :mod:`coda_node.contention`), their outputs into targets for
+:mod:`coda_node.enforce`, and finished profiles into samples in the profile store.
+
+Reads here: the per-job progress files and the profile store (once per job). Writes: the
+progress files' creation and the profile store's merge. Everything that decides is in the
+policy modules, which see only the records built here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from coda_node.allocator import Allocator, AllocatorOutput, Event, ProbeJob, ProbeParams, Publish
+from coda_node.contention import (
+    ContentionOutput,
+    ContentionParams,
+    CpuJob,
+    DnnJob,
+    Eliminator,
+    Throttle,
+)
+from coda_node.observe import JobSignal, Progress, Reading, SignalParams
+from coda_node.paths import SystemRoot
+from coda_node.perf import cpu_socket
+from coda_node.progress import ProgressFiles
+from coda_node.sampling import JobView, NodeSnapshot
+from slurm_plugin.conf import CodaConfig
+from slurm_plugin.model import refit_profile
+from slurm_plugin.store import ProfileStore, Sample, StoreError
+
+log = logging.getLogger("coda-node")
+
+
+def signal_params(cfg: CodaConfig) -> SignalParams:
+    return SignalParams(warmup_s=cfg.node_probe_warmup_s)
+
+
+def probe_params(cfg: CodaConfig, *, why_off: str | None = None) -> ProbeParams:
+    return ProbeParams(
+        enabled=cfg.node_profile and why_off is None and cfg.node_probe_max_jobs > 0,
+        settle_s=cfg.node_probe_settle_s,
+        measure_s=cfg.node_probe_measure_s,
+        max_jobs=cfg.node_probe_max_jobs,
+        budget_s=cfg.node_probe_budget_s,
+        max_slowdown=cfg.node_probe_max_slowdown_pct / 100.0,
+        min_confidence=cfg.min_confidence,
+    )
+
+
+def contention_params(cfg: CodaConfig) -> ContentionParams:
+    return ContentionParams(
+        enabled=cfg.node_contention,
+        trigger_slowdown=cfg.node_contention_trigger_pct / 100.0,
+        release_slowdown=cfg.node_contention_release_pct / 100.0,
+        release_hold_s=cfg.node_release_hold_s,
+        floor_fraction=cfg.node_throttle_floor_pct / 100.0,
+        floor_mba_pct=max(1, round(cfg.node_throttle_floor_pct)),
+        step_s=max(2.0 * cfg.node_interval_s, 1.0),
+    )
+
+
+@dataclass(slots=True)
+class LoopOutput:
+    cores: dict[int, int] = field(default_factory=dict)
+    """Probed DNN jobs: the core count they run at now."""
+    throttles: dict[int, Throttle] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    publish: list[Publish] = field(default_factory=list)
+
+
+class AdaptiveLoop:
+    def __init__(
+        self,
+        cfg: CodaConfig,
+        root: SystemRoot,
+        *,
+        node_name: str,
+        mba: bool,
+        profiling_off: str | None = None,
+        contention_off: str | None = None,
+        store: ProfileStore | None = None,
+        progress: ProgressFiles | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.root = root
+        self.node_name = node_name
+        self.signal_params = signal_params(cfg)
+        self.allocator = Allocator(probe_params(cfg, why_off=profiling_off))
+        self.profiling_off = profiling_off
+        cparams = contention_params(cfg)
+        if contention_off is not None:
+            cparams = ContentionParams(**{**_fields(cparams), "enabled": False})
+        self.contention_off = contention_off
+        self.eliminator = Eliminator(cparams, mba=mba)
+        self.store = store if store is not None else ProfileStore(cfg.profile_store)
+        self.progress_files = progress or ProgressFiles(root, cfg.node_progress_dir)
+        self.signals: dict[int, JobSignal] = {}
+        self.progress: dict[int, Progress] = {}
+        self._confident: dict[int, bool] = {}
+        self._sockets: dict[int, int] = {}
+        self._ensured: set[int] = set()
+
+    # -- inputs -------------------------------------------------------------------------
+    def sockets_of(self, cpus: frozenset[int]) -> frozenset[int]:
+        out = set()
+        for cpu in cpus:
+            s = self._sockets.get(cpu)
+            if s is None:
+                try:
+                    s = cpu_socket(self.root, cpu)
+                except (OSError, ValueError):
+                    s = 0  # no topology in sysfs: one socket
+                self._sockets[cpu] = s
+            out.add(s)
+        return frozenset(out)
+
+    def _profile_confident(self, view: JobView, signature: str) -> bool:
+        """Whether the workload already has a confident profile: the hook used one at
+        submit time, or one was stored since (read once per job)."""
+        cached = self._confident.get(view.job_id)
+        if cached is not None:
+            return cached
+        record = view.slurm.admin_record if view.slurm else None
+        confident = bool(record and record.get("src") in ("profile", "global"))
+        if not confident:
+            try:
+                prof = self.store.read(signature)
+            except (StoreError, OSError) as exc:
+                log.warning("job=%d cannot read profile %s: %s", view.job_id, signature, exc)
+                prof = None
+            confident = prof is not None and prof.confidence >= self.cfg.min_confidence
+        self._confident[view.job_id] = confident
+        return confident
+
+    def _reading(
+        self, now_s: float, view: JobView, gpu_util: Mapping[int, float | None]
+    ) -> Reading:
+        pr = self.progress_files.read(view.job_id)
+        utils = [gpu_util.get(g.nvml_index) for g in view.gpus if g.nvml_index is not None]
+        known = [u for u in utils if u is not None]
+        return Reading(
+            now_s=now_s,
+            iterations=pr.iterations if pr else None,
+            iterations_written_s=pr.written_unix_s if pr else None,
+            reported_phase=pr.phase if pr else None,
+            gpu_util_pct=sum(known) / len(known) if known else None,
+        )
+
+    # -- one tick -------------------------------------------------------------------------
+    def step(
+        self,
+        snap: NodeSnapshot,
+        allocated: Callable[[int], frozenset[int] | None],
+        *,
+        blocked: Mapping[int, str] | None = None,
+    ) -> LoopOutput:
+        """``allocated(job_id)``: Slurm's CPUs of the job on this node (before our
+        changes), None for a job without a cgroup. ``blocked``: jobs not to probe, why."""
+        blocked = dict(blocked or {})
+        now_s = snap.monotonic_s
+        live = set(snap.jobs)
+        for gone in set(self.signals) - live:
+            self.signals.pop(gone, None)
+            self.progress.pop(gone, None)
+            self._confident.pop(gone, None)
+        self._ensured &= live
+        gpu_util = {g.index: g.util_pct for g in snap.gpus}
+
+        probe_jobs: dict[int, ProbeJob] = {}
+        dnn: dict[int, DnnJob] = {}
+        cpu: dict[int, CpuJob] = {}
+        alloc_of: dict[int, frozenset[int]] = {}
+        for job_id, view in snap.jobs.items():
+            cpus = allocated(job_id)
+            if cpus is None or view.slurm is None:
+                continue
+            alloc_of[job_id] = cpus
+            sockets = self.sockets_of(cpus)
+            if not view.slurm.is_dnn:
+                cpu[job_id] = CpuJob(
+                    job_id=job_id,
+                    sockets=sockets,
+                    allocated_cores=len(cpus),
+                    cpu_rate_cores=view.cpu_rate_cores,
+                    mem_bw_bytes_per_s=view.mem_bw_bytes_per_s,
+                )
+                continue
+            if job_id not in self._ensured:
+                self.progress_files.ensure(job_id, view.slurm.uid)
+                self._ensured.add(job_id)
+            sig_ = self.signals.get(job_id)
+            if sig_ is None:
+                sig_ = self.signals[job_id] = JobSignal(now_s, self.signal_params)
+            rec = self.allocator.records.get(job_id)
+            probed = rec is not None and rec.state == "probing"
+            prog = sig_.update(self._reading(now_s, view, gpu_util), hold_level=probed)
+            self.progress[job_id] = prog
+            record = view.slurm.admin_record
+            signature = record.get("sig") if record else None
+            gpus = len(view.slurm.gpu_indices) or sum(
+                g.count for g in view.slurm.gres if g.name == "gpu"
+            )
+            probe_jobs[job_id] = ProbeJob(
+                job_id=job_id,
+                signature=signature or None,
+                gpus=max(1, gpus),
+                allocated_cores=len(cpus),
+                single_node=view.slurm.num_nodes <= 1,
+                progress=prog,
+                profile_confident=bool(signature) and self._profile_confident(view, signature),
+                blocked=blocked.get(job_id),
+            )
+        # Jobs near a throttled CPU job are not probed: their rate is not their own.
+        for job_id, pj in list(probe_jobs.items()):
+            if pj.blocked is None:
+                why = self._throttled_near(self.sockets_of(alloc_of[job_id]), alloc_of)
+                if why:
+                    probe_jobs[job_id] = _with_blocked(pj, why)
+        alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs)
+        for job_id, pj in probe_jobs.items():
+            rec = self.allocator.records.get(job_id)
+            dnn[job_id] = DnnJob(
+                job_id=job_id,
+                sockets=self.sockets_of(alloc_of[job_id]),
+                progress=pj.progress,
+                probing=rec is not None and rec.state == "probing",
+            )
+        cont_out: ContentionOutput = self.eliminator.step(now_s, dnn, cpu)
+        self.progress_files.forget(live)
+        return LoopOutput(
+            cores=alloc_out.cores,
+            throttles=cont_out.throttles,
+            events=alloc_out.events + cont_out.events,
+            publish=alloc_out.publish,
+        )
+
+    def _throttled_near(
+        self, sockets: frozenset[int], alloc_of: Mapping[int, frozenset[int]]
+    ) -> str | None:
+        for job_id, t in self.eliminator.throttled.items():
+            if t.level > 0 and job_id in alloc_of and self.sockets_of(alloc_of[job_id]) & sockets:
+                return f"CPU job {job_id} on its socket is throttled (contention)"
+        return None
+
+    # -- publishing ---------------------------------------------------------------------------
+    def publish(self, pub: Publish, gpu_model: str | None = None) -> str:
+        """Merge a probed job's samples into the profile store; one line saying what
+        happened (for the event log). Never raises."""
+        samples = [
+            Sample(
+                cores=float(cores),
+                throughput=round(throughput, 4),
+                gpus=pub.gpus,
+                nodes=1,
+                gpu_model=gpu_model,
+                node=self.node_name,
+            )
+            for cores, throughput in pub.samples
+        ]
+        try:
+            self.store.ensure_root()
+            prof = self.store.merge_samples(
+                pub.signature,
+                samples,
+                refit=refit_profile,
+                source=f"coda-node:{self.node_name}",
+            )
+        except (StoreError, OSError, ValueError) as exc:
+            return f"cannot publish to {self.store.root}: {exc}"
+        self._confident[pub.job_id] = prof.confidence >= self.cfg.min_confidence
+        return (
+            f"profile {pub.signature}: {prof.cpus_per_gpu} cores/GPU at confidence "
+            f"{prof.confidence:.2f} from {prof.n_samples} samples"
+        )
+
+
+def _fields(obj: object) -> dict[str, object]:
+    return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
+
+
+def _with_blocked(pj: ProbeJob, why: str) -> ProbeJob:
+    return ProbeJob(
+        job_id=pj.job_id,
+        signature=pj.signature,
+        gpus=pj.gpus,
+        allocated_cores=pj.allocated_cores,
+        single_node=pj.single_node,
+        progress=pj.progress,
+        profile_confident=pj.profile_confident,
+        blocked=why,
+    )
