@@ -94,7 +94,7 @@ class AdaptiveLoop:
         if contention_off is not None:
             cparams = ContentionParams(**{**_fields(cparams), "enabled": False})
         self.contention_off = contention_off
-        self.eliminator = Eliminator(cparams, mba=mba)
+        self.eliminator = Eliminator(cparams, mba=mba, quota="quota" in cfg.node_enforce)
         self.store = store if store is not None else ProfileStore(cfg.profile_store)
         self.progress_files = progress or ProgressFiles(root, cfg.node_progress_dir)
         self.signals: dict[int, JobSignal] = {}

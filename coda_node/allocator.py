@@ -254,19 +254,24 @@ class Allocator:
         p = self.params
         rec.result = self._estimate(job, rec)
         done_why = None
-        if rec.result is not None and rec.result.confidence >= p.min_confidence:
-            done_why = (
-                f"sweet spot {rec.result.cores} cores at confidence {rec.result.confidence:.2f}"
-            )
-        elif rec.probes >= p.max_probes:
+        confirm = None
+        r = rec.result
+        if r is not None and r.confidence >= p.min_confidence:
+            done_why = f"sweet spot {r.cores} cores at confidence {r.confidence:.2f}"
+            measured = {c for c, _ in rec.samples}
+            if r.cores not in measured and r.cores < job.allocated_cores:
+                # Confident, but only through the model: measure the answer itself before
+                # publishing it (a knee between two probes can fool the fit by a core).
+                done_why, confirm = None, r.cores
+        if done_why is None and rec.probes >= p.max_probes:
             done_why = f"probe limit reached ({p.max_probes} probes)"
-        elif rec.below_s + p.settle_s + p.measure_s > p.budget_s and rec.samples:
+        elif done_why is None and rec.below_s + p.settle_s + p.measure_s > p.budget_s:
             done_why = (
                 f"time budget spent ({rec.below_s:.0f} s of {p.budget_s:.0f} s "
                 "below the allocation)"
             )
-        nxt = None
-        if done_why is None:
+        nxt = confirm
+        if done_why is None and nxt is None:
             try:
                 nxt = next_probe(
                     rec.samples,
@@ -291,7 +296,12 @@ class Allocator:
                 Event(
                     job.job_id,
                     "probe",
-                    f"experiment design picks {nxt} cores (probe {rec.probes + 1})",
+                    (
+                        f"confirming the predicted sweet spot of {nxt} cores"
+                        if nxt == confirm
+                        else f"experiment design picks {nxt} cores"
+                    )
+                    + f" (probe {rec.probes + 1})",
                     {"cores": nxt, "allocated": job.allocated_cores},
                 )
             )

@@ -257,6 +257,29 @@ def status(conf_path: Path | None, as_json: bool) -> None:
     click.echo(render_status(view, data.get("written_unix_s")))
 
 
+def _progress_cell(progress: dict[str, Any] | None) -> str:
+    """``train 97/s`` (iterations), ``train 85%`` (GPU utilisation), or the phase alone."""
+    if not progress:
+        return "-"
+    phase, rate = progress.get("phase") or "?", progress.get("rate")
+    if rate is None:
+        return phase
+    unit = "/s" if progress.get("source") == "iterations" else "%"
+    return f"{phase} {rate:.3g}{unit}"
+
+
+def _profile_cell(profiling: dict[str, Any] | None) -> str:
+    """``probing 1/2c``, ``done 1c 0.99``, ``skipped``, ``waiting``."""
+    if not profiling:
+        return "-"
+    state = profiling.get("state") or "?"
+    if state == "probing" and profiling.get("cores_now") is not None:
+        return f"probing {profiling['cores_now']}c"
+    if state == "done" and profiling.get("sweet_spot_cores") is not None:
+        return f"done {profiling['sweet_spot_cores']}c {profiling.get('confidence') or 0:.2f}"
+    return state
+
+
 def render_status(view: dict[str, Any], written_unix_s: float | None) -> str:
     daemon = view.get("daemon") or {}
     node = view.get("node") or {}
@@ -272,10 +295,13 @@ def render_status(view: dict[str, Any], written_unix_s: float | None) -> str:
         mark = "yes" if cap.get("available") else "no "
         lines.append(f"  {mark} {cap.get('name')}: {cap.get('detail')}")
     jobs = view.get("jobs") or []
+    lines.append(
+        f"  profiling: {daemon.get('profiling', '?')}; contention: {daemon.get('contention', '?')}"
+    )
     lines.append("")
     header = (
         f"{'JOBID':>8} {'USER':<10} {'KIND':<4} {'GPUS':<8} {'CPUS':<10} {'NOW':<10} "
-        f"{'CPU%':>6} {'QUOTA':>6}  LIMIT"
+        f"{'CPU%':>6} {'QUOTA':>6} {'PROGRESS':<14} {'PROFILE':<14}  WHY"
     )
     lines.append(header)
     for j in jobs:
@@ -286,7 +312,8 @@ def render_status(view: dict[str, Any], written_unix_s: float | None) -> str:
             f"{j['job_id']:>8} {j.get('user') or '?'!s:<10.10} {j.get('kind', '?'):<4} "
             f"{gpus:<8} {j.get('cpus_allocated') or '-'!s:<10} {j.get('cpus_now')!s:<10} "
             f"{(f'{rate * 100:.0f}' if rate is not None else '-'):>6} "
-            f"{(f'{quota:g}' if quota is not None else '-'):>6}  "
+            f"{(f'{quota:g}' if quota is not None else '-'):>6} "
+            f"{_progress_cell(j.get('progress')):<14} {_profile_cell(j.get('profiling')):<14}  "
             f"{j.get('target_reason') or '-'}"
         )
     if not jobs:

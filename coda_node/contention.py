@@ -92,18 +92,31 @@ class _Victim:
 
 @dataclass(slots=True)
 class _Throttled:
-    mechanism: str
-    """"mba" or "quota"."""
-    level: int
-    """Steps taken (1 = first step); 0 = released."""
+    mba_step: int
+    """Steps down the MBA ladder (0 = no cap; len(mba_fractions) + 1 = the floor)."""
+    quota_step: int
+    """Steps down the CPU-quota ladder, taken after MBA's (or alone without RDT)."""
     before_draw: float
-    """What the job drew before the first step (bytes/s for mba, cores for quota)."""
+    """What the job drew before the first step (bytes/s with MBA, cores without)."""
     last_change_s: float
     mba_pct: int | None = None
     quota_cores: float | None = None
     backoff: int = 1
     released_s: float | None = None
+    """When the last release step was taken."""
+    quiet_since_s: float | None = None
+    """Since when the job has stayed quiet (None: it draws)."""
     for_job: int | None = None
+
+    @property
+    def level(self) -> int:
+        return self.mba_step + self.quota_step
+
+    @property
+    def mechanism(self) -> str:
+        if self.mba_step and self.quota_step:
+            return "mba+quota"
+        return "mba" if self.mba_step else "quota"
 
 
 @dataclass(slots=True)
@@ -113,10 +126,14 @@ class ContentionOutput:
 
 
 class Eliminator:
-    def __init__(self, params: ContentionParams | None = None, *, mba: bool = False) -> None:
+    def __init__(
+        self, params: ContentionParams | None = None, *, mba: bool = False, quota: bool = True
+    ) -> None:
         self.params = params or ContentionParams()
         self.mba = mba
         """Whether memory-bandwidth allocation can be applied on this node."""
+        self.quota = quota
+        """Whether CPU quota can be applied (after MBA's floor, or alone without RDT)."""
         self.victims: dict[int, _Victim] = {}
         self.throttled: dict[int, _Throttled] = {}
         self._unresolved: dict[int, float] = {}
@@ -164,6 +181,10 @@ class Eliminator:
             self.throttled.clear()
             return out
         drawing = {j: c for j, c in cpu.items() if self._draws(c)}
+        for j, t in self.throttled.items():
+            # A capped job that still uses its cap draws, however small the cap.
+            if t.level > 0 and j in cpu and not self._quiet(cpu[j], t):
+                drawing[j] = cpu[j]
         hot_sockets = {s for c in drawing.values() for s in c.sockets}
         held_sockets = {s for j, t in self.throttled.items() if t.level > 0 for s in cpu[j].sockets}
         victims: list[tuple[float, DnnJob]] = []
@@ -213,6 +234,16 @@ class Eliminator:
         if c.cpu_rate_cores is not None:
             return c.cpu_rate_cores >= p.contender_cpu_fraction * max(1, c.allocated_cores)
         return False
+
+    def _quiet(self, c: CpuJob, t: _Throttled) -> bool:
+        """A throttled job that uses less than half of what it may (its cap, or what makes
+        a job a contender): it has stopped drawing, whatever its cap."""
+        if c.cpu_rate_cores is None:
+            return False
+        may = self.params.contender_cpu_fraction * max(1, c.allocated_cores)
+        if t.quota_cores is not None:
+            may = min(may, t.quota_cores)
+        return c.cpu_rate_cores < 0.5 * may
 
     def _draw_of(self, c: CpuJob, mechanism: str) -> float:
         if mechanism == "mba":
@@ -265,52 +296,50 @@ class Eliminator:
     def _step_down(
         self, now_s: float, c: CpuJob, victim: DnnJob, slowdown: float, out: ContentionOutput
     ) -> bool:
+        """One step down the job's ladder: MBA (where RDT and per-job bandwidth are
+        there) to its floor, then CPU quota to its floor. False when nothing is left."""
         p = self.params
         t = self.throttled.get(c.job_id)
-        mechanism = "mba" if self.mba and c.mem_bw_bytes_per_s is not None else "quota"
+        use_mba = self.mba and c.mem_bw_bytes_per_s is not None
         if t is None or t.level == 0:
-            backoff = 1
-            if (
-                t is not None
-                and t.released_s is not None
-                and now_s - t.released_s < (p.release_hold_s * t.backoff)
-            ):
-                backoff = min(p.max_backoff, t.backoff * 2)  # re-throttled soon after release
-            elif t is not None:
-                backoff = t.backoff
             t = _Throttled(
-                mechanism=mechanism,
-                level=0,
-                before_draw=self._draw_of(c, mechanism),
+                mba_step=0,
+                quota_step=0,
+                before_draw=self._draw_of(c, "mba" if use_mba else "quota"),
                 last_change_s=now_s,
-                backoff=backoff,
+                backoff=t.backoff if t is not None else 1,
+                released_s=t.released_s if t is not None else None,
             )
+            if (
+                t.released_s is not None
+                and now_s - t.released_s >= 4 * p.release_hold_s * t.backoff
+            ):
+                t.backoff = 1  # quiet for long after the last release: start afresh
             self.throttled[c.job_id] = t
+        if t.released_s is not None and now_s - t.released_s < p.release_hold_s * t.backoff:
+            # Throttled again soon after a release: the release was premature. Wait longer
+            # before the next one (damps throttle/release oscillation).
+            t.backoff = min(p.max_backoff, t.backoff * 2)
         t.for_job = victim.job_id
-        if t.mechanism == "mba":
-            floor_pct = p.floor_mba_pct
-            if t.mba_pct is not None and t.mba_pct <= floor_pct:
-                return False
-            t.level += 1
-            pct = floor_pct
-            if t.level <= len(p.mba_fractions):
-                pct = round(100 * p.mba_fractions[t.level - 1])
+        floor_cores = max(0.1, p.floor_fraction * c.allocated_cores)
+        if use_mba and t.quota_step == 0 and (t.mba_pct is None or t.mba_pct > p.floor_mba_pct):
+            t.mba_step += 1
+            pct = self._mba_at(t.mba_step)
             if t.mba_pct is not None:
                 pct = min(pct, t.mba_pct - p.mba_correction_pct)
-            t.mba_pct = max(floor_pct, pct)
+            t.mba_pct = max(p.floor_mba_pct, pct)
             what = f"memory bandwidth capped at MB {t.mba_pct}%"
-        else:
-            floor_cores = max(0.1, p.floor_fraction * c.allocated_cores)
-            if t.quota_cores is not None and t.quota_cores <= floor_cores + 1e-9:
-                return False
-            t.level += 1
-            quota = floor_cores
-            if t.level <= len(p.quota_fractions):
-                quota = p.quota_fractions[t.level - 1] * c.allocated_cores
+        elif self.quota and (t.quota_cores is None or t.quota_cores > floor_cores + 1e-9):
+            t.quota_step += 1
+            quota = self._quota_at(t.quota_step, c.allocated_cores)
             if t.quota_cores is not None:
                 quota = min(quota, t.quota_cores)
-            t.quota_cores = round(max(floor_cores, quota), 2)
+            t.quota_cores = quota
             what = f"CPU capped at {t.quota_cores:g} of {c.allocated_cores} cores"
+            if t.mba_step:
+                what += f" (MB {t.mba_pct}% was not enough)"
+        else:
+            return False
         t.last_change_s = now_s
         out.events.append(
             Event(
@@ -329,20 +358,34 @@ class Eliminator:
         )
         return True
 
+    def _mba_at(self, step: int) -> int:
+        """The MB value of ``step`` on the MBA ladder (None-free: step >= 1)."""
+        p = self.params
+        if step <= len(p.mba_fractions):
+            return max(p.floor_mba_pct, round(100 * p.mba_fractions[step - 1]))
+        return p.floor_mba_pct
+
+    def _quota_at(self, step: int, allocated_cores: int) -> float:
+        p = self.params
+        floor_cores = max(0.1, p.floor_fraction * allocated_cores)
+        if step <= len(p.quota_fractions):
+            return round(max(floor_cores, p.quota_fractions[step - 1] * allocated_cores), 2)
+        return round(floor_cores, 2)
+
     def _verify(
         self, now_s: float, cpu: Mapping[int, CpuJob], stepped: set[int], out: ContentionOutput
     ) -> None:
         """MBA: lower the cap while the measured bandwidth overshoots the aim."""
         p = self.params
         for job_id, t in self.throttled.items():
-            if t.mechanism != "mba" or t.level == 0 or job_id in stepped:
+            if t.mba_step == 0 or t.quota_step or job_id in stepped:
                 continue
             if now_s - t.last_change_s < p.step_s or t.mba_pct is None:
                 continue
             bw = cpu[job_id].mem_bw_bytes_per_s
             if bw is None or t.before_draw <= 0:
                 continue
-            aim = t.before_draw * p.mba_fractions[min(t.level, len(p.mba_fractions)) - 1]
+            aim = t.before_draw * self._mba_at(t.mba_step) / 100.0
             if bw <= p.overshoot * aim or t.mba_pct <= p.floor_mba_pct:
                 continue
             old = t.mba_pct
@@ -356,7 +399,12 @@ class Eliminator:
                     f"MB {old}% still lets it draw {bw / 1e9:.2f} GB/s, over "
                     f"{p.overshoot:g}x the aim of {aim / 1e9:.2f} GB/s; MB lowered to "
                     f"{t.mba_pct}%",
-                    {"mem_bw_bytes_per_s": bw, "aim_bytes_per_s": aim, "mb_pct": t.mba_pct},
+                    {
+                        "victim": t.for_job,
+                        "mem_bw_bytes_per_s": bw,
+                        "aim_bytes_per_s": aim,
+                        "mb_pct": t.mba_pct,
+                    },
                 )
             )
 
@@ -372,42 +420,60 @@ class Eliminator:
         for job_id, t in sorted(self.throttled.items()):
             if t.level == 0 or job_id in stepped:
                 continue
-            sockets = cpu[job_id].sockets
-            needed = False
-            for d in dnn.values():
-                v = self.victims.get(d.job_id)
-                if not (d.sockets & sockets) or v is None or v.slowdown is None:
-                    continue
-                if v.slowdown > p.release_slowdown:
-                    needed = True
-            if needed:
-                continue
-            if now_s - t.last_change_s < p.release_hold_s * t.backoff:
-                continue
-            t.level -= 1
-            t.last_change_s = now_s
-            if t.level == 0:
-                t.mba_pct = t.quota_cores = None
-                t.released_s = now_s
-                what = "released"
-            elif t.mechanism == "mba":
-                t.mba_pct = min(100, round(100 * p.mba_fractions[t.level - 1]))
-                what = f"memory bandwidth cap raised to MB {t.mba_pct}%"
+            c = cpu[job_id]
+            if not self._quiet(c, t):
+                t.quiet_since_s = None
+            elif t.quiet_since_s is None:
+                t.quiet_since_s = now_s
+            quiet = t.quiet_since_s is not None and now_s - t.quiet_since_s >= p.release_hold_s
+            if quiet:
+                # The job went quiet: nothing to shield from; release at the base pace.
+                hold_s = p.release_hold_s
             else:
-                c = cpu[job_id]
-                t.quota_cores = round(
-                    p.quota_fractions[min(t.level, len(p.quota_fractions)) - 1] * c.allocated_cores,
-                    2,
+                hold_s = p.release_hold_s * t.backoff
+                needed = False
+                for d in dnn.values():
+                    v = self.victims.get(d.job_id)
+                    if not (d.sockets & c.sockets) or v is None or v.slowdown is None:
+                        continue
+                    if v.slowdown > p.release_slowdown:
+                        needed = True
+                if needed:
+                    continue
+            if now_s - t.last_change_s < hold_s:
+                continue
+            if t.quota_step:
+                t.quota_step -= 1
+                t.quota_cores = (
+                    self._quota_at(t.quota_step, c.allocated_cores) if t.quota_step else None
                 )
+            else:
+                t.mba_step -= 1
+                t.mba_pct = self._mba_at(t.mba_step) if t.mba_step else None
+            t.last_change_s = now_s
+            t.released_s = now_s
+            if t.level == 0:
+                what = "released"
+            elif t.quota_cores is not None:
                 what = f"CPU cap raised to {t.quota_cores:g} cores"
+            else:
+                what = f"memory bandwidth cap raised to MB {t.mba_pct}%"
             out.events.append(
                 Event(
                     job_id,
                     "release" if t.level == 0 else "release-step",
-                    f"{what}: no DNN job on its socket(s) is more than "
-                    f"{p.release_slowdown:.0%} below its baseline for "
-                    f"{p.release_hold_s * t.backoff:g} s",
-                    {"level": t.level, "cpu_rate_cores": cpu[job_id].cpu_rate_cores},
+                    f"{what}: "
+                    + (
+                        f"the job has been quiet for {hold_s:g} s"
+                        if quiet
+                        else f"no DNN job on its socket(s) is more than "
+                        f"{p.release_slowdown:.0%} below its baseline for {hold_s:g} s"
+                    ),
+                    {
+                        "victim": t.for_job,
+                        "level": t.level,
+                        "cpu_rate_cores": cpu[job_id].cpu_rate_cores,
+                    },
                 )
             )
 

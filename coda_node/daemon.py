@@ -68,6 +68,7 @@ class Daemon:
         mem_bw: Callable[[], list[object]] | None = None,
         mbm: Callable[[int], float | None] | None = None,
         store: ProfileStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
         self.root = SystemRoot(cfg.node_root)
@@ -97,17 +98,12 @@ class Daemon:
             gres_conf=gres_conf,
             mem_bw=mem_bw if mem_bw is not None else self._uncore_mem_bw(),
             mbm=mbm,
+            clock=clock,
         )
         self.enforcer = self._make_enforcer()
-        self.loop = AdaptiveLoop(
-            cfg,
-            self.root,
-            node_name=self.node_name,
-            mba=self.mba_unavailable is None and mbm is not None,
-            profiling_off=self._profiling_off(),
-            contention_off=self._contention_off(mbm is not None),
-            store=store,
-        )
+        self._mbm = mbm
+        self._store = store
+        self.loop = self._make_loop()
         self._adaptive_jobs: set[int] = set()
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self.capabilities: list[dict[str, object]] = []
@@ -144,6 +140,31 @@ class Daemon:
         if self.rdt_info.mb is None:
             return self.rdt_info.mb_reason or "no MB resource in resctrl"
         return None
+
+    def _make_loop(self) -> AdaptiveLoop:
+        per_job_bw = self._mbm is not None
+        return AdaptiveLoop(
+            self.cfg,
+            self.root,
+            node_name=self.node_name,
+            mba=self.mba_unavailable is None and per_job_bw,
+            profiling_off=self._profiling_off(),
+            contention_off=self._contention_off(per_job_bw),
+            store=self._store,
+        )
+
+    def _rediscover(self) -> None:
+        """slurmd creates its cgroup tree with the node's first job, so a daemon started
+        on an idle node finds none: look again each tick until it is there."""
+        layout = cgroups.discover_layout(self.root)
+        if not layout.has_slurm:
+            return
+        log.info("Slurm's cgroup tree appeared (%s)", ", ".join(map(str, layout.slurm_dirs)))
+        self.layout = layout
+        self.sampler.layout = layout
+        self.sampler.reset_accounting()
+        self.enforcer = self._make_enforcer()
+        self.loop = self._make_loop()
 
     def _profiling_off(self) -> str | None:
         if not self.layout.has_slurm:
@@ -206,6 +227,8 @@ class Daemon:
 
     def tick(self) -> TickReport:
         cpu0 = time.process_time()
+        if not self.layout.has_slurm:
+            self._rediscover()
         limits = {}
         try:
             limits = load_limits(self.cfg.node_state_dir)

@@ -114,6 +114,10 @@ class Sampler:
                 self._gres = gres_gpu_devices(self.gres_conf, self.node_name, self.root)
         return self._gres
 
+    def reset_accounting(self) -> None:
+        """Decide again where CPU time comes from (the cgroup layout changed)."""
+        self._cgroup_accounting = None
+
     def _accounting_in_cgroups(self) -> bool:
         """Whether a job's CPU time is one file (v2 cpu.stat, v1 cpuacct by Slurm's
         jobacct_gather/cgroup) rather than a sum over its threads."""
@@ -170,10 +174,13 @@ class Sampler:
             usage = cgroups.cpu_usage_ns(self.layout, cg) if (cg and self.layout) else None
             rate = None
             if usage is not None:
+                # Timed at the read itself: a slow scontrol call earlier in this tick must
+                # not stretch or shrink the interval the rate is computed over.
+                read_s = self._clock()
                 last = self._last_cpu.get(job_id)
-                if last is not None and now > last[0] and usage >= last[1]:
-                    rate = (usage - last[1]) / 1e9 / (now - last[0])
-                self._last_cpu[job_id] = (now, usage)
+                if last is not None and read_s > last[0] and usage >= last[1]:
+                    rate = (usage - last[1]) / 1e9 / (read_s - last[0])
+                self._last_cpu[job_id] = (read_s, usage)
             jobs[job_id] = JobView(
                 job_id=job_id,
                 slurm=sj,

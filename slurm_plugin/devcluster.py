@@ -55,6 +55,8 @@ class DevCluster:
     coda_conf_extra: str = ""
     ctld_env: dict[str, str] = field(default_factory=dict)
     """Extra environment for slurmctld only (fault-injection tests)."""
+    extra_partitions: str = ""
+    """More ``PartitionName=`` lines over the node (e.g. one with ``OverSubscribe=FORCE``)."""
     cgroups: bool = False
     """Real cgroup confinement (proctrack/cgroup, task/cgroup+affinity, ConstrainCores):
     the node then declares this host's real CPUs so Slurm's cpusets are not folded."""
@@ -83,6 +85,10 @@ class DevCluster:
     @property
     def node_state_dir(self) -> Path:
         return self.root / "coda-node"
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.root / "progress"
 
     @property
     def plugin_dir(self) -> Path:
@@ -303,7 +309,7 @@ NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} Port={slurmd_port} "
             f"""Sockets={node.sockets} CoresPerSocket={cores_per_socket} ThreadsPerCore=1 """
             f"""RealMemory={node.real_memory_mb} Gres=gpu:{node.gpu_type}:{node.gpus} State=UNKNOWN
 PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cpg}
-"""
+{self.extra_partitions}"""
         )
         last = node.gpus - 1
         (self.etc / "gres.conf").write_text(
@@ -317,6 +323,7 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
             f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
             f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
             f"NodeName={NODE_NAME}\nNodeStateDir={self.node_state_dir}\nNodeIntervalS=1\n"
+            f"NodeProgressDir={self.progress_dir}\n"
             f"{self.coda_conf_extra}"
         )
 

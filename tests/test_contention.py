@@ -1,0 +1,468 @@
+"""coda_node.contention: throttling CPU jobs that slow a DNN job on the same socket.
+
+Scripted tick sequences (1-s ticks, time passed in). Where the outcome depends on what the
+throttle does, the CPU job's draw follows (or ignores) its cap and the DNN job's rate
+follows the CPU job's draw, as on a real node.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import pytest
+
+from coda_node.allocator import Event
+from coda_node.contention import (
+    ContentionOutput,
+    ContentionParams,
+    CpuJob,
+    DnnJob,
+    Eliminator,
+    Throttle,
+)
+from coda_node.observe import Progress
+
+DNN, HOG, HOG2 = 1, 2, 3
+GB = 1e9
+
+
+def prog(rate: float | None, phase: str = "train") -> Progress:
+    return Progress(rate=rate, source="iterations", phase=phase, age_s=1000.0, level=None)
+
+
+def dnn(
+    rate: float | None,
+    *,
+    job_id: int = DNN,
+    sockets: frozenset[int] = frozenset({0}),
+    probing: bool = False,
+    phase: str = "train",
+) -> DnnJob:
+    return DnnJob(job_id=job_id, sockets=sockets, progress=prog(rate, phase), probing=probing)
+
+
+def cpu(
+    cpu_rate: float | None,
+    bw: float | None = None,
+    *,
+    job_id: int = HOG,
+    sockets: frozenset[int] = frozenset({0}),
+    alloc: int = 8,
+) -> CpuJob:
+    return CpuJob(
+        job_id=job_id,
+        sockets=sockets,
+        allocated_cores=alloc,
+        cpu_rate_cores=cpu_rate,
+        mem_bw_bytes_per_s=bw,
+    )
+
+
+Tick = tuple[dict[int, DnnJob], dict[int, CpuJob]]
+
+
+@dataclass
+class Run:
+    elim: Eliminator
+    outs: list[ContentionOutput] = field(default_factory=list)
+
+    def tick(self, dnn_jobs: dict[int, DnnJob], cpu_jobs: dict[int, CpuJob]) -> ContentionOutput:
+        out = self.elim.step(float(len(self.outs)), dnn_jobs, cpu_jobs)
+        # Only CPU jobs are ever throttled, and every event is about a known job.
+        assert set(out.throttles) <= set(cpu_jobs)
+        assert not set(out.throttles) & set(dnn_jobs)
+        self.outs.append(out)
+        return out
+
+    def script(self, ticks: list[Tick]) -> Run:
+        for d, c in ticks:
+            self.tick(d, c)
+        return self
+
+    def events(self, action: str | None = None) -> list[tuple[int, Event]]:
+        return [
+            (t, e)
+            for t, out in enumerate(self.outs)
+            for e in out.events
+            if action in (None, e.action)
+        ]
+
+    def first_throttled(self, job_id: int = HOG) -> int | None:
+        return next((t for t, out in enumerate(self.outs) if job_id in out.throttles), None)
+
+
+def quiet(n: int, rate: float = 100.0, hog: CpuJob | None = None) -> list[Tick]:
+    """``n`` ticks of the DNN job at ``rate`` with the CPU job idle beside it."""
+    idle = hog or cpu(0.0, 0.0)
+    return [({DNN: dnn(rate)}, {idle.job_id: idle}) for _ in range(n)]
+
+
+def wobble(i: int, rel: float = 0.01) -> float:
+    """A deterministic +-1 % wobble, so rates are not suspiciously constant."""
+    return 1.0 + rel * ((i * 7) % 5 - 2) / 2.0
+
+
+# -- the seed numbers --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Onset:
+    name: str
+    mba: bool
+    hog: CpuJob
+    mechanism: str
+
+
+ONSETS = [
+    Onset("cpu quota, cpu only", False, cpu(8.0), "quota"),
+    Onset("cpu quota, with bandwidth", False, cpu(8.0, 12 * GB), "quota"),
+    Onset("mba", True, cpu(8.0, 12 * GB), "mba"),
+    Onset("mba node, job without bandwidth: quota", True, cpu(8.0, None), "quota"),
+    Onset("bandwidth only", True, cpu(None, 12 * GB), "mba"),
+]
+
+
+@pytest.mark.parametrize("onset", ONSETS, ids=lambda o: o.name)
+@pytest.mark.parametrize("fall", [0.5, 0.3, 0.15])
+def test_slowdown_throttles_within_two_ticks(onset: Onset, fall: float) -> None:
+    # CODA: up to ~50 % slowdown of a DNN job under memory-bandwidth pressure.
+    run = Run(Eliminator(mba=onset.mba))
+    run.script([({DNN: dnn(100.0 * wobble(i))}, {HOG: cpu(0.0, 0.0)}) for i in range(20)])
+    onset_t = len(run.outs)
+    for i in range(10):
+        run.tick({DNN: dnn((1 - fall) * 100.0 * wobble(i))}, {HOG: onset.hog})
+    first = run.first_throttled()
+    assert first is not None and first - onset_t <= 2
+    thr = run.outs[first].throttles[HOG]
+    if onset.mechanism == "mba":
+        assert thr.mem_bw_pct == 70 and thr.quota_cores is None
+    else:
+        assert thr.quota_cores == 6.0 and thr.mem_bw_pct is None
+    assert f"job {DNN}" in thr.reason
+    [(_t, ev)] = [x for x in run.events("throttle") if x[0] == first]
+    assert ev.job_id == HOG
+    assert ev.reading["victim"] == DNN
+    assert ev.reading["slowdown"] > 0.1
+    assert f"job {DNN}" in ev.rule
+    assert ev.reading["cpu_rate_cores"] == onset.hog.cpu_rate_cores
+    assert ev.reading["mem_bw_bytes_per_s"] == onset.hog.mem_bw_bytes_per_s
+
+
+@pytest.mark.parametrize("mba", [False, True])
+@pytest.mark.parametrize("fall", [0.0, 0.03, 0.05, 0.08])
+def test_small_fall_never_triggers(mba: bool, fall: float) -> None:
+    run = Run(Eliminator(mba=mba))
+    run.script([({DNN: dnn(100.0 * wobble(i))}, {HOG: cpu(0.0, 0.0)}) for i in range(20)])
+    run.script(
+        [({DNN: dnn((1 - fall) * 100.0 * wobble(i))}, {HOG: cpu(8.0, 12 * GB)}) for i in range(300)]
+    )
+    assert all(not out.throttles for out in run.outs)
+    assert run.events() == []
+
+
+@pytest.mark.parametrize("quiet_ticks", [0, 1, 4, 5, 10])
+def test_no_throttle_without_a_baseline(quiet_ticks: int) -> None:
+    params = ContentionParams(baseline_min_ticks=5)
+    run = Run(Eliminator(params)).script(quiet(quiet_ticks))
+    run.script([({DNN: dnn(50.0)}, {HOG: cpu(8.0)}) for _ in range(30)])
+    if quiet_ticks < params.baseline_min_ticks:
+        assert run.first_throttled() is None
+        assert run.events() == []
+        # Ticks with the CPU job drawing are not quiet: they never become the baseline.
+        assert run.elim.dnn_status(DNN)["baseline_ticks"] == quiet_ticks
+    else:
+        assert run.first_throttled() == quiet_ticks
+
+
+def test_not_training_ticks_do_not_count_towards_the_baseline() -> None:
+    run = Run(Eliminator())
+    run.script([({DNN: dnn(0.0, phase="paused")}, {HOG: cpu(0.0)}) for _ in range(10)])
+    run.script([({DNN: dnn(5.0, phase="val")}, {HOG: cpu(0.0)}) for _ in range(10)])
+    run.script([({DNN: dnn(50.0)}, {HOG: cpu(8.0)}) for _ in range(10)])
+    assert run.first_throttled() is None
+
+
+def test_cpu_job_on_another_socket_is_never_throttled() -> None:
+    other = cpu(8.0, 20 * GB, sockets=frozenset({1}))
+    run = Run(Eliminator(mba=True)).script(quiet(20, hog=other))
+    run.script([({DNN: dnn(50.0)}, {HOG: other}) for _ in range(100)])
+    assert run.first_throttled() is None
+    # The slowdown is reported as unexplained, not blamed on the job next door.
+    unexplained = run.events("contention-unexplained")
+    assert unexplained and all(e.job_id == DNN for _, e in unexplained)
+    assert not run.events("throttle")
+
+
+def test_only_the_job_on_the_same_socket_is_throttled() -> None:
+    near = cpu(4.0, job_id=HOG)
+    far = cpu(8.0, job_id=HOG2, sockets=frozenset({1}))
+    run = Run(Eliminator()).script(
+        [({DNN: dnn(100.0)}, {HOG: cpu(0.0), HOG2: cpu(0.0, job_id=HOG2, sockets=far.sockets)})]
+        * 10
+    )
+    run.script([({DNN: dnn(50.0)}, {HOG: near, HOG2: far}) for _ in range(20)])
+    throttled = {j for out in run.outs for j in out.throttles}
+    assert throttled == {HOG}
+
+
+def test_dnn_jobs_are_never_throttled() -> None:
+    # Two DNN jobs and a CPU job on one socket; DNN 11 slows down. Only the CPU job is capped,
+    # even though DNN 11 "draws" as much as any CPU job could.
+    other_dnn = 11
+    run = Run(Eliminator(mba=True))
+    for i in range(60):
+        slow = 20 <= i < 40
+        run.tick(
+            {
+                DNN: dnn(100.0 * wobble(i)),
+                other_dnn: dnn((50.0 if slow else 100.0) * wobble(i), job_id=other_dnn),
+            },
+            {HOG: cpu(8.0 if i >= 20 else 0.0, 12 * GB if i >= 20 else 0.0)},
+        )
+    assert {j for out in run.outs for j in out.throttles} == {HOG}
+    assert all(e.job_id == HOG for _, e in run.events() if e.action.startswith("throttle"))
+    assert run.elim.cpu_status(DNN) is None and run.elim.cpu_status(other_dnn) is None
+
+
+def test_probing_dnn_jobs_are_ignored() -> None:
+    run = Run(Eliminator()).script(quiet(20))
+    run.script([({DNN: dnn(30.0, probing=True)}, {HOG: cpu(8.0)}) for _ in range(30)])
+    assert run.first_throttled() is None
+    assert run.events() == []
+    # ... and a probe's low rates do not become the baseline.
+    assert run.elim.dnn_status(DNN) == {"baseline": 100.0, "baseline_ticks": 20, "slowdown": None}
+
+
+# -- the ladder ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("alloc", "params", "ladder"),
+    [
+        (8, ContentionParams(), [6.0, 4.0, 2.0, 0.8]),
+        (4, ContentionParams(), [3.0, 2.0, 1.0, 0.4]),
+        (8, ContentionParams(floor_fraction=0.25), [6.0, 4.0, 2.0]),
+        (8, ContentionParams(floor_fraction=0.3), [6.0, 4.0, 2.4]),
+        (2, ContentionParams(), [1.5, 1.0, 0.5, 0.2]),
+    ],
+)
+def test_quota_ladder_then_floor(alloc: int, params: ContentionParams, ladder: list[float]) -> None:
+    run = Run(Eliminator(params)).script(quiet(10))
+    for _ in range(60):  # the DNN job stays slow whatever the cap
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(float(alloc), alloc=alloc)})
+    quotas = [out.throttles[HOG].quota_cores for out in run.outs if HOG in out.throttles]
+    steps = [q for i, q in enumerate(quotas) if i == 0 or q != quotas[i - 1]]
+    assert steps == ladder
+    floor = params.floor_fraction * alloc
+    assert min(quotas) == pytest.approx(max(floor, ladder[-1]))
+    assert all(q >= floor - 1e-9 for q in quotas)
+    assert quotas[-1] == ladder[-1]
+    assert run.elim.cpu_status(HOG)["mechanism"] == "quota"
+
+
+@pytest.mark.parametrize("step_s", [1.0, 2.0, 3.0, 5.0])
+def test_one_step_per_job_per_step_s(step_s: float) -> None:
+    run = Run(Eliminator(ContentionParams(step_s=step_s))).script(quiet(10))
+    for _ in range(40):
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
+    times = [t for t, _ in run.events("throttle")]
+    assert len(times) == 4
+    assert all(b - a >= step_s for a, b in itertools.pairwise(times))
+    assert times[0] == 10
+    assert all(len([e for e in out.events if e.job_id == HOG]) <= 1 for out in run.outs)
+
+
+@dataclass(frozen=True)
+class Drawers:
+    name: str
+    a: CpuJob
+    b: CpuJob
+    first: int
+
+
+DRAWERS = [
+    Drawers(
+        "by bandwidth when all report it",
+        cpu(8.0, 2 * GB, job_id=HOG),
+        cpu(3.0, 9 * GB, job_id=HOG2),
+        HOG2,
+    ),
+    Drawers(
+        "by cpu when one lacks bandwidth",
+        cpu(8.0, None, job_id=HOG),
+        cpu(3.0, 9 * GB, job_id=HOG2),
+        HOG,
+    ),
+    Drawers("by cpu without bandwidth", cpu(2.5, job_id=HOG), cpu(6.0, job_id=HOG2), HOG2),
+    Drawers("tie: lower job id", cpu(4.0, job_id=HOG), cpu(4.0, job_id=HOG2), HOG),
+]
+
+
+@pytest.mark.parametrize("mba", [False, True])
+@pytest.mark.parametrize("case", DRAWERS, ids=lambda c: c.name)
+def test_top_drawer_is_throttled_first(case: Drawers, mba: bool) -> None:
+    idle = {HOG: cpu(0.0, 0.0, job_id=HOG), HOG2: cpu(0.0, 0.0, job_id=HOG2)}
+    run = Run(Eliminator(mba=mba)).script([({DNN: dnn(100.0)}, idle)] * 10)
+    out = run.tick({DNN: dnn(50.0)}, {HOG: case.a, HOG2: case.b})
+    assert set(out.throttles) == {case.first}
+    [ev] = out.events
+    assert ev.action == "throttle" and ev.job_id == case.first
+
+
+def test_second_drawer_is_throttled_once_the_first_is_at_its_floor() -> None:
+    run = Run(Eliminator()).script(
+        [({DNN: dnn(100.0)}, {HOG: cpu(0.0), HOG2: cpu(0.0, job_id=HOG2)})] * 10
+    )
+    for _ in range(40):
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0), HOG2: cpu(3.0, job_id=HOG2)})
+    order = [e.job_id for _, e in run.events("throttle")]
+    assert order[:4] == [HOG] * 4
+    assert HOG2 in order[4:]
+    assert run.outs[-1].throttles[HOG].quota_cores == 0.8
+
+
+# -- release and backoff ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hold_s", [5.0, 10.0, 30.0])
+def test_release_one_step_per_hold_after_recovery(hold_s: float) -> None:
+    params = ContentionParams(release_hold_s=hold_s)
+    run = Run(Eliminator(params)).script(quiet(10))
+    for _ in range(5):  # slow: three steps down (6, 4, 2 cores)
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
+    assert run.outs[-1].throttles[HOG].quota_cores == 2.0
+    recovered_t = len(run.outs)
+    last_throttle = run.events("throttle")[-1][0]
+    for _ in range(int(4 * hold_s) + 5):  # recovered (within release_slowdown)
+        run.tick({DNN: dnn(97.0)}, {HOG: cpu(2.0)})
+    releases = run.events("release-step") + run.events("release")
+    times = sorted(t for t, _ in releases)
+    assert [e.reading["level"] for _, e in sorted(releases, key=lambda x: x[0])] == [2, 1, 0]
+    assert times[0] >= max(recovered_t, last_throttle + hold_s)
+    assert all(b - a >= hold_s for a, b in itertools.pairwise(times))
+    quotas = [out.throttles.get(HOG) for out in run.outs[recovered_t:]]
+    caps = [q.quota_cores if q else None for q in quotas]
+    assert [c for i, c in enumerate(caps) if i == 0 or c != caps[i - 1]] == [2.0, 4.0, 6.0, None]
+    assert HOG not in run.outs[-1].throttles
+    for _, ev in releases:
+        assert ev.job_id == HOG
+        assert ev.reading["victim"] == DNN
+        assert "cpu_rate_cores" in ev.reading
+
+
+@pytest.mark.parametrize("slowdown", [0.06, 0.09])
+def test_no_release_while_still_slower_than_release_slowdown(slowdown: float) -> None:
+    run = Run(Eliminator(ContentionParams(release_hold_s=5.0))).script(quiet(10))
+    run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
+    for _ in range(100):  # better, not below the trigger, not back within release_slowdown
+        run.tick({DNN: dnn(100.0 * (1 - slowdown))}, {HOG: cpu(6.0)})
+    assert run.events("release") == run.events("release-step") == []
+    assert run.outs[-1].throttles[HOG].quota_cores == 6.0
+
+
+def test_release_when_the_victim_leaves() -> None:
+    run = Run(Eliminator(ContentionParams(release_hold_s=5.0))).script(quiet(10))
+    run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
+    for _ in range(10):
+        run.tick({}, {HOG: cpu(8.0)})
+    assert run.events("release")
+    assert not run.outs[-1].throttles
+
+
+def test_rethrottle_soon_after_release_doubles_the_hold() -> None:
+    # The DNN job is slow while the CPU job draws more than 6 cores: one step fixes it, a
+    # release brings the slowdown straight back. Release holds: 10, 20, 40, 80, 80 s.
+    hold, max_backoff = 10.0, 8
+    run = Run(Eliminator(ContentionParams(release_hold_s=hold, max_backoff=max_backoff)))
+    run.script(quiet(10))
+    for _ in range(450):
+        t = run.elim.throttled.get(HOG)
+        draw = 8.0 if t is None or t.level == 0 else t.quota_cores
+        run.tick({DNN: dnn(50.0 if draw > 6.0 else 100.0)}, {HOG: cpu(draw)})
+    throttles = [t for t, _ in run.events("throttle")]
+    releases = [t for t, _ in run.events("release")]
+    assert len(throttles) >= 5 and len(releases) >= 5
+    holds = [r - t for t, r in zip(throttles, releases, strict=False)]
+    assert holds[:5] == [hold, 2 * hold, 4 * hold, 8 * hold, 8 * hold]
+    # Re-throttled within a tick or two of each release: the slowdown is real.
+    assert all(1 <= t - r <= 2 for r, t in zip(releases, throttles[1:], strict=False))
+    assert all(
+        f"{h:g} s" in e.rule for h, (_, e) in zip(holds, run.events("release"), strict=False)
+    )
+
+
+# -- MBA and its overshoot ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overshoot", "final_mb"),
+    [
+        (1.0, 70),  # MBA does what it is asked
+        (1.2, 70),  # a little over: within the 1.25x tolerance
+        (3.0, 20),  # 3x over: lowered until the measured draw is near the aim
+        (4.0, 20),
+        (None, 10),  # the cap has no effect at all: down to the floor, and no further
+    ],
+)
+def test_mba_overshoot_is_corrected_step_by_step(overshoot: float | None, final_mb: int) -> None:
+    before = 10 * GB
+    params = ContentionParams(release_hold_s=1000.0)
+    run = Run(Eliminator(params, mba=True)).script(quiet(10, hog=cpu(0.5, 0.0)))
+
+    def bw(mb: int | None) -> float:
+        if mb is None or overshoot is None:
+            return before
+        return min(before, overshoot * before * mb / 100.0)
+
+    # One slow tick, then the DNN job is fine: the throttle stays, and the only changes
+    # after the first are corrections driven by the CPU job's measured bandwidth.
+    run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0, before)})
+    for _ in range(60):
+        t = run.elim.throttled[HOG]
+        run.tick({DNN: dnn(100.0)}, {HOG: cpu(8.0, bw(t.mba_pct))})
+    mbs = [out.throttles[HOG].mem_bw_pct for out in run.outs if HOG in out.throttles]
+    steps = [m for i, m in enumerate(mbs) if i == 0 or m != mbs[i - 1]]
+    assert steps == list(range(70, final_mb - 1, -params.mba_correction_pct))
+    assert mbs[-1] == final_mb
+    assert min(mbs) >= params.floor_mba_pct
+    assert all(out.throttles[HOG].quota_cores is None for out in run.outs if HOG in out.throttles)
+    corrections = run.events("throttle-correct")
+    assert len(corrections) == len(steps) - 1
+    times = [t for t, _ in corrections]
+    assert all(b - a >= params.step_s for a, b in itertools.pairwise(times))
+    for _, ev in corrections:
+        assert ev.job_id == HOG
+        assert ev.reading["victim"] == DNN
+        assert ev.reading["mem_bw_bytes_per_s"] > params.overshoot * ev.reading["aim_bytes_per_s"]
+        assert ev.reading["aim_bytes_per_s"] == pytest.approx(0.7 * before)
+
+
+def test_mba_ladder_while_the_victim_stays_slow() -> None:
+    run = Run(Eliminator(mba=True)).script(quiet(10, hog=cpu(0.5, 0.0)))
+    for _ in range(40):
+        t = run.elim.throttled.get(HOG)
+        mb = t.mba_pct if t is not None and t.mba_pct else 100
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0, 10 * GB * mb / 100)})
+    mbs = [out.throttles[HOG].mem_bw_pct for out in run.outs if HOG in out.throttles]
+    steps = [m for i, m in enumerate(mbs) if i == 0 or m != mbs[i - 1]]
+    assert steps == [70, 50, 30, 10]
+    assert mbs[-1] == 10
+
+
+# -- off ----------------------------------------------------------------------------------------
+
+
+def test_disabled_never_throttles_and_drops_existing_caps() -> None:
+    run = Run(Eliminator(ContentionParams(enabled=False))).script(quiet(10))
+    run.script([({DNN: dnn(50.0)}, {HOG: cpu(8.0)})] * 20)
+    assert run.first_throttled() is None and run.events() == []
+
+
+def test_throttle_reason_names_the_victim() -> None:
+    run = Run(Eliminator()).script(quiet(10))
+    out = run.tick({DNN: dnn(40.0)}, {HOG: cpu(8.0)})
+    assert out.throttles[HOG] == Throttle(
+        quota_cores=6.0, mem_bw_pct=None, reason=f"contention: shielding job {DNN}"
+    )
+    assert run.elim.cpu_status(HOG)["for_job"] == DNN
