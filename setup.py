@@ -18,7 +18,6 @@ setup(
     cffi_modules=["csrc/build_plugin.py:ffibuilder", "csrc/build_perf.py:ffibuilder"],
     install_requires=[
         "numpy>=1.24",
-        "scipy>=1.10",
         "cffi>=1.16",
         "click>=8.1",
         "psutil>=5.9",

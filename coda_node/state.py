@@ -164,7 +164,8 @@ def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644, durable: bool
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True)
+            # dumps (the C encoder, one write) rather than dump (a write per token).
+            f.write(json.dumps(data, sort_keys=True))
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

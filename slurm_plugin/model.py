@@ -48,13 +48,11 @@ demand.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
-from scipy.stats import norm
 
 if TYPE_CHECKING:  # the store imports nothing from here, but keep the model numpy-only at runtime
     from slurm_plugin.store import Profile
@@ -376,11 +374,41 @@ def _refine_theta(c: np.ndarray, y: np.ndarray, grid: np.ndarray, best: int) -> 
     def sse_at(t: float) -> float:
         return float(_solve(c, y, np.array([t])).sse[0])
 
-    res = minimize_scalar(sse_at, bounds=(lo, hi), method="bounded", options={"xatol": 1e-5})
+    x, fx = _golden_min(sse_at, lo, hi, xatol=1e-5)
     grid_theta = float(grid[best])
-    if res.success and float(res.fun) <= sse_at(grid_theta):
-        return float(res.x)
+    if fx <= sse_at(grid_theta):
+        return x
     return grid_theta
+
+
+_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def _golden_min(
+    f: Callable[[float], float], lo: float, hi: float, *, xatol: float
+) -> tuple[float, float]:
+    """Golden-section search for the minimum of ``f`` on [lo, hi] (unimodal there), to
+    ``xatol``: (x, f(x)). Ours rather than scipy.optimize's, which would cost the node
+    daemon some 45 MB of resident memory for one bounded scalar search."""
+    a, b = lo, hi
+    c, d = b - _INV_PHI * (b - a), a + _INV_PHI * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > xatol:
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - _INV_PHI * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + _INV_PHI * (b - a)
+            fd = f(d)
+    x = (a + b) / 2.0
+    return x, f(x)
+
+
+def _norm_cdf(z: float) -> float:
+    """Standard normal CDF (scipy.stats would cost the daemon ~70 MB to import)."""
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +463,7 @@ def _table_sweet_spot(c: np.ndarray, y: np.ndarray, plateau_fraction: float) -> 
     threshold = plateau_fraction * best
     idx = int(np.argmax(means >= threshold - 1e-12 * abs(threshold)))
     z = (means - threshold) / (sigma / np.sqrt(n_k))
-    confidence = float(norm.cdf(z[idx])) * float(np.prod(norm.sf(z[:idx])))
+    confidence = _norm_cdf(float(z[idx])) * math.prod(_norm_cdf(-float(v)) for v in z[:idx])
     return SweetSpot(
         cores=max(1, int(ks[idx])),
         confidence=float(np.clip(confidence, 0.0, 1.0)),
