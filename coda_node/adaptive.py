@@ -10,6 +10,8 @@ policy modules, which see only the records built here.
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +22,9 @@ from coda_node.contention import (
     CpuJob,
     DnnJob,
     Eliminator,
+    PcieUse,
     Throttle,
+    pcie_pairs,
 )
 from coda_node.observe import JobSignal, Progress, Reading, SignalParams
 from coda_node.paths import SystemRoot
@@ -102,6 +106,10 @@ class AdaptiveLoop:
         self._confident: dict[int, bool] = {}
         self._sockets: dict[int, int] = {}
         self._ensured: set[int] = set()
+        self._switch: dict[str, str | None] = {}
+        self._pcie_reported: set[tuple[int, int]] = set()
+        self.pcie: dict[int, float] = {}
+        """Each DNN job's PCIe traffic this tick (bytes/s, rx + tx over its GPUs)."""
 
     # -- inputs -------------------------------------------------------------------------
     def sockets_of(self, cpus: frozenset[int]) -> frozenset[int]:
@@ -233,9 +241,78 @@ class AdaptiveLoop:
         return LoopOutput(
             cores=alloc_out.cores,
             throttles=cont_out.throttles,
-            events=alloc_out.events + cont_out.events,
+            events=alloc_out.events + cont_out.events + self._pcie_events(snap),
             publish=alloc_out.publish,
         )
+
+    # -- PCIe ------------------------------------------------------------------------------
+    def switch_of(self, pci_bus_id: str | None) -> str | None:
+        """The PCIe switch (its upstream port's address) a GPU hangs off, from sysfs:
+        ``/sys/bus/pci/devices/<gpu>`` links to ``.../<root port>/<switch up>/<switch
+        down>/<gpu>``. A GPU right under a root port counts that port as its "switch"."""
+        if pci_bus_id is None:
+            return None
+        if pci_bus_id not in self._switch:
+            key = None
+            m = re.fullmatch(
+                r"(?:[0-9A-Fa-f]*([0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)", pci_bus_id
+            )
+            if m:
+                addr = f"{(m.group(1) or '0000').lower()}:{m.group(2).lower()}"
+                link = self.root.path(f"/sys/bus/pci/devices/{addr}")
+                chain = [p for p in os.path.realpath(link).split("/") if _PCI_ADDR.fullmatch(p)]
+                if len(chain) >= 3:
+                    key = chain[-3]  # gpu <- switch downstream port <- switch upstream port
+                elif len(chain) == 2:
+                    key = chain[-2]  # directly under a root port
+            self._switch[pci_bus_id] = key
+        return self._switch[pci_bus_id]
+
+    def _pcie_events(self, snap: NodeSnapshot) -> list[Event]:
+        by_index = {g.index: g for g in snap.gpus}
+        uses: dict[int, PcieUse] = {}
+        self.pcie = {}
+        for job_id, view in snap.jobs.items():
+            if view.slurm is None or not view.slurm.is_dnn:
+                continue
+            total, switches, known = 0.0, set(), False
+            for ref in view.gpus:
+                g = by_index.get(ref.nvml_index) if ref.nvml_index is not None else None
+                if g is None:
+                    continue
+                for v in (g.pcie_rx_bytes_per_s, g.pcie_tx_bytes_per_s):
+                    if v is not None:
+                        total += v
+                        known = True
+                sw = self.switch_of(g.pci_bus_id)
+                if sw is not None:
+                    switches.add(sw)
+            if known:
+                self.pcie[job_id] = total
+                uses[job_id] = PcieUse(job_id, frozenset(switches), total)
+        events = []
+        pairs = pcie_pairs(uses)
+        now = {(a, b) for a, b, _ in pairs}
+        for a, b, sw in pairs:
+            if (a, b) in self._pcie_reported:
+                continue
+            for job, other in ((a, b), (b, a)):
+                events.append(
+                    Event(
+                        job,
+                        "pcie-shared",
+                        f"job {job} and job {other} both move over 8 GB/s through PCIe switch "
+                        f"{sw} (CODA: 5-10 % slowdown each); placement should spread them",
+                        {
+                            "other": other,
+                            "switch": sw,
+                            "pcie_bytes_per_s": uses[job].bytes_per_s,
+                            "other_pcie_bytes_per_s": uses[other].bytes_per_s,
+                        },
+                    )
+                )
+        self._pcie_reported = now
+        return events
 
     def _throttled_near(
         self, sockets: frozenset[int], alloc_of: Mapping[int, frozenset[int]]
@@ -275,6 +352,9 @@ class AdaptiveLoop:
             f"profile {pub.signature}: {prof.cpus_per_gpu} cores/GPU at confidence "
             f"{prof.confidence:.2f} from {prof.n_samples} samples"
         )
+
+
+_PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d")
 
 
 def _fields(obj: object) -> dict[str, object]:

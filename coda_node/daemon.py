@@ -475,6 +475,7 @@ class Daemon:
             else None,
             "profiling": rec.to_dict() if rec else None,
             "contention": contention,
+            "pcie_bytes_per_s": self.loop.pcie.get(job_id),
         }
 
 
