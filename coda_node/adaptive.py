@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coda_node.allocator import Allocator, AllocatorOutput, Event, ProbeJob, ProbeParams, Publish
 from coda_node.contention import (
@@ -96,7 +96,7 @@ class AdaptiveLoop:
         self.profiling_off = profiling_off
         cparams = contention_params(cfg)
         if contention_off is not None:
-            cparams = ContentionParams(**{**_fields(cparams), "enabled": False})
+            cparams = replace(cparams, enabled=False)
         self.contention_off = contention_off
         self.eliminator = Eliminator(cparams, mba=mba, quota="quota" in cfg.node_enforce)
         self.store = store if store is not None else ProfileStore(cfg.profile_store)
@@ -226,7 +226,7 @@ class AdaptiveLoop:
             if pj.blocked is None:
                 why = self._throttled_near(self.sockets_of(alloc_of[job_id]), alloc_of)
                 if why:
-                    probe_jobs[job_id] = _with_blocked(pj, why)
+                    probe_jobs[job_id] = replace(pj, blocked=why)
         alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs)
         for job_id, pj in probe_jobs.items():
             rec = self.allocator.records.get(job_id)
@@ -355,20 +355,3 @@ class AdaptiveLoop:
 
 
 _PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d")
-
-
-def _fields(obj: object) -> dict[str, object]:
-    return {name: getattr(obj, name) for name in obj.__slots__}  # type: ignore[attr-defined]
-
-
-def _with_blocked(pj: ProbeJob, why: str) -> ProbeJob:
-    return ProbeJob(
-        job_id=pj.job_id,
-        signature=pj.signature,
-        gpus=pj.gpus,
-        allocated_cores=pj.allocated_cores,
-        single_node=pj.single_node,
-        progress=pj.progress,
-        profile_confident=pj.profile_confident,
-        blocked=why,
-    )
