@@ -180,13 +180,12 @@ class AdaptiveLoop:
         probe_jobs: dict[int, ProbeJob] = {}
         dnn: dict[int, DnnJob] = {}
         cpu: dict[int, CpuJob] = {}
-        alloc_of: dict[int, frozenset[int]] = {}
+        sockets_of_job: dict[int, frozenset[int]] = {}
         for job_id, view in snap.jobs.items():
             cpus = allocated(job_id)
             if cpus is None or view.slurm is None:
                 continue
-            alloc_of[job_id] = cpus
-            sockets = self.sockets_of(cpus)
+            sockets = sockets_of_job[job_id] = self.sockets_of(cpus)
             if not view.slurm.is_dnn:
                 cpu[job_id] = CpuJob(
                     job_id=job_id,
@@ -224,7 +223,7 @@ class AdaptiveLoop:
         # Jobs near a throttled CPU job are not probed: their rate is not their own.
         for job_id, pj in list(probe_jobs.items()):
             if pj.blocked is None:
-                why = self._throttled_near(self.sockets_of(alloc_of[job_id]), alloc_of)
+                why = self._throttled_near(sockets_of_job[job_id], sockets_of_job)
                 if why:
                     probe_jobs[job_id] = replace(pj, blocked=why)
         alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs)
@@ -232,7 +231,7 @@ class AdaptiveLoop:
             rec = self.allocator.records.get(job_id)
             dnn[job_id] = DnnJob(
                 job_id=job_id,
-                sockets=self.sockets_of(alloc_of[job_id]),
+                sockets=sockets_of_job[job_id],
                 progress=pj.progress,
                 probing=rec is not None and rec.state == "probing",
             )
@@ -315,10 +314,10 @@ class AdaptiveLoop:
         return events
 
     def _throttled_near(
-        self, sockets: frozenset[int], alloc_of: Mapping[int, frozenset[int]]
+        self, sockets: frozenset[int], sockets_of_job: Mapping[int, frozenset[int]]
     ) -> str | None:
         for job_id, t in self.eliminator.throttled.items():
-            if t.level > 0 and job_id in alloc_of and self.sockets_of(alloc_of[job_id]) & sockets:
+            if t.level > 0 and sockets_of_job.get(job_id, frozenset()) & sockets:
                 return f"CPU job {job_id} on its socket is throttled (contention)"
         return None
 
