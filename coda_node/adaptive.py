@@ -32,7 +32,7 @@ from coda_node.perf import cpu_socket
 from coda_node.progress import ProgressFiles
 from coda_node.sampling import JobView, NodeSnapshot
 from slurm_plugin.conf import CodaConfig
-from slurm_plugin.model import refit_profile
+from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.store import ProfileStore, Sample, StoreError
 
 log = logging.getLogger("coda-node")
@@ -126,20 +126,25 @@ class AdaptiveLoop:
         return frozenset(out)
 
     def _profile_confident(self, view: JobView, signature: str) -> bool:
-        """Whether the workload already has a confident profile: the hook used one at
-        submit time, or one was stored since (read once per job)."""
+        """Whether the workload already has a settled profile: confident and not censored
+        (a censored one only says "at least this many": probe again with the room the hook
+        gave). Read once per job; the hook's record stands in when the store cannot be read."""
         cached = self._confident.get(view.job_id)
         if cached is not None:
             return cached
         record = view.slurm.admin_record if view.slurm else None
-        confident = bool(record and record.get("src") in ("profile", "global"))
-        if not confident:
-            try:
-                prof = self.store.read(signature)
-            except (StoreError, OSError) as exc:
-                log.warning("job=%d cannot read profile %s: %s", view.job_id, signature, exc)
-                prof = None
-            confident = prof is not None and prof.confidence >= self.cfg.min_confidence
+        by_record = bool(record and record.get("src") in ("profile", "global"))
+        try:
+            prof = self.store.read(signature)
+        except (StoreError, OSError) as exc:
+            log.warning("job=%d cannot read profile %s: %s", view.job_id, signature, exc)
+            confident = by_record
+        else:
+            confident = (
+                prof is not None
+                and prof.confidence >= self.cfg.min_confidence
+                and not is_censored(prof)
+            ) or (by_record and prof is None)
         self._confident[view.job_id] = confident
         return confident
 
@@ -321,6 +326,20 @@ class AdaptiveLoop:
                 return f"CPU job {job_id} on its socket is throttled (contention)"
         return None
 
+    def profile_state(self, job_id: int) -> str | None:
+        """The job's profile as ``coda-node status`` names it (coda_node.status.PROFILE_STATES):
+        known, waiting, probing, probed, confident or skipped; None for a job not profiled
+        (a CPU job)."""
+        rec = self.allocator.records.get(job_id)
+        if rec is None:
+            return None
+        if rec.state != "done":
+            return rec.state
+        confident = self._confident.get(job_id, False)
+        if rec.probes == 0:
+            return "known" if confident else "probed"
+        return "confident" if confident else "probed"
+
     # -- publishing ---------------------------------------------------------------------------
     def publish(self, pub: Publish, gpu_model: str | None = None) -> str:
         """Merge a probed job's samples into the profile store; one line saying what
@@ -346,7 +365,9 @@ class AdaptiveLoop:
             )
         except (StoreError, OSError, ValueError) as exc:
             return f"cannot publish to {self.store.root}: {exc}"
-        self._confident[pub.job_id] = prof.confidence >= self.cfg.min_confidence
+        self._confident[pub.job_id] = (
+            prof.confidence >= self.cfg.min_confidence and not is_censored(prof)
+        )
         return (
             f"profile {pub.signature}: {prof.cpus_per_gpu} cores/GPU at confidence "
             f"{prof.confidence:.2f} from {prof.n_samples} samples"

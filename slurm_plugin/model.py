@@ -66,6 +66,7 @@ __all__ = [
     "cpus_per_gpu_for_request",
     "estimate_sweet_spot",
     "fit_curve",
+    "is_censored",
     "next_probe",
     "normalise_samples",
     "refit_profile",
@@ -530,7 +531,22 @@ def estimate_sweet_spot(
     )
 
 
-def refit_profile(profile: Profile, *, plateau_fraction: float = 0.95) -> Profile:
+EXPLORE_FACTOR = 1.5
+"""A censored profile asks for this many times the largest per-GPU count measured."""
+
+
+def is_censored(profile: Profile) -> bool:
+    """Whether the profile's sweet spot is only a lower bound: the job's throughput was
+    still rising at the most cores any run had, so the workload may need more."""
+    return bool(profile.fit is not None and profile.fit.get("censored"))
+
+
+def refit_profile(
+    profile: Profile,
+    *,
+    plateau_fraction: float = 0.95,
+    explore_factor: float = EXPLORE_FACTOR,
+) -> Profile:
     """Re-estimate a stored profile from its samples; a ``refit`` for ``merge_samples``.
 
     Uses the single-node samples (``nodes == 1``), per GPU (:func:`normalise_samples`), and
@@ -540,10 +556,32 @@ def refit_profile(profile: Profile, *, plateau_fraction: float = 0.95) -> Profil
     ``"fit"`` method). Never raises for unusable samples: a merge must still store them, so
     the profile comes back with ``confidence`` 0, ``cpus_per_gpu`` unchanged and
     ``fit={"error": <why>}``.
+
+    **Censored profiles.** Online probes only measure inside a job's allocation, so a job
+    that was given too few cores shows a "sweet spot" at its allocation that is only a
+    lower bound. When the estimate is the largest count measured (and more than one count
+    was), the fit is marked ``censored`` with ``measured_top_cores_per_gpu``, and
+    ``cpus_per_gpu`` asks for ``explore_factor`` times that, so the next run has room to
+    show where the curve flattens (coda-node probes it again). Each run's samples are
+    normalised to that run's own top, so when a later run measures above a censored top,
+    the samples before that run are dropped from the profile: they were relative to a
+    plateau that was not one.
     """
     if not 0.0 < plateau_fraction <= 1.0:
         raise ValueError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
-    used = [s for s in profile.samples if s.nodes == 1]
+    if explore_factor < 1.0:
+        raise ValueError(f"explore_factor must be at least 1, got {explore_factor}")
+    samples = profile.samples
+    prev = profile.fit
+    if prev is not None and prev.get("censored"):
+        top = float(prev.get("measured_top_cores_per_gpu") or 0.0)
+        first = next(
+            (k for k, s in enumerate(samples) if s.nodes == 1 and s.cores / s.gpus > top + 1e-9),
+            None,
+        )
+        if first is not None:
+            samples = samples[first:]
+    used = [s for s in samples if s.nodes == 1]
     try:
         if not used:
             raise InsufficientSamples("no single-node samples")
@@ -554,7 +592,7 @@ def refit_profile(profile: Profile, *, plateau_fraction: float = 0.95) -> Profil
             c, y, plateau_fraction=plateau_fraction, min_cores=lo, max_cores=hi
         )
     except ModelError as exc:
-        return replace(profile, confidence=0.0, fit={"error": str(exc)})
+        return replace(profile, samples=samples, confidence=0.0, fit={"error": str(exc)})
     fit: dict[str, Any] = {} if spot.fit is None else spot.fit.to_dict()
     fit.update(
         method=spot.method,
@@ -562,9 +600,14 @@ def refit_profile(profile: Profile, *, plateau_fraction: float = 0.95) -> Profil
         plateau_throughput=float(spot.plateau_throughput),
         n_used=len(used),
     )
+    cpus_per_gpu = max(1, math.ceil(spot.cores))
+    if hi > lo and spot.cores >= hi:
+        fit.update(censored=True, measured_top_cores_per_gpu=hi)
+        cpus_per_gpu = max(hi + 1, math.ceil(hi * explore_factor))
     return replace(
         profile,
-        cpus_per_gpu=max(1, math.ceil(spot.cores)),
+        samples=samples,
+        cpus_per_gpu=cpus_per_gpu,
         confidence=float(spot.confidence),
         fit=fit,
     )

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_plugin.curves import noisy_samples
+from slurm_plugin.curves import cores_for_fraction, noisy_samples, throughput_curve
 from slurm_plugin.model import (
     InconsistentSamples,
     InsufficientSamples,
     SweetSpot,
     estimate_sweet_spot,
     fit_curve,
+    is_censored,
     refit_profile,
 )
 from slurm_plugin.store import Profile, ProfileStore, Sample
@@ -145,16 +146,62 @@ def test_to_dict_is_plain_json() -> None:
 def test_refit_on_merge_table(store: ProfileStore) -> None:
     samples = [
         Sample(cores=c, throughput=y, gpus=1, nodes=1)
-        for c, y in ((1.0, 50.0), (1.0, 52.0), (2.0, 100.0), (2.0, 101.0))
+        for c, y in ((1.0, 50.0), (1.0, 52.0), (2.0, 100.0), (2.0, 100.0), (3.0, 101.0))
     ]
     result = store.merge_samples(SIG, samples, refit=refit_profile)
     assert result.cpus_per_gpu == 2
     assert result.confidence > 0.9
     assert result.fit is not None
-    assert result.fit["method"] == "table"
     assert result.fit["sweet_spot_cores_per_gpu"] == 2
-    assert result.fit["n_used"] == 4
+    assert result.fit["n_used"] == 5
+    assert not is_censored(result)
     assert store.read(SIG) == result
+
+
+def test_refit_still_rising_at_the_top_is_censored_and_asks_for_more(store: ProfileStore) -> None:
+    # A job given 2 cores doubled its rate from 1 to 2: its demand may well be above 2.
+    samples = [
+        Sample(cores=c, throughput=y, gpus=1, nodes=1)
+        for c, y in ((2.0, 100.0), (2.0, 101.0), (1.0, 50.0), (1.0, 52.0))
+    ]
+    result = store.merge_samples(SIG, samples, refit=refit_profile)
+    assert is_censored(result)
+    assert result.fit is not None and result.fit["measured_top_cores_per_gpu"] == 2
+    assert result.cpus_per_gpu == 3  # room for the next run to show where it flattens
+
+
+def test_refit_drops_a_censored_run_once_a_wider_run_measures_above_it(
+    store: ProfileStore,
+) -> None:
+    # Run 1 had 8 cores of a job whose true knee is 19: normalised to 100 at 8.
+    theta = 19.0
+    run1 = [
+        (8, 100.0),
+        (8, 100.0),
+        (
+            1,
+            100
+            * throughput_curve(theta, np.array([1.0]))[0]
+            / throughput_curve(theta, np.array([8.0]))[0],
+        ),
+        (7, 92.0),
+    ]
+    first = store.merge_samples(
+        SIG, [Sample(float(c), y, 1, 1) for c, y in run1], refit=refit_profile
+    )
+    assert is_censored(first) and first.cpus_per_gpu == 12
+    # Run 2 was given 24 cores: its samples are relative to the real plateau.
+    cores = np.array([24, 24, 1, 10, 16, 19, 20], dtype=float)
+    y = 100 * throughput_curve(theta, cores)
+    second = store.merge_samples(
+        SIG,
+        [Sample(c, t, 1, 1) for c, t in zip(cores.tolist(), y.tolist(), strict=True)],
+        refit=refit_profile,
+    )
+    assert not is_censored(second)
+    assert len(second.samples) == len(cores)  # run 1's samples are gone
+    assert second.n_samples == len(run1) + len(cores)
+    assert abs(second.cpus_per_gpu - cores_for_fraction(theta, max_cores=24)) <= 1
 
 
 def test_refit_on_merge_fit_uses_single_node_per_gpu_samples(store: ProfileStore) -> None:
@@ -166,8 +213,9 @@ def test_refit_on_merge_fit_uses_single_node_per_gpu_samples(store: ProfileStore
         for c, t in zip(cores.tolist(), y.tolist(), strict=True)
     ]
     multi_node = Sample(cores=2.0, throughput=1.0, gpus=8, nodes=2)  # ignored
-    store.merge_samples(SIG, two_gpu[:4], refit=refit_profile)
-    result = store.merge_samples(SIG, [*two_gpu[4:], multi_node], refit=refit_profile)
+    # One run's samples, published together (as coda-node does), and a multi-node one.
+    store.merge_samples(SIG, [multi_node], refit=refit_profile)
+    result = store.merge_samples(SIG, two_gpu, refit=refit_profile)
 
     fit = fit_curve(cores, y)
     assert result.n_samples == 9
@@ -194,7 +242,9 @@ def test_multi_gpu_counts_per_gpu() -> None:
     assert result.fit is not None
     assert result.fit["method"] == "table"
     assert result.fit["sweet_spot_cores_per_gpu"] == 2
-    assert result.cpus_per_gpu == 2
+    # Still doubling at the top: 2 per GPU is only a lower bound; the hook asks for 3.
+    assert result.fit["measured_top_cores_per_gpu"] == 2
+    assert result.cpus_per_gpu == 3
     assert result.fit["plateau_throughput"] == pytest.approx(100.5)
 
 
