@@ -533,6 +533,9 @@ def estimate_sweet_spot(
 
 EXPLORE_FACTOR = 1.5
 """A censored profile asks for this many times the largest per-GPU count measured."""
+CENSOR_MARGIN = 0.1
+"""A plateau counts as seen when a count more than this share (and a core) past the knee
+was measured."""
 
 
 def is_censored(profile: Profile) -> bool:
@@ -549,8 +552,9 @@ def refit_profile(
 ) -> Profile:
     """Re-estimate a stored profile from its samples; a ``refit`` for ``merge_samples``.
 
-    Uses the single-node samples (``nodes == 1``), per GPU (:func:`normalise_samples`), and
-    :func:`estimate_sweet_spot` over their per-GPU core range. Sets ``cpus_per_gpu``,
+    Uses the single-node samples (``nodes == 1``), scaled to the most common GPU count among
+    them (:func:`normalise_samples`, then times that count: the fit is not scale-free), and
+    :func:`estimate_sweet_spot` over their core range; the answer is divided back per GPU. Sets ``cpus_per_gpu``,
     ``confidence`` and ``fit`` (JSON: ``method``, ``sweet_spot_cores_per_gpu``,
     ``plateau_throughput`` per GPU, ``n_used``, plus :meth:`Fit.to_dict`'s keys for the
     ``"fit"`` method). Never raises for unusable samples: a merge must still store them, so
@@ -559,8 +563,8 @@ def refit_profile(
 
     **Censored profiles.** Online probes only measure inside a job's allocation, so a job
     that was given too few cores shows a "sweet spot" at its allocation that is only a
-    lower bound. When the estimate is the largest count measured (and more than one count
-    was), the fit is marked ``censored`` with ``measured_top_cores_per_gpu``, and
+    lower bound. When nothing was measured clearly past the curve's knee (more than a core
+    and ``CENSOR_MARGIN`` beyond it), the fit is marked ``censored`` with ``measured_top_cores_per_gpu``, and
     ``cpus_per_gpu`` asks for ``explore_factor`` times that, so the next run has room to
     show where the curve flattens (coda-node probes it again). Each run's samples are
     normalised to that run's own top, so when a later run measures above a censored top,
@@ -586,24 +590,38 @@ def refit_profile(
         if not used:
             raise InsufficientSamples("no single-node samples")
         c, y = normalise_samples((s.cores, s.throughput, s.gpus) for s in used)
-        lo = max(1, round(float(c.min())))
-        hi = max(lo, round(float(c.max())))
-        spot = estimate_sweet_spot(
-            c, y, plateau_fraction=plateau_fraction, min_cores=lo, max_cores=hi
-        )
+        # Fit in the units of the most common GPU count: the curve's log term is not
+        # scale-free (log(C/8) = log C - log 8 and the model has no intercept), so an
+        # 8-GPU job's curve fitted per GPU (1..4 cores) comes out wrong.
+        counts: dict[int, int] = {}
+        for smp in used:
+            counts[smp.gpus] = counts.get(smp.gpus, 0) + 1
+        gpus = max(counts, key=lambda g: (counts[g], g))
+        try:
+            spot, lo, hi = _spot_in_units(c * gpus, y * gpus, plateau_fraction)
+        except InsufficientSamples:
+            if gpus == 1:
+                raise
+            # Too few counts for a fit, but per GPU they may cover a table's range.
+            gpus = 1
+            spot, lo, hi = _spot_in_units(c, y, plateau_fraction)
     except ModelError as exc:
         return replace(profile, samples=samples, confidence=0.0, fit={"error": str(exc)})
     fit: dict[str, Any] = {} if spot.fit is None else spot.fit.to_dict()
     fit.update(
         method=spot.method,
-        sweet_spot_cores_per_gpu=int(spot.cores),
-        plateau_throughput=float(spot.plateau_throughput),
+        fit_gpus=gpus,
+        sweet_spot_cores_per_gpu=math.ceil(spot.cores / gpus),
+        plateau_throughput=float(spot.plateau_throughput) / gpus,
         n_used=len(used),
     )
-    cpus_per_gpu = max(1, math.ceil(spot.cores))
-    if hi > lo and spot.cores >= hi:
-        fit.update(censored=True, measured_top_cores_per_gpu=hi)
-        cpus_per_gpu = max(hi + 1, math.ceil(hi * explore_factor))
+    cpus_per_gpu = max(1, math.ceil(spot.cores / gpus))
+    # A plateau is only seen if something was measured clearly past the knee: more than
+    # one core and 10 % beyond it. Otherwise the curve may still be rising at the top.
+    knee = spot.fit.theta_cores if spot.fit is not None else float(spot.cores)
+    if hi > lo and hi <= knee * (1.0 + CENSOR_MARGIN) + 1.0:
+        fit.update(censored=True, measured_top_cores_per_gpu=hi / gpus)
+        cpus_per_gpu = max(math.ceil((hi + 1) / gpus), math.ceil(hi * explore_factor / gpus))
     return replace(
         profile,
         samples=samples,
@@ -611,6 +629,15 @@ def refit_profile(
         confidence=float(spot.confidence),
         fit=fit,
     )
+
+
+def _spot_in_units(
+    c: np.ndarray, y: np.ndarray, plateau_fraction: float
+) -> tuple[SweetSpot, int, int]:
+    lo = max(1, round(float(c.min())))
+    hi = max(lo, round(float(c.max())))
+    spot = estimate_sweet_spot(c, y, plateau_fraction=plateau_fraction, min_cores=lo, max_cores=hi)
+    return spot, lo, hi
 
 
 def normalise_samples(samples: Iterable[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:

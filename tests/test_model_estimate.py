@@ -217,17 +217,35 @@ def test_refit_on_merge_fit_uses_single_node_per_gpu_samples(store: ProfileStore
     store.merge_samples(SIG, [multi_node], refit=refit_profile)
     result = store.merge_samples(SIG, two_gpu, refit=refit_profile)
 
-    fit = fit_curve(cores, y)
+    # Fitted in the 2-GPU job's own units (the curve is not scale-free), answered per GPU.
+    fit = fit_curve(2 * cores, 2 * y)
     assert result.n_samples == 9
     assert result.fit is not None
     assert result.fit["method"] == "fit"
+    assert result.fit["fit_gpus"] == 2
     assert result.fit["n_used"] == 8
-    assert result.fit["sweet_spot_cores_per_gpu"] == fit.sweet_spot_cores
+    assert result.fit["sweet_spot_cores_per_gpu"] == -(-fit.sweet_spot_cores // 2)
     assert result.fit["p0"] == pytest.approx(fit.p0)
-    assert result.fit["plateau_throughput"] == pytest.approx(fit.plateau_throughput)
-    assert result.cpus_per_gpu == fit.sweet_spot_cores
+    assert result.fit["plateau_throughput"] == pytest.approx(fit.plateau_throughput / 2)
+    assert result.cpus_per_gpu == -(-fit.sweet_spot_cores // 2)
+    assert abs(result.cpus_per_gpu - cores_for_fraction(8.0, max_cores=24)) <= 1
     assert result.confidence == pytest.approx(fit.confidence)
     assert result.validated() == result
+
+
+def test_refit_of_an_8_gpu_job_finds_its_knee() -> None:
+    # 8 GPUs needing 4 cores each: probes at 8..48 node cores. Per GPU (1..6 cores) the
+    # log-plus-linear fit is biased; in the job's own units it is not.
+    node_cores = np.array([48, 48, 48, 8, 16, 24, 28, 32, 36, 40], dtype=float)
+    y = 100 * throughput_curve(32.0, node_cores)
+    samples = tuple(
+        Sample(cores=c, throughput=t, gpus=8, nodes=1)
+        for c, t in zip(node_cores.tolist(), y.tolist(), strict=True)
+    )
+    result = refit_profile(_profile(samples))
+    want = cores_for_fraction(32.0, max_cores=48)
+    assert abs(result.cpus_per_gpu * 8 - want) <= 8
+    assert not is_censored(result)
 
 
 def test_multi_gpu_counts_per_gpu() -> None:
