@@ -243,11 +243,15 @@ class Allocator:
 
     def _raised_floor(self, job: ProbeJob, cores: int, rate: float, base: float) -> int:
         """The fewest cores a job that ran at ``rate`` on ``cores`` might need to stay within
-        the allowed slowdown, if its rate grew in proportion to cores (an optimistic guess:
-        the real curve is concave, so the answer errs low and a later cut raises it)."""
+        the allowed slowdown, if its rate grew in proportion to cores. For the model's
+        ``P0 log C + P1 C`` that is a lower bound only where rate/cores falls with C, i.e.
+        from e ≈ 2.7 cores on; from a 1- or 2-core probe (log C near 0) the guess can
+        overshoot, so it never reaches the allocation then: one count below it stays open
+        (else a small allocation's curve would be published from two counts only)."""
         wanted = (1.0 - self.params.max_slowdown) * base
         guess = math.ceil(cores * wanted / max(rate, 1e-12))
-        return min(job.allocated_cores, max(cores + 1, guess))
+        top = job.allocated_cores if cores >= 3 else job.allocated_cores - 1
+        return min(job.allocated_cores, max(cores + 1, min(guess, top)))
 
     def _next(self, now_s: float, job: ProbeJob, rec: ProbeRecord, out: AllocatorOutput) -> None:
         """Pick and start the next probe, or finish."""

@@ -21,6 +21,7 @@ so soft curves measure how the fit copes with a shape it does not exactly descri
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = [
     "ReferenceWorkload",
     "cores_for_fraction",
     "noisy_samples",
+    "throughput_at",
     "throughput_curve",
 ]
 
@@ -109,6 +111,18 @@ def throughput_curve(
         log_r = np.log(np.maximum(rise, 1e-300))
         rel = np.exp(-softness * np.logaddexp(-log_r / softness, 0.0))
     return peak * np.maximum(rel, 0.0)
+
+
+def throughput_at(sweet_spot_cores: float, cores: float, *, log_share: float = 0.3) -> float:
+    """:func:`throughput_curve` at one core count, hard knee, ``peak`` 1, without numpy
+    (the simulator calls it per job event). Same arguments' checks are the caller's."""
+    if cores >= sweet_spot_cores or sweet_spot_cores <= 1.0:
+        return 1.0
+    c = max(cores, 1e-9)
+    rise = log_share * math.log(c) / math.log(sweet_spot_cores) + (1.0 - log_share) * c / (
+        sweet_spot_cores
+    )
+    return min(1.0, max(0.0, rise))
 
 
 def noisy_samples(

@@ -252,8 +252,8 @@ def _posterior(prof: _Profile, n_samples: int) -> tuple[np.ndarray, float]:
     return w / w.sum(), sigma2
 
 
-def _tolerance_cores(sweet_spot_cores: int) -> float:
-    return max(1.0, 0.05 * sweet_spot_cores)
+def _tolerance_cores(sweet_spot_cores: int, unit_cores: float = 1.0) -> float:
+    return max(unit_cores, 0.05 * sweet_spot_cores)
 
 
 def _as_arrays(cores: Sequence[float], throughput: Sequence[float]) -> tuple[np.ndarray, ...]:
@@ -295,8 +295,12 @@ def fit_curve(
     *,
     plateau_fraction: float = 0.95,
     min_distinct_cores: int = 3,
+    unit_cores: float = 1.0,
 ) -> Fit:
     """Fit the SoCC'18 predictor to (cores, throughput) samples of one job.
+
+    ``unit_cores`` widens the confidence band to ±that many cores (the samples of a
+    ``g``-GPU job fitted in its own units are judged ±1 core per GPU, ``unit_cores=g``).
 
     Raises :class:`InsufficientSamples` for fewer than three samples or fewer than
     ``min_distinct_cores`` distinct core counts (the model has three free parameters), and
@@ -343,7 +347,7 @@ def fit_curve(
     sweet = int(_sweet_spots(point, plateau_fraction, lo_cores)[0])
     weights, _ = _posterior(prof, c.size)
     spots = _sweet_spots(prof, plateau_fraction, lo_cores)
-    near = np.abs(spots - sweet) <= _tolerance_cores(sweet) + 1e-9
+    near = np.abs(spots - sweet) <= _tolerance_cores(sweet, unit_cores) + 1e-9
     confidence = float(np.clip(weights[near].sum(), 0.0, 1.0))
 
     p0 = float(point.p0[0]) * scale
@@ -481,6 +485,7 @@ def estimate_sweet_spot(
     plateau_fraction: float = 0.95,
     min_cores: int | None = None,
     max_cores: int | None = None,
+    unit_cores: float = 1.0,
 ) -> SweetSpot:
     """The sweet spot of (cores, throughput) samples, replicates allowed.
 
@@ -517,7 +522,7 @@ def estimate_sweet_spot(
     if covered and distinct < _N_PARAMS:
         return _table_sweet_spot(c, y, plateau_fraction)
     try:
-        fit = fit_curve(c, y, plateau_fraction=plateau_fraction)
+        fit = fit_curve(c, y, plateau_fraction=plateau_fraction, unit_cores=unit_cores)
     except InsufficientSamples:
         if covered:
             return _table_sweet_spot(c, y, plateau_fraction)
@@ -552,24 +557,25 @@ def refit_profile(
 ) -> Profile:
     """Re-estimate a stored profile from its samples; a ``refit`` for ``merge_samples``.
 
-    Uses the single-node samples (``nodes == 1``), scaled to the most common GPU count among
-    them (:func:`normalise_samples`, then times that count: the fit is not scale-free), and
-    :func:`estimate_sweet_spot` over their core range; the answer is divided back per GPU. Sets ``cpus_per_gpu``,
-    ``confidence`` and ``fit`` (JSON: ``method``, ``sweet_spot_cores_per_gpu``,
-    ``plateau_throughput`` per GPU, ``n_used``, plus :meth:`Fit.to_dict`'s keys for the
-    ``"fit"`` method). Never raises for unusable samples: a merge must still store them, so
-    the profile comes back with ``confidence`` 0, ``cpus_per_gpu`` unchanged and
-    ``fit={"error": <why>}``.
+    Uses the single-node samples (``nodes == 1``), scaled to the most common GPU count
+    among them (:func:`normalise_samples`, then times that count: the fit is not
+    scale-free), and :func:`estimate_sweet_spot` over their core range, with confidence
+    judged ±1 core per GPU; the answer is divided back per GPU. Sets ``cpus_per_gpu``,
+    ``confidence`` and ``fit`` (JSON: ``method``, ``fit_gpus``,
+    ``sweet_spot_cores_per_gpu``, ``plateau_throughput`` per GPU, ``n_used``, plus
+    :meth:`Fit.to_dict`'s keys for the ``"fit"`` method). Never raises for unusable
+    samples: a merge must still store them, so the profile comes back with ``confidence``
+    0, ``cpus_per_gpu`` unchanged and ``fit={"error": <why>}``.
 
     **Censored profiles.** Online probes only measure inside a job's allocation, so a job
     that was given too few cores shows a "sweet spot" at its allocation that is only a
-    lower bound. When nothing was measured clearly past the curve's knee (more than a core
-    and ``CENSOR_MARGIN`` beyond it), the fit is marked ``censored`` with ``measured_top_cores_per_gpu``, and
-    ``cpus_per_gpu`` asks for ``explore_factor`` times that, so the next run has room to
-    show where the curve flattens (coda-node probes it again). Each run's samples are
-    normalised to that run's own top, so when a later run measures above a censored top,
-    the samples before that run are dropped from the profile: they were relative to a
-    plateau that was not one.
+    lower bound. When nothing was measured clearly past the curve's knee (more than a
+    core and ``CENSOR_MARGIN`` beyond it), the fit is marked ``censored`` with
+    ``measured_top_cores_per_gpu``, and ``cpus_per_gpu`` asks for ``explore_factor`` times
+    that, so the next run has room to show where the curve flattens (coda-node probes it
+    again). Each run's samples are normalised to that run's own top, so when a later run
+    measures above a censored top, the samples before that run are dropped from the
+    profile: they were relative to a plateau that was not one.
     """
     if not 0.0 < plateau_fraction <= 1.0:
         raise ValueError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
@@ -598,7 +604,7 @@ def refit_profile(
             counts[smp.gpus] = counts.get(smp.gpus, 0) + 1
         gpus = max(counts, key=lambda g: (counts[g], g))
         try:
-            spot, lo, hi = _spot_in_units(c * gpus, y * gpus, plateau_fraction)
+            spot, lo, hi = _spot_in_units(c * gpus, y * gpus, plateau_fraction, gpus)
         except InsufficientSamples:
             if gpus == 1:
                 raise
@@ -632,11 +638,20 @@ def refit_profile(
 
 
 def _spot_in_units(
-    c: np.ndarray, y: np.ndarray, plateau_fraction: float
+    c: np.ndarray, y: np.ndarray, plateau_fraction: float, gpus: int = 1
 ) -> tuple[SweetSpot, int, int]:
+    """The sweet spot of samples in ``gpus``-GPU units; confidence is still about ±1 core
+    *per GPU* (``unit_cores=gpus``), the unit the hook hands out."""
     lo = max(1, round(float(c.min())))
     hi = max(lo, round(float(c.max())))
-    spot = estimate_sweet_spot(c, y, plateau_fraction=plateau_fraction, min_cores=lo, max_cores=hi)
+    spot = estimate_sweet_spot(
+        c,
+        y,
+        plateau_fraction=plateau_fraction,
+        min_cores=lo,
+        max_cores=hi,
+        unit_cores=float(gpus),
+    )
     return spot, lo, hi
 
 

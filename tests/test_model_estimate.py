@@ -218,7 +218,7 @@ def test_refit_on_merge_fit_uses_single_node_per_gpu_samples(store: ProfileStore
     result = store.merge_samples(SIG, two_gpu, refit=refit_profile)
 
     # Fitted in the 2-GPU job's own units (the curve is not scale-free), answered per GPU.
-    fit = fit_curve(2 * cores, 2 * y)
+    fit = fit_curve(2 * cores, 2 * y, unit_cores=2)
     assert result.n_samples == 9
     assert result.fit is not None
     assert result.fit["method"] == "fit"

@@ -1,0 +1,257 @@
+"""``coda-slurm simulate``: replay a trace under several CPU-allocation policies."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
+from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
+from slurm_plugin.sim.report import SCHEMA_VERSION, plot, render_table, summarise
+from slurm_plugin.sim.traces import (
+    NodeSpec,
+    Trace,
+    TraceError,
+    load_alibaba,
+    load_trace,
+    muri_stage_times,
+    trace_data_dir,
+    uniform_nodes,
+)
+from slurm_plugin.sim.workloads import JobModel, assign_workloads, muri_classes
+
+_EPILOG = """
+\b
+TRACE is one of:
+  alibaba[:PODS.csv]     Alibaba GPU 2023 pods (real CPU requests, node inventory)
+  philly[:CSV]           the Philly-derived 82k-job trace (no CPU requests)
+  muri[:CSV]             Muri's 400 jobs (model names, per-stage times)
+  sacct:FILE             your own `sacct -P` export (see docs/evaluation.md)
+  synthetic:N[,gpus=G][,seed=S][,load=L]
+
+\b
+Examples:
+  coda-slurm simulate alibaba --load 0.9
+  coda-slurm simulate philly --jobs 20000 --load 0.9 --cpu-load 0.3 --plot out/
+  coda-slurm simulate sacct:last-month.txt --nodes trace -p slurm -p coda --json
+"""
+
+
+def _parse_nodes(text: str) -> tuple[int, int, int]:
+    try:
+        count, cores, gpus = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise CliError(
+            f"bad --nodes {text!r}", "expected COUNT:CORES:GPUS, e.g. 128:96:8, or 'trace'"
+        ) from None
+    if count < 1 or cores < 1 or gpus < 0:
+        raise CliError(f"bad --nodes {text!r}", "count and cores must be >= 1, GPUs >= 0")
+    return count, cores, gpus
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    try:
+        cores, gpus = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise CliError(f"bad --shape {text!r}", "expected CORES:GPUS, e.g. 96:8") from None
+    if cores < 1 or gpus < 1:
+        raise CliError(f"bad --shape {text!r}", "cores and GPUs must be >= 1")
+    return cores, gpus
+
+
+def _params(items: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"bad --param {item!r}", "expected NAME=VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _donor() -> Trace | None:
+    """The Alibaba trace's CPU pods, to resample CPU jobs from (None when absent)."""
+    path = trace_data_dir() / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+    try:
+        return load_alibaba(path)
+    except (OSError, TraceError):
+        return None
+
+
+@click.command("simulate", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("trace_spec", metavar="TRACE")
+@click.option(
+    "-p",
+    "--policy",
+    "policies",
+    multiple=True,
+    type=click.Choice(list(POLICIES)),
+    help="Policies to compare (repeatable; default: all).",
+)
+@click.option("--jobs", type=click.IntRange(min=1), help="Replay only the first N jobs.")
+@click.option(
+    "--nodes",
+    "nodes_spec",
+    help="'trace' (the trace's own inventory) or COUNT:CORES:GPUS. Default: sized by --load.",
+)
+@click.option(
+    "--load",
+    type=click.FloatRange(min=0.01, max=10.0),
+    default=0.9,
+    show_default=True,
+    help="Size the cluster so the trace offers this GPU load (ignored with --nodes).",
+)
+@click.option(
+    "--shape",
+    default="96:8",
+    show_default=True,
+    help="CORES:GPUS per node when sizing a cluster for a trace without an inventory.",
+)
+@click.option(
+    "--cpu-load",
+    type=click.FloatRange(min=0.0, max=5.0),
+    default=0.0,
+    show_default=True,
+    help="Add CPU-only jobs offering this share of the cluster's cores.",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--param",
+    "param_items",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Override a model assumption (see docs/evaluation.md).",
+)
+@click.option("--rdt", is_flag=True, help="Nodes have Intel RDT: the eliminator uses MBA.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write utilisation and JCT plots here (needs matplotlib).",
+)
+@click.option(
+    "--format", "plot_format", type=click.Choice(["png", "svg"]), default="png", show_default=True
+)
+def simulate_cmd(
+    trace_spec: str,
+    policies: tuple[str, ...],
+    jobs: int | None,
+    nodes_spec: str | None,
+    load: float,
+    shape: str,
+    cpu_load: float,
+    seed: int,
+    param_items: tuple[str, ...],
+    rdt: bool,
+    as_json: bool,
+    plot_dir: Path | None,
+    plot_format: str,
+) -> None:
+    """Replay a GPU-cluster trace under Slurm-like scheduling, with and without CODA.
+
+    Every policy sees the same trace, cluster and seed. The CODA policy runs the submit
+    hook's own decide(), coda-node's allocator (online profiling) and its contention
+    eliminator. Assumptions are named parameters (--param), documented in
+    docs/evaluation.md.
+    """
+    try:
+        model = JobModel().with_params(_params(param_items))
+    except ValueError as exc:
+        raise CliError("bad --param", str(exc)) from exc
+    try:
+        trace = load_trace(trace_spec)
+    except TraceError as exc:
+        raise CliError(f"cannot load trace {trace_spec!r}", str(exc)) from exc
+    if jobs is not None:
+        trace = trace.head(jobs)
+    if nodes_spec == "trace":
+        if not trace.node_specs:
+            raise CliError("--nodes trace", f"{trace.name} has no node inventory")
+        nodes: list[NodeSpec] = list(trace.node_specs)
+    elif nodes_spec is not None:
+        count, cores, gpus = _parse_nodes(nodes_spec)
+        nodes = uniform_nodes(count, cores, gpus)
+    else:
+        nodes = size_for_load(trace, load, shape=_parse_shape(shape))
+    if cpu_load > 0:
+        trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=_donor())
+    named = None
+    if trace.name.startswith("muri"):
+        path = trace_data_dir() / "muri" / "cluster_trace.csv"
+        if trace_spec.startswith("muri:"):
+            path = Path(trace_spec.split(":", 1)[1])
+        named = muri_classes(muri_stage_times(path), model)
+    wl = assign_workloads(
+        gpus=trace.gpus,
+        cpus=trace.cpus,
+        trace_workload=trace.workload,
+        trace_workload_names=trace.workload_names,
+        model=model,
+        seed=seed,
+        named_classes=named,
+    )
+    params = SimParams(seed=seed, rdt=rdt)
+    chosen = list(policies) or list(POLICIES)
+    results = []
+    show_bar = sys.stderr.isatty() and not as_json
+    for name in chosen:
+        if show_bar:
+            with click.progressbar(
+                length=len(trace), label=f"{name:7s}", file=sys.stderr, width=30
+            ) as bar:
+                results.append(
+                    simulate(trace, nodes, wl, model, POLICIES[name], params, progress=bar.update)
+                )
+        else:
+            results.append(simulate(trace, nodes, wl, model, POLICIES[name], params))
+    rows = [summarise(trace, r) for r in results]
+    w0, w1 = busy_window(trace)
+    info = {
+        "trace": trace.name,
+        "source": trace.source,
+        "jobs": len(trace),
+        "gpu_jobs": int(np.sum(trace.gpus > 0)),
+        "cpu_jobs": int(np.sum(trace.gpus == 0)),
+        "nodes": len(nodes),
+        "gpus": sum(n.gpus for n in nodes),
+        "cores": sum(n.cores for n in nodes),
+        "window_s": [w0, w1],
+        "seed": seed,
+        "notes": trace.notes,
+    }
+    if as_json:
+        emit_json(
+            {
+                "schema_version": SCHEMA_VERSION,
+                **info,
+                "model": model.as_dict(),
+                "policies": {p: POLICIES[p].description for p in chosen},
+                "results": [r.as_dict() for r in rows],
+            }
+        )
+    else:
+        click.echo(
+            f"{trace.name}: {info['jobs']:,} jobs ({info['gpu_jobs']:,} GPU, "
+            f"{info['cpu_jobs']:,} CPU) on {info['nodes']:,} nodes, {info['gpus']:,} GPUs, "
+            f"{info['cores']:,} cores; seed {seed}"
+        )
+        click.echo(render_table(rows))
+        events = sum(r.events for r in rows)
+        wall = sum(r.wall_s for r in rows)
+        if events:
+            click.echo(
+                f"\n{events:,} events in {wall:.1f} s ({1e6 * wall / events:.1f} µs per event)"
+            )
+    if plot_dir is not None:
+        try:
+            paths = plot(trace, results, plot_dir, plot_format)
+        except ImportError as exc:
+            raise CliError("cannot plot", f"{exc}; pip install matplotlib") from exc
+        if not as_json:
+            for p in paths:
+                click.echo(f"wrote {p}")

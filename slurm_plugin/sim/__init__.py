@@ -1,0 +1,1 @@
+"""What-if simulator of a Slurm GPU cluster."""

@@ -1,0 +1,785 @@
+"""A discrete-event simulator of a Slurm cluster of GPU nodes, one allocation policy per run.
+
+**Cluster.** Nodes with cores and GPUs (the trace's inventory, or uniform ones). GPU jobs
+ask for GPUs and cores on one or more nodes; CPU-only jobs ask for cores and run on the
+spare cores of the GPU nodes, as the CPU partition over GPU nodes does on a real cluster.
+
+**Scheduling** is Slurm-like: two partitions (GPU jobs, CPU jobs), each FIFO in submit
+order with EASY backfill. The first job of a partition that does not fit reserves the
+node(s) that free up for it soonest (judged by the running jobs' time limits, which are
+``time_limit_factor`` times their real run times); later jobs in the first ``bf_window`` of
+the queue start now if they fit and either avoid the reserved nodes or end (by their own
+limit) before the reservation's start. Placement is best-fit on GPUs (the node with the
+fewest free GPUs that fits), then on cores.
+
+**Progress.** Each job has work: a CPU job's run time; a DNN job's run time in the trace
+times the rate it ran at there (its throughput at the cores the user asked for, uncontended:
+traces record real runs). A DNN job advances at its throughput curve's value at the cores it
+holds per node, times ``1 - slowdown`` from memory-bandwidth pressure on its slowest node; a
+CPU job at its CPU-quota share. Rates change only when the jobs on a node change, so each
+such change re-solves that node and re-times its jobs' ends.
+
+**Policies** (:class:`Policy`) decide the cores of each GPU job; CODA's also shields DNN
+jobs with coda-node's eliminator (:mod:`slurm_plugin.sim.shield`) and profiles unknown
+workloads with coda-node's allocator (:mod:`slurm_plugin.sim.profiling`), publishing to an
+in-memory profile store that the submit hook's own :func:`slurm_plugin.policy.decide`
+reads for every later job.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from coda_node.allocator import ProbeParams
+from coda_node.contention import ContentionParams
+from slurm_plugin.conf import CodaConfig, NodeShape, make_node_cap
+from slurm_plugin.curves import throughput_at
+from slurm_plugin.model import is_censored, refit_profile
+from slurm_plugin.policy import JobRequest, ProfileView, decide
+from slurm_plugin.sim.cluster import busy_window
+from slurm_plugin.sim.profiling import ProbeRun, probe_run
+from slurm_plugin.sim.shield import NodeMix, Shield, slowdowns
+from slurm_plugin.sim.traces import NodeSpec, Trace
+from slurm_plugin.sim.workloads import JobModel, Workloads
+from slurm_plugin.store import Profile, Sample, to_view
+
+__all__ = ["POLICIES", "Policy", "RunResult", "SimParams", "simulate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    description: str
+    cores: str
+    """``user`` | ``fixed`` | ``even`` | ``coda`` | ``oracle``: how a GPU job's cores are set."""
+    contention: bool = True
+    """DNN jobs slow under memory-bandwidth pressure from CPU jobs on their node."""
+    shield: bool = False
+    """coda-node's contention eliminator throttles the CPU jobs."""
+    profile: bool = False
+    """coda-node profiles unknown workloads online and publishes to the store."""
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("slurm", "Slurm as users configured it (the trace's CPU requests)", "user"),
+        Policy("fixed", "DefCpuPerGPU: a fixed number of cores per GPU", "fixed"),
+        Policy("even", "bind CPU and GPU: a node's cores split evenly over its GPUs", "even"),
+        Policy(
+            "coda",
+            "CODA: submit hook (UserValue=replace) + online profiling + contention eliminator",
+            "coda",
+            shield=True,
+            profile=True,
+        ),
+        Policy("oracle", "each job's true sweet spot, no contention (the limit)", "oracle", False),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SimParams:
+    fixed_cpus_per_gpu: int = 4
+    """The ``fixed`` policy's DefCpuPerGPU."""
+    bf_window: int = 100
+    """Queued jobs per partition that backfill considers (Slurm's bf_max_job_test)."""
+    utilisation_bins: int = 200
+    probe: ProbeParams = field(default_factory=ProbeParams)
+    contention: ContentionParams = field(default_factory=ContentionParams)
+    shield_tick_s: float = 2.0
+    shield_settle_s: float = 900.0
+    rdt: bool = False
+    """Nodes have Intel RDT: the eliminator sees per-job bandwidth and uses MBA first."""
+    check: bool = False
+    """Verify after every start that no node holds more than it has (tests)."""
+    coda_user_value: str = "replace"
+    """coda.conf ``UserValue`` the CODA policy runs with."""
+    seed: int = 1
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    start_s: np.ndarray
+    end_s: np.ndarray
+    cores_per_node: np.ndarray
+    """Cores each job held per node (GPU jobs: what the policy gave; CPU jobs: asked)."""
+    nodes_used: np.ndarray
+    asked_cores_per_node: np.ndarray
+    """What the user asked per node (GPU jobs), for the cores-freed measure."""
+    horizon_s: float
+    """Length of the utilisation window (the trace's busy window)."""
+    bin_edges_s: np.ndarray
+    alloc_gpu_s: np.ndarray
+    """GPU-seconds allocated per utilisation bin."""
+    effective_gpu_s: np.ndarray
+    """GPU-seconds × progress rate per bin."""
+    busy_core_s: np.ndarray
+    total_gpus: int
+    total_cores: int
+    events: int
+    wall_s: float
+    counters: dict[str, int]
+
+
+@dataclass(slots=True)
+class _Run:
+    job: int
+    gpu: bool
+    nodes: tuple[int, ...]
+    cores: int
+    """Per node."""
+    gpn: int
+    """GPUs per node."""
+    work_left: float
+    rate: float
+    last_s: float
+    limit_end_s: float
+    version: int = 0
+    share: float = 1.0
+    """CPU jobs: share of their cores the eliminator lets them use."""
+    slowdown: float = 0.0
+    has_baseline: bool = False
+    """DNN jobs: ran uncontended on its node for a while (the eliminator has a baseline)."""
+    probing: bool = False
+
+
+class _Sim:
+    def __init__(
+        self,
+        trace: Trace,
+        nodes: list[NodeSpec],
+        wl: Workloads,
+        model: JobModel,
+        policy: Policy,
+        params: SimParams,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.t = trace
+        self.wl = wl
+        self.m = model
+        self.pol = policy
+        self.p = params
+        self.progress = progress
+        n_nodes = len(nodes)
+        if n_nodes == 0:
+            raise ValueError("the cluster has no nodes")
+        self.node_cores = np.array([nd.cores for nd in nodes], dtype=np.int64)
+        self.node_gpus = np.array([nd.gpus for nd in nodes], dtype=np.int64)
+        self.free_cores = self.node_cores.copy()
+        self.free_gpus = self.node_gpus.copy()
+        self.node_model = [nd.gpu_model for nd in nodes]
+        self.max_gpn = int(self.node_gpus.max())
+        self.max_cores = int(self.node_cores.max())
+        self.on_node: list[set[int]] = [set() for _ in range(n_nodes)]
+        self.probing_on: list[int] = [0] * n_nodes
+        n = len(trace)
+        self.start_s = np.full(n, np.nan)
+        self.end_s = np.full(n, np.nan)
+        self.cores_per_node = np.zeros(n, dtype=np.int32)
+        self.asked = np.zeros(n, dtype=np.int32)
+        self.nodes_used = np.zeros(n, dtype=np.int32)
+        self.running: dict[int, _Run] = {}
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.q: dict[bool, deque[int]] = {True: deque(), False: deque()}
+        self.tried: set[int] = set()
+        self.resv: dict[bool, tuple[int, frozenset[int], float] | None] = {True: None, False: None}
+        self.dirty_nodes: set[int] = set()
+        self.needs: dict[int, tuple[bool, int, int, int]] = {}
+        self.feasible: dict[tuple[int, int, int, int], bool] = {}
+        self.counters: dict[str, int] = {
+            "events": 0,
+            "rate_changes": 0,
+            "probed_jobs": 0,
+            "profiles_published": 0,
+            "shield_lookups": 0,
+            "decide_calls": 0,
+            "capped_requests": 0,
+            "rejected": 0,
+        }
+        # Utilisation integrals.
+        self.w0, self.horizon = busy_window(trace)
+        self.bins = params.utilisation_bins
+        self.bin_w = (self.horizon - self.w0) / self.bins
+        self.alloc_gpu_s = np.zeros(self.bins)
+        self.eff_gpu_s = np.zeros(self.bins)
+        self.core_s = np.zeros(self.bins)
+        self.now_alloc = 0.0
+        self.now_eff = 0.0
+        self.now_cores = 0.0
+        self.last_t = 0.0
+        # GPU-type constraints (Alibaba's gpu_spec "A|B"): the nodes each spec allows.
+        self.allowed: list[np.ndarray | None] = []
+        for spec in trace.gpu_model_names:
+            ok = set(spec.split("|"))
+            mask = np.array([m in ok for m in self.node_model], dtype=bool)
+            self.allowed.append(mask if mask.any() else None)
+        # CODA's controller side.
+        self.cfg = CodaConfig(user_value=params.coda_user_value)
+        shapes = tuple(
+            NodeShape(str(i), int(c), int(g))
+            for i, (c, g) in enumerate(zip(self.node_cores, self.node_gpus, strict=True))
+        )
+        self.node_cap = make_node_cap(shapes)
+        self.profiles: dict[str, Profile] = {}
+        self.views: dict[str, ProfileView] = {}
+        self.decided: dict[tuple[int, int, int, int], int] = {}
+        self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
+        self.shield = Shield(
+            params.contention, tick_s=params.shield_tick_s, settle_s=params.shield_settle_s
+        )
+
+    # -- time and utilisation ------------------------------------------------------------
+    def _advance(self, t: float) -> None:
+        a, b = max(self.last_t, self.w0), min(t, self.horizon)
+        if b > a and (self.now_alloc or self.now_cores):
+            w = self.bin_w
+            i = int((a - self.w0) // w)
+            while a < b and i < self.bins:
+                edge = min(b, self.w0 + (i + 1) * w)
+                d = edge - a
+                self.alloc_gpu_s[i] += self.now_alloc * d
+                self.eff_gpu_s[i] += self.now_eff * d
+                self.core_s[i] += self.now_cores * d
+                a = edge
+                i += 1
+        self.last_t = max(self.last_t, t)
+
+    # -- cores a GPU job gets ---------------------------------------------------------------
+    def _gpn_nodes(self, j: int) -> tuple[int, int]:
+        g = int(self.t.gpus[j])
+        k = max(int(self.t.nodes[j]), -(-g // self.max_gpn))
+        while g % k and k < g:
+            k += 1  # GPUs spread evenly over whole nodes
+        return g // k, k
+
+    def _theta(self, j: int, gpn: int, k: int) -> float:
+        return self.wl.sweet_spot(j, gpn, k, self.m)
+
+    def _user_cores(self, j: int, gpn: int) -> int:
+        return max(1, math.ceil(self.wl.user_cpus_per_gpu[j] * gpn))
+
+    def _cores(self, j: int, gpn: int, k: int, node: int | None) -> int:
+        """Cores per node the policy gives GPU job ``j`` (``node`` for ``even``)."""
+        how = self.pol.cores
+        if how == "user":
+            return self._user_cores(j, gpn)
+        if how == "fixed":
+            return self.p.fixed_cpus_per_gpu * gpn
+        if how == "even":
+            assert node is not None
+            return max(1, int(self.node_cores[node] // self.node_gpus[node]) * gpn)
+        if how == "oracle":
+            return max(1, math.ceil(self._theta(j, gpn, k)))
+        return self._coda_cores(j, gpn, k)
+
+    def _coda_cores(self, j: int, gpn: int, k: int) -> int:
+        wid = int(self.wl.workload[j])
+        user_cpg = int(self.wl.user_cpus_per_gpu[j])
+        key = (wid, gpn, k, user_cpg)
+        got = self.decided.get(key)
+        if got is None:
+            self.counters["decide_calls"] += 1
+            name = self.wl.names[wid]
+            req = JobRequest(
+                uid=1000 + wid,
+                job_name=name,
+                tres_per_node=f"gres:gpu:{gpn}",
+                cpus_per_tres=f"gres:gpu:{user_cpg}",
+                min_nodes=k,
+                comment=f"coda:workload={name}",
+            )
+            d = decide(req, self.cfg, self.views, self.node_cap)
+            cpg = user_cpg
+            if d.cpus_per_tres is not None:
+                cpg = int(d.cpus_per_tres.rsplit(":", 1)[1])
+            got = self.decided[key] = cpg * gpn
+        return got
+
+    # -- placement ---------------------------------------------------------------------------
+    def _need(self, j: int) -> tuple[bool, int, int, int]:
+        """(gpu job, GPUs per node, nodes, cores per node or -1 when node-dependent)."""
+        g = int(self.t.gpus[j])
+        if g == 0:
+            c = int(self.t.cpus[j]) if self.t.cpus[j] > 0 else 1
+            if c > self.max_cores:
+                self.counters["capped_requests"] += 1
+                c = self.max_cores
+            return False, 0, 1, c
+        gpn, k = self._gpn_nodes(j)
+        if self.pol.cores == "even":
+            return True, gpn, k, -1
+        c = self._cores(j, gpn, k, None)
+        if c > self.max_cores:
+            c = self.max_cores
+        return True, gpn, k, c
+
+    def _feasible(self, j: int, need: tuple[bool, int, int, int]) -> bool:
+        """Whether some set of nodes could ever hold the job (Slurm rejects it otherwise)."""
+        key = (need[1], need[2], need[3], int(self.t.gpu_model[j]))
+        ok = self.feasible.get(key)
+        if ok is None:
+            _gpu, gpn, k, c = need
+            spec = key[3]
+            mask = self.node_gpus >= gpn
+            if c >= 0:
+                mask &= self.node_cores >= c
+            if spec >= 0:
+                allowed = self.allowed[spec]
+                mask &= allowed if allowed is not None else False
+            ok = self.feasible[key] = int(mask.sum()) >= k
+        return ok
+
+    def _fits_node(self, i: int, gpn: int, c: int, allowed: np.ndarray | None) -> bool:
+        if self.free_gpus[i] < gpn:
+            return False
+        if allowed is not None and not allowed[i]:
+            return False
+        if c < 0:
+            c = max(1, int(self.node_cores[i] // self.node_gpus[i]) * gpn)
+        return self.free_cores[i] >= c
+
+    def _find(
+        self, j: int, need: tuple[bool, int, int, int], only: set[int] | None, avoid: frozenset[int]
+    ) -> list[int] | None:
+        """Nodes for job ``j`` now, or None. ``only``: look only there (single-node jobs)."""
+        _gpu, gpn, k, c = need
+        spec = int(self.t.gpu_model[j])
+        allowed = self.allowed[spec] if spec >= 0 else None
+        if only is not None and k == 1:
+            best = None
+            for i in only:
+                if i in avoid or not self._fits_node(i, gpn, c, allowed):
+                    continue
+                key = (int(self.free_gpus[i]), int(self.free_cores[i]), i)
+                if best is None or key < best:
+                    best = key
+            return None if best is None else [best[2]]
+        if c < 0:
+            per_node = np.maximum(1, self.node_cores // np.maximum(self.node_gpus, 1)) * gpn
+        else:
+            per_node = c
+        mask = (self.free_gpus >= gpn) & (self.free_cores >= per_node)
+        if allowed is not None:
+            mask &= allowed
+        idx = np.flatnonzero(mask)
+        if avoid:
+            idx = np.array([i for i in idx if i not in avoid], dtype=np.int64)
+        if len(idx) < k:
+            return None
+        order = np.lexsort((idx, self.free_cores[idx], self.free_gpus[idx]))
+        return [int(i) for i in idx[order[:k]]]
+
+    def _availability(self, i: int, gpn: int, c: int, now: float) -> float:
+        """When node ``i`` has ``gpn`` GPUs and ``c`` cores free, by running jobs' limits."""
+        fg, fc = int(self.free_gpus[i]), int(self.free_cores[i])
+        if c < 0:
+            c = max(1, int(self.node_cores[i] // self.node_gpus[i]) * gpn)
+        if fg >= gpn and fc >= c:
+            return now
+        ends = sorted((self.running[r].limit_end_s, r) for r in self.on_node[i])
+        for end, r in ends:
+            run = self.running[r]
+            fg += run.gpn
+            fc += run.cores
+            if fg >= gpn and fc >= c:
+                return max(now, end)
+        return math.inf
+
+    def _reserve(
+        self, j: int, need: tuple[bool, int, int, int], now: float
+    ) -> tuple[int, frozenset[int], float]:
+        _gpu, gpn, k, c = need
+        spec = int(self.t.gpu_model[j])
+        allowed = self.allowed[spec] if spec >= 0 else None
+        cand = np.flatnonzero(self.node_gpus >= gpn)
+        if allowed is not None:
+            cand = cand[allowed[cand]]
+        if c >= 0:
+            cand = cand[self.node_cores[cand] >= c]
+        # Nodes likeliest to free first: most free GPUs, then most free cores.
+        if len(cand) > 64:
+            order = np.lexsort((-self.free_cores[cand], -self.free_gpus[cand]))
+            cand = cand[order[: max(64, 4 * k)]]
+        avail = sorted((self._availability(int(i), gpn, c, now), int(i)) for i in cand)
+        chosen = avail[:k]
+        shadow = chosen[-1][0] if len(chosen) == k else math.inf
+        return j, frozenset(i for _, i in chosen), shadow
+
+    # -- starting and finishing ------------------------------------------------------------
+    def _start(
+        self, j: int, need: tuple[bool, int, int, int], nodes: list[int], now: float
+    ) -> None:
+        gpu, gpn, k, c = need
+        if c < 0:
+            c = min(max(1, int(self.node_cores[i] // self.node_gpus[i]) * gpn) for i in nodes)
+        for i in nodes:
+            self.free_gpus[i] -= gpn
+            self.free_cores[i] -= c
+            self.on_node[i].add(j)
+            self.dirty_nodes.add(i)
+            if self.p.check and (self.free_gpus[i] < 0 or self.free_cores[i] < 0):
+                raise RuntimeError(
+                    f"node {i} over-allocated by job {j}: {self.free_gpus[i]} GPUs and "
+                    f"{self.free_cores[i]} cores free"
+                )
+        dur = float(self.t.duration_s[j])
+        if gpu:
+            asked = min(self._user_cores(j, gpn), self.max_cores)
+            rate_trace = throughput_at(self._theta(j, gpn, k), asked, log_share=self.m.log_share)
+            work = dur * rate_trace
+            self.asked[j] = asked
+        else:
+            work = dur
+            self.asked[j] = c
+        run = _Run(
+            job=j,
+            gpu=gpu,
+            nodes=tuple(nodes),
+            cores=c,
+            gpn=gpn,
+            work_left=work,
+            rate=0.0,
+            last_s=now,
+            limit_end_s=now + self.m.time_limit_factor * dur,
+        )
+        if gpu:
+            run.has_baseline = not any(
+                not self.running[o].gpu for i in nodes for o in self.on_node[i] if o != j
+            )
+            if self.pol.profile:
+                self._maybe_probe(run, now)
+        self.running[j] = run
+        self.start_s[j] = now
+        self.cores_per_node[j] = c
+        self.nodes_used[j] = k
+        self.now_cores += c * k
+
+    def _maybe_probe(self, run: _Run, now: float) -> None:
+        j = run.job
+        wid = int(self.wl.workload[j])
+        name = self.wl.names[wid]
+        sig = f"workload:{1000 + wid}:{name}"
+        prof = self.profiles.get(sig)
+        if (
+            prof is not None
+            and prof.confidence >= self.cfg.min_confidence
+            and not is_censored(prof)
+        ):
+            return
+        if len(run.nodes) != 1 or run.cores <= run.gpn or not self.p.probe.enabled:
+            return
+        node = run.nodes[0]
+        if self.probing_on[node] >= self.p.probe.max_jobs:
+            return
+        key = (wid, run.cores, run.gpn)
+        pr = self.probe_memo.get(key)
+        if pr is None:
+            pr = self.probe_memo[key] = probe_run(
+                theta_cores=self._theta(j, run.gpn, 1),
+                allocated_cores=run.cores,
+                gpus=run.gpn,
+                params=self.p.probe,
+                seed=hash(key) & 0xFFFF_FFFF,
+                log_share=self.m.log_share,
+            )
+        self.counters["probed_jobs"] += 1
+        run.probing = True
+        self.probing_on[node] += 1
+        run.work_left += pr.lost_work_s
+        self._push(now + pr.done_after_s, 2, j, 0)
+
+    def _publish(self, j: int, now: float) -> None:
+        run = self.running.get(j)
+        if run is None or not run.probing:
+            return
+        run.probing = False
+        self.probing_on[run.nodes[0]] -= 1
+        wid = int(self.wl.workload[j])
+        pr = self.probe_memo[(wid, run.cores, run.gpn)]
+        if not pr.samples:
+            return
+        name = self.wl.names[wid]
+        sig = f"workload:{1000 + wid}:{name}"
+        cur = self.profiles.get(sig) or Profile(
+            signature=sig,
+            workload=name,
+            cpus_per_gpu=1,
+            confidence=0.0,
+            n_samples=0,
+            updated_unix_s=now,
+            source="coda-node",
+        )
+        added = tuple(Sample(float(c), float(y), run.gpn, 1) for c, y in pr.samples)
+        merged = replace(
+            cur,
+            samples=(cur.samples + added)[-64:],
+            n_samples=cur.n_samples + len(added),
+            updated_unix_s=now,
+        )
+        prof = refit_profile(merged)
+        self.profiles[sig] = prof
+        self.views[sig] = to_view(prof)
+        self.decided = {k: v for k, v in self.decided.items() if k[0] != wid}
+        self.counters["profiles_published"] += 1
+
+    def _finish(self, j: int, now: float) -> None:
+        run = self.running.pop(j)
+        for i in run.nodes:
+            self.free_gpus[i] += run.gpn
+            self.free_cores[i] += run.cores
+            self.on_node[i].discard(j)
+            self.dirty_nodes.add(i)
+            if run.probing:
+                self.probing_on[i] -= 1
+        self.end_s[j] = now
+        self.now_cores -= run.cores * len(run.nodes)
+        if run.gpu:
+            self.now_alloc -= run.gpn * len(run.nodes)
+            self.now_eff -= run.gpn * len(run.nodes) * run.rate
+
+    # -- rates -------------------------------------------------------------------------------
+    def _resolve(self, now: float) -> None:
+        """Re-solve the nodes whose jobs changed and re-time the jobs on them."""
+        if not self.dirty_nodes:
+            return
+        touched: set[int] = set()
+        for i in self.dirty_nodes:
+            jobs = self.on_node[i]
+            touched |= jobs
+            dnn = [self.running[r] for r in jobs if self.running[r].gpu]
+            cpu = [self.running[r] for r in jobs if not self.running[r].gpu]
+            if not cpu:
+                for r in dnn:
+                    r.has_baseline = True
+            if not dnn or not cpu or not self.pol.contention:
+                for r in cpu:
+                    r.share = 1.0
+                self._node_slow[i] = {r.job: 0.0 for r in dnn}
+                continue
+            # Canonical order, so equal mixes on different nodes share one settle.
+            dnn.sort(key=lambda r: (self._sensitivity(r), r.has_baseline, r.job))
+            cpu.sort(key=lambda r: (r.cores, float(self.wl.cpu_bw_per_core[r.job]), r.job))
+            mix = NodeMix(
+                dnn=tuple((self._sensitivity(r), r.has_baseline) for r in dnn),
+                cpu=tuple((r.cores, float(self.wl.cpu_bw_per_core[r.job])) for r in cpu),
+                node_bw_bytes_per_s=self.m.node_mem_bw_bytes_per_s,
+                exponent=self.m.pressure_exponent,
+                rdt=self.p.rdt,
+            )
+            raw = slowdowns(mix, [1.0] * len(cpu))
+            # The eliminator acts only for a job slowed past its trigger that has a
+            # baseline to compare with; otherwise its outcome is known without ticking it.
+            acts = any(
+                s > self.p.contention.trigger_slowdown and has
+                for s, (_, has) in zip(raw, mix.dnn, strict=True)
+            )
+            if self.pol.shield and acts:
+                self.counters["shield_lookups"] += 1
+                got = self.shield(mix)
+                for r, q in zip(cpu, got.cpu_share, strict=True):
+                    r.share = q
+                slow = got.dnn_slowdown
+                for r, extra in zip(dnn, got.dnn_transient_s, strict=True):
+                    r.work_left += extra * self._base_rate(r)
+            else:
+                for r in cpu:
+                    r.share = 1.0
+                slow = raw
+            self._node_slow[i] = {r.job: s for r, s in zip(dnn, slow, strict=True)}
+        self.dirty_nodes.clear()
+        for j in touched:
+            run = self.running[j]
+            if run.gpu:
+                slow = max(self._node_slow[i].get(j, 0.0) for i in run.nodes)
+                rate = self._base_rate(run) * (1.0 - slow)
+            else:
+                rate = run.share
+            if rate != run.rate or run.version == 0:
+                run.work_left -= run.rate * (now - run.last_s)
+                run.last_s = now
+                if run.gpu:
+                    w = run.gpn * len(run.nodes)
+                    self.now_eff += w * (rate - run.rate)
+                    if run.version == 0:
+                        self.now_alloc += w
+                run.rate = rate
+                run.version += 1
+                self.counters["rate_changes"] += 1
+                end = now + max(0.0, run.work_left) / max(rate, 1e-9)
+                self._push(end, 0, j, run.version)
+            else:
+                run.work_left -= run.rate * (now - run.last_s)
+                run.last_s = now
+
+    def _sensitivity(self, run: _Run) -> float:
+        k = self.wl.klass[self.wl.workload[run.job]]
+        return float(self.wl.sensitivity[k, _bucket(run.gpn)])
+
+    def _base_rate(self, run: _Run) -> float:
+        return throughput_at(
+            self._theta(run.job, run.gpn, len(run.nodes)), run.cores, log_share=self.m.log_share
+        )
+
+    # -- the scheduler -------------------------------------------------------------------------
+    def _schedule(self, now: float, freed: set[int]) -> None:
+        gpu_resv_before = self.resv[True]
+        for gpu in (True, False):
+            q = self.q[gpu]
+            if not q:
+                continue
+            retry_all = not gpu and self.resv[True] is not gpu_resv_before
+            resv = self.resv[gpu]
+            if resv is not None and freed & resv[1]:
+                # Its nodes freed up: re-plan the reservation (it may move).
+                self.resv[gpu] = self._reserve(resv[0], self.needs[resv[0]], now)
+                retry_all = True
+            window = [q.popleft() for _ in range(min(self.p.bf_window, len(q)))]
+            keep: list[int] = []
+            for j in window:
+                resv = self.resv[gpu]
+                is_head = resv is not None and resv[0] == j
+                new = retry_all or j not in self.tried
+                if not (new or freed or is_head):
+                    keep.append(j)  # nothing changed that could let it start
+                    continue
+                self.tried.add(j)
+                need = self.needs[j]
+                only = None if new or is_head else freed
+                limit_s = self.m.time_limit_factor * float(self.t.duration_s[j])
+                avoid = frozenset() if gpu else self._gpu_head_cores(need[3], now + limit_s)
+                if resv is None or is_head:
+                    nodes = self._find(j, need, only, avoid)
+                else:
+                    nodes = self._find(j, need, only, resv[1] | avoid)
+                    if nodes is None and now + limit_s <= resv[2]:
+                        nodes = self._find(j, need, only, avoid)
+                if nodes is not None:
+                    self._start(j, need, nodes, now)
+                    self.tried.discard(j)
+                    del self.needs[j]
+                    if is_head:
+                        self.resv[gpu] = None
+                        retry_all = True  # the jobs behind it may use those nodes now
+                    continue
+                keep.append(j)
+                if self.resv[gpu] is None:
+                    self.resv[gpu] = self._reserve(j, need, now)
+            q.extendleft(reversed(keep))
+
+    def _gpu_head_cores(self, cores: int, end_s: float) -> frozenset[int]:
+        """Nodes reserved for the first waiting GPU job where a CPU job of ``cores`` ending
+        (by its limit) at ``end_s`` would take cores that job needs: backfill plans across
+        partitions that share nodes, so CPU jobs must not delay the GPU job either."""
+        resv = self.resv[True]
+        if resv is None or end_s <= resv[2]:
+            return frozenset()
+        head = self.needs.get(resv[0])
+        if head is None:
+            return frozenset()
+        _gpu, gpn, _k, c = head
+        out = []
+        for i in resv[1]:
+            want = c if c >= 0 else int(self.node_cores[i] // self.node_gpus[i]) * gpn
+            if self.free_cores[i] - cores < want:
+                out.append(i)
+        return frozenset(out)
+
+    def _push(self, t: float, kind: int, j: int, version: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, j, version))
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self._node_slow: list[dict[int, float]] = [{} for _ in range(len(self.node_cores))]
+        submit = self.t.submit_s
+        gpus = self.t.gpus
+        n = len(self.t)
+        ptr = 0
+        finished = 0
+        heap = self.heap
+        while ptr < n or heap:
+            t_arr = float(submit[ptr]) if ptr < n else math.inf
+            t_ev = heap[0][0] if heap else math.inf
+            now = min(t_arr, t_ev)
+            self._advance(now)
+            freed: set[int] = set()
+            # Everything that happens at ``now``: ends first, then publishes, then arrivals.
+            while heap and heap[0][0] <= now:
+                _, kind, _, j, version = heapq.heappop(heap)
+                self.counters["events"] += 1
+                if kind == 0:
+                    run = self.running.get(j)
+                    if run is None or run.version != version:
+                        continue
+                    freed.update(run.nodes)
+                    self._finish(j, now)
+                    finished += 1
+                    if self.progress is not None:
+                        self.progress(1)
+                else:
+                    self._publish(j, now)
+            while ptr < n and float(submit[ptr]) <= now:
+                # The hook decides at submission: the cores are fixed from here on.
+                need = self._need(ptr)
+                self.counters["events"] += 1
+                if self._feasible(ptr, need):
+                    self.needs[ptr] = need
+                    self.q[bool(gpus[ptr] > 0)].append(ptr)
+                else:
+                    self.counters["rejected"] += 1
+                ptr += 1
+            self._schedule(now, freed)
+            self._resolve(now)
+        self.counters["finished"] = finished
+
+
+def _bucket(gpn: int) -> int:
+    return 0 if gpn <= 1 else (1 if gpn < 4 else 2)
+
+
+def simulate(
+    trace: Trace,
+    nodes: list[NodeSpec],
+    wl: Workloads,
+    model: JobModel,
+    policy: Policy,
+    params: SimParams | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Replay ``trace`` on ``nodes`` under ``policy``; deterministic for the same inputs."""
+    p = params or SimParams()
+    t0 = time.perf_counter()
+    sim = _Sim(trace, nodes, wl, model, policy, p, progress)
+    sim.run()
+    wall = time.perf_counter() - t0
+    edges = np.linspace(sim.w0, sim.horizon, sim.bins + 1)
+    sim.counters["shield_settles"] = sim.shield.settles
+    return RunResult(
+        policy=policy.name,
+        start_s=sim.start_s,
+        end_s=sim.end_s,
+        cores_per_node=sim.cores_per_node,
+        nodes_used=sim.nodes_used,
+        asked_cores_per_node=sim.asked,
+        horizon_s=sim.horizon - sim.w0,
+        bin_edges_s=edges,
+        alloc_gpu_s=sim.alloc_gpu_s,
+        effective_gpu_s=sim.eff_gpu_s,
+        busy_core_s=sim.core_s,
+        total_gpus=int(sim.node_gpus.sum()),
+        total_cores=int(sim.node_cores.sum()),
+        events=sim.counters["events"],
+        wall_s=wall,
+        counters=dict(sim.counters),
+    )

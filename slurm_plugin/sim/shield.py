@@ -1,0 +1,181 @@
+"""The contention eliminator on a simulated node: coda-node's own policy, ticked.
+
+When the jobs on a node change, :func:`settle` replays what coda-node's
+:class:`coda_node.contention.Eliminator` would do there: tick after tick it reads the DNN
+jobs' progress (slowed by the memory-bandwidth pressure the CPU jobs put on the node) and
+the CPU jobs' CPU use and bandwidth (shrunk by the throttles it set), and applies its
+throttles. The loop runs for ``settle_s`` simulated seconds; the steady state is the mean
+over the second half (the eliminator may keep stepping a job up and down: the mean is what
+the jobs get), and the first half's extra slowdown is the transient the DNN jobs pay.
+
+The result depends only on the node's mix of jobs, so it is memoised on that mix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from coda_node.contention import ContentionParams, CpuJob, DnnJob, Eliminator, Throttle
+from coda_node.observe import Progress
+
+_SOCKETS = frozenset({0})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMix:
+    """What the eliminator's outcome on one node depends on."""
+
+    dnn: tuple[tuple[float, bool], ...]
+    """Per DNN job: (slowdown at full pressure, whether it has a quiet baseline)."""
+    cpu: tuple[tuple[int, float], ...]
+    """Per CPU job: (cores, memory bandwidth per busy core in bytes/s)."""
+    node_bw_bytes_per_s: float
+    exponent: float
+    rdt: bool = False
+    """Per-job bandwidth (MBM) and MBA exist: the eliminator sees bandwidth and caps it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    cpu_share: tuple[float, ...]
+    """Per CPU job: the share of its cores it may use (1 = not throttled), steady state."""
+    dnn_slowdown: tuple[float, ...]
+    """Per DNN job: its slowdown in the steady state."""
+    dnn_transient_s: tuple[float, ...]
+    """Per DNN job: extra slowdown × seconds before the steady state (lost work)."""
+    events: int
+    """Throttle/release decisions the eliminator took."""
+
+
+def pressure(mix: NodeMix, shares: tuple[float, ...] | list[float]) -> float:
+    drawn = sum(c * bw * q for (c, bw), q in zip(mix.cpu, shares, strict=True))
+    return min(1.0, drawn / mix.node_bw_bytes_per_s)
+
+
+def slowdowns(mix: NodeMix, shares: tuple[float, ...] | list[float]) -> tuple[float, ...]:
+    p = pressure(mix, shares) ** mix.exponent
+    return tuple(min(0.95, s * p) for s, _ in mix.dnn)
+
+
+def settle(
+    mix: NodeMix,
+    params: ContentionParams,
+    *,
+    tick_s: float = 2.0,
+    settle_s: float = 900.0,
+    baseline_ticks: int | None = None,
+) -> Settled:
+    """Run the eliminator over ``mix`` (see the module docstring)."""
+    elim = Eliminator(params, mba=mix.rdt, quota=True)
+    n_dnn, n_cpu = len(mix.dnn), len(mix.cpu)
+    shares = [1.0] * n_cpu
+    warm = params.baseline_min_ticks if baseline_ticks is None else baseline_ticks
+    now = 0.0
+
+    def progress(rate: float | None, phase: str) -> Progress:
+        return Progress(rate=rate, source="gpu_util", phase=phase, age_s=1e6, level=rate)
+
+    # Jobs that had a quiet period on this node before the CPU jobs came learn their
+    # baseline first; the others start training with CPU jobs already drawing.
+    for _ in range(warm):
+        dnn = {
+            i: DnnJob(i, _SOCKETS, progress(100.0 if has else None, "train" if has else "warmup"))
+            for i, (_, has) in enumerate(mix.dnn)
+        }
+        elim.step(now, dnn, {})
+        now += tick_s
+    ticks = max(2, round(settle_s / tick_s))
+    quiet_ticks = math.ceil((params.release_hold_s + params.step_s) / tick_s) + params.smooth_ticks
+    half = ticks // 2
+    share_sum = [0.0] * n_cpu
+    slow_sum = [0.0] * n_dnn
+    first_half: list[tuple[float, ...]] = []
+    events = 0
+    last_event = 0
+    for k in range(ticks):
+        backoff = max((t.backoff for t in elim.throttled.values()), default=1)
+        if k - last_event > quiet_ticks * backoff:
+            # Nothing changed for longer than the next release could take: steady state.
+            rest = ticks - max(k, half)
+            for j in range(n_cpu):
+                share_sum[j] += shares[j] * rest
+            for i, s in enumerate(slowdowns(mix, shares)):
+                slow_sum[i] += s * rest
+            break
+        slow = slowdowns(mix, shares)
+        dnn = {
+            i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train")) for i in range(n_dnn)
+        }
+        cpu = {
+            n_dnn + j: CpuJob(
+                n_dnn + j,
+                _SOCKETS,
+                allocated_cores=c,
+                cpu_rate_cores=c * shares[j],
+                mem_bw_bytes_per_s=c * bw * shares[j] if mix.rdt else None,
+            )
+            for j, (c, bw) in enumerate(mix.cpu)
+        }
+        out = elim.step(now, dnn, cpu)
+        acted = sum(1 for e in out.events if e.action.startswith(("throttle", "release")))
+        events += acted
+        if acted:
+            last_event = k
+        for j, (c, _) in enumerate(mix.cpu):
+            shares[j] = _share(out.throttles.get(n_dnn + j), c)
+        if k < half:
+            first_half.append(slow)
+        else:
+            for j in range(n_cpu):
+                share_sum[j] += shares[j]
+            for i in range(n_dnn):
+                slow_sum[i] += slow[i]
+        now += tick_s
+    n = ticks - half
+    steady = tuple(s / n for s in slow_sum)
+    transient = tuple(
+        max(0.0, sum(s[i] - steady[i] for s in first_half) * tick_s) for i in range(n_dnn)
+    )
+    return Settled(
+        cpu_share=tuple(s / n for s in share_sum),
+        dnn_slowdown=steady,
+        dnn_transient_s=transient,
+        events=events,
+    )
+
+
+def _share(t: Throttle | None, cores: int) -> float:
+    """The share of its cores (and, memory-bound, of its bandwidth) a throttled job keeps."""
+    if t is None:
+        return 1.0
+    share = 1.0
+    if t.quota_cores is not None:
+        share = min(share, t.quota_cores / cores)
+    if t.mem_bw_pct is not None:
+        # MBA caps bandwidth, not cores; modelled as that share of a memory-bound job's
+        # progress and draw (a compute-bound job barely notices, but also barely draws).
+        share = min(share, t.mem_bw_pct / 100.0)
+    return share
+
+
+class Shield:
+    """Memoised :func:`settle` for one simulation run."""
+
+    def __init__(self, params: ContentionParams, *, tick_s: float = 2.0, settle_s: float = 900.0):
+        self.params = params
+        self.tick_s = tick_s
+        self.settle_s = settle_s
+        self._memo: dict[NodeMix, Settled] = {}
+        self.settles = 0
+        self.lookups = 0
+
+    def __call__(self, mix: NodeMix) -> Settled:
+        self.lookups += 1
+        got = self._memo.get(mix)
+        if got is None:
+            self.settles += 1
+            got = self._memo[mix] = settle(
+                mix, self.params, tick_s=self.tick_s, settle_s=self.settle_s
+            )
+        return got

@@ -1,0 +1,349 @@
+"""What the simulator assumes about jobs: CPU demand curves, contention, CPU jobs.
+
+Every assumption is a field of :class:`JobModel` with its source or its reasoning, so a
+result can always be traced back to a number someone can argue with (``coda-slurm simulate
+--param NAME=VALUE`` changes any of them).
+
+**DNN jobs.** A training job's throughput at ``C`` cores on one node is the SoCC'18
+predictor shape (:func:`slurm_plugin.curves.throughput_curve`): rising as ``log`` plus
+linear up to the sweet spot ``θ``, flat after it. ``θ`` per GPU comes from the workload's
+class: the SoCC'18 table of cores for best 1-GPU performance (P100, 24-core host), and on one
+node it grows linearly with the GPUs (CODA §I.C: "in the case of a single node, its CPU
+demand has a linear relationship with the GPU number"). Across nodes the demand per GPU is
+at most ``multi_node_cores_per_gpu`` (CODA §I.C: in the multi-node configuration "the CPU
+demands of all models do not exceed two cores").
+
+**Contention.** A DNN job beside CPU jobs slows by ``sensitivity × pressure**exponent``,
+where ``pressure`` is the memory bandwidth the CPU jobs on its node draw over what the node
+can deliver (capped at 1). Sensitivities are CODA §II.B's: AlexNet up to ~50 % at the
+highest pressure, NLP models at least 50 % on one GPU, the complex CV models insensitive on
+one GPU, ~10 % on two and ~30 % on four; DeepSpeech more sensitive than Wavenet. The
+exponent comes from the one pair of points CODA gives for one class (3 % at 75 % pressure,
+10 % at the highest): ``ln(0.3) / ln(0.75) ≈ 4.2``.
+
+**CPU jobs** run at full speed on the cores they are given, or at their CPU-quota share
+when throttled; ``cpu_mem_bound_fraction`` of them are memory-bound (STREAM/HEAT-like,
+drawing ``mem_bound_bw_per_core``), the rest compute-bound.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+
+from slurm_plugin.curves import REFERENCE_WORKLOADS, throughput_curve
+
+__all__ = [
+    "CLASSES",
+    "JobModel",
+    "WorkloadClass",
+    "Workloads",
+    "assign_workloads",
+    "muri_classes",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadClass:
+    """A kind of DNN job: its CPU demand and how it suffers from memory contention."""
+
+    name: str
+    cores_per_gpu: float
+    """Sweet spot θ per GPU on one node (cores for best throughput)."""
+    sensitivity: tuple[float, float, float]
+    """Slowdown at full memory-bandwidth pressure with 1, 2 and >= 4 GPUs on the node."""
+    source: str
+
+    def sensitivity_for(self, gpus_on_node: int) -> float:
+        if gpus_on_node <= 1:
+            return self.sensitivity[0]
+        if gpus_on_node < 4:
+            return self.sensitivity[1]
+        return self.sensitivity[2]
+
+
+_CODA = "Zhao et al., CODA (ICDCS'20), section II.B"
+_SIMPLE_CV = (0.5, 0.5, 0.5)
+"""AlexNet: up to ~50 % (CODA §II.B). LeNet and OverFeat are assumed alike: simple CV
+networks whose bandwidth demand is anti-correlated with model complexity (CODA §II.A)."""
+_COMPLEX_CV = (0.0, 0.10, 0.30)
+_NLP = (0.5, 0.5, 0.5)
+_SENSITIVITY: dict[str, tuple[tuple[float, float, float], str]] = {
+    "Lenet": (_SIMPLE_CV, f"assumed as AlexNet ({_CODA})"),
+    "Alexnet": (_SIMPLE_CV, _CODA),
+    "Overfeat": (_SIMPLE_CV, f"assumed as AlexNet ({_CODA})"),
+    "Googlenet": (_COMPLEX_CV, f"as VGG16/Inception3/ResNet50 ({_CODA})"),
+    "LanguageModel": (_NLP, _CODA),
+    "Bi-Att-Flow": (_NLP, _CODA),
+    "DeepSpeech": ((0.3, 0.3, 0.3), f"assumed: 'more sensitive than Wavenet' ({_CODA})"),
+    "Wavenet": ((0.1, 0.1, 0.1), f"assumed: 'degrades slightly' ({_CODA})"),
+}
+
+CLASSES: tuple[WorkloadClass, ...] = tuple(
+    WorkloadClass(
+        w.name,
+        float(w.sweet_spot_cores),
+        _SENSITIVITY[w.name][0],
+        f"sweet spot: {w.source}; sensitivity: {_SENSITIVITY[w.name][1]}",
+    )
+    for w in REFERENCE_WORKLOADS
+)
+"""The SoCC'18 table's eight models with CODA's contention sensitivities."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobModel:
+    """The simulator's named assumptions (see the module docstring for sources)."""
+
+    class_weights: tuple[float, ...] = (1.0,) * len(CLASSES)
+    """Share of each :data:`CLASSES` entry among jobs whose model the trace does not name
+    (equal: the traces do not say what the jobs train)."""
+    sweet_spot_jitter: float = 0.25
+    """Each workload's θ is its class's times ``exp(N(0, jitter))``: no two scripts of
+    "the same model" need exactly the same cores (input size, augmentation, batch)."""
+    max_cores_per_gpu: float = 32.0
+    """No workload's θ per GPU exceeds this."""
+    log_share: float = 0.3
+    """Weight of the log term below the knee (:func:`slurm_plugin.curves.throughput_curve`)."""
+    multi_node_cores_per_gpu: float = 2.0
+    """Per-GPU demand of a job spread over several nodes is at most this (CODA §I.C)."""
+    distinct_workload_fraction: float = 0.1
+    """Unnamed jobs are runs of recurring workloads: the trace's GPU jobs come from
+    ``fraction × jobs`` distinct workloads, chosen Zipf-like. An assumption (the public
+    traces carry no job names); 1.0 means no workload ever recurs."""
+    zipf_exponent: float = 1.1
+    """Popularity of recurring workloads: the k-th most popular is chosen ∝ ``k**-s``."""
+    pressure_exponent: float = 4.2
+    """Slowdown = sensitivity × pressure**exponent (CODA: 3 % at 75 %, 10 % at 100 %)."""
+    node_mem_bw_bytes_per_s: float = 200e9
+    """What one GPU node's memory system delivers (two sockets of six DDR4 channels, as
+    measured with STREAM: ~100 GB/s per socket)."""
+    cpu_mem_bound_fraction: float = 0.5
+    """Share of CPU jobs that are memory-bound (HEAT/STREAM-like)."""
+    mem_bound_bw_per_core_bytes_per_s: float = 10e9
+    """What one core of a memory-bound job draws (one STREAM thread: ~10 GB/s)."""
+    compute_bound_bw_per_core_bytes_per_s: float = 0.5e9
+    user_cpus_per_gpu: tuple[tuple[int, float], ...] = (
+        (2, 0.05),
+        (4, 0.20),
+        (6, 0.20),
+        (8, 0.15),
+        (10, 0.10),
+        (12, 0.20),
+        (16, 0.10),
+    )
+    """Cores per GPU users ask for when the trace does not say (Philly): an assumed
+    distribution around the Alibaba GPU trace's median of ~10 requested CPUs per GPU."""
+    muri_testbed_cores_per_gpu: float = 2.0
+    """Cores per GPU the Muri testbed's data stage ran on (not published; assumed). A Muri
+    model's θ per GPU is this times its data-stage time over its GPU-stage time: the cores
+    that make the data stage keep up with the GPU."""
+    time_limit_factor: float = 2.0
+    """Users' time limits (what backfill plans with) are this times the real run time."""
+
+    def with_params(self, overrides: dict[str, str]) -> JobModel:
+        """A copy with ``NAME=VALUE`` overrides; ValueError naming the bad one."""
+        known = {f.name: f for f in fields(self)}
+        changes: dict[str, object] = {}
+        for name, text in overrides.items():
+            f = known.get(name)
+            if f is None:
+                raise ValueError(
+                    f"unknown simulator parameter {name!r}; known: {', '.join(sorted(known))}"
+                )
+            current = getattr(self, name)
+            try:
+                if isinstance(current, float):
+                    changes[name] = float(text)
+                elif isinstance(current, tuple) and name == "class_weights":
+                    vals = tuple(float(v) for v in text.split(","))
+                    if len(vals) != len(CLASSES):
+                        raise ValueError(f"needs {len(CLASSES)} comma-separated weights")
+                    changes[name] = vals
+                elif isinstance(current, tuple):
+                    pairs = []
+                    for part in text.split(","):
+                        k, _, w = part.partition(":")
+                        pairs.append((int(k), float(w)))
+                    changes[name] = tuple(pairs)
+                else:
+                    raise ValueError("cannot be set from the command line")
+            except ValueError as exc:
+                raise ValueError(f"simulator parameter {name}={text!r}: {exc}") from None
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True)
+class Workloads:
+    """Per-job workload facts for one trace (columnar, aligned with the trace's jobs)."""
+
+    workload: np.ndarray
+    """int32 workload id per job (-1 for CPU jobs)."""
+    names: list[str]
+    """Name of each workload id."""
+    klass: np.ndarray
+    """int16 class index per workload id."""
+    cores_per_gpu: np.ndarray
+    """float64 true sweet spot θ per GPU per workload id."""
+    class_names: list[str] = field(default_factory=lambda: [c.name for c in CLASSES])
+    sensitivity: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    """float64 (classes, 3) slowdown at full pressure for 1, 2, >= 4 GPUs."""
+    user_cpus_per_gpu: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """float64 per job: what the user asked per GPU (GPU jobs), sampled when unknown."""
+    cpu_bw_per_core: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """float64 per job: memory bandwidth per core of CPU jobs (0 for GPU jobs)."""
+
+    def sweet_spot(self, job: int, gpus_on_node: int, nodes: int, model: JobModel) -> float:
+        """θ in cores on one node for ``job`` holding ``gpus_on_node`` GPUs there."""
+        per_gpu = float(self.cores_per_gpu[self.workload[job]])
+        if nodes > 1:
+            per_gpu = min(per_gpu, model.multi_node_cores_per_gpu)
+        return max(1.0, per_gpu * gpus_on_node)
+
+    def relative_rate(
+        self, job: int, cores: float, gpus_on_node: int, nodes: int, model: JobModel
+    ) -> float:
+        """Throughput at ``cores`` on each node over the job's best (1 at the sweet spot)."""
+        theta = self.sweet_spot(job, gpus_on_node, nodes, model)
+        return float(
+            throughput_curve(theta, np.array([max(cores, 1e-3)]), log_share=model.log_share)[0]
+        )
+
+
+def muri_classes(
+    stages: dict[str, tuple[float, float, float]], model: JobModel
+) -> dict[str, tuple[float, tuple[float, float, float]]]:
+    """``name -> (θ per GPU, sensitivity)`` for Muri's models from their stage times (ms).
+
+    A model whose data (CPU) stage is longer than its GPU stage is CPU-bound: it gets the
+    sensitivity of CODA's bandwidth-hungry jobs (AlexNet, NLP); the others that of the
+    complex CV models (VGG16, ResNet50), which CODA found insensitive on one GPU.
+    """
+    out: dict[str, tuple[float, tuple[float, float, float]]] = {}
+    for name, (data_ms, gpu_ms, _comm_ms) in stages.items():
+        ratio = data_ms / max(gpu_ms, 1e-3)
+        theta = min(model.max_cores_per_gpu, max(1.0, model.muri_testbed_cores_per_gpu * ratio))
+        out[name] = (theta, _SIMPLE_CV if ratio > 1.0 else _COMPLEX_CV)
+    return out
+
+
+def _stable_seed(*parts: object) -> int:
+    return zlib.crc32("\0".join(str(p) for p in parts).encode())
+
+
+def assign_workloads(
+    *,
+    gpus: np.ndarray,
+    cpus: np.ndarray,
+    trace_workload: np.ndarray,
+    trace_workload_names: list[str],
+    model: JobModel,
+    seed: int,
+    named_classes: dict[str, tuple[float, tuple[float, float, float]]] | None = None,
+) -> Workloads:
+    """Give every GPU job a workload (and every workload a class and a true θ).
+
+    Jobs the trace names keep their name as the workload; ``named_classes`` maps such a
+    name to ``(θ per GPU, sensitivity)`` when the caller knows it (Muri's stage times), else
+    the name picks a class by a stable hash. Unnamed GPU jobs draw from a pool of
+    ``distinct_workload_fraction × jobs`` synthetic workloads, Zipf-popular. CPU jobs get
+    their memory behaviour. The same seed gives the same answer.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(gpus)
+    is_gpu = gpus > 0
+    weights = np.asarray(model.class_weights, dtype=float)
+    if weights.shape != (len(CLASSES),) or np.any(weights < 0) or weights.sum() <= 0:
+        raise ValueError("class_weights must be non-negative, one per class, not all zero")
+    weights = weights / weights.sum()
+
+    names: list[str] = []
+    klass: list[int] = []
+    theta: list[float] = []
+    extra_sens: list[tuple[float, float, float]] = []
+    workload = np.full(n, -1, dtype=np.int32)
+
+    def jittered(base: float, key: str) -> float:
+        r = np.random.default_rng(_stable_seed(seed, key))
+        value = base * math.exp(model.sweet_spot_jitter * float(r.standard_normal()))
+        return float(min(model.max_cores_per_gpu, max(1.0, value)))
+
+    # Named workloads from the trace.
+    named_ids: dict[int, int] = {}
+    for idx, name in enumerate(trace_workload_names):
+        wid = len(names)
+        named_ids[idx] = wid
+        names.append(name)
+        known = (named_classes or {}).get(name)
+        if known is not None:
+            klass.append(len(CLASSES) + len(extra_sens))
+            extra_sens.append(known[1])
+            theta.append(float(min(model.max_cores_per_gpu, max(1.0, known[0]))))
+        else:
+            r = np.random.default_rng(_stable_seed(seed, "class", name))
+            k = int(r.choice(len(CLASSES), p=weights))
+            klass.append(k)
+            theta.append(jittered(CLASSES[k].cores_per_gpu, name))
+    named = is_gpu & (trace_workload >= 0)
+    if named.any():
+        lut = np.array([named_ids[i] for i in range(len(trace_workload_names))], dtype=np.int32)
+        workload[named] = lut[trace_workload[named]]
+
+    # Unnamed GPU jobs: a Zipf-popular pool of synthetic recurring workloads.
+    unnamed = np.flatnonzero(is_gpu & (trace_workload < 0))
+    if len(unnamed):
+        pool = max(1, round(model.distinct_workload_fraction * len(unnamed)))
+        ranks = np.arange(1, pool + 1, dtype=float)
+        pop = ranks**-model.zipf_exponent
+        pop /= pop.sum()
+        picks = rng.choice(pool, size=len(unnamed), p=pop)
+        pool_classes = rng.choice(len(CLASSES), size=pool, p=weights)
+        base = len(names)
+        for i in range(pool):
+            name = f"w{i:06d}"
+            names.append(name)
+            k = int(pool_classes[i])
+            klass.append(k)
+            theta.append(jittered(CLASSES[k].cores_per_gpu, name))
+        workload[unnamed] = base + picks.astype(np.int32)
+
+    sens = np.array([c.sensitivity for c in CLASSES] + extra_sens, dtype=float).reshape(-1, 3)
+    class_names = [c.name for c in CLASSES] + [
+        n for n in trace_workload_names if n in (named_classes or {})
+    ]
+
+    # What users asked per GPU: the trace's request, or a draw from the assumed mix.
+    user = np.zeros(n, dtype=float)
+    known_cpus = is_gpu & (cpus > 0)
+    user[known_cpus] = np.maximum(1.0, np.ceil(cpus[known_cpus] / gpus[known_cpus]))
+    unknown = np.flatnonzero(is_gpu & ~known_cpus)
+    if len(unknown):
+        vals = np.array([v for v, _ in model.user_cpus_per_gpu], dtype=float)
+        ps = np.array([p for _, p in model.user_cpus_per_gpu], dtype=float)
+        user[unknown] = rng.choice(vals, size=len(unknown), p=ps / ps.sum())
+
+    cpu_jobs = np.flatnonzero(~is_gpu)
+    bw = np.zeros(n, dtype=float)
+    if len(cpu_jobs):
+        mem_bound = rng.random(len(cpu_jobs)) < model.cpu_mem_bound_fraction
+        bw[cpu_jobs] = np.where(
+            mem_bound,
+            model.mem_bound_bw_per_core_bytes_per_s,
+            model.compute_bound_bw_per_core_bytes_per_s,
+        )
+    return Workloads(
+        workload=workload,
+        names=names,
+        klass=np.array(klass, dtype=np.int16),
+        cores_per_gpu=np.array(theta, dtype=float),
+        class_names=class_names,
+        sensitivity=sens,
+        user_cpus_per_gpu=user,
+        cpu_bw_per_core=bw,
+    )

@@ -1,0 +1,405 @@
+"""The what-if simulator: hand-checkable scenarios, invariants, and the shared policy code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from coda_node.contention import ContentionParams, CpuJob, DnnJob, Eliminator
+from coda_node.observe import Progress
+from slurm_plugin.cli import cli
+from slurm_plugin.conf import CodaConfig
+from slurm_plugin.curves import cores_for_fraction, throughput_at
+from slurm_plugin.model import is_censored
+from slurm_plugin.policy import JobRequest, decide
+from slurm_plugin.sim import engine
+from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
+from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
+from slurm_plugin.sim.report import render_table, summarise
+from slurm_plugin.sim.shield import NodeMix, settle, slowdowns
+from slurm_plugin.sim.traces import NodeSpec, Trace, synthetic, uniform_nodes
+from slurm_plugin.sim.workloads import JobModel, Workloads, assign_workloads
+
+MODEL = JobModel()
+CHECK = SimParams(check=True)
+
+
+def make_trace(rows: list[tuple[float, float, int, int]], names: list[str] | None = None) -> Trace:
+    """Jobs as (submit_s, duration_s, gpus, cpus); GPU jobs get workload 0 ("w")."""
+    submit = np.array([r[0] for r in rows], dtype=float)
+    gpus = np.array([r[2] for r in rows], dtype=np.int32)
+    t = Trace(
+        name="hand",
+        submit_s=submit,
+        duration_s=np.array([r[1] for r in rows], dtype=float),
+        gpus=gpus,
+        cpus=np.array([r[3] for r in rows], dtype=np.int32),
+        nodes=np.ones(len(rows), dtype=np.int32),
+        workload=np.where(gpus > 0, 0, -1).astype(np.int32),
+        workload_names=names or ["w"],
+        gpu_model=np.full(len(rows), -1, dtype=np.int16),
+        gpu_model_names=[],
+        node_specs=None,
+        source="test",
+        notes=[],
+    )
+    t.validate()
+    return t
+
+
+def workloads_for(
+    trace: Trace, theta: float, sensitivity: float = 0.0, bw_per_core: float = 10e9
+) -> Workloads:
+    wl = assign_workloads(
+        gpus=trace.gpus,
+        cpus=trace.cpus,
+        trace_workload=trace.workload,
+        trace_workload_names=trace.workload_names,
+        model=MODEL,
+        seed=1,
+        named_classes={"w": (theta, (sensitivity,) * 3)},
+    )
+    wl.cpu_bw_per_core[trace.gpus == 0] = bw_per_core
+    return wl
+
+
+def run(trace: Trace, nodes: list[NodeSpec], wl: Workloads, policy: str, **kw: object):
+    params = SimParams(check=True, **kw)  # type: ignore[arg-type]
+    return simulate(trace, nodes, wl, MODEL, POLICIES[policy], params)
+
+
+# --- hand-checkable scenarios ---------------------------------------------------------------
+
+
+def test_two_jobs_one_gpu_the_second_waits_for_the_first() -> None:
+    trace = make_trace([(0, 100, 1, 4), (10, 100, 1, 4)])
+    wl = workloads_for(trace, theta=4)
+    r = run(trace, uniform_nodes(1, 8, 1), wl, "slurm")
+    assert r.start_s.tolist() == [0, 100]
+    assert r.end_s.tolist() == pytest.approx([100, 200])
+    s = summarise(trace, r)
+    assert s.dnn_jct_mean_s == pytest.approx((100 + 190) / 2)
+    assert s.finished == 2 and s.unfinished == 0
+
+
+def test_starved_job_runs_at_its_curve_and_the_oracle_feeds_it() -> None:
+    # θ = 4 cores; the user asked 4 (so the trace ran at full speed: work = 100 s).
+    trace = make_trace([(0, 100, 1, 4)])
+    wl = workloads_for(trace, theta=4)
+    nodes = uniform_nodes(1, 16, 1)
+    fixed = run(trace, nodes, wl, "fixed", fixed_cpus_per_gpu=2)
+    rate = throughput_at(4, 2)  # 0.3*ln2/ln4 + 0.7*2/4 = 0.5
+    assert rate == pytest.approx(0.5)
+    assert fixed.end_s[0] == pytest.approx(100 / rate)
+    assert fixed.cores_per_node[0] == 2
+    oracle = run(trace, nodes, wl, "oracle")
+    assert oracle.end_s[0] == pytest.approx(100)
+    even = run(trace, nodes, wl, "even")
+    assert even.cores_per_node[0] == 16  # one GPU: the whole node's cores
+
+
+def test_a_cpu_job_backfills_beside_a_waiting_gpu_job_only_if_it_does_not_delay_it() -> None:
+    # One node, 2 GPUs, 8 cores. Job 0 holds both GPUs and 4 cores, with a time limit of
+    # 2 x 1000 s: job 1 (2 GPUs, 4 cores) is planned to start at t=2000 at the latest. A
+    # CPU job of 4 cores whose limit ends before then may use the 4 free cores now (the
+    # 100 s one at once, the 900 s one when the first is done); one whose limit ends after
+    # (1000 s from t=4: 2004) would hold the cores job 1 needs, and must wait.
+    trace = make_trace(
+        [(0, 1000, 2, 4), (1, 500, 2, 4), (2, 100, 0, 4), (3, 900, 0, 4), (4, 1000, 0, 4)]
+    )
+    wl = workloads_for(trace, theta=1)
+    r = run(trace, uniform_nodes(1, 8, 2), wl, "slurm")
+    assert r.start_s[2] == 2  # backfilled at once
+    assert r.start_s[3] == 102  # backfilled: ends by its limit (102 + 1800) before 2000
+    assert r.start_s[1] == 1000  # the GPU job is not delayed
+    assert r.start_s[4] >= 1000  # the one that would have delayed it waited
+    # Without the GPU job waiting, the long CPU job starts at once.
+    alone = make_trace([(0, 1000, 2, 4), (3, 800, 0, 4)])
+    r2 = run(alone, uniform_nodes(1, 8, 2), workloads_for(alone, theta=1), "slurm")
+    assert r2.start_s[1] == 3
+
+
+def test_a_contention_episode_that_throttling_fixes() -> None:
+    # A bandwidth-sensitive DNN job (slowdown 0.5 at full pressure) runs alone for 100 s,
+    # then a memory-bound CPU job takes 16 cores (16 x 10 GB/s of a 200 GB/s node: 0.8).
+    trace = make_trace([(0, 10_000, 1, 8), (100, 5000, 0, 16)])
+    wl = workloads_for(trace, theta=8, sensitivity=0.5)
+    nodes = uniform_nodes(1, 32, 1)
+    raw = 0.5 * 0.8**MODEL.pressure_exponent
+    assert 0.15 < raw < 0.25
+
+    slurm = run(trace, nodes, wl, "slurm")
+    cpu_end_slurm = 100 + 5000
+    assert slurm.end_s[1] == pytest.approx(cpu_end_slurm)
+    # 100 s at full speed, then slowed until the CPU job leaves, then full speed again.
+    done_while_slowed = 5000 * (1 - raw)
+    assert slurm.end_s[0] == pytest.approx(100 + 5000 + (10_000 - 100 - done_while_slowed))
+
+    coda = run(trace, nodes, wl, "coda")
+    # The eliminator throttles the CPU job: the DNN job finishes sooner, the CPU job later.
+    assert coda.end_s[0] < slurm.end_s[0] - 300
+    assert coda.end_s[1] > cpu_end_slurm
+    s = summarise(trace, coda)
+    assert s.cpu_stretch_mean > 1.0
+    assert coda.counters["shield_settles"] >= 1
+
+
+def test_a_dnn_job_that_never_had_a_quiet_period_is_not_shielded() -> None:
+    # The CPU job was there first: the eliminator has no baseline to compare with, so
+    # coda-node (and hence the simulation of it) does not throttle.
+    trace = make_trace([(0, 5000, 0, 16), (100, 10_000, 1, 8)])
+    wl = workloads_for(trace, theta=8, sensitivity=0.5)
+    r = run(trace, uniform_nodes(1, 32, 1), wl, "coda")
+    assert r.end_s[0] == pytest.approx(5000)
+    assert r.counters["shield_settles"] == 0
+
+
+def test_a_job_no_node_can_hold_is_rejected_not_queued_forever() -> None:
+    trace = make_trace([(0, 100, 16, 8), (1, 100, 1, 4)])
+    r = run(trace, uniform_nodes(1, 8, 8), workloads_for(trace, theta=2), "slurm")
+    # 16 GPUs need two 8-GPU nodes and there is one: Slurm would refuse it at submission.
+    assert r.counters["rejected"] == 1
+    assert np.isnan(r.start_s[0])
+    assert r.end_s[1] == pytest.approx(101)  # it blocks no one
+    assert summarise(trace, r).rejected == 1
+
+
+def test_multi_node_job_spreads_gpus_evenly() -> None:
+    trace = make_trace([(0, 100, 16, 32)])
+    r = run(trace, uniform_nodes(2, 32, 8), workloads_for(trace, theta=2), "slurm")
+    assert r.nodes_used[0] == 2
+    assert r.cores_per_node[0] == 16  # 2 per GPU asked, 8 GPUs on each node
+
+
+# --- invariants on every run -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic_runs() -> tuple[Trace, list[NodeSpec], Workloads, dict[str, engine.RunResult]]:
+    trace = synthetic(600, n_gpus=64, seed=3, load=1.2)
+    nodes = list(trace.node_specs or [])
+    wl = assign_workloads(
+        gpus=trace.gpus,
+        cpus=trace.cpus,
+        trace_workload=trace.workload,
+        trace_workload_names=trace.workload_names,
+        model=MODEL,
+        seed=3,
+    )
+    runs = {name: simulate(trace, nodes, wl, MODEL, pol, CHECK) for name, pol in POLICIES.items()}
+    return trace, nodes, wl, runs
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_job_finishes_once_and_utilisation_is_a_fraction(
+    synthetic_runs: tuple[Trace, list[NodeSpec], Workloads, dict[str, engine.RunResult]],
+    policy: str,
+) -> None:
+    trace, _nodes, _wl, runs = synthetic_runs
+    r = runs[policy]
+    assert r.counters["finished"] + r.counters["rejected"] == len(trace)
+    done = ~np.isnan(r.end_s)
+    assert int(done.sum()) == r.counters["finished"]
+    assert np.all(r.start_s[done] >= trace.submit_s[done])
+    assert np.all(r.end_s[done] >= r.start_s[done])
+    width = np.diff(r.bin_edges_s)
+    alloc = r.alloc_gpu_s / (r.total_gpus * width)
+    eff = r.effective_gpu_s / (r.total_gpus * width)
+    assert np.all(alloc >= -1e-9) and np.all(alloc <= 1 + 1e-9)
+    assert np.all(eff >= -1e-9) and np.all(eff <= alloc + 1e-9)
+    cores = r.busy_core_s / (r.total_cores * width)
+    assert np.all(cores <= 1 + 1e-9)
+
+
+def test_same_seed_same_results_other_seed_other_results(
+    synthetic_runs: tuple[Trace, list[NodeSpec], Workloads, dict[str, engine.RunResult]],
+) -> None:
+    trace, nodes, wl, runs = synthetic_runs
+    again = simulate(trace, nodes, wl, MODEL, POLICIES["coda"], CHECK)
+    assert np.array_equal(again.end_s, runs["coda"].end_s, equal_nan=True)
+    assert np.array_equal(again.cores_per_node, runs["coda"].cores_per_node)
+    other = assign_workloads(
+        gpus=trace.gpus,
+        cpus=trace.cpus,
+        trace_workload=trace.workload,
+        trace_workload_names=trace.workload_names,
+        model=MODEL,
+        seed=4,
+    )
+    moved = simulate(trace, nodes, other, MODEL, POLICIES["coda"], CHECK)
+    assert not np.array_equal(moved.end_s, runs["coda"].end_s, equal_nan=True)
+
+
+def test_the_oracle_bounds_the_other_policies_jct(
+    synthetic_runs: tuple[Trace, list[NodeSpec], Workloads, dict[str, engine.RunResult]],
+) -> None:
+    trace, _nodes, _wl, runs = synthetic_runs
+    rows = {p: summarise(trace, r) for p, r in runs.items()}
+    for p in ("slurm", "fixed", "even", "coda"):
+        assert rows["oracle"].dnn_jct_mean_s <= rows[p].dnn_jct_mean_s
+    table = render_table(list(rows.values()))
+    assert "coda/slurm" in table and "oracle" in table
+
+
+# --- the simulator runs the product's own policy code ---------------------------------------
+
+
+def test_coda_cores_are_what_the_submit_hook_decides_from_the_published_profile() -> None:
+    # One workload, recurring: runs are probed until the profile settles, later runs get
+    # the hook's answer from it and are left alone.
+    rows = [(i * 4000.0, 3000.0, 1, 2) for i in range(8)]
+    trace = make_trace(rows)
+    wl = workloads_for(trace, theta=6)
+    sim = engine._Sim(trace, uniform_nodes(1, 24, 1), wl, MODEL, POLICIES["coda"], CHECK, None)
+    sim.run()
+    profile = sim.profiles["workload:1000:w"]
+    assert not is_censored(profile) and profile.confidence >= 0.8
+    view = sim.views["workload:1000:w"]
+    req = JobRequest(
+        uid=1000,
+        job_name="w",
+        tres_per_node="gres:gpu:1",
+        cpus_per_tres="gres:gpu:2",
+        min_nodes=1,
+        comment="coda:workload=w",
+    )
+    d = decide(req, CodaConfig(user_value="replace"), sim.views, sim.node_cap)
+    assert d.cpus_per_tres == f"gres:gpu:{view.cpus_per_gpu}"
+    assert sim.cores_per_node[-1] == view.cpus_per_gpu
+    assert sim.counters["probed_jobs"] < len(rows)  # the last runs were not probed
+    # The user asked 2 of the 6 cores it needs: the first profiles are censored (still
+    # rising at the top), the hook gives more room each time, and it settles near 6.
+    assert sim.cores_per_node[0] == 2
+    assert abs(view.cpus_per_gpu - cores_for_fraction(6, max_cores=24)) <= 1
+
+
+def test_settle_is_the_daemons_eliminator_ticked() -> None:
+    mix = NodeMix(dnn=((0.5, True),), cpu=((16, 10e9),), node_bw_bytes_per_s=200e9, exponent=4.2)
+    got = settle(mix, ContentionParams())
+    assert got.cpu_share[0] < 1.0
+    assert got.dnn_slowdown[0] <= ContentionParams().trigger_slowdown + 1e-9
+    # The daemon's own eliminator, driven by hand with the same readings, takes the same
+    # first step.
+    elim = Eliminator(ContentionParams(), quota=True)
+    for k in range(5):
+        elim.step(2.0 * k, {0: DnnJob(0, frozenset({0}), _train(100.0))}, {})
+    slow = slowdowns(mix, [1.0])[0]
+    for now in (10.0, 12.0):  # the rate is smoothed over two ticks
+        out = elim.step(
+            now,
+            {0: DnnJob(0, frozenset({0}), _train(100 * (1 - slow)))},
+            {1: CpuJob(1, frozenset({0}), 16, 16.0, None)},
+        )
+    assert out.throttles[1].quota_cores == pytest.approx(16 * ContentionParams().quota_fractions[0])
+    # A trigger the slowdown never reaches: the same code does nothing.
+    idle = settle(mix, ContentionParams(trigger_slowdown=0.9))
+    assert idle.cpu_share == (1.0,) and idle.events == 0
+
+
+def _train(rate: float) -> Progress:
+    return Progress(rate=rate, source="gpu_util", phase="train", age_s=1e6, level=rate)
+
+
+# --- inputs and the command --------------------------------------------------------------
+
+
+def test_cluster_sized_for_load_and_cpu_jobs_mixed_in() -> None:
+    trace = synthetic(2000, n_gpus=64, seed=1, load=0.5, cpu_job_fraction=0.0)
+    trace.node_specs = None
+    nodes = size_for_load(trace, 0.5, shape=(64, 8))
+    assert 40 <= sum(n.gpus for n in nodes) <= 96
+    mixed = add_cpu_jobs(trace, nodes, 0.3, seed=1)
+    cpu = mixed.gpus == 0
+    assert cpu.sum() > 0 and (mixed.gpus > 0).sum() == len(trace)
+    assert np.all(np.diff(mixed.submit_s) >= 0)
+    offered = float(np.sum(mixed.cpus[cpu] * mixed.duration_s[cpu]))
+    span = float(mixed.submit_s[-1] - mixed.submit_s[0])
+    load = offered / (sum(n.cores for n in nodes) * span)
+    assert 0.15 < load < 0.6
+
+
+def test_model_parameters_are_named_and_checked() -> None:
+    m = JobModel().with_params({"pressure_exponent": "2", "class_weights": "1,0,0,0,0,0,0,0"})
+    assert m.pressure_exponent == 2.0 and m.class_weights[0] == 1.0
+    with pytest.raises(ValueError, match="unknown simulator parameter 'nope'"):
+        JobModel().with_params({"nope": "1"})
+    with pytest.raises(ValueError, match="pressure_exponent"):
+        JobModel().with_params({"pressure_exponent": "high"})
+
+
+def test_cli_table_json_and_errors() -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["simulate", "synthetic:300,gpus=32", "-p", "slurm", "-p", "coda"])
+    assert res.exit_code == 0, res.output
+    assert "coda/slurm" in res.output and "µs per event" in res.output
+    res = runner.invoke(cli, ["simulate", "synthetic:300,gpus=32", "--json", "-p", "oracle"])
+    data = json.loads(res.output)
+    assert data["schema_version"] == 1
+    assert [r["policy"] for r in data["results"]] == ["oracle"]
+    assert data["model"]["pressure_exponent"] == MODEL.pressure_exponent
+    bad = runner.invoke(cli, ["simulate", "synthetic:300", "--param", "nope=1"])
+    assert bad.exit_code != 0 and "unknown simulator parameter" in bad.output
+    missing = runner.invoke(cli, ["simulate", "sacct:/nonexistent/file.txt"])
+    assert missing.exit_code != 0 and "cannot load trace" in missing.output
+
+
+def test_cli_on_an_sacct_export_as_a_subprocess(tmp_path: Path) -> None:
+    lines = ["JobID|JobName|User|Partition|Submit|Start|End|State|NNodes|AllocTRES|ReqTRES"]
+    for i in range(40):
+        start = f"2024-03-01T{10 + i // 10:02d}:{(i % 10) * 5:02d}:00"
+        end = f"2024-03-01T{12 + i // 10:02d}:{(i % 10) * 5:02d}:00"
+        gpus = "gres/gpu=1," if i % 3 else ""
+        lines.append(
+            f"{100 + i}|train{i % 4}|alice|gpu|{start}|{start}|{end}|COMPLETED|1|"
+            f"billing=4,cpu=4,{gpus}mem=16G,node=1|cpu=4,{gpus}node=1"
+        )
+    export = tmp_path / "sacct.txt"
+    export.write_text("\n".join(lines) + "\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_plugin.cli",
+            "simulate",
+            f"sacct:{export}",
+            "--nodes",
+            "2:16:2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["jobs"] == 40 and data["gpus"] == 4
+    assert {r["policy"] for r in data["results"]} == set(POLICIES)
+    for r in data["results"]:
+        assert r["finished"] == 40
+        assert 0 <= r["gpu_util_allocated"] <= 1
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    res = CliRunner().invoke(
+        cli, ["simulate", "synthetic:200,gpus=32", "-p", "slurm", "--plot", str(tmp_path)]
+    )
+    assert res.exit_code == 0, res.output
+    for name in ("utilisation.png", "jct_cdf.png"):
+        p = tmp_path / name
+        assert p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_scalar_curve_is_the_vector_curve() -> None:
+    from slurm_plugin.curves import throughput_curve
+
+    for theta in (1.0, 1.5, 3.0, 8.0, 19.3):
+        for cores in (0.5, 1.0, 2.0, 7.9, 8.0, 30.0):
+            want = float(throughput_curve(theta, np.array([cores]))[0])
+            assert throughput_at(theta, cores) == pytest.approx(max(want, 0.0), abs=1e-12)
