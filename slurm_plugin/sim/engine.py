@@ -95,7 +95,7 @@ class SimParams:
     probe: ProbeParams = field(default_factory=ProbeParams)
     contention: ContentionParams = field(default_factory=ContentionParams)
     shield_tick_s: float = 2.0
-    shield_settle_s: float = 900.0
+    shield_settle_s: float = 600.0
     rdt: bool = False
     """Nodes have Intel RDT: the eliminator sees per-job bandwidth and uses MBA first."""
     check: bool = False

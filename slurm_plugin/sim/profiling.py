@@ -40,7 +40,7 @@ def probe_run(
     seed: int,
     log_share: float = 0.3,
     noise_rel: float = 0.02,
-    tick_s: float = 5.0,
+    tick_s: float = 10.0,
     warmup_s: float = SignalParams().warmup_s,
     max_s: float = 4 * 3600.0,
 ) -> ProbeRun:
