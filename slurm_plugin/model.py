@@ -539,8 +539,8 @@ def estimate_sweet_spot(
 EXPLORE_FACTOR = 1.5
 """A censored profile asks for this many times the largest per-GPU count measured."""
 CENSOR_MARGIN = 0.1
-"""A plateau counts as seen when a count more than this share (and a core) past the knee
-was measured."""
+"""A plateau counts as seen when a count this share past the knee (at least a core past
+it) was measured."""
 
 
 def is_censored(profile: Profile) -> bool:
@@ -569,8 +569,8 @@ def refit_profile(
 
     **Censored profiles.** Online probes only measure inside a job's allocation, so a job
     that was given too few cores shows a "sweet spot" at its allocation that is only a
-    lower bound. When nothing was measured clearly past the curve's knee (more than a
-    core and ``CENSOR_MARGIN`` beyond it), the fit is marked ``censored`` with
+    lower bound. When nothing was measured clearly past the curve's knee (a core, or
+    ``CENSOR_MARGIN`` of it if more), the fit is marked ``censored`` with
     ``measured_top_cores_per_gpu``, and ``cpus_per_gpu`` asks for ``explore_factor`` times
     that, so the next run has room to show where the curve flattens (coda-node probes it
     again). Each run's samples are normalised to that run's own top, so when a later run
@@ -622,10 +622,10 @@ def refit_profile(
         n_used=len(used),
     )
     cpus_per_gpu = max(1, math.ceil(spot.cores / gpus))
-    # A plateau is only seen if something was measured clearly past the knee: more than
-    # one core and 10 % beyond it. Otherwise the curve may still be rising at the top.
+    # A plateau is only seen if something was measured clearly past the knee: a core, or
+    # 10 % of it if that is more. Otherwise the curve may still be rising at the top.
     knee = spot.fit.theta_cores if spot.fit is not None else float(spot.cores)
-    if hi > lo and hi <= knee * (1.0 + CENSOR_MARGIN) + 1.0:
+    if hi > lo and hi < knee + max(1.0, CENSOR_MARGIN * knee):
         fit.update(censored=True, measured_top_cores_per_gpu=hi / gpus)
         cpus_per_gpu = max(math.ceil((hi + 1) / gpus), math.ceil(hi * explore_factor / gpus))
     return replace(
