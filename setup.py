@@ -22,11 +22,15 @@ setup(
         "click>=8.1",
         "psutil>=5.9",
         "nvidia-ml-py>=12.535",
+        # coda-node's /metrics (NodeMetricsPort); 0.17 made start_http_server return the server.
+        "prometheus-client>=0.17",
     ],
     extras_require={
         # PyPI only has pyslurm for Slurm 25.11; nothing requires it.
         "pyslurm": ["pyslurm"],
-        "test": ["pytest>=7.4", "ruff>=0.4"],
+        # coda-slurm simulate --plot
+        "plot": ["matplotlib>=3.6"],
+        "test": ["pytest>=7.4", "ruff>=0.4", "jsonschema>=4.0", "matplotlib>=3.6"],
     },
     entry_points={
         "console_scripts": [

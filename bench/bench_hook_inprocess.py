@@ -45,7 +45,10 @@ def main() -> int:
                 source="bench",
             )
         )
-    (root / "coda.conf").write_text(f"ProfileStore={store.root}\nHookStatsFile=\n")
+    # The decision journal is on, as in production (a local file, flushed once a second).
+    (root / "coda.conf").write_text(
+        f"ProfileStore={store.root}\nHookStatsFile=\nDecisionJournal={root / 'decisions.jsonl'}\n"
+    )
     (root / "slurm.conf").write_text("NodeName=g1 CPUs=32 Gres=gpu:4\n")
     os.environ["CODA_CONF"] = str(root / "coda.conf")
     lib = FakeLib()

@@ -7,8 +7,12 @@ with a reason an admin can act on. Probes only read.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from coda_node.paths import SystemRoot
+
+if TYPE_CHECKING:
+    from coda_node.nvml import Nvml
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,15 +147,19 @@ def probe_uncore(root: SystemRoot) -> list[Capability]:
     return probe_perf(root)
 
 
-def probe_gpus(root: SystemRoot) -> Capability:
+def probe_gpus(root: SystemRoot, nvml: Nvml | None = None) -> Capability:
+    """``nvml``: the daemon's own handle (one choke point); None opens and closes one."""
     from coda_node.nvml import Nvml
 
     devs = sorted(p.name for p in root.dev.glob("nvidia[0-9]*"))
-    nvml = Nvml()
-    try:
+    if nvml is not None:
         st = nvml.status()
-    finally:
-        nvml.shutdown()
+    else:
+        own = Nvml()
+        try:
+            st = own.status()
+        finally:
+            own.shutdown()
     detail = st.detail
     if not st.available:
         detail += f"; /dev/nvidia* device nodes: {len(devs)}"
@@ -178,15 +186,20 @@ def probe_slurm_commands(env: dict[str, str] | None = None) -> Capability:
 
 
 def probe_all(
-    root: SystemRoot, *, slurm: bool = True, env: dict[str, str] | None = None
+    root: SystemRoot,
+    *,
+    slurm: bool = True,
+    env: dict[str, str] | None = None,
+    nvml: Nvml | None = None,
 ) -> list[Capability]:
-    """Every capability row; ``slurm=False`` skips asking slurmctld (fixture trees)."""
+    """Every capability row; ``slurm=False`` skips asking slurmctld (fixture trees);
+    ``nvml``: the daemon's NVML handle, so the GPU row says what the daemon sees."""
     rows = [
         *probe_cgroups(root),
         probe_slurm_tree(root),
         *probe_resctrl(root),
         *probe_uncore(root),
-        probe_gpus(root),
+        probe_gpus(root, nvml),
     ]
     if slurm:
         rows.append(probe_slurm_commands(env))

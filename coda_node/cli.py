@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import os
+import shutil
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -16,9 +16,16 @@ from coda_node import __version__
 from coda_node.check import probe_all
 from coda_node.paths import SystemRoot
 from coda_node.state import STATE_FILE, Limit, StateError, load_limits, save_limits
+from coda_node.status import load_status
+from coda_node.status_text import render
 from slurm_plugin.cli_common import CliError, emit_json, run_cli
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.paths import default_conf_path
+
+WATCH_DEFAULT_S = 2.0
+TERMINAL_FALLBACK = (160, 50)
+"""Columns and lines when stdout is not a terminal and $COLUMNS is unset (a pipe, a file):
+wide enough that a piped screen keeps every column."""
 
 CONF_OPTION = click.option(
     "--conf",
@@ -235,100 +242,111 @@ def _save_limits(cfg: CodaConfig, limits: dict[int, Limit]) -> None:
 
 @cli.command()
 @CONF_OPTION
-@click.option("--json", "as_json", is_flag=True, help="The daemon's view, as JSON.")
-def status(conf_path: Path | None, as_json: bool) -> None:
-    """What the daemon sees and did: jobs with their cores, GPUs and counters."""
+@click.option(
+    "--json", "as_json", is_flag=True, help="The same facts as JSON (docs/status.schema.json)."
+)
+@click.option(
+    "--watch",
+    "watch_s",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=WATCH_DEFAULT_S,
+    default=None,
+    metavar="[SECONDS]",
+    help=f"Refresh in place every SECONDS (default {WATCH_DEFAULT_S:g}); Ctrl-C ends.",
+)
+@click.option(
+    "--color",
+    "color_mode",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="auto: colour on a terminal unless NO_COLOR is set.",
+)
+@click.pass_context
+def status(
+    ctx: click.Context,
+    conf_path: Path | None,
+    as_json: bool,
+    watch_s: float | None,
+    color_mode: str,
+) -> None:
+    """Jobs, cores, GPUs, throttles, probes and recent decisions on this node.
+
+    Reads the daemon's state file (works as any user who can read it). Exit status 0 when
+    the daemon is running, 1 when it is not (or its state is stale), 2 on a usage error.
+    """
+    if as_json and watch_s is not None:
+        raise click.UsageError("--json and --watch do not go together")
     cfg = load_node_config(conf_path)
     path = cfg.node_state_dir / STATE_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CliError(
-            "coda-node is not running here", f"no state file {path}; start coda-node"
-        ) from None
-    except PermissionError:
-        raise CliError(f"cannot read {path}", "permission denied; try as root") from None
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read {path}", str(exc)) from None
-    view = data.get("view") or {}
+    color = _use_color(color_mode)
+    if watch_s is not None:
+        _watch(path, cfg.node_interval_s, watch_s, color)
+        ctx.exit(0)
+    doc = load_status(path, interval_s=cfg.node_interval_s)
+    ok = doc["daemon"]["status"] == "running"
     if as_json:
-        emit_json({"format_version": data.get("format_version"), **view})
-        return
-    click.echo(render_status(view, data.get("written_unix_s")))
+        emit_json(doc)
+    elif doc["daemon"]["status"] == "absent":
+        for problem in doc["problems"]:
+            click.echo(f"coda-node: {problem}", err=True)
+    else:
+        width = shutil.get_terminal_size(TERMINAL_FALLBACK).columns
+        click.echo(render(doc, width=width, color=color), color=color)
+    ctx.exit(0 if ok else 1)
 
 
-def _progress_cell(progress: dict[str, Any] | None) -> str:
-    """``train 97/s`` (iterations), ``train 85%`` (GPU utilisation), or the phase alone."""
-    if not progress:
-        return "-"
-    phase, rate = progress.get("phase") or "?", progress.get("rate")
-    if rate is None:
-        return phase
-    unit = "/s" if progress.get("source") == "iterations" else "%"
-    return f"{phase} {rate:.3g}{unit}"
+WATCH_CLEAR = "\x1b[H\x1b[2J"
+"""Cursor home, erase the screen (ECMA-48 CUP and ED)."""
+HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
 
 
-def _profile_cell(profiling: dict[str, Any] | None) -> str:
-    """``probing 1/2c``, ``done 1c 0.99``, ``skipped``, ``waiting``."""
-    if not profiling:
-        return "-"
-    state = profiling.get("state") or "?"
-    if state == "probing" and profiling.get("cores_now") is not None:
-        return f"probing {profiling['cores_now']}c"
-    if state == "done" and profiling.get("sweet_spot_cores") is not None:
-        return f"done {profiling['sweet_spot_cores']}c {profiling.get('confidence') or 0:.2f}"
-    return state
+def _use_color(mode: str) -> bool:
+    """``auto``: only on a terminal, and not when NO_COLOR is set (https://no-color.org)."""
+    if mode != "auto":
+        return mode == "always"
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stdout.isatty()
 
 
-def render_status(view: dict[str, Any], written_unix_s: float | None) -> str:
-    daemon = view.get("daemon") or {}
-    node = view.get("node") or {}
-    lines = []
-    age = f"{time.time() - written_unix_s:.0f}s ago" if written_unix_s else "never"
-    state = "running" if daemon.get("running") else "stopped"
-    lines.append(
-        f"node {daemon.get('node_name', '?')}  coda-node {daemon.get('version', '?')} "
-        f"{state} (pid {daemon.get('pid', '?')}), updated {age}; enforcing "
-        + (",".join(daemon.get("enforce") or []) or "nothing")
-    )
-    for cap in node.get("capabilities") or []:
-        mark = "yes" if cap.get("available") else "no "
-        lines.append(f"  {mark} {cap.get('name')}: {cap.get('detail')}")
-    jobs = view.get("jobs") or []
-    lines.append(
-        f"  profiling: {daemon.get('profiling', '?')}; contention: {daemon.get('contention', '?')}"
-    )
-    lines.append("")
-    header = (
-        f"{'JOBID':>8} {'USER':<10} {'KIND':<4} {'GPUS':<8} {'CPUS':<10} {'NOW':<10} "
-        f"{'CPU%':>6} {'QUOTA':>6} {'PROGRESS':<14} {'PROFILE':<14}  WHY"
-    )
-    lines.append(header)
-    for j in jobs:
-        gpus = ",".join(str(g["slurm_index"]) for g in j.get("gpus") or []) or "-"
-        rate = j.get("cpu_rate_cores")
-        quota = j.get("quota_cores")
-        lines.append(
-            f"{j['job_id']:>8} {j.get('user') or '?'!s:<10.10} {j.get('kind', '?'):<4} "
-            f"{gpus:<8} {j.get('cpus_allocated') or '-'!s:<10} {j.get('cpus_now')!s:<10} "
-            f"{(f'{rate * 100:.0f}' if rate is not None else '-'):>6} "
-            f"{(f'{quota:g}' if quota is not None else '-'):>6} "
-            f"{_progress_cell(j.get('progress')):<14} {_profile_cell(j.get('profiling')):<14}  "
-            f"{j.get('target_reason') or '-'}"
-        )
-    if not jobs:
-        lines.append("  (no jobs on this node)")
-    errors = node.get("errors") or []
-    for e in errors:
-        lines.append(f"! {e}")
-    events = view.get("events") or []
-    if events:
-        lines.append("")
-        lines.append("recent:")
-        for ev in events[-10:]:
-            when = time.strftime("%H:%M:%S", time.localtime(ev["unix_s"]))
-            lines.append(f"  {when} job {ev['job_id']}: {ev['what']} ({ev['reason']})")
-    return "\n".join(lines)
+def _watch(path: Path, interval_s: float, every_s: float, color: bool) -> None:
+    """Redraw in place on a terminal (frames separated by a blank line elsewhere) until
+    Ctrl-C; the cursor is shown again whatever ends the loop."""
+    tty = sys.stdout.isatty()
+    first = True
+    try:
+        if tty:
+            click.echo(HIDE_CURSOR, nl=False)
+        while True:
+            size = shutil.get_terminal_size(TERMINAL_FALLBACK)
+            doc = load_status(path, interval_s=interval_s)
+            title = f"every {every_s:g} s: coda-node status    {time.strftime('%H:%M:%S')}"
+            body = render(doc, width=size.columns, color=color, max_events=5)
+            if tty and doc["jobs"]:
+                # One screen (title, blank line, body, the cursor's line): fewer job rows,
+                # failed, throttled and probing ones first.
+                over = len(body.splitlines()) + 3 - size.lines
+                if over > 0:
+                    rows = max(3, len(doc["jobs"]) - over - 1)
+                    body = render(
+                        doc, width=size.columns, color=color, max_job_rows=rows, max_events=5
+                    )
+            frame = title[: size.columns] + "\n\n" + body + "\n"
+            if tty:
+                click.echo(WATCH_CLEAR + frame, nl=False, color=color)
+            else:
+                click.echo(("" if first else "\n") + frame, nl=False, color=color)
+            first = False
+            sys.stdout.flush()
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if tty:
+            click.echo(SHOW_CURSOR, nl=False)
+            sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

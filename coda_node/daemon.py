@@ -17,17 +17,17 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coda_node import __version__, cgroups
 from coda_node.adaptive import AdaptiveLoop
 from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.check import probe_all
-from coda_node.cpulist import format_cpulist
+from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.enforce import Enforcer, JobResult
 from coda_node.nvml import Nvml
 from coda_node.paths import SystemRoot
@@ -37,8 +37,12 @@ from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.state import NodeState, StateError, StateFile, load_limits
+from coda_node.status import event_action
 from slurm_plugin.conf import CodaConfig
 from slurm_plugin.store import ProfileStore
+
+if TYPE_CHECKING:
+    from coda_node.metrics import MetricsServer
 
 log = logging.getLogger("coda-node")
 
@@ -52,6 +56,8 @@ class TickReport:
     results: dict[int, JobResult]
     problems: list[str] = field(default_factory=list)
     cpu_time_s: float = 0.0
+    allocated: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Each job's Slurm allocation as known before this tick's writes."""
 
 
 class Daemon:
@@ -109,6 +115,17 @@ class Daemon:
         self.capabilities: list[dict[str, object]] = []
         self.started_unix_s = time.time()
         self._limits_error: str | None = None
+        self.ticks_total = 0
+        self.tick_errors_total = 0
+        self.events_total: Counter[str] = Counter()
+        """Events by action since start (the view keeps only the last MAX_EVENTS)."""
+        self.cpus_online = _cpus_online(self.root)
+        self.metrics_server: MetricsServer | None = None
+        self.metrics_state = (
+            "off (NodeMetricsPort=0)"
+            if not cfg.node_metrics_port
+            else "not served (only `coda-node run` serves it)"
+        )
 
     def _make_enforcer(self) -> Enforcer:
         usable = self.layout.has_slurm
@@ -208,7 +225,8 @@ class Daemon:
             self.state = NodeState()
         self.enforcer = self._make_enforcer()
         self.capabilities = [
-            c.to_dict() for c in probe_all(self.root, slurm=self._real_runner, env=self.env)
+            c.to_dict()
+            for c in probe_all(self.root, slurm=self._real_runner, env=self.env, nvml=self.nvml)
         ]
         if not self.layout.has_slurm:
             log.warning(
@@ -227,6 +245,7 @@ class Daemon:
 
     def tick(self) -> TickReport:
         cpu0 = time.process_time()
+        self.ticks_total += 1
         if not self.layout.has_slurm:
             self._rediscover()
         limits = {}
@@ -279,14 +298,19 @@ class Daemon:
                 else:
                     cg_jobs[job_id] = full
         results = self.enforcer.reconcile(cg_jobs, targets)
+        # The loop's decisions first, then the writes they (and admin limits) caused.
+        for ev in loop.events:
+            self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
         for job_id, res in results.items():
-            reason = targets[job_id].reason if job_id in targets else "no target"
+            reason = (
+                targets[job_id].reason
+                if job_id in targets
+                else "no limit, probe or throttle applies any more"
+            )
             for what in res.applied:
                 self._event(job_id, what, reason)
             for what in res.failed:
                 self._event(job_id, f"failed: {what}", reason)
-        for ev in loop.events:
-            self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
         for pub in loop.publish:
             gpu_model = self._gpu_model(snap, pub.job_id)
             line = self.loop.publish(pub, gpu_model)
@@ -296,6 +320,7 @@ class Daemon:
             targets=targets,
             results=results,
             problems=[f"job {p.job_id}: {p.message}" for p in problems],
+            allocated={j: f.allocated_cpus for j, f in facts.items()},
         )
         self.state.view = self._view(report, limits)
         report.cpu_time_s = time.process_time() - cpu0
@@ -328,7 +353,7 @@ class Daemon:
             for what in res.applied:
                 self._event(job_id, what, "restore")
             for what in res.failed:
-                log.error("job=%d restore failed: %s", job_id, what)
+                self._event(job_id, f"failed: {what}", "restore")
         try:
             snap = self.sampler.sample()
             report = TickReport(snapshot=snap, targets={}, results=results)
@@ -349,35 +374,85 @@ class Daemon:
             interval_s,
             ",".join(self.cfg.node_enforce) or "nothing (observe only)",
         )
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                report = self.tick()
-                for p in report.problems:
-                    log.warning("%s", p)
-            except StateError as exc:
-                log.error("%s", exc)
-            except Exception:
-                log.exception("tick failed; retrying next interval")
-            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
-        self.restore()
-        self.nvml.shutdown()
+        self.serve_metrics()
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    report = self.tick()
+                    for p in report.problems:
+                        log.warning("%s", p)
+                except StateError as exc:
+                    self.tick_errors_total += 1
+                    log.error("%s", exc)
+                except Exception:
+                    self.tick_errors_total += 1
+                    log.exception("tick failed; retrying next interval")
+                stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            self.restore()
+            self.nvml.shutdown()
+        finally:
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
+
+    def serve_metrics(self) -> tuple[str, int] | None:
+        """Start the Prometheus endpoint when NodeMetricsPort is set; the address it
+        listens on, or None. A port that cannot be bound is logged and shown in status;
+        the daemon goes on without metrics (they observe, the daemon enforces)."""
+        port = self.cfg.node_metrics_port
+        if not port or self.metrics_server is not None:
+            return self.metrics_server.address if self.metrics_server else None
+        from coda_node.metrics import start_metrics_server
+
+        addr = self.cfg.node_metrics_address
+        try:
+            self.metrics_server = start_metrics_server(
+                self.metrics_view, port, addr, interval_s=self.cfg.node_interval_s
+            )
+        except OSError as exc:
+            self.metrics_state = f"failed: cannot listen on {addr}:{port} ({exc.strerror or exc})"
+            log.error("metrics: %s", self.metrics_state)
+            return None
+        host, bound = self.metrics_server.address
+        self.metrics_state = f"http://{host}:{bound}/metrics"
+        log.info("metrics: %s", self.metrics_state)
+        return self.metrics_server.address
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "ticks_total": self.ticks_total,
+            "tick_errors_total": self.tick_errors_total,
+            "events_total": dict(sorted(self.events_total.items())),
+        }
+
+    def metrics_view(self) -> dict[str, Any]:
+        """The last tick's view with the counters as of now (for a scrape between ticks)."""
+        view = self.state.view
+        daemon = dict(view.get("daemon") or {})
+        daemon["counters"] = self.counters()
+        return {**view, "daemon": daemon}
 
     # -- the view for `coda-node status` -----------------------------------------------
     def _event(
         self, job_id: int, what: str, reason: str, reading: dict[str, Any] | None = None
     ) -> None:
         """Keep the decision for `coda-node status` and log it once, job id first."""
+        action = event_action(what)
         event: dict[str, Any] = {
             "unix_s": round(time.time(), 3),
+            "tick": self.ticks_total,
             "job_id": job_id,
+            "action": action,
             "what": what,
             "reason": reason,
         }
         if reading:
             event["reading"] = reading
         self.events.append(event)
-        log.info(
+        self.events_total[action] += 1
+        log.log(
+            logging.ERROR if action == "failed" else logging.INFO,
             "job=%d action=%s reason=%s%s",
             job_id,
             json.dumps(what),
@@ -405,6 +480,15 @@ class Daemon:
                     }
                 )
             record = dict(v.slurm.admin_record) if v.slurm and v.slurm.admin_record else None
+            allocated = report.allocated.get(job_id)
+            if allocated is None and v.cgroup is not None:
+                allocated = self._allocated(job_id, v.cgroup)
+            # What is in force after this tick's writes, not what the sample saw before them.
+            cpus_now = v.cpus_now
+            if ch is not None and ch.cpuset_applied is not None:
+                cpus_now = frozenset(ch.cpuset_applied)
+            elif res and allocated and any(a.startswith("cpuset restored") for a in res.applied):
+                cpus_now = allocated
             jobs.append(
                 {
                     "job_id": job_id,
@@ -413,10 +497,8 @@ class Daemon:
                     "kind": v.kind,
                     "gpus": gpus,
                     "cpus_slurm": format_cpulist(v.slurm.cpu_ids) if v.slurm else None,
-                    "cpus_allocated": format_cpulist(self._allocated(job_id, v.cgroup))
-                    if v.cgroup
-                    else None,
-                    "cpus_now": format_cpulist(v.cpus_now),
+                    "cpus_allocated": format_cpulist(allocated) if allocated is not None else None,
+                    "cpus_now": format_cpulist(cpus_now),
                     "cpu_usage_ns": v.cpu_usage_ns,
                     "cpu_rate_cores": v.cpu_rate_cores,
                     "mem_bw_bytes_per_s": v.mem_bw_bytes_per_s,
@@ -440,12 +522,14 @@ class Daemon:
                 "profiling": self.loop.profiling_off or "on",
                 "contention": self.loop.contention_off
                 or ("on" if self.cfg.node_contention else "off (NodeContention=no)"),
+                "metrics": self.metrics_state,
+                "counters": self.counters(),
             },
             "node": {
                 "cgroup_version": self.layout.version,
                 "slurm_cgroups": [str(p) for p in self.layout.slurm_dirs],
                 "slurm_cgroups_reason": self.layout.reason,
-                "cpus_online": os.cpu_count(),
+                "cpus_online": self.cpus_online,
                 "capabilities": self.capabilities,
                 "nvml": _asdict(self.nvml.status()),
                 "gpus": [_asdict(g) for g in snap.gpus],
@@ -474,6 +558,7 @@ class Daemon:
             if prog
             else None,
             "profiling": rec.to_dict() if rec else None,
+            "profile_state": self.loop.profile_state(job_id),
             "contention": contention,
             "pcie_bytes_per_s": self.loop.pcie.get(job_id),
         }
@@ -483,6 +568,15 @@ def _asdict(obj: Any) -> dict[str, Any]:
     if is_dataclass(obj) and not isinstance(obj, type):
         return asdict(obj)
     return dict(obj)
+
+
+def _cpus_online(root: SystemRoot) -> int | None:
+    """CPUs online under NodeRoot (Documentation/ABI/testing/sysfs-devices-system-cpu);
+    the host's count only for the real root, None for a tree without the file."""
+    try:
+        return len(parse_cpulist(root.path("/sys/devices/system/cpu/online").read_text()))
+    except (OSError, ValueError):
+        return os.cpu_count() if root.root.resolve() == Path("/") else None
 
 
 def install_signal_handlers(stop: threading.Event) -> None:

@@ -149,11 +149,12 @@ class Enforcer:
                 ended.applied[:0] = result.applied
                 return ended
             except (CgroupError, ResctrlError) as exc:
+                # The daemon logs each failure once, as a "failed: ..." event (job id first).
                 result.failed.append(f"{name}: {exc}")
-                log.error("job %d: %s: %s", cg.job_id, name, exc)
+                log.debug("job=%d %s: %s", cg.job_id, name, exc)
             except Exception as exc:  # the per-job boundary: one job never stops the others
                 result.failed.append(f"{name}: unexpected {type(exc).__name__}: {exc}")
-                log.exception("job %d: %s failed", cg.job_id, name)
+                log.exception("job=%d %s failed unexpectedly", cg.job_id, name)
         return result
 
     def _cpuset(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
@@ -230,7 +231,7 @@ class Enforcer:
                         f"no free CLOSID for a {value} MB group and no stricter coda group to "
                         f"share ({exc})"
                     ) from exc
-                log.warning("job %d: no free CLOSID; sharing %s instead", cg.job_id, name)
+                log.warning("job=%d no free CLOSID; sharing %s instead", cg.job_id, name)
             if ch.rdt_group != name:
                 ch.rdt_group = name
                 self._save()  # write-ahead: the group is on record before tasks move
@@ -287,7 +288,7 @@ class Enforcer:
                 self.quota.release(job_id)
             except CgroupError as exc:
                 result.failed.append(f"quota clean-up: {exc}")
-                log.error("job %d ended: quota clean-up: %s", job_id, exc)
+                log.debug("job=%d ended: quota clean-up: %s", job_id, exc)
                 return result
         if ch is not None:
             ch.rdt_group = None  # its threads are gone; the group goes if no one else uses it

@@ -12,6 +12,7 @@ from slurm_plugin.cli_common import CliError, emit_json, run_cli
 from slurm_plugin.cli_model import model
 from slurm_plugin.cli_profiles import profiles
 from slurm_plugin.cli_simulate import simulate_cmd
+from slurm_plugin.cli_status import status
 from slurm_plugin.install import PluginNotBuilt, built_plugin, install_plugin
 
 
@@ -23,6 +24,7 @@ def cli() -> None:
 
 cli.add_command(model)
 cli.add_command(profiles)
+cli.add_command(status)
 cli.add_command(simulate_cmd)
 
 

@@ -19,6 +19,7 @@ Only :func:`load_config` and :func:`read_slurm_nodes` read files; everything els
 from __future__ import annotations
 
 import glob
+import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -125,6 +126,18 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "Where the hook writes its counters (calls, p50/p99 time, fail-open count) every "
         "ReloadIntervalS, for coda-slurm status; empty = do not write them.",
     ),
+    "DecisionJournal": KeySpec(
+        "path or empty",
+        "/var/lib/coda/decisions.jsonl",
+        "Where the hook appends one JSON line per decision (for coda-slurm status), flushed "
+        "at least once a second; empty = keep no journal.",
+    ),
+    "JournalMaxBytes": KeySpec(
+        "int",
+        "8388608",
+        "Size at which DecisionJournal is rotated to DecisionJournal.1 (the previous .1 is "
+        "dropped); 65536 or more.",
+    ),
     "SlurmConf": KeySpec(
         "path or empty",
         "",
@@ -221,6 +234,17 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "coda-node: a throttled CPU job keeps at least this % of its cores (quota) or of "
         "memory bandwidth (MBA) (1..100).",
     ),
+    "NodeMetricsPort": KeySpec(
+        "int",
+        "0",
+        "coda-node: TCP port of its Prometheus endpoint (/metrics); 0 = no endpoint (0..65535).",
+    ),
+    "NodeMetricsAddress": KeySpec(
+        "address",
+        "127.0.0.1",
+        "coda-node: address the Prometheus endpoint listens on (0.0.0.0 or :: = every "
+        "interface; keep 127.0.0.1 unless the scraper is elsewhere).",
+    ),
 }
 
 _MODES = ("enforce", "advise", "off")
@@ -251,6 +275,9 @@ class CodaConfig:
     log_level: str = "info"
     hook_stats_file: Path | None = Path("/var/lib/coda/hook-stats.json")
     """None = the hook keeps its counters in memory only."""
+    decision_journal: Path | None = Path("/var/lib/coda/decisions.jsonl")
+    """None = no decision journal."""
+    journal_max_bytes: int = 8 * 1024 * 1024
     slurm_conf: Path | None = None
     """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
     node_name: str | None = None
@@ -272,6 +299,8 @@ class CodaConfig:
     node_contention_release_pct: float = 5.0
     node_release_hold_s: float = 30.0
     node_throttle_floor_pct: float = 10.0
+    node_metrics_port: int = 0
+    node_metrics_address: str = "127.0.0.1"
 
 
 # ----------------------------------------------------------------------------- lexing
@@ -451,6 +480,12 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if value and not Path(value).is_absolute():
             raise ValueError(f"HookStatsFile must be an absolute path, got {value!r}")
         return "hook_stats_file", Path(value) if value else None
+    if key == "DecisionJournal":
+        if value and not Path(value).is_absolute():
+            raise ValueError(f"DecisionJournal must be an absolute path, got {value!r}")
+        return "decision_journal", Path(value) if value else None
+    if key == "JournalMaxBytes":
+        return "journal_max_bytes", _int(key, value, 65536, 999_999_999)
     if key == "SlurmConf":
         return "slurm_conf", Path(value) if value else None
     if key == "NodeName":
@@ -506,6 +541,14 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if not 0.0 < number <= high:
             raise ValueError(f"{key} must be more than 0 and at most {high:g}, got {value}")
         return _snake(key), number
+    if key == "NodeMetricsPort":
+        return "node_metrics_port", _int(key, value, 0, 65535)
+    if key == "NodeMetricsAddress":
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{key} must be an IP address, got {value!r}") from None
+        return "node_metrics_address", value
     raise AssertionError(f"no converter for {key}")  # CONFIG_KEYS and _convert disagree
 
 

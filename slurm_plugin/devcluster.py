@@ -83,6 +83,10 @@ class DevCluster:
         return self.root / "hook-stats.json"
 
     @property
+    def decision_journal(self) -> Path:
+        return self.root / "decisions.jsonl"
+
+    @property
     def node_state_dir(self) -> Path:
         return self.root / "coda-node"
 
@@ -322,6 +326,7 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         self.coda_conf.write_text(
             f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
             f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
+            f"DecisionJournal={self.decision_journal}\n"
             f"NodeName={NODE_NAME}\nNodeStateDir={self.node_state_dir}\nNodeIntervalS=1\n"
             f"NodeProgressDir={self.progress_dir}\n"
             f"{self.coda_conf_extra}"

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
+from slurm_plugin.journal import DecisionJournal
 from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.paths import default_conf_path, slurm_conf_for
 from slurm_plugin.policy import Decision, JobRequest, decide
-from slurm_plugin.signature import DirectiveError, parse_coda_directives
+from slurm_plugin.signature import DirectiveError, parse_coda_directives, quote_label
 from slurm_plugin.store import ProfileCache, Reloader, StoreUnavailable
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
@@ -50,6 +51,7 @@ class HookStats:
     rejected: int = 0
     fail_open: int = 0
     over_budget: int = 0
+    last_call_unix_s: float | None = None
     durations_ns: list[int] = field(default_factory=list)
     _next: int = 0
 
@@ -75,6 +77,7 @@ class HookStats:
             "rejected": self.rejected,
             "fail_open": self.fail_open,
             "over_budget": self.over_budget,
+            "last_call_unix_s": self.last_call_unix_s,
             "window": len(ordered),
             "p50_us": pct(0.50),
             "p99_us": pct(0.99),
@@ -92,9 +95,11 @@ class HookState:
     cache: ProfileCache
     node_cap: NodeCap
     reloader: Reloader | None = None
+    journal: DecisionJournal | None = None
     stats: HookStats = field(default_factory=HookStats)
     stats_error: str | None = None
     started_unix_s: float = field(default_factory=time.time)
+    conf_loaded_unix_s: float = field(default_factory=time.time)
 
 
 # -- logging -------------------------------------------------------------------
@@ -159,6 +164,7 @@ def plugin_init() -> int:
         # workloads get the default until it appears.
         _lib.coda_log(LOG_ERROR, f"profile store unavailable: {exc}".encode())
         stats = None
+    state.journal = _start_journal(state.cfg)
     _state = state
     state.reloader = Reloader(
         state.cache, state.cfg.reload_interval_s, _log_named, on_tick=_on_reload_tick
@@ -179,8 +185,16 @@ def plugin_fini() -> None:
     state = _state
     if state is not None and state.reloader is not None:
         state.reloader.stop()
+        if state.journal is not None:
+            state.journal.stop()
         _write_stats(state)
     _state = None
+
+
+def _start_journal(cfg: CodaConfig) -> DecisionJournal | None:
+    if cfg.decision_journal is None:
+        return None
+    return DecisionJournal(cfg.decision_journal, cfg.journal_max_bytes, _log_named).start()
 
 
 def _on_reload_tick() -> None:
@@ -218,10 +232,22 @@ def _reload_config(state: HookState, mtime_ns: int) -> None:
             log(LOG_ERROR, f"new profile store unavailable ({exc}); keeping the old one")
             fresh.cache = state.cache
     fresh.stats = state.stats
+    fresh.started_unix_s = state.started_unix_s
     fresh.reloader = state.reloader
+    old_journal = state.journal
+    if old_journal is not None and old_journal.path == fresh.cfg.decision_journal:
+        old_journal.max_bytes = fresh.cfg.journal_max_bytes
+        fresh.journal = old_journal
+        old_journal = None
+    else:
+        fresh.journal = _start_journal(fresh.cfg)
     if fresh.reloader is not None:
         fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
     _state = fresh
+    if old_journal is not None:
+        # A submission that read the old state just before the swap may still append
+        # here after this final flush; that entry is lost (once, at a DecisionJournal edit).
+        old_journal.stop()
     log(
         LOG_INFO,
         f"reloaded {state.cfg_path}: mode={fresh.cfg.mode} user_value={fresh.cfg.user_value}",
@@ -242,14 +268,34 @@ def _write_stats(state: HookState) -> None:
 
 def _write_stats_locked(state: HookState) -> None:
     path = Path(state.cfg.hook_stats_file)
+    reloader = state.reloader
+    journal = state.journal
+    # format_version 1; keys are only ever added (coda-slurm status reads missing ones as
+    # unknown).
     data = {
         "format": "coda-hook-stats",
         "format_version": 1,
         "pid": os.getpid(),
         "started_unix_s": state.started_unix_s,
         "written_unix_s": time.time(),
+        "conf": str(state.cfg_path),
+        "conf_loaded_unix_s": state.conf_loaded_unix_s,
+        "mode": state.cfg.mode,
+        "hook_budget_ms": state.cfg.hook_budget_ms,
+        "reload_interval_s": state.cfg.reload_interval_s,
         "profiles": len(state.cache.snapshot()),
         "profile_store": str(state.cfg.profile_store),
+        "store_refreshed_unix_s": reloader.last_ok_unix_s if reloader else None,
+        "store_error": reloader.last_error if reloader else None,
+        "journal": None
+        if journal is None
+        else {
+            "path": str(journal.path),
+            "written": journal.written,
+            "dropped": journal.dropped,
+            "pending": journal.pending,
+            "error": journal.error,
+        },
         **state.stats.summary(),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
@@ -333,25 +379,34 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
     t0 = time.perf_counter_ns()
     stats = state.stats
     stats.calls += 1
+    stats.last_call_unix_s = now_unix_s = time.time()
+    # What the decision journal gets (set before each return that is a decision).
+    req: JobRequest | None = None
+    journaled: Decision | None = None
+    fail_open = False
+    error: str | None = None
     try:
         req = read_request(desc, submit_uid)
         decision = decide(req, state.cfg, state.cache.snapshot(), state.node_cap)
         if decision.action == "reject":
             stats.rejected += 1
+            journaled = decision
             _append_user_msg(err_msg, decision.user_msg or "coda: invalid coda: directive")
             log(LOG_INFO, _log_line(decision))
             return _lib.SLURM_ERROR
         if decision.action == "skip" and decision.admin_comment is None:
             return _lib.SLURM_SUCCESS  # CPU-only job or coda:off: nothing to say
         stats.gpu_jobs += 1
+        journaled = decision
         elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
         if elapsed_ms > state.cfg.hook_budget_ms:
             stats.over_budget += 1
             stats.fail_open += 1
+            fail_open = True
+            error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
             log(
                 LOG_ERROR,
-                f"uid={req.uid} name={req.job_name!r}: decision took "
-                f"{elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}; "
+                f"job {quote_label(req.job_name or '')} uid={req.uid}: {error}; "
                 "job passes unchanged",
             )
             return _lib.SLURM_SUCCESS
@@ -362,10 +417,41 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         return _lib.SLURM_SUCCESS
     except Exception as exc:
         stats.fail_open += 1
-        log(LOG_ERROR, f"uid={submit_uid}: {type(exc).__name__}: {exc}; job passes unchanged")
+        fail_open = True
+        error = f"{type(exc).__name__}: {exc}"
+        log(LOG_ERROR, f"{_failed_job_label(req, submit_uid)}: {error}; job passes unchanged")
         return _lib.SLURM_SUCCESS
     finally:
-        stats.record(time.perf_counter_ns() - t0)
+        elapsed_ns = time.perf_counter_ns() - t0
+        stats.record(elapsed_ns)
+        journal = state.journal
+        if journal is not None and (journaled is not None or fail_open):
+            # journal.pending_entry() inline: plain values, no call (see PendingEntry).
+            if req is None:  # failed before the job was read
+                req = JobRequest(uid=submit_uid)
+            d = journaled
+            journal.record(
+                (
+                    now_unix_s,
+                    desc.job_id,
+                    req.uid,
+                    req.job_name,
+                    req.ntasks_per_node,
+                    req.num_tasks,
+                    None if d is None else d.action,
+                    None if d is None else d.admin_comment,
+                    elapsed_ns,
+                    fail_open,
+                    error,
+                )
+            )
+
+
+def _failed_job_label(req: JobRequest | None, submit_uid: int) -> str:
+    # The same "job NAME uid=N" a decision's line starts with, when the job was read.
+    if req is None:
+        return f"job ? uid={submit_uid}"
+    return f"job {quote_label(req.job_name or '')} uid={req.uid}"
 
 
 def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:

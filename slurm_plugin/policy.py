@@ -81,6 +81,7 @@ __all__ = [
     "JobRequest",
     "ProfileView",
     "decide",
+    "job_tasks_per_node",
     "parse_admin_record",
     "predict_cpus_per_gpu",
 ]
@@ -205,6 +206,16 @@ def predict_cpus_per_gpu(
     return -(-(profile.cpus_per_gpu * min(gpn, multi_node_gpu_cap)) // gpn)
 
 
+def job_tasks_per_node(req: JobRequest, nodes: int) -> int:
+    """Tasks per node as :func:`decide` assumes them: ``ntasks_per_node``, else ``num_tasks``
+    / ``nodes`` rounded up, else 1."""
+    if _set16(req.ntasks_per_node):
+        return req.ntasks_per_node
+    if _set32(req.num_tasks):
+        return -(-req.num_tasks // max(nodes, 1))
+    return 1
+
+
 def _set16(value: int) -> bool:
     return 0 < value < NO_VAL16
 
@@ -321,12 +332,7 @@ def decide(
         )
 
     nodes = req.min_nodes if _set32(req.min_nodes) else 1
-    if _set16(req.ntasks_per_node):
-        tasks_per_node = req.ntasks_per_node
-    elif _set32(req.num_tasks):
-        tasks_per_node = -(-req.num_tasks // nodes)
-    else:
-        tasks_per_node = 1
+    tasks_per_node = job_tasks_per_node(req, nodes)
     if per_node:
         gpn = per_node
     elif per_job:

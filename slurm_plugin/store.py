@@ -1040,6 +1040,10 @@ class Reloader:
         self.log = cache.log if log is None else log
         self.on_tick = on_tick
         self.refreshes = 0  # completed refresh() calls, for tests and diagnostics
+        # For the hook's stats file (coda-slurm status): when the store was last read
+        # successfully, and the error of the last tick (None when it succeeded).
+        self.last_ok_unix_s: float | None = None
+        self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -1073,6 +1077,7 @@ class Reloader:
             try:
                 cache.refresh()
                 self.refreshes += 1
+                self.last_ok_unix_s = time.time()
             except StoreUnavailable as exc:
                 error = f"{exc}; keeping the last {len(cache.snapshot())} profiles"
             except Exception as exc:
@@ -1083,7 +1088,7 @@ class Reloader:
                 self.log("error", error)
             elif error is None and last_error is not None:
                 self.log("info", f"profile store {cache.root} readable again")
-            last_error = error
+            last_error = self.last_error = error
             if self.on_tick is not None:
                 try:
                     self.on_tick()

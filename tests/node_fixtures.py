@@ -863,6 +863,8 @@ def build_node(
         )
     os.mknod(root / "dev/nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, 255))
 
+    # The CPUs the kernel has online (Documentation/ABI/testing/sysfs-devices-system-cpu).
+    put(root / "sys/devices/system/cpu/online", f"0-{cpus - 1}\n")
     (etc / "slurm.conf").write_text(_slurm_conf(cpus, gpus))
     last = f"[0-{gpus - 1}]" if gpus > 1 else "0"
     gres_line = f"NodeName={NODE_NAME} Name=gpu Type={GPU_TYPE} File=/dev/nvidia{last}\n"

@@ -17,8 +17,10 @@ counts as socket 0: the two jobs share a socket.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,9 +30,11 @@ import pynvml
 import pytest
 
 from coda_node.cgroups import format_cpulist, parse_cpulist
-from coda_node.daemon import Daemon, TickReport
+from coda_node.daemon import MAX_EVENTS, Daemon, TickReport
 from coda_node.nvml import Nvml
 from coda_node.resctrl import parse_schemata
+from coda_node.state import Limit
+from coda_node.status import event_action
 from slurm_plugin.conf import load_config
 from slurm_plugin.curves import cores_for_fraction, throughput_curve
 from slurm_plugin.store import ProfileStore
@@ -362,12 +366,16 @@ def test_online_profiling_publishes_the_curves_95_percent_point(
     allocation = format_cpulist(job.cpus)
     assert gpus == 2 and len(job.cpus) == 48
     seen_cores: set[int] = set()
+    states: list[str] = []  # the profile state `coda-node status` shows, tick by tick
     for _ in range(200):
         sim.advance()
         cores = len(sim.cpuset(DNN))
         seen_cores.add(cores)
         sim.write_progress(DNN, _curve_rate(cores, gpus, theta, softness))
         sim.tick()
+        view = {j["job_id"]: j for j in sim.daemon.state.view["jobs"]}[DNN]
+        if not states or states[-1] != view["profile_state"]:
+            states.append(view["profile_state"])
         if sim.events("profile-publish"):
             break
     assert sim.events("profile-publish"), sim.timeline
@@ -390,6 +398,7 @@ def test_online_profiling_publishes_the_curves_95_percent_point(
         assert (DNN, what) in view_events, what
     record = sim.daemon.loop.allocator.records[DNN]
     assert record.state == "done"
+    assert states == ["waiting", "probing", "confident"]
     # One more tick: the job keeps its whole allocation and is not probed again.
     sim.advance()
     sim.write_progress(DNN, _curve_rate(48, gpus, theta, softness))
@@ -433,3 +442,71 @@ def test_a_progress_file_owned_by_another_uid_is_ignored(
         sim.tick()
     assert sim.daemon.loop.progress[DNN].source == "iterations"
     assert sim.daemon.loop.progress[DNN].phase == "train"
+
+
+# --------------------------------------------------------------------------------------------
+# Logs: one line per decision and per change, job id first (issue 5, "grep 'job=N '")
+
+_LOG_LINE = re.compile(
+    r'^job=(\d+) action=("(?:[^"\\]|\\.)*") reason=("(?:[^"\\]|\\.)*")( reading=\{.*\})?$'
+)
+
+
+def _decision_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, str]]:
+    out = []
+    for rec in caplog.records:
+        msg = rec.getMessage()
+        if rec.name != "coda-node":
+            continue
+        if " action=" not in msg:
+            assert not re.match(r"job \d+", msg), msg  # a job's line always starts job=N
+            continue
+        m = _LOG_LINE.match(msg)
+        assert m is not None, msg
+        out.append((int(m.group(1)), json.loads(m.group(2)), json.loads(m.group(3))))
+    return out
+
+
+def _events(sim: Sim) -> list[tuple[int, str, str]]:
+    assert len(sim.daemon.events) < MAX_EVENTS  # none has rolled off
+    return [(e["job_id"], e["what"], e["reason"]) for e in sim.daemon.events]
+
+
+def test_every_decision_and_change_is_logged_once_with_the_job_id_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="coda-node")
+    # Contention: throttled step by step, released step by step.
+    sim = Sim(tmp_path / "contention", rdt=True)
+    _run_until_onset(sim)
+    for _ in range(30):
+        _contention_step(sim, True, lambda mb: B * mb / 100)
+    for _ in range(40):
+        _contention_step(sim, False, lambda mb: B * mb / 100)
+    lines = _decision_lines(caplog)
+    assert lines == _events(sim)
+    actions = {event_action(what) for _, what, _ in lines}
+    assert {"throttle", "release-step", "release", "mem-bw", "mem-bw-release"} <= actions
+
+    # Profiling: probes, the end of probing, the profile published; then an admin limit
+    # and a restore (what SIGTERM and `coda-node restore` do).
+    caplog.clear()
+    sim = Sim(tmp_path / "profiling", dnn_src="none")
+    for _ in range(200):
+        sim.advance()
+        sim.write_progress(DNN, _curve_rate(len(sim.cpuset(DNN)), 2))
+        sim.tick()
+        if sim.events("profile-publish"):
+            break
+    sim.node.set_limits({CPU: Limit(cores=4, reason="admin: pinned")})
+    sim.advance()
+    sim.tick()
+    sim.daemon.restore()
+    lines = _decision_lines(caplog)
+    assert lines == _events(sim)
+    whats = [(job, event_action(what), reason) for job, what, reason in lines]
+    for action in ("probe", "probe-done", "profile-publish", "cpuset", "cpuset-restore"):
+        assert any(a == action for j, a, _ in whats if j == DNN), action
+    assert (CPU, "cpuset", "admin: pinned") in whats  # the limit, one line
+    assert (CPU, "cpuset-restore", "restore") in whats  # the restore, one line
+    assert sum(1 for j, a, _ in whats if j == DNN and a == "profile-publish") == 1

@@ -92,7 +92,10 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
         )
     )
     conf = tmp_path / "coda.conf"
-    conf.write_text(f"ProfileStore={store}\nHookStatsFile={tmp_path / 'stats.json'}\n")
+    conf.write_text(
+        f"ProfileStore={store}\nHookStatsFile={tmp_path / 'stats.json'}\n"
+        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\n"
+    )
     (tmp_path / "slurm.conf").write_text(
         "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n"
     )

@@ -8,6 +8,7 @@ and restores those cpusets, caps CPU time, survives SIGKILL, and puts everything
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -276,14 +277,26 @@ def test_a_job_that_ends_while_limited_is_forgotten(cluster: DevCluster) -> None
 
 
 def test_status_cli_shows_the_jobs_squeue_shows(cluster: DevCluster) -> None:
-    job_id, _, _ = _start(cluster, ["--gpus=1", "-c1"], SLEEP)
+    job_id, gpu_dir, _ = _start(cluster, ["--gpus=1", "-c1"], SLEEP)
+    cpu_job, cpu_dir, _ = _start(cluster, ["-c1"], SLEEP)
     out = _node_cli(cluster, "run", "--once")
     assert out.returncode == 0, out.stderr
     status = _node_cli(cluster, "status")
     assert status.returncode == 0, status.stderr
-    rows = [line.split() for line in status.stdout.splitlines() if line.strip()[:1].isdigit()]
-    assert [int(r[0]) for r in rows] == sorted(_squeue(cluster)) == [job_id]
-    assert rows[0][2] == "dnn"
+    lines = status.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("JOBID"))
+    rows = [line.split() for line in lines[header + 1 : header + 3]]
+    assert [int(r[0]) for r in rows] == sorted(_squeue(cluster)) == [job_id, cpu_job]
+    assert [r[2] for r in rows] == ["DNN", "CPU"]
+    # --json: exactly the jobs squeue shows, with the cores their cgroups hold.
+    as_json = _node_cli(cluster, "status", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    jobs = {j["job_id"]: j for j in json.loads(as_json.stdout)["jobs"]}
+    assert set(jobs) == _squeue(cluster)
+    for jid, d in ((job_id, gpu_dir), (cpu_job, cpu_dir)):
+        held = (d / "cpuset.cpus").read_text().strip()
+        assert jobs[jid]["cpus_now"] == held
+        assert jobs[jid]["cores_now"] == len(cgroups.parse_cpulist(held)) == 1
 
 
 def test_observe_only_changes_nothing(cluster: DevCluster, tmp_path: Path) -> None:

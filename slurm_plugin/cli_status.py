@@ -1,0 +1,795 @@
+"""``coda-slurm status``: what the submit hook did and how it is doing, on one screen.
+
+It reads what the hook leaves behind on the controller, and recomputes nothing the hook
+decided:
+
+- ``HookStatsFile``: the hook's counters (calls, p50/p99 in-hook time, fail-opens), rewritten
+  by slurmctld every ``ReloadIntervalS``;
+- ``DecisionJournal`` (and its rotated ``.1``): one line per decision
+  (:mod:`slurm_plugin.journal`), summed over ``--since``;
+- ``ProfileStore``: the workload profiles, their age;
+- ``squeue``, only when the hook looks idle or absent: were jobs submitted that it never saw?
+
+Each part ends in a plain-language verdict when something is off. ``--json`` prints the same
+data (``schema_version`` :data:`SCHEMA_VERSION`; keys are only ever added).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.cli_profiles import format_age, format_table
+from slurm_plugin.conf import CodaConfig, ConfigError, load_config
+from slurm_plugin.journal import read_journal, rotated_path, summarize_decisions
+from slurm_plugin.paths import default_conf_path
+from slurm_plugin.store import ProfileFormatError, ProfileStore, StoreUnavailable
+
+SCHEMA_VERSION = 1
+STATS_FORMAT = "coda-hook-stats"
+STATS_FORMAT_VERSION = 1
+IDLE_S = 3600.0
+"""No hook call for this long makes status ask squeue whether jobs were submitted."""
+SQUEUE_TIMEOUT_S = 5.0
+"""squeue retries for about 9 s when slurmctld is down; status does not wait that long."""
+PROFILE_ROWS = 20
+"""Profiles shown on the screen (all of them are in --json)."""
+
+_SINCE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+SubmitTimes = Callable[[], list[float]]
+"""Returns the submit times (unix s) of the jobs slurmctld knows; raises OSError or
+subprocess.SubprocessError when it cannot tell."""
+
+
+def parse_since(text: str) -> float:
+    """``1d``, ``6h``, ``30m``, ``90s``, ``2w`` (also ``1.5h``) in seconds; ValueError else."""
+    m = _SINCE.fullmatch(text.strip().lower())
+    if m is None or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration like 1d, 6h, 30m or 90s")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    level: str
+    """``ok``, ``info``, ``warn`` or ``error``."""
+    topic: str
+    """``hook``, ``store``, ``journal``, ``decisions`` or ``conf``."""
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "topic": self.topic, "message": self.message}
+
+
+# -- reading what the hook left behind --------------------------------------------------------
+
+
+def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> dict[str, Any]:
+    """``{"path", "state", "error", "age_s", "stats"}``; state is ``ok``, ``stale``,
+    ``missing``, ``unreadable`` or ``disabled`` (HookStatsFile empty)."""
+    out: dict[str, Any] = {
+        "path": None if path is None else str(path),
+        "state": "disabled",
+        "error": None,
+        "age_s": None,
+        "stale_after_s": stale_after_s(interval_s),
+        "stats": None,
+    }
+    if path is None:
+        return out
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        out["state"] = "missing"
+        return out
+    except OSError as exc:
+        out.update(state="unreadable", error=exc.strerror or str(exc))
+        return out
+    except ValueError as exc:
+        out.update(state="unreadable", error=f"not JSON: {exc}")
+        return out
+    if not isinstance(doc, dict) or doc.get("format") != STATS_FORMAT:
+        out.update(
+            state="unreadable", error=f'not a hook stats file (no "format": "{STATS_FORMAT}")'
+        )
+        return out
+    version = doc.get("format_version")
+    if version != STATS_FORMAT_VERSION:
+        newer = isinstance(version, int) and version > STATS_FORMAT_VERSION
+        why = "written by a newer coda; upgrade coda-slurm" if newer else "unknown"
+        out.update(state="unreadable", error=f"format_version {version!r} ({why})")
+        return out
+    written = doc.get("written_unix_s")
+    age_s = now_unix_s - written if isinstance(written, int | float) else None
+    out.update(
+        stats=doc,
+        age_s=age_s,
+        state="ok" if age_s is not None and age_s <= out["stale_after_s"] else "stale",
+    )
+    return out
+
+
+def stale_after_s(interval_s: float) -> float:
+    """The hook rewrites its stats every ReloadIntervalS; three missed writes (at least 30 s)
+    mean slurmctld or the plugin is not running."""
+    return max(3 * interval_s, 30.0)
+
+
+def read_store(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(summary, profiles)`` of the profile store at ``root``."""
+    summary: dict[str, Any] = {
+        "path": str(root),
+        "readable": True,
+        "error": None,
+        "profiles": 0,
+        "unusable": 0,
+        "unusable_files": [],
+        "newest_updated_unix_s": None,
+        "oldest_updated_unix_s": None,
+    }
+    rows: list[dict[str, Any]] = []
+    try:
+        for _path, item in ProfileStore(root).iter_profiles():
+            if isinstance(item, ProfileFormatError):
+                summary["unusable"] += 1
+                summary["unusable_files"].append({"path": item.path, "problem": item.problem})
+                continue
+            rows.append(
+                {
+                    "signature": item.signature,
+                    "workload": item.workload,
+                    "cpus_per_gpu": item.cpus_per_gpu,
+                    "multi_node_cpus_per_gpu": item.multi_node_cpus_per_gpu,
+                    "confidence": item.confidence,
+                    "n_samples": item.n_samples,
+                    "updated_unix_s": item.updated_unix_s,
+                    "source": item.source,
+                    "jobs": 0,
+                }
+            )
+    except StoreUnavailable as exc:
+        cause = exc.__cause__
+        why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+        summary.update(readable=False, error=why)
+        return summary, []
+    summary["profiles"] = len(rows)
+    if rows:
+        summary["newest_updated_unix_s"] = max(r["updated_unix_s"] for r in rows)
+        summary["oldest_updated_unix_s"] = min(r["updated_unix_s"] for r in rows)
+    return summary, rows
+
+
+def squeue_submit_times() -> list[float]:
+    """Submit times of every job slurmctld still knows (``squeue -a -t all``, local time)."""
+    proc = subprocess.run(
+        ["squeue", "-h", "-a", "-t", "all", "-o", "%V"],
+        capture_output=True,
+        text=True,
+        timeout=SQUEUE_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise subprocess.SubprocessError(proc.stderr.strip() or f"exit {proc.returncode}")
+    times: list[float] = []
+    for line in proc.stdout.split():
+        try:
+            times.append(datetime.strptime(line, "%Y-%m-%dT%H:%M:%S").timestamp())
+        except ValueError:
+            continue  # "N/A"
+    return times
+
+
+def slurmctld_log_hint(slurm_conf: Path | None) -> str:
+    """Where slurmctld logs: ``SlurmctldLogFile=`` of slurm.conf, else syslog/journald."""
+    if slurm_conf is not None:
+        try:
+            text = slurm_conf.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            m = re.match(r"\s*slurmctldlogfile\s*=\s*(\S+)", line, re.IGNORECASE)
+            if m:
+                return m.group(1).strip('"')
+    return "slurmctld's log (journalctl -u slurmctld)"
+
+
+# -- the status document --------------------------------------------------------------------
+
+
+def collect_status(
+    cfg: CodaConfig,
+    conf_path: Path,
+    since_s: float,
+    now_unix_s: float,
+    submit_times: SubmitTimes | None = None,
+) -> dict[str, Any]:
+    """Everything ``coda-slurm status`` shows, as the ``--json`` document.
+
+    ``submit_times`` (normally :func:`squeue_submit_times`) is asked only when the hook
+    looks idle or absent; None skips that check."""
+    since_unix_s = now_unix_s - since_s
+    hook = read_hook_stats(cfg.hook_stats_file, now_unix_s, cfg.reload_interval_s)
+    store, profiles = read_store(Path(cfg.profile_store))
+
+    journal: dict[str, Any] = {
+        "path": None if cfg.decision_journal is None else str(cfg.decision_journal),
+        "max_bytes": cfg.journal_max_bytes,
+        "files": [],
+        "malformed": 0,
+        "newer_format": 0,
+        "oldest_unix_s": None,
+        "error": None,
+    }
+    entries: list[dict[str, Any]] = []
+    if cfg.decision_journal is not None:
+        try:
+            read = read_journal(cfg.decision_journal, since_unix_s)
+        except OSError as exc:
+            journal["error"] = exc.strerror or str(exc)
+        else:
+            entries = read.entries
+            journal.update(
+                files=[str(p) for p in read.files],
+                malformed=read.malformed,
+                newer_format=read.newer_format,
+                oldest_unix_s=read.oldest_unix_s,
+            )
+    decisions = summarize_decisions(entries)
+    used = decisions["profiles_used"]
+    for row in profiles:
+        row["jobs"] = used.get(row["signature"], 0)
+    profiles.sort(key=lambda r: (-r["jobs"], -r["updated_unix_s"], r["signature"]))
+
+    submissions = _check_submissions(hook, now_unix_s, submit_times)
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_unix_s": now_unix_s,
+        "since_s": since_s,
+        "since_unix_s": since_unix_s,
+        "conf": {
+            "path": str(conf_path),
+            "mode": cfg.mode,
+            "user_value": cfg.user_value,
+            "hook_budget_ms": cfg.hook_budget_ms,
+            "reload_interval_s": cfg.reload_interval_s,
+            "slurmctld_log": slurmctld_log_hint(cfg.slurm_conf),
+        },
+        "hook": hook,
+        "store": store,
+        "profiles": profiles,
+        "journal": journal,
+        "decisions": decisions,
+        "submissions": submissions,
+    }
+    doc["verdicts"] = [v.to_json() for v in verdicts(doc)]
+    return doc
+
+
+def _last_seen_unix_s(hook: dict[str, Any]) -> float | None:
+    """When the hook was last known to see a submission (or to start, if it saw none)."""
+    stats = hook["stats"] or {}
+    for key in ("last_call_unix_s", "started_unix_s"):
+        value = stats.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+    return None
+
+
+def _check_submissions(
+    hook: dict[str, Any], now_unix_s: float, submit_times: SubmitTimes | None
+) -> dict[str, Any]:
+    """Jobs submitted after the hook's last call, asked of squeue only when the hook looks
+    idle (no call for IDLE_S) or absent; the common case costs nothing."""
+    out: dict[str, Any] = {"checked": False, "after_unix_s": None, "jobs": None, "error": None}
+    last = _last_seen_unix_s(hook)
+    idle = last is None or now_unix_s - last > IDLE_S or hook["state"] != "ok"
+    if not idle or submit_times is None:
+        return out
+    after = max(last or 0.0, now_unix_s - IDLE_S)
+    out.update(checked=True, after_unix_s=after)
+    try:
+        times = submit_times()
+    except subprocess.TimeoutExpired:
+        out["error"] = f"squeue did not answer within {SQUEUE_TIMEOUT_S:g} s"
+        return out
+    except (OSError, subprocess.SubprocessError) as exc:
+        out["error"] = str(exc) or type(exc).__name__
+        return out
+    # squeue shows whole seconds and the job record is made just after the hook returns.
+    out["jobs"] = sum(1 for t in times if t > after + 2.0)
+    return out
+
+
+# -- verdicts ---------------------------------------------------------------------------------
+
+
+def _ago(now: float, t: float | None) -> str:
+    return "never" if t is None else format_age(now - t)
+
+
+def verdicts(doc: dict[str, Any]) -> list[Verdict]:
+    """What needs the admin's attention, in plain words (pure: reads ``doc`` only)."""
+    now = doc["generated_unix_s"]
+    conf = doc["conf"]
+    hook = doc["hook"]
+    stats = hook["stats"] or {}
+    store = doc["store"]
+    journal = doc["journal"]
+    dec = doc["decisions"]
+    sub = doc["submissions"]
+    log = conf["slurmctld_log"]
+    out: list[Verdict] = []
+
+    submitted = ""
+    if sub["checked"] and sub["jobs"]:
+        submitted = (
+            f"; squeue shows {sub['jobs']} job(s) submitted since "
+            f"{_ago(now, sub['after_unix_s'])} that it did not see"
+        )
+    if hook["state"] == "disabled":
+        out.append(
+            Verdict(
+                "info", "hook", "HookStatsFile is empty in coda.conf: the hook keeps no counters"
+            )
+        )
+    elif hook["state"] == "missing":
+        out.append(
+            Verdict(
+                "error",
+                "hook",
+                f"the hook has not written stats at {hook['path']}: is JobSubmitPlugins=coda "
+                f"set and slurmctld restarted?{submitted}",
+            )
+        )
+    elif hook["state"] == "unreadable":
+        out.append(Verdict("error", "hook", f"cannot read {hook['path']}: {hook['error']}"))
+    elif hook["state"] == "stale":
+        out.append(
+            Verdict(
+                "error",
+                "hook",
+                f"the hook last wrote {hook['path']} {_ago(now, stats.get('written_unix_s'))} "
+                f"(every {conf['reload_interval_s']:g} s when running): slurmctld is stopped or "
+                f"job_submit/coda is not loaded; grep 'job_submit/coda' {log}{submitted}",
+            )
+        )
+    elif submitted:
+        out.append(
+            Verdict(
+                "error",
+                "hook",
+                f"no hook call for {_ago(now, _last_seen_unix_s(hook)).removesuffix(' ago')}"
+                f"{submitted}: check JobSubmitPlugins in slurm.conf and grep "
+                f"'job_submit/coda' {log}",
+            )
+        )
+    if sub["checked"] and sub["error"]:
+        down = hook["state"] in ("missing", "stale")
+        out.append(
+            Verdict(
+                "info",
+                "hook",
+                f"could not ask squeue about recent submissions: {sub['error']}"
+                + ("; is slurmctld running?" if down else ""),
+            )
+        )
+
+    if stats:
+        fail_open = int(stats.get("fail_open") or 0)
+        if fail_open:
+            over = int(stats.get("over_budget") or 0)
+            last = dec["fail_open"]["last_error"]
+            out.append(
+                Verdict(
+                    "warn",
+                    "hook",
+                    f"{fail_open} job(s) passed unchanged after a hook failure since slurmctld "
+                    f"started ({over} over HookBudgetMs)"
+                    + (f"; last: {last}" if last else "")
+                    + f"; see grep 'job passes unchanged' {log}",
+                )
+            )
+        p99_us = stats.get("p99_us")
+        budget_us = conf["hook_budget_ms"] * 1000.0
+        if isinstance(p99_us, int | float) and p99_us > budget_us / 2:
+            out.append(
+                Verdict(
+                    "warn",
+                    "hook",
+                    f"p99 in-hook time {p99_us / 1000:.1f} ms is over half of HookBudgetMs="
+                    f"{conf['hook_budget_ms']:g}: slower calls pass jobs unchanged",
+                )
+            )
+        if stats.get("store_error"):
+            out.append(
+                Verdict(
+                    "error",
+                    "store",
+                    f"the hook cannot read the profile store: {stats['store_error']}",
+                )
+            )
+        jstats = stats.get("journal") or {}
+        if jstats.get("error"):
+            out.append(
+                Verdict(
+                    "error",
+                    "journal",
+                    f"the hook cannot write {jstats.get('path')}: {jstats['error']} "
+                    f"({jstats.get('dropped', 0)} decision(s) not journaled)",
+                )
+            )
+        elif jstats.get("dropped"):
+            out.append(
+                Verdict(
+                    "warn",
+                    "journal",
+                    f"{jstats['dropped']} decision(s) were not journaled since slurmctld "
+                    f"started; see 'cannot write DecisionJournal' in {log}",
+                )
+            )
+
+    if not store["readable"]:
+        out.append(
+            Verdict(
+                "error",
+                "store",
+                f"cannot read the profile store {store['path']}: {store['error']} (the hook "
+                "keeps serving the profiles it last read)",
+            )
+        )
+    elif store["profiles"] == 0 and not store["unusable"]:
+        out.append(
+            Verdict(
+                "info",
+                "store",
+                "no profiles yet: GPU jobs keep their own value, DefaultCpusPerGpu or Slurm's "
+                "default until coda-node or an admin publishes one",
+            )
+        )
+    if store["unusable"]:
+        out.append(
+            Verdict(
+                "warn",
+                "store",
+                f"{store['unusable']} profile file(s) unusable: `coda-slurm profiles list` "
+                "says why",
+            )
+        )
+
+    if journal["path"] is None:
+        out.append(
+            Verdict(
+                "info",
+                "journal",
+                "DecisionJournal is empty in coda.conf: no history here; decisions are only "
+                f"in {log}",
+            )
+        )
+    elif journal["error"]:
+        out.append(
+            Verdict("error", "journal", f"cannot read {journal['path']}: {journal['error']}")
+        )
+    elif not journal["files"]:
+        gpu_jobs = int(stats.get("gpu_jobs") or 0)
+        if gpu_jobs:
+            out.append(
+                Verdict(
+                    "warn",
+                    "journal",
+                    f"the hook decided {gpu_jobs} GPU job(s) but {journal['path']} does not "
+                    f"exist: see 'cannot write DecisionJournal' in {log}",
+                )
+            )
+        else:
+            out.append(
+                Verdict(
+                    "info",
+                    "journal",
+                    f"no decision journal at {journal['path']} yet (no GPU job decided since "
+                    "the plugin started)",
+                )
+            )
+    else:
+        if journal["malformed"]:
+            out.append(
+                Verdict(
+                    "warn",
+                    "journal",
+                    f"{journal['malformed']} unreadable line(s) in {journal['path']} skipped",
+                )
+            )
+        if journal["newer_format"]:
+            out.append(
+                Verdict(
+                    "warn",
+                    "journal",
+                    f"{journal['newer_format']} entries were written by a newer coda and "
+                    "skipped: upgrade coda-slurm on this host",
+                )
+            )
+        oldest = journal["oldest_unix_s"]
+        rotated = str(rotated_path(Path(journal["path"])))
+        if rotated in journal["files"] and oldest is not None and oldest > doc["since_unix_s"]:
+            out.append(
+                Verdict(
+                    "warn",
+                    "journal",
+                    f"the journal reaches back only {_ago(now, oldest).removesuffix(' ago')}, "
+                    f"not {format_duration(doc['since_s'])}: older decisions were rotated "
+                    f"away; raise JournalMaxBytes (now {journal['max_bytes']})",
+                )
+            )
+
+    if conf["mode"] == "off":
+        out.append(Verdict("warn", "conf", "Mode=off in coda.conf: coda changes no job"))
+    elif conf["mode"] == "advise":
+        would = dec["advise_would_return"]
+        out.append(
+            Verdict(
+                "info",
+                "conf",
+                "Mode=advise: no job was changed; Mode=enforce would have returned "
+                f"{would['cores']} core(s) from {would['jobs']} job(s) in this window",
+            )
+        )
+    if not any(v.level in ("warn", "error") for v in out):
+        out.insert(0, Verdict("ok", "all", "nothing needs attention"))
+    return out
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def format_duration(seconds: float) -> str:
+    """``86400`` -> ``1d``, ``5400`` -> ``1.5h``."""
+    for unit in ("w", "d", "h", "m"):
+        if seconds >= _UNIT_S[unit] and seconds % (_UNIT_S[unit] / 2) == 0:
+            return f"{seconds / _UNIT_S[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _us(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value:.0f} µs" if value < 1000 else f"{value / 1000:.1f} ms"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _per_gpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}/GPU"
+
+
+_ACTION_ROWS = (
+    ("set", "set from a profile"),
+    ("default", "DefaultCpusPerGpu"),
+    ("lower", "lowered the user's value"),
+    ("replace", "replaced the user's value"),
+    ("keep", "kept the user's value"),
+    ("advise", "advised only (Mode=advise)"),
+    ("skip", "left alone, no confident profile"),
+    ("reject", "refused, bad coda: directive"),
+)
+
+_LEVEL_COLOUR = {"ok": "green", "info": "blue", "warn": "yellow", "error": "red"}
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The screen (plain text; colour is added by click only on a terminal)."""
+    now = doc["generated_unix_s"]
+    conf = doc["conf"]
+    hook = doc["hook"]
+    stats = hook["stats"] or {}
+    store = doc["store"]
+    journal = doc["journal"]
+    dec = doc["decisions"]
+    window = format_duration(doc["since_s"])
+    lines = [
+        f"coda-slurm status: last {window}, Mode={conf['mode']} UserValue={conf['user_value']} "
+        f"({conf['path']})",
+        "",
+    ]
+
+    # Hook
+    if stats:
+        lines.append(
+            f"Hook     {stats.get('calls', 0)} calls since {_when(stats.get('started_unix_s'))}: "
+            f"{stats.get('gpu_jobs', 0)} GPU jobs, {stats.get('changed', 0)} changed, "
+            f"{stats.get('rejected', 0)} rejected; last call "
+            f"{_ago(now, stats.get('last_call_unix_s'))}"
+        )
+        lines.append(
+            f"         in-hook p50 {_us(stats.get('p50_us'))}, p99 {_us(stats.get('p99_us'))} "
+            f"(budget {conf['hook_budget_ms']:g} ms); fail-open {stats.get('fail_open', 0)} "
+            f"({stats.get('over_budget', 0)} over budget)"
+        )
+        lines.append(
+            f"         stats written {_ago(now, stats.get('written_unix_s'))}; coda.conf loaded "
+            f"{_ago(now, stats.get('conf_loaded_unix_s'))}; profile store read "
+            f"{_ago(now, stats.get('store_refreshed_unix_s'))}"
+        )
+    elif hook["state"] == "disabled":
+        lines.append("Hook     no stats (HookStatsFile is empty)")
+    else:
+        lines.append(f"Hook     no stats at {hook['path']} ({hook['error'] or hook['state']})")
+
+    # Store
+    if store["readable"]:
+        text = f"Store    {store['path']}: {store['profiles']} profiles"
+        if store["profiles"]:
+            text += (
+                f", newest written {_ago(now, store['newest_updated_unix_s'])}, oldest "
+                f"{_ago(now, store['oldest_updated_unix_s'])}"
+            )
+        if store["unusable"]:
+            text += f", {store['unusable']} unusable"
+        lines.append(text)
+    else:
+        lines.append(f"Store    {store['path']}: unreadable ({store['error']})")
+
+    # Journal
+    if journal["path"] is None:
+        lines.append("Journal  off (DecisionJournal is empty)")
+    elif journal["error"]:
+        lines.append(f"Journal  {journal['path']}: unreadable ({journal['error']})")
+    elif not journal["files"]:
+        lines.append(f"Journal  {journal['path']}: not written yet")
+    else:
+        text = f"Journal  {journal['path']}: {dec['decisions']} decisions in the last {window}"
+        if journal["oldest_unix_s"] is not None:
+            text += f" (oldest entry {_ago(now, journal['oldest_unix_s'])})"
+        lines.append(text)
+    lines.append("")
+
+    # Decisions
+    lines.append(f"Jobs in the last {window}")
+    by_action = dec["by_action"]
+    rows = []
+    for action, label in _ACTION_ROWS:
+        slot = by_action.get(action)
+        if slot:
+            rows.append([f"  {action}", label, str(slot["jobs"]), str(slot["gpus"])])
+    if dec["fail_open"]["jobs"]:
+        rows.append(
+            ["  fail-open", "passed unchanged, hook failed", str(dec["fail_open"]["jobs"]), "-"]
+        )
+    if rows:
+        lines.append(format_table(["  ACTION", "", "JOBS", "GPUS"], rows, right={2, 3}))
+        if dec["by_src"]:
+            srcs = ", ".join(f"{k} {v}" for k, v in dec["by_src"].items())
+            lines.append(f"  by source: {srcs}")
+        if dec["would"]:
+            woulds = ", ".join(f"{k} {v}" for k, v in dec["would"].items())
+            lines.append(f"  advise would have: {woulds}")
+    else:
+        lines.append("  no GPU job decided")
+    lines.append("")
+
+    # Cores
+    avg = dec["asked_vs_given"]
+    ret = dec["returned"]
+    add = dec["added"]
+    none = dec["no_user_value"]
+    lines.append("Cores")
+    if avg["jobs"]:
+        lines.append(
+            f"  asked for a value: {_n(avg['jobs'], 'job')}, {_n(avg['gpus'], 'GPU')}; asked "
+            f"{avg['asked_cores']} cores ({_per_gpu(avg['asked_cores_per_gpu'])}), given "
+            f"{avg['given_cores']} ({_per_gpu(avg['given_cores_per_gpu'])})"
+        )
+    else:
+        lines.append("  asked for a value: no jobs")
+    lines.append(
+        f"  returned to the cluster: {_n(ret['cores'], 'core')} from {_n(ret['jobs'], 'job')} "
+        "(lowered or replaced)"
+    )
+    lines.append(
+        f"  added to starving jobs: {_n(add['cores'], 'core')} for {_n(add['jobs'], 'job')} "
+        "(raised by UserValue=replace)"
+    )
+    if none["jobs"]:
+        kept = none["jobs"] - none["given_jobs"]
+        lines.append(
+            f"  asked for none: {_n(none['jobs'], 'job')}; coda set "
+            f"{_n(none['given_cores'], 'core')} "
+            f"({_per_gpu(none['given_cores_per_gpu'])}) on {none['given_jobs']}, {kept} kept "
+            "Slurm's default"
+        )
+    would = dec["advise_would_return"]
+    if would["jobs"] or dec["advise_would_add"]["jobs"]:
+        lines.append(
+            f"  Mode=advise: enforce would have returned {would['cores']} cores from "
+            f"{_n(would['jobs'], 'job')} and added {dec['advise_would_add']['cores']}"
+        )
+    lines.append("")
+
+    # Profiles
+    profiles = doc["profiles"]
+    lines.append(f"Profiles ({len(profiles)})")
+    if profiles:
+        rows = [
+            [
+                f"  {p['signature']}",
+                str(p["cpus_per_gpu"]),
+                f"{p['confidence']:.2f}",
+                str(p["n_samples"]),
+                format_age(now - p["updated_unix_s"]),
+                str(p["jobs"]),
+            ]
+            for p in profiles[:PROFILE_ROWS]
+        ]
+        headers = ["  SIGNATURE", "CORES/GPU", "CONFIDENCE", "SAMPLES", "UPDATED", "JOBS"]
+        lines.append(format_table(headers, rows, right={1, 2, 3, 5}))
+        if len(profiles) > PROFILE_ROWS:
+            lines.append(
+                f"  ... and {len(profiles) - PROFILE_ROWS} more (`coda-slurm profiles list`)"
+            )
+    else:
+        lines.append("  none")
+    lines.append("")
+
+    lines.append("Verdict")
+    for v in doc["verdicts"]:
+        level = click.style(f"{v['level']:<5}", fg=_LEVEL_COLOUR[v["level"]], bold=True)
+        lines.append(f"  {level} {v['message']}")
+    return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _load(conf_path: Path) -> CodaConfig:
+    try:
+        return load_config(conf_path)
+    except ConfigError as exc:
+        raise CliError(f"cannot load {conf_path}", exc.message) from exc
+
+
+@click.command("status")
+@click.option(
+    "--conf",
+    "conf_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="coda.conf (default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else "
+    "/etc/slurm/coda.conf).",
+)
+@click.option(
+    "--since",
+    "since",
+    default="1d",
+    show_default=True,
+    help="How far back to sum decisions: 1d, 6h, 30m, 2w ...",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(conf_path: Path | None, since: str, as_json: bool) -> None:
+    """What the submit hook did and how it is doing: profiles, jobs right-sized, cores
+    asked vs given and returned, hook health."""
+    try:
+        since_s = parse_since(since)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from exc
+    path = conf_path if conf_path is not None else default_conf_path()
+    cfg = _load(path)
+    doc = collect_status(cfg, path, since_s, time.time(), squeue_submit_times)
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(render(doc))
