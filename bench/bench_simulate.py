@@ -26,14 +26,7 @@ def one(gpus: int, jobs: int, policy: str, seed: int) -> dict[str, float]:
     t0 = time.perf_counter()
     trace = synthetic(jobs, n_gpus=gpus, seed=seed)
     model = JobModel()
-    wl = assign_workloads(
-        gpus=trace.gpus,
-        cpus=trace.cpus,
-        trace_workload=trace.workload,
-        trace_workload_names=trace.workload_names,
-        model=model,
-        seed=seed,
-    )
+    wl = assign_workloads(trace, model, seed)
     load_s = time.perf_counter() - t0
     r = simulate(trace, list(trace.node_specs or []), wl, model, POLICIES[policy], SimParams())
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -187,15 +187,12 @@ def simulate_cmd(
             path = Path(trace_spec.split(":", 1)[1])
         named = muri_classes(muri_stage_times(path), model)
     wl = assign_workloads(
-        gpus=trace.gpus,
-        cpus=trace.cpus,
-        trace_workload=trace.workload,
-        trace_workload_names=trace.workload_names,
-        model=model,
-        seed=seed,
+        trace,
+        model,
+        seed,
         named_classes=named,
     )
-    params = SimParams(seed=seed, rdt=rdt)
+    params = SimParams(rdt=rdt)
     chosen = list(policies) or list(POLICIES)
     results = []
     show_bar = sys.stderr.isatty() and not as_json

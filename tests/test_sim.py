@@ -57,12 +57,9 @@ def workloads_for(
     trace: Trace, theta: float, sensitivity: float = 0.0, bw_per_core: float = 10e9
 ) -> Workloads:
     wl = assign_workloads(
-        gpus=trace.gpus,
-        cpus=trace.cpus,
-        trace_workload=trace.workload,
-        trace_workload_names=trace.workload_names,
-        model=MODEL,
-        seed=1,
+        trace,
+        MODEL,
+        1,
         named_classes={"w": (theta, (sensitivity,) * 3)},
     )
     wl.cpu_bw_per_core[trace.gpus == 0] = bw_per_core
@@ -184,14 +181,7 @@ def test_multi_node_job_spreads_gpus_evenly() -> None:
 def synthetic_runs() -> tuple[Trace, list[NodeSpec], Workloads, dict[str, engine.RunResult]]:
     trace = synthetic(600, n_gpus=64, seed=3, load=1.2)
     nodes = list(trace.node_specs or [])
-    wl = assign_workloads(
-        gpus=trace.gpus,
-        cpus=trace.cpus,
-        trace_workload=trace.workload,
-        trace_workload_names=trace.workload_names,
-        model=MODEL,
-        seed=3,
-    )
+    wl = assign_workloads(trace, MODEL, 3)
     runs = {name: simulate(trace, nodes, wl, MODEL, pol, CHECK) for name, pol in POLICIES.items()}
     return trace, nodes, wl, runs
 
@@ -224,14 +214,7 @@ def test_same_seed_same_results_other_seed_other_results(
     again = simulate(trace, nodes, wl, MODEL, POLICIES["coda"], CHECK)
     assert np.array_equal(again.end_s, runs["coda"].end_s, equal_nan=True)
     assert np.array_equal(again.cores_per_node, runs["coda"].cores_per_node)
-    other = assign_workloads(
-        gpus=trace.gpus,
-        cpus=trace.cpus,
-        trace_workload=trace.workload,
-        trace_workload_names=trace.workload_names,
-        model=MODEL,
-        seed=4,
-    )
+    other = assign_workloads(trace, MODEL, 4)
     moved = simulate(trace, nodes, other, MODEL, POLICIES["coda"], CHECK)
     assert not np.array_equal(moved.end_s, runs["coda"].end_s, equal_nan=True)
 

@@ -102,7 +102,6 @@ class SimParams:
     """Verify after every start that no node holds more than it has (tests)."""
     coda_user_value: str = "replace"
     """coda.conf ``UserValue`` the CODA policy runs with."""
-    seed: int = 1
 
 
 @dataclass(slots=True)
@@ -194,6 +193,8 @@ class _Sim:
         self.tried: set[int] = set()
         self.resv: dict[bool, tuple[int, frozenset[int], float] | None] = {True: None, False: None}
         self.dirty_nodes: set[int] = set()
+        self._node_slow: list[dict[int, float]] = [{} for _ in range(n_nodes)]
+        """Per node: each DNN job's slowdown there, from the last re-solve."""
         self.needs: dict[int, tuple[bool, int, int, int]] = {}
         self.feasible: dict[tuple[int, int, int, int], bool] = {}
         self.counters: dict[str, int] = {
@@ -700,7 +701,6 @@ class _Sim:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        self._node_slow: list[dict[int, float]] = [{} for _ in range(len(self.node_cores))]
         submit = self.t.submit_s
         gpus = self.t.gpus
         n = len(self.t)

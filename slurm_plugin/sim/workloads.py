@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from slurm_plugin.curves import REFERENCE_WORKLOADS, throughput_curve
+from slurm_plugin.curves import REFERENCE_WORKLOADS
+from slurm_plugin.sim.traces import Trace
 
 __all__ = [
     "CLASSES",
@@ -191,7 +192,6 @@ class Workloads:
     """int16 class index per workload id."""
     cores_per_gpu: np.ndarray
     """float64 true sweet spot θ per GPU per workload id."""
-    class_names: list[str] = field(default_factory=lambda: [c.name for c in CLASSES])
     sensitivity: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     """float64 (classes, 3) slowdown at full pressure for 1, 2, >= 4 GPUs."""
     user_cpus_per_gpu: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -205,15 +205,6 @@ class Workloads:
         if nodes > 1:
             per_gpu = min(per_gpu, model.multi_node_cores_per_gpu)
         return max(1.0, per_gpu * gpus_on_node)
-
-    def relative_rate(
-        self, job: int, cores: float, gpus_on_node: int, nodes: int, model: JobModel
-    ) -> float:
-        """Throughput at ``cores`` on each node over the job's best (1 at the sweet spot)."""
-        theta = self.sweet_spot(job, gpus_on_node, nodes, model)
-        return float(
-            throughput_curve(theta, np.array([max(cores, 1e-3)]), log_share=model.log_share)[0]
-        )
 
 
 def muri_classes(
@@ -238,13 +229,10 @@ def _stable_seed(*parts: object) -> int:
 
 
 def assign_workloads(
-    *,
-    gpus: np.ndarray,
-    cpus: np.ndarray,
-    trace_workload: np.ndarray,
-    trace_workload_names: list[str],
+    trace: Trace,
     model: JobModel,
     seed: int,
+    *,
     named_classes: dict[str, tuple[float, tuple[float, float, float]]] | None = None,
 ) -> Workloads:
     """Give every GPU job a workload (and every workload a class and a true θ).
@@ -255,6 +243,8 @@ def assign_workloads(
     ``distinct_workload_fraction × jobs`` synthetic workloads, Zipf-popular. CPU jobs get
     their memory behaviour. The same seed gives the same answer.
     """
+    gpus, cpus = trace.gpus, trace.cpus
+    trace_workload, trace_workload_names = trace.workload, trace.workload_names
     rng = np.random.default_rng(seed)
     n = len(gpus)
     is_gpu = gpus > 0
@@ -314,9 +304,6 @@ def assign_workloads(
         workload[unnamed] = base + picks.astype(np.int32)
 
     sens = np.array([c.sensitivity for c in CLASSES] + extra_sens, dtype=float).reshape(-1, 3)
-    class_names = [c.name for c in CLASSES] + [
-        n for n in trace_workload_names if n in (named_classes or {})
-    ]
 
     # What users asked per GPU: the trace's request, or a draw from the assumed mix.
     user = np.zeros(n, dtype=float)
@@ -342,7 +329,6 @@ def assign_workloads(
         names=names,
         klass=np.array(klass, dtype=np.int16),
         cores_per_gpu=np.array(theta, dtype=float),
-        class_names=class_names,
         sensitivity=sens,
         user_cpus_per_gpu=user,
         cpu_bw_per_core=bw,
