@@ -22,6 +22,16 @@ One step per victim per tick, and a job that was just stepped is not stepped aga
 release waits twice as long before the next one (up to 8x), which damps oscillation. A CPU
 job is never throttled below ``floor_fraction`` of its allocation (quota) or
 ``floor_mba_pct`` (MBA); DNN jobs are never throttled.
+
+**Baseline probe.** A DNN job that starts beside busy CPU jobs never has a quiet tick, so
+it would never get a baseline and never be shielded (the simulator showed this to be the
+common case on a full cluster, issue 6). When a training job has gone
+``baseline_probe_after_s`` without a baseline while CPU jobs draw on its sockets, those
+CPU jobs are capped at their floor for a short measurement (at most
+``baseline_probe_max_s``, one probe per node at a time, and again for the same job only
+after ``baseline_probe_every_s``): the job's rate once the caps have had ``step_s`` to
+show is its baseline. The caps are then lifted at once; if the job then runs more than
+``trigger_slowdown`` below that baseline, the ladder above takes over as usual.
 """
 
 from __future__ import annotations
@@ -56,6 +66,10 @@ class ContentionParams:
     step_s: float = 2.0
     release_hold_s: float = 30.0
     max_backoff: int = 8
+    baseline_probe_after_s: float = 60.0
+    """Contended training time without a baseline before a baseline probe (0 = never)."""
+    baseline_probe_max_s: float = 20.0
+    baseline_probe_every_s: float = 1800.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +102,19 @@ class _Victim:
     rates: deque[float]
     baseline: deque[float]
     slowdown: float | None = None
+    contended_since_s: float | None = None
+    """Since when it has trained without a baseline beside drawing CPU jobs."""
+    last_probe_s: float | None = None
+
+
+@dataclass(slots=True)
+class _BaselineProbe:
+    """CPU jobs capped at their floor so one DNN job's uncontended rate can be measured."""
+
+    victim: int
+    started_s: float
+    caps: dict[int, Throttle]
+    rates: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -137,6 +164,8 @@ class Eliminator:
         self.victims: dict[int, _Victim] = {}
         self.throttled: dict[int, _Throttled] = {}
         self._unresolved: dict[int, float] = {}
+        self.probe: _BaselineProbe | None = None
+        """The baseline probe under way on this node, if any."""
 
     # -- the view ---------------------------------------------------------------
     def dnn_status(self, job_id: int) -> dict[str, object] | None:
@@ -149,6 +178,10 @@ class Eliminator:
             "baseline_ticks": len(v.baseline),
             "slowdown": v.slowdown,
         }
+
+    def probing_baseline_of(self) -> int | None:
+        """The DNN job whose baseline is being measured now, if any."""
+        return None if self.probe is None else self.probe.victim
 
     def cpu_status(self, job_id: int) -> dict[str, object] | None:
         t = self.throttled.get(job_id)
@@ -179,7 +212,9 @@ class Eliminator:
             del self.throttled[gone]
         if not p.enabled:
             self.throttled.clear()
+            self.probe = None
             return out
+        self._probe_tick(now_s, dnn, cpu, out)
         drawing = {j: c for j, c in cpu.items() if self._draws(c)}
         for j, t in self.throttled.items():
             # A capped job that still uses its cap draws, however small the cap.
@@ -201,12 +236,19 @@ class Eliminator:
                 continue
             assert prog.rate is not None
             v.rates.append(prog.rate)
+            if self.probe is not None and self.probe.victim == job_id:
+                continue  # its rate is being measured (see _probe_tick)
             quiet = not (job.sockets & hot_sockets) and not (job.sockets & held_sockets)
             if quiet:
                 v.baseline.append(prog.rate)
             base = self._baseline(v)
             if base is None or base <= 0:
+                if base is None and not quiet:
+                    self._maybe_start_probe(now_s, job, v, drawing, out)
+                else:
+                    v.contended_since_s = None
                 continue
+            v.contended_since_s = None
             v.slowdown = 1.0 - (sum(v.rates) / len(v.rates)) / base
             if v.slowdown > p.trigger_slowdown:
                 victims.append((v.slowdown, job))
@@ -222,7 +264,105 @@ class Eliminator:
                     mem_bw_pct=t.mba_pct,
                     reason=f"contention: shielding job {t.for_job}",
                 )
+        if self.probe is not None:
+            for job_id, cap in self.probe.caps.items():
+                if job_id in cpu:
+                    out.throttles[job_id] = _tighter(out.throttles.get(job_id), cap)
         return out
+
+    # -- the baseline probe ----------------------------------------------------------
+    def _maybe_start_probe(
+        self,
+        now_s: float,
+        job: DnnJob,
+        v: _Victim,
+        drawing: Mapping[int, CpuJob],
+        out: ContentionOutput,
+    ) -> None:
+        p = self.params
+        if p.baseline_probe_after_s <= 0:
+            return
+        if v.contended_since_s is None:
+            v.contended_since_s = now_s
+        if self.probe is not None or now_s - v.contended_since_s < p.baseline_probe_after_s:
+            return
+        if v.last_probe_s is not None and now_s - v.last_probe_s < p.baseline_probe_every_s:
+            return
+        near = sorted(
+            (c for c in drawing.values() if c.sockets & job.sockets), key=lambda c: c.job_id
+        )
+        caps = {c.job_id: self._floor_cap(c, job.job_id) for c in near}
+        caps = {j: cap for j, cap in caps.items() if cap is not None}
+        if not caps:
+            return
+        v.last_probe_s = now_s
+        self.probe = _BaselineProbe(job.job_id, now_s, caps)
+        out.events.append(
+            Event(
+                job.job_id,
+                "baseline-probe",
+                f"no uncontended baseline after {now_s - v.contended_since_s:.0f} s beside "
+                f"CPU job(s) {', '.join(str(j) for j in caps)}: capping them at their floor "
+                f"for up to {p.baseline_probe_max_s:g} s to measure one",
+                {"cpu_jobs": sorted(caps)},
+            )
+        )
+
+    def _floor_cap(self, c: CpuJob, victim: int) -> Throttle | None:
+        p = self.params
+        reason = f"contention: measuring job {victim}'s baseline"
+        if self.quota:
+            floor_cores = round(max(0.1, p.floor_fraction * c.allocated_cores), 2)
+            return Throttle(quota_cores=floor_cores, reason=reason)
+        if self.mba and c.mem_bw_bytes_per_s is not None:
+            return Throttle(mem_bw_pct=p.floor_mba_pct, reason=reason)
+        return None
+
+    def _probe_tick(
+        self,
+        now_s: float,
+        dnn: Mapping[int, DnnJob],
+        cpu: Mapping[int, CpuJob],
+        out: ContentionOutput,
+    ) -> None:
+        """Measure the victim of the probe under way, and end the probe when done."""
+        probe = self.probe
+        if probe is None:
+            return
+        p = self.params
+        job = dnn.get(probe.victim)
+        v = self.victims.get(probe.victim)
+        training = (
+            job is not None
+            and v is not None
+            and job.progress.training
+            and not job.probing
+            and job.progress.rate is not None
+        )
+        if training and now_s - probe.started_s >= p.step_s:
+            assert job is not None and job.progress.rate is not None
+            probe.rates.append(job.progress.rate)
+        done = len(probe.rates) >= p.baseline_min_ticks
+        if not (done or not training or now_s - probe.started_s >= p.baseline_probe_max_s):
+            return
+        self.probe = None
+        if done and v is not None:
+            v.baseline.extend(probe.rates)
+            v.contended_since_s = None
+            base = statistics.median(probe.rates)
+            what = f"baseline {base:.4g} measured over {len(probe.rates)} ticks"
+        elif not training:
+            what = "the job stopped training; no baseline"
+        else:
+            what = f"only {len(probe.rates)} tick(s) measured in {p.baseline_probe_max_s:g} s"
+        out.events.append(
+            Event(
+                probe.victim,
+                "baseline-probe-end",
+                f"{what}; caps on CPU job(s) {', '.join(str(j) for j in probe.caps)} lifted",
+                {"rates": [round(r, 4) for r in probe.rates]},
+            )
+        )
 
     def _draws(self, c: CpuJob) -> bool:
         p = self.params
@@ -476,6 +616,22 @@ class Eliminator:
                     },
                 )
             )
+
+
+def _tighter(a: Throttle | None, b: Throttle) -> Throttle:
+    """The stricter of two throttles on one CPU job (each limit the lower one)."""
+    if a is None:
+        return b
+
+    def low(x: float | None, y: float | None) -> float | None:
+        return y if x is None else x if y is None else min(x, y)
+
+    mb = low(a.mem_bw_pct, b.mem_bw_pct)
+    return Throttle(
+        quota_cores=low(a.quota_cores, b.quota_cores),
+        mem_bw_pct=None if mb is None else int(mb),
+        reason=b.reason,
+    )
 
 
 def _draw_text(c: CpuJob) -> str:

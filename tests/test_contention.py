@@ -466,3 +466,112 @@ def test_throttle_reason_names_the_victim() -> None:
         quota_cores=6.0, mem_bw_pct=None, reason=f"contention: shielding job {DNN}"
     )
     assert run.elim.cpu_status(HOG)["for_job"] == DNN
+
+
+# -- the baseline probe -------------------------------------------------------------------------
+
+
+def closed_loop(
+    run: Run, ticks: int, *, dnn_jobs: tuple[int, ...] = (DNN,), alloc: int = 8, training=None
+) -> None:
+    """A node where the DNN jobs run at 100 alone and lose up to half of it to the CPU
+    job's draw; the CPU job draws whatever its cap lets it (8 cores uncapped)."""
+    for _ in range(ticks):
+        t = len(run.outs)
+        prev = run.outs[-1].throttles.get(HOG) if run.outs else None
+        draw = float(alloc) if prev is None or prev.quota_cores is None else prev.quota_cores
+        rate = 100.0 - 50.0 * min(1.0, draw / alloc)
+        phase = "train" if training is None or training(t) else "val"
+        run.tick(
+            {j: dnn(rate, job_id=j, phase=phase) for j in dnn_jobs},
+            {HOG: cpu(draw, alloc=alloc)},
+        )
+
+
+def test_a_job_never_quiet_gets_its_baseline_measured_then_is_shielded() -> None:
+    params = ContentionParams(baseline_probe_after_s=60.0)
+    run = Run(Eliminator(params))
+    closed_loop(run, 120)
+    [(t_probe, ev)] = run.events("baseline-probe")
+    assert t_probe == 60 and ev.job_id == DNN and ev.reading["cpu_jobs"] == [HOG]
+    # The CPU job is held at its floor (10 % of 8 cores) while the rate is measured ...
+    assert run.outs[t_probe].throttles[HOG].quota_cores == 0.8
+    assert "baseline" in run.outs[t_probe].throttles[HOG].reason
+    [(t_end, end)] = run.events("baseline-probe-end")
+    assert t_end - t_probe <= params.baseline_probe_max_s
+    assert "baseline 95 measured" in end.rule
+    assert run.elim.dnn_status(DNN)["baseline"] == pytest.approx(95.0)
+    # ... then lifted at once, and the ladder shields the job from then on.
+    assert HOG not in run.outs[t_end].throttles
+    shield = [t for t, _e in run.events("throttle")]
+    assert shield and shield[0] - t_end <= 3
+    assert "shielding job 1" in run.outs[-1].throttles[HOG].reason
+
+
+def test_without_the_probe_a_never_quiet_job_is_never_shielded() -> None:
+    run = Run(Eliminator(ContentionParams(baseline_probe_after_s=0.0)))
+    closed_loop(run, 200)
+    assert run.first_throttled() is None
+    assert run.events() == []
+
+
+def test_probe_caps_are_lifted_when_the_job_stops_training() -> None:
+    params = ContentionParams(baseline_probe_after_s=10.0)
+    run = Run(Eliminator(params))
+    closed_loop(run, 40, training=lambda t: t < 13)
+    [(t_probe, _ev)] = run.events("baseline-probe")
+    [(t_end, end)] = run.events("baseline-probe-end")
+    assert t_probe == 10 and t_end == 13
+    assert "stopped training" in end.rule
+    assert all(not out.throttles for out in run.outs[t_end:])
+    assert run.elim.dnn_status(DNN)["baseline"] is None
+
+
+def test_a_failed_probe_is_not_repeated_before_probe_every_s() -> None:
+    # The rate is unknown during the probe window (the job is not training), so no
+    # baseline; the next probe waits for baseline_probe_every_s.
+    params = ContentionParams(baseline_probe_after_s=5.0, baseline_probe_every_s=100.0)
+    run = Run(Eliminator(params))
+    closed_loop(run, 150, training=lambda t: not 6 <= t < 30)
+    starts = [t for t, _e in run.events("baseline-probe")]
+    assert starts[0] == 5
+    assert starts[1] >= 105
+
+
+def test_one_probe_gives_every_job_beside_the_capped_cpu_job_its_baseline() -> None:
+    run = Run(Eliminator(ContentionParams(baseline_probe_after_s=20.0)))
+    closed_loop(run, 80, dnn_jobs=(DNN, 7))
+    assert [e.job_id for _t, e in run.events("baseline-probe")] == [DNN]
+    assert run.elim.dnn_status(7)["baseline"] == pytest.approx(95.0)
+
+
+def test_one_baseline_probe_per_node_at_a_time() -> None:
+    # Two DNN jobs on two sockets, each beside its own CPU job: the probes take turns.
+    run = Run(Eliminator(ContentionParams(baseline_probe_after_s=20.0)))
+    s0, s1 = frozenset({0}), frozenset({1})
+    for _ in range(80):
+        prev = run.outs[-1].throttles if run.outs else {}
+        draws = {h: 8.0 if h not in prev else prev[h].quota_cores for h in (HOG, HOG2)}
+        run.tick(
+            {
+                DNN: dnn(100.0 - 50.0 * draws[HOG] / 8, sockets=s0),
+                7: dnn(100.0 - 50.0 * draws[HOG2] / 8, job_id=7, sockets=s1),
+            },
+            {HOG: cpu(draws[HOG], sockets=s0), HOG2: cpu(draws[HOG2], job_id=HOG2, sockets=s1)},
+        )
+    probes = run.events("baseline-probe")
+    ends = run.events("baseline-probe-end")
+    assert [e.job_id for _t, e in probes] == [DNN, 7]
+    assert probes[1][0] >= ends[0][0]
+    assert probes[0][1].reading["cpu_jobs"] == [HOG]
+    assert probes[1][1].reading["cpu_jobs"] == [HOG2]
+
+
+def test_probe_leaves_cpu_jobs_on_other_sockets_alone() -> None:
+    params = ContentionParams(baseline_probe_after_s=5.0)
+    run = Run(Eliminator(params))
+    far = cpu(8.0, job_id=HOG2, sockets=frozenset({1}))
+    for _ in range(20):
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0), HOG2: far})
+    assert run.events("baseline-probe")
+    assert all(HOG2 not in out.throttles for out in run.outs)
