@@ -24,22 +24,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coda_node import __version__, cgroups
-from coda_node.adaptive import AdaptiveLoop
+from coda_node.adaptive import AdaptiveLoop, LoopOutput
 from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.check import probe_all
 from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.enforce import Enforcer, JobResult
-from coda_node.nvml import Nvml
+from coda_node.nvml import GpuSample, Nvml
+from coda_node.observe import Progress
 from coda_node.paths import SystemRoot
 from coda_node.policy import JobFacts, JobTarget, choose_cpus, plan
 from coda_node.resctrl import ResctrlControl, ResctrlInfo
 from coda_node.resctrl import discover as resctrl_discover
-from coda_node.sampling import NodeSnapshot, Sampler
+from coda_node.sampling import JobView, NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.state import NodeState, StateError, StateFile, load_limits
 from coda_node.status import event_action
+from coda_node.usage import UsageAccumulator, UsageFlush, UsageTick
 from slurm_plugin.conf import CodaConfig
-from slurm_plugin.store import ProfileStore
+from slurm_plugin.store import ProfileStore, StoreError
 
 if TYPE_CHECKING:
     from coda_node.metrics import MetricsServer
@@ -111,6 +113,11 @@ class Daemon:
         self._store = store
         self.loop = self._make_loop()
         self._adaptive_jobs: set[int] = set()
+        self.usage = UsageAccumulator(
+            flush_every_s=cfg.node_usage_flush_s, min_ticks=cfg.node_usage_min_ticks
+        )
+        self._usage_undisturbed: set[int] = set()
+        """DNN jobs whose last tick showed their own GPU usage (see _collect_usage)."""
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self.capabilities: list[dict[str, object]] = []
         self.started_unix_s = time.time()
@@ -315,6 +322,9 @@ class Daemon:
             gpu_model = self._gpu_model(snap, pub.job_id)
             line = self.loop.publish(pub, gpu_model)
             self._event(pub.job_id, "profile-publish", line)
+        self._collect_usage(snap, facts, targets, loop)
+        for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
+            self._publish_usage(flush)
         report = TickReport(
             snapshot=snap,
             targets=targets,
@@ -328,6 +338,80 @@ class Daemon:
         # Changes were saved durably before each write; the view needs no fsync.
         self.state_file.save(self.state, durable=False)
         return report
+
+    def _collect_usage(
+        self,
+        snap: NodeSnapshot,
+        facts: dict[int, JobFacts],
+        targets: dict[int, JobTarget],
+        loop: LoopOutput,
+    ) -> None:
+        """Count this tick into each DNN job's usage record where it shows the job's own
+        GPU usage (coda_node.usage): a signature, past warm-up, its whole allocation (no
+        probe, limit or change of ours in force) and no CPU job on its sockets throttled,
+        in this tick and the one before. NVML's utilisation covers the sample period before
+        the reading (nvml.h, nvmlDeviceGetUtilizationRates), so the first tick after a
+        probe or a throttle still shows the job as it was then."""
+        gpus = {g.index: g for g in snap.gpus}
+        undisturbed: set[int] = set()
+        throttled_sockets: set[int] = set()
+        for job_id in loop.throttles:
+            if job_id in facts:
+                throttled_sockets |= self.loop.sockets_of(facts[job_id].allocated_cpus)
+        trigger = self.loop.eliminator.params.trigger_slowdown
+        for job_id, view in snap.jobs.items():
+            record = view.slurm.admin_record if view.slurm and view.slurm.is_dnn else None
+            signature = record.get("sig") if record else None
+            prog = self.loop.progress.get(job_id)
+            if not signature or prog is None or prog.phase in ("warmup", "no-signal"):
+                continue
+            rec = self.loop.allocator.records.get(job_id)
+            if (
+                job_id in loop.cores
+                or job_id in targets
+                or job_id in self.state.changes
+                or (rec is not None and rec.state == "probing")
+            ):
+                continue
+            if job_id in facts and throttled_sockets & self.loop.sockets_of(
+                facts[job_id].allocated_cpus
+            ):
+                continue
+            contention = self.loop.eliminator.dnn_status(job_id)
+            slowdown = contention.get("slowdown") if contention else None
+            if isinstance(slowdown, float) and slowdown > trigger:
+                continue
+            undisturbed.add(job_id)
+            tick = _usage_tick(view, gpus, prog)
+            if tick is not None and job_id in self._usage_undisturbed:
+                model = self._gpu_model(snap, job_id)
+                self.usage.add(job_id, signature, model, snap.monotonic_s, tick)
+        self._usage_undisturbed = undisturbed
+
+    def _publish_usage(self, flush: UsageFlush) -> None:
+        """Merge one usage record into its profile; one event line, on failure too.
+        Never raises: the tick goes on whatever the store does."""
+        store = self.loop.store
+        r = flush.record
+        try:
+            # No store directory yet: no profile either (merge_usage would fail on its lock).
+            prof = store.merge_usage(flush.signature, r) if store.root.is_dir() else None
+        except (StoreError, OSError, ValueError) as exc:
+            self._event(
+                flush.job_id, "usage-publish", f"cannot record GPU usage in {store.root}: {exc}"
+            )
+            return
+        if prof is None:
+            # No profile yet (the hook never saw the workload and no probe published one):
+            # nothing to attach the record to; the next run of the workload tries again.
+            log.debug("job=%d no profile %s: GPU usage not recorded", flush.job_id, flush.signature)
+            return
+        self._event(
+            flush.job_id,
+            "usage-publish",
+            f"profile {flush.signature}: GPU {r.gpu_util:.0%} busy, memory {r.gpu_mem_bw_util:.0%} "
+            f"busy over {r.ticks} ticks on {r.gpu_model or 'an unknown GPU model'} ({flush.why})",
+        )
 
     def _gpu_model(self, snap: NodeSnapshot, job_id: int) -> str | None:
         view = snap.jobs.get(job_id)
@@ -389,6 +473,8 @@ class Daemon:
                     self.tick_errors_total += 1
                     log.exception("tick failed; retrying next interval")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            for flush in self.usage.drain(time.time()):
+                self._publish_usage(flush)
             self.restore()
             self.nvml.shutdown()
         finally:
@@ -562,6 +648,32 @@ class Daemon:
             "contention": contention,
             "pcie_bytes_per_s": self.loop.pcie.get(job_id),
         }
+
+
+def _usage_tick(view: JobView, gpus: dict[int, GpuSample], prog: Progress) -> UsageTick | None:
+    """The job's GPUs this tick as one usage tick; None when NVML gave no utilisation."""
+    mine = [
+        gpus[r.nvml_index] for r in view.gpus if r.nvml_index is not None and r.nvml_index in gpus
+    ]
+    util = [g.util_pct for g in mine if g.util_pct is not None]
+    mem = [g.mem_util_pct for g in mine if g.mem_util_pct is not None]
+    if not util or not mem:
+        return None
+    pcie = [
+        (g.pcie_rx_bytes_per_s or 0.0) + (g.pcie_tx_bytes_per_s or 0.0)
+        for g in mine
+        if g.pcie_rx_bytes_per_s is not None or g.pcie_tx_bytes_per_s is not None
+    ]
+    # The progress file counts the whole job's iterations: per GPU only where all its GPUs
+    # are on this node.
+    single_node = view.slurm is not None and view.slurm.num_nodes <= 1
+    rate = prog.rate if prog.source == "iterations" and single_node and view.gpus else None
+    return UsageTick(
+        gpu_util=sum(util) / len(util) / 100.0,
+        gpu_mem_bw_util=sum(mem) / len(mem) / 100.0,
+        pcie_bytes_per_s_per_gpu=sum(pcie) / len(pcie) if pcie else None,
+        iter_per_s_per_gpu=rate / len(view.gpus) if rate is not None else None,
+    )
 
 
 def _asdict(obj: Any) -> dict[str, Any]:

@@ -41,6 +41,7 @@ typedef struct job_descriptor {
     uint32_t num_tasks;
     uint16_t ntasks_per_node;
     char *partition;
+    char *prefer;
     char *script;
     char *tres_per_job;
     char *tres_per_node;

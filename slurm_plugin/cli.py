@@ -8,9 +8,11 @@ from pathlib import Path
 import click
 
 from slurm_plugin import __version__
+from slurm_plugin.cli_colocate import colocate_cmd
 from slurm_plugin.cli_common import CliError, emit_json, run_cli
 from slurm_plugin.cli_model import model
 from slurm_plugin.cli_profiles import profiles
+from slurm_plugin.cli_reserve import reserve_cmd
 from slurm_plugin.cli_simulate import simulate_cmd
 from slurm_plugin.cli_status import status
 from slurm_plugin.install import PluginNotBuilt, built_plugin, install_plugin
@@ -26,6 +28,8 @@ cli.add_command(model)
 cli.add_command(profiles)
 cli.add_command(status)
 cli.add_command(simulate_cmd)
+cli.add_command(colocate_cmd)
+cli.add_command(reserve_cmd)
 
 
 @cli.group()

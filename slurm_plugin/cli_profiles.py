@@ -354,6 +354,28 @@ def show_cmd(key: str, as_json: bool) -> None:
         ]
         headers = ["CORES", "THROUGHPUT", "GPUS", "NODES", "GPU MODEL", "NODE"]
         click.echo(format_table(headers, rows, right={0, 1, 2, 3}))
+    if p.usage:
+        # What the placement mechanisms read (issue 7): one row per GPU model.
+        click.echo("")
+        click.echo("Usage (means while running at the allocation, per GPU model):")
+        rows = [
+            [
+                u.gpu_model or "-",
+                f"{u.gpu_util * 100:.0f}%",
+                f"{u.gpu_mem_bw_util * 100:.0f}%",
+                "-" if u.pcie_bytes_per_s_per_gpu is None else _gb(u.pcie_bytes_per_s_per_gpu),
+                "-" if u.iter_per_s_per_gpu is None else f"{u.iter_per_s_per_gpu:.3g}",
+                str(u.ticks),
+                format_age(now - u.updated_unix_s),
+            ]
+            for u in p.usage
+        ]
+        headers = ["GPU MODEL", "GPU UTIL", "MEM BW", "PCIE/GPU", "ITER/S/GPU", "TICKS", "UPDATED"]
+        click.echo(format_table(headers, rows, right={1, 2, 3, 4, 5}))
+
+
+def _gb(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.2f} GB/s"
 
 
 def _entries_of(doc: object, name: str) -> list[object]:

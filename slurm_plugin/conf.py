@@ -144,6 +144,73 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "slurm.conf to read node shapes from; empty = the slurm.conf beside coda.conf; a "
         "relative path is relative to coda.conf's directory.",
     ),
+    # -- submit hook placement (issue 7); every switch is off by default --------------
+    "PcieSpreadGres": KeySpec(
+        "name or empty",
+        "",
+        "Count-only GRES (its per-node count = the node's PCIe domains) that PCIe-heavy "
+        "multi-GPU jobs get one unit of, so Slurm never puts more of them on a node than it "
+        "has domains; empty = off.",
+    ),
+    "PcieHeavyBytesPerS": KeySpec(
+        "float",
+        "8e9",
+        "A multi-GPU job is PCIe-heavy when its measured PCIe traffic per GPU times its GPUs "
+        "per node reaches this many bytes/s (CODA: AlexNet/ResNet50 at 8-12 GB/s) (> 0).",
+    ),
+    "PreferGpuTypes": KeySpec(
+        "list",
+        "",
+        "GPU types, fastest first (e.g. h100,a100,v100): a job that names no GPU type gets "
+        "--prefer toward the type it gains most from, or away from the newest when it gains "
+        "little; empty = off.",
+    ),
+    "PreferGpuFeatures": KeySpec(
+        "list of type:feature",
+        "",
+        "Node feature --prefer names for each type of PreferGpuTypes (e.g. "
+        "h100:gpu_h100,a100:gpu_a100); a type not listed uses its own name as the feature.",
+    ),
+    "CpuJobPartitions": KeySpec(
+        "list",
+        "",
+        "CPU-only jobs submitted without --partition get this partition list (e.g. "
+        "batch,gpu_spare; Slurm starts them in whichever can run them first); empty = off.",
+    ),
+    # -- coda-slurm reserve: spare cores of GPU nodes for CPU jobs (issue 7) ---------
+    "ReservePartitions": KeySpec(
+        "list",
+        "",
+        "coda-slurm reserve: CPU partitions over GPU nodes whose MaxCPUsPerNode it keeps at "
+        "the cores GPU jobs do not need; empty = off.",
+    ),
+    "ReserveIntervalS": KeySpec(
+        "float", "60", "coda-slurm reserve: seconds between two passes of the loop (> 0)."
+    ),
+    "ReserveMinCpus": KeySpec(
+        "int",
+        "1",
+        "coda-slurm reserve: MaxCPUsPerNode is never set below this (0 closes the partition "
+        "to new CPU work when GPU jobs need every core).",
+    ),
+    "ReserveCpusPerGpu": KeySpec(
+        "float or empty",
+        "",
+        "coda-slurm reserve: cores an idle GPU keeps reserved when no GPU job is pending; "
+        "empty = the largest DefCpuPerGPU of the GPU partitions over the same nodes, else 4.",
+    ),
+    "ReserveStateFile": KeySpec(
+        "path",
+        "/var/lib/coda/reserve.json",
+        "coda-slurm reserve: where each partition's original MaxCPUsPerNode is saved before "
+        "the first change, for --revert.",
+    ),
+    "ColocateMargin": KeySpec(
+        "float",
+        "0.05",
+        "coda-slurm colocate: a pair is reported as gaining from sharing a GPU only when its "
+        "predicted speedup is at least 1 + this (0..1).",
+    ),
     # -- coda-node, the daemon on each GPU node --------------------------------------
     "NodeName": KeySpec(
         "name or empty",
@@ -223,6 +290,13 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "coda-node: release one step when every DNN job nearby is within this % of its "
         "baseline (< NodeContentionTriggerPct).",
     ),
+    "NodeBaselineProbeAfterS": KeySpec(
+        "float",
+        "60",
+        "coda-node: a DNN job that has trained this long beside drawing CPU jobs without an "
+        "uncontended baseline gets one measured by capping those CPU jobs at their floor for "
+        "up to 20 s (0 = never).",
+    ),
     "NodeReleaseHoldS": KeySpec(
         "float",
         "30",
@@ -244,6 +318,18 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "127.0.0.1",
         "coda-node: address the Prometheus endpoint listens on (0.0.0.0 or :: = every "
         "interface; keep 127.0.0.1 unless the scraper is elsewhere).",
+    ),
+    "NodeUsageFlushS": KeySpec(
+        "float",
+        "600",
+        "coda-node: seconds between two writes of a running job's GPU usage record to its "
+        "profile (also written when the job ends); 0 = only when the job ends.",
+    ),
+    "NodeUsageMinTicks": KeySpec(
+        "int",
+        "30",
+        "coda-node: ticks of GPU usage a job must have collected before a usage record is "
+        "written (1 or more).",
     ),
 }
 
@@ -280,6 +366,22 @@ class CodaConfig:
     journal_max_bytes: int = 8 * 1024 * 1024
     slurm_conf: Path | None = None
     """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
+    pcie_spread_gres: str | None = None
+    """Count-only GRES PCIe-heavy jobs request one unit of; None = off."""
+    pcie_heavy_bytes_per_s: float = 8e9
+    prefer_gpu_types: tuple[str, ...] = ()
+    """Lower-case GPU types, fastest first; empty = no --prefer."""
+    prefer_gpu_features: tuple[tuple[str, str], ...] = ()
+    """``(type, node feature)`` pairs; a type not listed is its own feature."""
+    cpu_job_partitions: tuple[str, ...] = ()
+    """Partition list for CPU-only jobs submitted without one; empty = off."""
+    reserve_partitions: tuple[str, ...] = ()
+    """Spare CPU partitions coda-slurm reserve manages; empty = off."""
+    reserve_interval_s: float = 60.0
+    reserve_min_cpus: int = 1
+    reserve_cpus_per_gpu: float | None = None
+    """None = DefCpuPerGPU of the GPU partitions over the same nodes, else 4."""
+    reserve_state_file: Path = Path("/var/lib/coda/reserve.json")
     node_name: str | None = None
     """None = the short host name."""
     node_state_dir: Path = Path("/var/lib/coda-node")
@@ -298,9 +400,14 @@ class CodaConfig:
     node_contention_trigger_pct: float = 10.0
     node_contention_release_pct: float = 5.0
     node_release_hold_s: float = 30.0
+    node_baseline_probe_after_s: float = 60.0
     node_throttle_floor_pct: float = 10.0
     node_metrics_port: int = 0
     node_metrics_address: str = "127.0.0.1"
+    colocate_margin: float = 0.05
+    node_usage_flush_s: float = 600.0
+    """0 = write usage records only when the job ends."""
+    node_usage_min_ticks: int = 30
 
 
 # ----------------------------------------------------------------------------- lexing
@@ -440,6 +547,10 @@ def _partition_list(key: str, value: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+_GRES_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_FEATURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def _convert(key: str, value: str) -> tuple[str, object]:
     """``(CodaConfig field, typed value)`` for canonical ``key``; ValueError if invalid."""
     if key == "ProfileStore":
@@ -488,6 +599,58 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         return "journal_max_bytes", _int(key, value, 65536, 999_999_999)
     if key == "SlurmConf":
         return "slurm_conf", Path(value) if value else None
+    if key == "PcieSpreadGres":
+        if value and (not _GRES_NAME.fullmatch(value) or value.lower() == "gpu"):
+            raise ValueError(
+                f"PcieSpreadGres must be a GRES name (letters, digits, _) other than gpu, "
+                f"got {value!r}"
+            )
+        return "pcie_spread_gres", value or None
+    if key == "PcieHeavyBytesPerS":
+        return "pcie_heavy_bytes_per_s", _positive_float(key, value)
+    if key == "PreferGpuTypes":
+        types = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+        bad = [t for t in types if not _FEATURE_NAME.fullmatch(t)]
+        if bad:
+            raise ValueError(f"PreferGpuTypes: {bad[0]!r} is not a GPU type name")
+        if len(types) == 1:
+            raise ValueError(
+                "PreferGpuTypes needs at least two GPU types, fastest first (one type "
+                "leaves nothing to prefer)"
+            )
+        return "prefer_gpu_types", types
+    if key == "PreferGpuFeatures":
+        pairs: dict[str, str] = {}
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            gpu_type, sep, feature = item.partition(":")
+            gpu_type = gpu_type.strip().lower()
+            feature = feature.strip()
+            if not sep or not _FEATURE_NAME.fullmatch(gpu_type):
+                raise ValueError(f"PreferGpuFeatures: expected type:feature, got {item!r}")
+            if not _FEATURE_NAME.fullmatch(feature):
+                # --prefer takes a feature expression; & | , [ ] * ( ) would change it.
+                raise ValueError(
+                    f"PreferGpuFeatures: {feature!r} is not a node feature name "
+                    "(letters, digits, _ . -)"
+                )
+            pairs[gpu_type] = feature
+        return "prefer_gpu_features", tuple(pairs.items())
+    if key == "CpuJobPartitions":
+        return "cpu_job_partitions", _partition_list(key, value)
+    if key == "ReservePartitions":
+        return "reserve_partitions", _partition_list(key, value)
+    if key == "ReserveIntervalS":
+        return "reserve_interval_s", _positive_float(key, value)
+    if key == "ReserveMinCpus":
+        return "reserve_min_cpus", _int(key, value, 0)
+    if key == "ReserveCpusPerGpu":
+        return "reserve_cpus_per_gpu", _positive_float(key, value) if value else None
+    if key == "ReserveStateFile":
+        if not value or not Path(value).is_absolute():
+            raise ValueError(f"ReserveStateFile must be an absolute path, got {value!r}")
+        return "reserve_state_file", Path(value)
     if key == "NodeName":
         if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
             raise ValueError(f"NodeName {value!r} is not a Slurm node name")
@@ -523,11 +686,11 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if number < 0:
             raise ValueError(f"{key} must be 0 or more, got {value}")
         return "node_probe_warmup_s", number
-    if key in ("NodeProbeSettleS",):
+    if key in ("NodeProbeSettleS", "NodeBaselineProbeAfterS"):
         number = _float(key, value)
         if number < 0:
             raise ValueError(f"{key} must be 0 or more, got {value}")
-        return "node_probe_settle_s", number
+        return _snake(key), number
     if key in ("NodeProbeMeasureS", "NodeProbeBudgetS", "NodeReleaseHoldS"):
         return _snake(key), _positive_float(key, value)
     if key in (
@@ -549,6 +712,18 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         except ValueError:
             raise ValueError(f"{key} must be an IP address, got {value!r}") from None
         return "node_metrics_address", value
+    if key == "ColocateMargin":
+        number = _float(key, value)
+        if not 0.0 <= number <= 1.0:
+            raise ValueError(f"ColocateMargin must be 0..1, got {value}")
+        return "colocate_margin", number
+    if key == "NodeUsageFlushS":
+        number = _float(key, value)
+        if number < 0:
+            raise ValueError(f"{key} must be 0 or more, got {value}")
+        return "node_usage_flush_s", number
+    if key == "NodeUsageMinTicks":
+        return "node_usage_min_ticks", _int(key, value, 1, 999_999_999)
     raise AssertionError(f"no converter for {key}")  # CONFIG_KEYS and _convert disagree
 
 
@@ -624,6 +799,14 @@ def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list
             f"NodeContentionReleasePct={config.node_contention_release_pct:g} must be below "
             f"NodeContentionTriggerPct={config.node_contention_trigger_pct:g} (hysteresis)",
         )
+    unknown_types = [t for t, _ in config.prefer_gpu_features if t not in config.prefer_gpu_types]
+    if unknown_types:
+        raise ConfigError(
+            source,
+            lines.get("PreferGpuFeatures"),
+            f"PreferGpuFeatures names GPU type {unknown_types[0]!r}, which is not in "
+            f"PreferGpuTypes ({','.join(config.prefer_gpu_types) or 'empty'})",
+        )
     for name in config.partitions:
         if name in config.exclude_partitions:
             warnings.append(
@@ -680,6 +863,9 @@ class NodeShape:
     """GPUs per node: all ``gpu`` entries of ``Gres=`` summed, typed or not."""
     count: int = 1
     """Number of nodes the host expression names."""
+    features: tuple[str, ...] = ()
+    """The node's ``Feature=`` (or ``Features=``) list; the hook only sets ``--prefer`` to
+    one of these (Slurm rejects a job preferring a feature no node has)."""
 
 
 _NODENAME_LINE = re.compile(r"\s*nodename\s*=", re.IGNORECASE)
@@ -820,7 +1006,9 @@ def _node_shape(params: dict[str, str]) -> NodeShape:
             * _node_int(params, "threadspercore", 1)
         )
     gpus = _gres_gpus(params["gres"]) if params.get("gres") else 0
-    return NodeShape(names, cpus, gpus, count_hostlist(names))
+    feature_list = params.get("feature") or params.get("features") or ""
+    features = tuple(dict.fromkeys(f.strip() for f in feature_list.split(",") if f.strip()))
+    return NodeShape(names, cpus, gpus, count_hostlist(names), features)
 
 
 def _read_slurm_file(

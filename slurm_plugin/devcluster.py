@@ -44,6 +44,10 @@ class NodeSpec:
     gpus: int = 4
     gpu_type: str = "a100"
     real_memory_mb: int = 64000
+    extra_gres: str = ""
+    """More count-only GRES on the node, e.g. ``pcie:1`` (added to GresTypes too)."""
+    features: str = ""
+    """The node's ``Feature=`` list, e.g. ``gpu_a100,nvme``; empty = none."""
 
 
 @dataclass(slots=True)
@@ -258,6 +262,8 @@ class DevCluster:
                 gpus=node.gpus,
                 gpu_type=node.gpu_type,
                 real_memory_mb=node.real_memory_mb,
+                extra_gres=node.extra_gres,
+                features=node.features,
             )
         if self.cgroups:
             proctrack, task, acct = (
@@ -270,6 +276,10 @@ class DevCluster:
         cores_per_socket = node.cpus // node.sockets
         def_cpg = f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else ""
         plugin_dirs = f"{self.plugin_dir}:{SYSTEM_PLUGIN_DIR}"
+        extra_gres = [g.strip() for g in node.extra_gres.split(",") if g.strip()]
+        gres_types = ",".join(["gpu", *dict.fromkeys(g.split(":")[0] for g in extra_gres)])
+        node_gres = ",".join([f"gpu:{node.gpu_type}:{node.gpus}", *extra_gres])
+        feature = f" Feature={node.features}" if node.features else ""
         submit = f"JobSubmitPlugins={self.job_submit_plugins}\n" if self.job_submit_plugins else ""
         r = self.root
         self.slurm_conf.write_text(
@@ -294,7 +304,7 @@ SlurmdDebug=info
 PluginDir={plugin_dirs}
 {submit}SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes={gres_types}
 ProctrackType={proctrack}
 TaskPlugin={task}
 MpiDefault=none
@@ -311,7 +321,7 @@ SlurmdTimeout=30
 MinJobAge=300
 NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} Port={slurmd_port} """
             f"""Sockets={node.sockets} CoresPerSocket={cores_per_socket} ThreadsPerCore=1 """
-            f"""RealMemory={node.real_memory_mb} Gres=gpu:{node.gpu_type}:{node.gpus} State=UNKNOWN
+            f"""RealMemory={node.real_memory_mb} Gres={node_gres}{feature} State=UNKNOWN
 PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cpg}
 {self.extra_partitions}"""
         )

@@ -94,6 +94,8 @@ class HookState:
     cfg_mtime_ns: int
     cache: ProfileCache
     node_cap: NodeCap
+    node_features: frozenset[str] = frozenset()
+    """Every node's slurm.conf ``Feature=``: the only values the hook sets ``--prefer`` to."""
     reloader: Reloader | None = None
     journal: DecisionJournal | None = None
     stats: HookStats = field(default_factory=HookStats)
@@ -145,7 +147,25 @@ def _load_state(path: Path) -> HookState:
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
     node_cap = NodeCap.from_slurm_conf(slurm_conf_for(path, cfg.slurm_conf), _log_named)
-    return HookState(cfg=cfg, cfg_path=path, cfg_mtime_ns=mtime_ns, cache=cache, node_cap=node_cap)
+    features = frozenset(f for node in node_cap.nodes for f in node.features)
+    for gpu_type in cfg.prefer_gpu_types:
+        feature = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
+        if feature not in features:
+            # Slurm would refuse every job the hook gave this --prefer: never set it.
+            _log_named(
+                "error",
+                f"PreferGpuTypes: no node in {node_cap.source} has feature {feature!r} "
+                f"(GPU type {gpu_type}); jobs are never steered to it "
+                "(add it to the nodes' Feature= or fix PreferGpuFeatures)",
+            )
+    return HookState(
+        cfg=cfg,
+        cfg_path=path,
+        cfg_mtime_ns=mtime_ns,
+        cache=cache,
+        node_cap=node_cap,
+        node_features=features,
+    )
 
 
 def plugin_init() -> int:
@@ -338,6 +358,7 @@ def read_request(desc: Any, submit_uid: int) -> JobRequest:
         ntasks_per_node=desc.ntasks_per_node,
         comment=_str(desc.comment),
         script=_str(desc.script),
+        prefer=_str(desc.prefer),
     )
 
 
@@ -359,6 +380,15 @@ def apply_decision(desc: Any, decision: Decision, err_msg: Any) -> None:
         )
     if decision.clear_cpus_per_task:
         desc.cpus_per_task = _lib.NO_VAL16
+    # Placement (issue 7): Slurm validates these after job_submit, like cpus_per_tres.
+    if decision.tres_per_node is not None:
+        _lib.coda_replace_str(
+            _ffi.addressof(desc, "tres_per_node"), _encode(decision.tres_per_node)
+        )
+    if decision.prefer is not None:
+        _lib.coda_replace_str(_ffi.addressof(desc, "prefer"), _encode(decision.prefer))
+    if decision.partition is not None:
+        _lib.coda_replace_str(_ffi.addressof(desc, "partition"), _encode(decision.partition))
     if decision.admin_comment:
         old = _str(desc.admin_comment)
         new = f"{old} {decision.admin_comment}" if old else decision.admin_comment
@@ -387,7 +417,13 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
     error: str | None = None
     try:
         req = read_request(desc, submit_uid)
-        decision = decide(req, state.cfg, state.cache.snapshot(), state.node_cap)
+        decision = decide(
+            req,
+            state.cfg,
+            state.cache.snapshot(),
+            state.node_cap,
+            node_features=state.node_features,
+        )
         if decision.action == "reject":
             stats.rejected += 1
             journaled = decision
@@ -395,7 +431,16 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             log(LOG_INFO, _log_line(decision))
             return _lib.SLURM_ERROR
         if decision.action == "skip" and decision.admin_comment is None:
-            return _lib.SLURM_SUCCESS  # CPU-only job or coda:off: nothing to say
+            if decision.partition is not None:
+                # A CPU-only job routed by CpuJobPartitions: not a GPU decision, so neither
+                # counted nor journaled (coda-slurm status is about GPU jobs' cores).
+                apply_decision(desc, decision, err_msg)
+                log(LOG_INFO, _log_line(decision))
+            else:
+                # CPU-only job or coda:off: nothing to say, except at LogLevel=verbose
+                # (where Mode=advise shows the CpuJobPartitions route it would take).
+                log(LOG_VERBOSE, _log_line(decision))
+            return _lib.SLURM_SUCCESS
         stats.gpu_jobs += 1
         journaled = decision
         elapsed_ms = (time.perf_counter_ns() - t0) / 1e6

@@ -33,10 +33,26 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 200 chara
     would   only with action=advise: the action enforce mode would have taken
     gpn     GPUs per node as CODA computed it;  nodes: node count assumed
 
+Placement fields (issue 7), appended only when the hook changed the job that way::
+
+    pcie    1: PCIe-heavy, one unit of the PcieSpreadGres GRES added per node
+    prefer  the node feature set as --prefer (PreferGpuTypes)
+
 Fields are ``;``-separated ``key=value`` pairs; values never hold ``;``, ``=`` or blanks.
 :func:`parse_admin_record` reads it back (also from inside a longer admin comment).  Jobs
 CODA skips for good (CPU-only, Mode=off, partition filter, coda:off, malformed TRES,
 reject) get no record; an unknown workload's skip does, so node daemons can profile it.
+A CPU-only job routed by ``CpuJobPartitions`` gets no record either (it has no workload
+to profile): its log line says ``part=<list>``, and ``scontrol show job`` shows the list.
+
+Placement (:mod:`slurm_plugin.placement`, each off until its coda.conf key is set; only
+in Mode=enforce, for jobs CODA manages and that did not say ``coda:off``):
+
+* ``PcieSpreadGres``: a PCIe-heavy multi-GPU job gets ``gres:<name>:1`` appended to its
+  ``tres_per_node`` (unless it already asks for that GRES);
+* ``PreferGpuTypes``: a GPU job that names no GPU type and set no ``--prefer`` gets
+  ``--prefer=<feature>`` of the GPU type it gains most (or least) from;
+* ``CpuJobPartitions``: a CPU-only job without ``--partition`` gets that list.
 
 GPUs per node, from the first of these that asks for GPUs:
 
@@ -57,9 +73,10 @@ the default partition first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from slurm_plugin import placement
 from slurm_plugin.conf import CodaConfig
 from slurm_plugin.signature import (
     DirectiveError,
@@ -69,7 +86,15 @@ from slurm_plugin.signature import (
     quote_label,
     workload_signature,
 )
-from slurm_plugin.tres import TresError, cpus_per_gpu, gpu_count, set_gpu_count
+from slurm_plugin.tres import (
+    TresError,
+    cpus_per_gpu,
+    gpu_count,
+    gpu_types,
+    parse_tres,
+    set_gpu_count,
+)
+from slurm_plugin.usage import UsageRecord
 
 __all__ = [
     "ACTIONS",
@@ -123,6 +148,8 @@ class JobRequest:
     """uint16; NO_VAL16 when unset."""
     comment: str | None = None
     script: str | None = None
+    prefer: str | None = None
+    """``--prefer`` (soft node features) as submitted, None when not given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +166,8 @@ class ProfileView:
     n_samples: int
     multi_node_cpus_per_gpu: int | None
     """Measured multi-node value when known; else the CODA rule applies."""
+    usage: tuple[UsageRecord, ...] = ()
+    """What the workload did with its GPUs, at most one record per GPU model (issue 7)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +188,12 @@ class Decision:
     """The admin record, or None."""
     reason: str
     """Why, in a few words (also part of ``log_msg``)."""
+    partition: str | None = None
+    """New ``partition`` list (CPU-only job routed); None = leave the field alone."""
+    tres_per_node: str | None = None
+    """New ``tres_per_node`` (PCIe spread GRES added); None = leave the field alone."""
+    prefer: str | None = None
+    """New ``--prefer`` node feature; None = leave the field alone."""
 
 
 def parse_admin_record(s: str) -> dict[str, str]:
@@ -282,13 +317,18 @@ def decide(
     cfg: CodaConfig,
     profiles: Mapping[str, ProfileView],
     node_cap: Callable[[int], int | None],
+    *,
+    node_features: Collection[str] | None = None,
 ) -> Decision:
     """The decision for one submitted job (rules in the module docstring).
 
     Never raises for bad job input: malformed TRES fails open (skip), a malformed
     ``coda:`` directive rejects the job (Mode=enforce) or is reported and ignored
     (Mode=advise).  ``node_cap(gpus_per_node)`` returns the most CPUs per GPU any node can
-    give (None = unknown).
+    give (None = unknown).  ``node_features``: the features nodes have (slurm.conf
+    ``Feature=``); ``--prefer`` is only set to one of them, since Slurm refuses a job that
+    prefers a feature no node has ("Invalid preferred feature specification").  None = do
+    not check (tools and tests).
     """
     if cfg.mode == "off":
         return _skip(req, "Mode=off")
@@ -300,6 +340,8 @@ def decide(
     except TresError as exc:
         return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
     if not (per_node or per_job or per_task or per_socket):
+        if cfg.cpu_job_partitions and not req.partition:
+            return _route_cpu_job(req, cfg)
         return _skip(req, "no GPUs requested")
     try:
         user_cpg = cpus_per_gpu(req.cpus_per_tres) or None
@@ -345,6 +387,7 @@ def decide(
 
     sig = workload_signature(req.uid, req.job_name, req.script, directives)
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
+    place = _placement(req, cfg, sig, profiles, gpn, node_features)
     pred: int | None = None
     note = ""
     if profile is not None:
@@ -370,29 +413,37 @@ def decide(
     if not user_flag:
         if pred is None:
             reason = weak or "no profile for this workload yet"
-            return _finish(req, cfg, sig, "skip", None, was, src, gpn, nodes, reason, None, False)
+            return _finish(
+                req, cfg, sig, "skip", None, was, src, gpn, nodes, reason, None, False, place
+            )
         if profile is not None:
             action, reason = "set", "confident profile"
         else:
             action = "default"
             reason = f"{weak or 'no profile for this workload yet'}; DefaultCpusPerGpu"
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
-        return _finish(req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False)
+        return _finish(req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False, place)
 
     if profile is None or pred is None:
         reason = f"{weak or 'no profile for this workload yet'}; user value kept"
-        return _finish(req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, None, False)
+        return _finish(
+            req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, None, False, place
+        )
     if cfg.user_value == "replace":
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (replaces {user_flag}; {basis})"
         reason = "UserValue=replace"
-        return _finish(req, cfg, sig, "replace", pred, was, src, gpn, nodes, reason, msg, True)
+        return _finish(
+            req, cfg, sig, "replace", pred, was, src, gpn, nodes, reason, msg, True, place
+        )
     if cfg.user_value == "lower":
         # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
         user_total = user_cpg * gpn if user_cpg is not None else (user_cpt or 0) * tasks_per_node
         if pred * gpn < user_total:
             msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
             reason = "UserValue=lower, prediction below the user value"
-            return _finish(req, cfg, sig, "lower", pred, was, src, gpn, nodes, reason, msg, True)
+            return _finish(
+                req, cfg, sig, "lower", pred, was, src, gpn, nodes, reason, msg, True, place
+            )
         reason = "UserValue=lower, prediction not below the user value"
     else:
         reason = "UserValue=keep"
@@ -402,7 +453,7 @@ def decide(
             f"coda: kept your {user_flag}; the profile of workload {label} suggests "
             f"--cpus-per-gpu={pred} ({basis})"
         )
-    return _finish(req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, msg, False)
+    return _finish(req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, msg, False, place)
 
 
 def _lookup(
@@ -450,6 +501,7 @@ def _finish(
     reason: str,
     user_msg: str | None,
     clear: bool,
+    place: _Placement | None,
 ) -> Decision:
     """Build the Decision of a job that has a signature (and hence an admin record)."""
     cpg = "" if pred is None else str(pred)
@@ -471,9 +523,16 @@ def _finish(
         f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
         f";gpn={gpn};nodes={nodes}"
     )
+    place_log = ""
+    if place is not None:
+        admin += place.admin
+        place_log = place.log
+        if place.user_msg:
+            user_msg = f"{user_msg}; {place.user_msg[6:]}" if user_msg else place.user_msg
     log = (
         f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
-        f"cpg={cpg or '-'} was={was or '-'} src={src} gpn={gpn} nodes={nodes}: {reason}"
+        f"cpg={cpg or '-'} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
+        f"{reason}"
     )
     return Decision(
         action=action,
@@ -483,4 +542,141 @@ def _finish(
         log_msg=log,
         admin_comment=admin,
         reason=reason,
+        tres_per_node=None if place is None else place.tres_per_node,
+        prefer=None if place is None else place.prefer,
+    )
+
+
+# -- placement (issue 7) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """The placement changes of one GPU job, and how the records show them."""
+
+    tres_per_node: str | None
+    prefer: str | None
+    admin: str
+    """``;pcie=1;prefer=<feature>`` for the admin record ("" when nothing)."""
+    log: str
+    """`` pcie=1 prefer=<feature>`` for the log line (advise mode: ``would-pcie=1``)."""
+    user_msg: str | None
+    """``coda: ...`` line for sbatch's output, or None."""
+
+
+def _usage_view(sig: Signature, profiles: Mapping[str, ProfileView]) -> ProfileView | None:
+    """The profile whose usage records describe this job: the user's own, else the shared
+    one.  Confidence is not required: it grades the CPU fit, not these measurements."""
+    own = profiles.get(sig.key)
+    if own is not None and own.usage:
+        return own
+    gkey = global_key(sig)
+    shared = profiles.get(gkey) if gkey is not None else None
+    if shared is not None and shared.usage:
+        return shared
+    return None
+
+
+def _placement(
+    req: JobRequest,
+    cfg: CodaConfig,
+    sig: Signature,
+    profiles: Mapping[str, ProfileView],
+    gpn: int,
+    node_features: Collection[str] | None,
+) -> _Placement | None:
+    """PCIe spread and GPU-type preference for a managed GPU job; None when neither applies.
+
+    Reads only the usage records of the job's own profile (:func:`_usage_view`); the GPU
+    ranking is computed once per profile snapshot (:func:`placement.ranking_for`).
+    """
+    if cfg.pcie_spread_gres is None and not cfg.prefer_gpu_types:
+        return None  # both off (the default): no lookup at all
+    view = _usage_view(sig, profiles)
+    if view is None:
+        return None
+    new_tres: str | None = None
+    feature: str | None = None
+    notes: list[str] = []
+    tokens: list[str] = []
+    missing = ""
+    gres = cfg.pcie_spread_gres
+    heavy = gres is not None and placement.is_pcie_heavy(
+        view.usage, gpn, threshold_bytes_per_s=cfg.pcie_heavy_bytes_per_s
+    )
+    # parse_tres cannot fail here: decide() already parsed tres_per_node.  A job that asked
+    # for the GRES itself keeps its request.
+    if heavy and not any(item.name == gres for item in parse_tres(req.tres_per_node)):
+        item = f"gres:{gres}:1"
+        new_tres = f"{req.tres_per_node},{item}" if req.tres_per_node else item
+        tokens.append("pcie=1")
+        notes.append(f"{item} per node (PCIe-heavy workload: one per PCIe domain)")
+    if cfg.prefer_gpu_types and not req.prefer and not _names_gpu_type(req):
+        choice = placement.prefer_gpu_type(
+            view, placement.ranking_for(profiles), cfg.prefer_gpu_types
+        )
+        if choice is not None:
+            gpu_type, why = choice
+            wanted = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
+            if node_features is None or wanted in node_features:
+                feature = wanted
+                tokens.append(f"prefer={feature}")
+                notes.append(f"--prefer={feature} (the workload {why})")
+            else:
+                missing = f" no-feature={wanted}"  # a PreferGpuFeatures mistake: say so
+    if not tokens:
+        if not missing:
+            return None
+        return _Placement(tres_per_node=None, prefer=None, admin="", log=missing, user_msg=None)
+    if cfg.mode == "advise":
+        return _Placement(
+            tres_per_node=None,
+            prefer=None,
+            admin="",
+            log="".join(f" would-{t}" for t in tokens) + missing,
+            user_msg=None,
+        )
+    return _Placement(
+        tres_per_node=new_tres,
+        prefer=feature,
+        admin="".join(f";{t}" for t in tokens),
+        log="".join(f" {t}" for t in tokens) + missing,
+        user_msg="coda: " + "; ".join(notes),
+    )
+
+
+def _names_gpu_type(req: JobRequest) -> bool:
+    """Whether the job asked for a GPU type (``--gres=gpu:a100:1``, ``--gpus=v100:2`` ...)."""
+    return any(
+        gpu_types(tres)
+        for tres in (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket)
+    )
+
+
+def _route_cpu_job(req: JobRequest, cfg: CodaConfig) -> Decision:
+    """A CPU-only job without ``--partition``, CpuJobPartitions set: offer it the list.
+
+    ``coda:off`` opts out.  A malformed directive is not refused on a CPU job (there is no
+    GPU decision it could mean); the job then passes unrouted, as without this option.
+    """
+    try:
+        off = parse_coda_directives(req.comment).off
+    except DirectiveError:
+        off = True
+    route = placement.route_cpu_job(req.partition, cfg.cpu_job_partitions)
+    if off or route is None:
+        return _skip(req, "no GPUs requested")
+    if cfg.mode == "advise":
+        return _skip(req, f"no GPUs requested; would route to partitions {route} (advise mode)")
+    reason = "CPU-only job without --partition, routed by CpuJobPartitions"
+    return Decision(
+        action="skip",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg=f"coda: CPU-only job offered partitions {route} (it starts in whichever "
+        "can run it first; coda:off in --comment opts out)",
+        log_msg=f"coda: {_job_label(req)} action=skip part={route}: {reason}",
+        admin_comment=None,
+        reason=reason,
+        partition=route,
     )

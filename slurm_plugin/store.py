@@ -50,8 +50,16 @@ from typing import Any, NamedTuple
 
 from slurm_plugin.policy import ProfileView
 
+# UsageRecord is re-exported (``from slurm_plugin.store import UsageRecord``); it lives in a
+# leaf module so that policy.ProfileView can carry usage records without importing the store.
+from slurm_plugin.usage import UsageRecord as UsageRecord
+from slurm_plugin.usage import merge_into
+from slurm_plugin.usage import usage_for_model as usage_for_model
+
 FORMAT = "coda-profile"
-FORMAT_VERSION = 1
+#: Version 2 added ``usage`` (issue 7: per-GPU-model utilisation, PCIe traffic, progress).
+#: Version 1 files (no ``usage`` key) are still read, as ``usage=()``; writers write 2.
+FORMAT_VERSION = 2
 
 #: Name of the lock file (dot-prefixed, so readers skip it).
 LOCK_FILE_NAME = ".lock"
@@ -189,12 +197,73 @@ class Sample:
         )
 
 
+_USAGE_KEYS = (
+    "gpu_model",
+    "gpu_util",
+    "gpu_mem_bw_util",
+    "pcie_bytes_per_s_per_gpu",
+    "iter_per_s_per_gpu",
+    "ticks",
+    "updated_unix_s",
+)
+
+
+def usage_to_json_dict(record: UsageRecord) -> dict[str, Any]:
+    """One ``usage`` list entry of the on-disk format."""
+    return {
+        "gpu_model": record.gpu_model,
+        "gpu_util": record.gpu_util,
+        "gpu_mem_bw_util": record.gpu_mem_bw_util,
+        "pcie_bytes_per_s_per_gpu": record.pcie_bytes_per_s_per_gpu,
+        "iter_per_s_per_gpu": record.iter_per_s_per_gpu,
+        "ticks": record.ticks,
+        "updated_unix_s": record.updated_unix_s,
+    }
+
+
+def usage_from_json_dict(d: object, where: str, key: str = "usage") -> UsageRecord:
+    """Validate one ``usage`` entry strictly; ``key`` (e.g. ``usage[0]``) prefixes problems."""
+    if not isinstance(d, dict):
+        raise ProfileFormatError(where, f"{key} must be an object, got {_json_type(d)}")
+    _check_keys(d, _USAGE_KEYS, where, key)
+    return UsageRecord(
+        gpu_model=_get_str(d, "gpu_model", where, key, nullable=True),
+        gpu_util=_get_number(d, "gpu_util", where, key, lo=0.0, hi=1.0),
+        gpu_mem_bw_util=_get_number(d, "gpu_mem_bw_util", where, key, lo=0.0, hi=1.0),
+        pcie_bytes_per_s_per_gpu=_get_number(
+            d, "pcie_bytes_per_s_per_gpu", where, key, lo=0.0, nullable=True
+        ),
+        iter_per_s_per_gpu=_get_number(d, "iter_per_s_per_gpu", where, key, lo=0.0, nullable=True),
+        ticks=_get_int(d, "ticks", where, key, lo=1),
+        updated_unix_s=_get_number(d, "updated_unix_s", where, key, lo=0.0),
+    )
+
+
+def _usage_tuple(raw: object, where: str) -> tuple[UsageRecord, ...]:
+    if not isinstance(raw, list):
+        raise ProfileFormatError(where, f"usage must be a list, got {_json_type(raw)}")
+    records = tuple(usage_from_json_dict(u, where, f"usage[{i}]") for i, u in enumerate(raw))
+    seen: dict[str | None, int] = {}
+    for i, r in enumerate(records):
+        model = None if r.gpu_model is None else r.gpu_model.lower()
+        if model in seen:
+            raise ProfileFormatError(
+                where,
+                f"usage[{i}]: a second record for GPU model {r.gpu_model!r} "
+                f"(usage[{seen[model]}] has it; one record per model)",
+            )
+        seen[model] = i
+    return records
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """One workload's CPU-demand profile, as stored in ``<root>/<stem>.json``.
 
     ``n_samples`` counts every sample ever merged; ``samples`` holds the most recent ones.
     ``fit`` is the model's free-form JSON object (read-only mapping), or None.
+    ``usage`` holds at most one :class:`UsageRecord` per GPU model (compared
+    case-insensitively); :meth:`ProfileStore.merge_usage` keeps it that way.
     """
 
     signature: str
@@ -208,8 +277,9 @@ class Profile:
     gpu_model: str | None = None
     samples: tuple[Sample, ...] = ()
     fit: Mapping[str, Any] | None = None
+    usage: tuple[UsageRecord, ...] = ()
 
-    _KEYS = (
+    _KEYS_V1 = (
         "format",
         "format_version",
         "signature",
@@ -224,6 +294,7 @@ class Profile:
         "samples",
         "fit",
     )
+    _KEYS = (*_KEYS_V1, "usage")
 
     @property
     def stem(self) -> str:
@@ -245,6 +316,7 @@ class Profile:
             "source": self.source,
             "samples": [s.to_json_dict() for s in self.samples],
             "fit": None if self.fit is None else _thaw(self.fit),
+            "usage": [usage_to_json_dict(u) for u in self.usage],
         }
 
     @classmethod
@@ -271,12 +343,14 @@ class Profile:
                 f"format_version {version} was written by a newer coda (this one reads "
                 f"version {FORMAT_VERSION}); upgrade coda-slurm on the controller",
             )
-        if version < FORMAT_VERSION:
+        if version < 1:
             raise ProfileFormatError(
                 where,
-                f"format_version {version} was never written by any coda; fix or delete the file",
+                f"format_version {version} was never written by any coda (this one reads "
+                f"versions 1 to {FORMAT_VERSION}); fix or delete the file",
             )
-        _check_keys(d, cls._KEYS, where, None)
+        # Version 1 had no usage records; version 2 files must carry the key (maybe empty).
+        _check_keys(d, cls._KEYS_V1 if version == 1 else cls._KEYS, where, None)
 
         problem = signature_problem(d["signature"])
         if problem:
@@ -309,6 +383,7 @@ class Profile:
             source=_get_str(d, "source", where, None),
             samples=samples,
             fit=None if fit is None else MappingProxyType(fit),
+            usage=() if version == 1 else _usage_tuple(d["usage"], where),
         )
 
     def validated(self, where: str = "profile to write") -> Profile:
@@ -325,6 +400,7 @@ def to_view(profile: Profile) -> ProfileView:
         confidence=profile.confidence,
         n_samples=profile.n_samples,
         multi_node_cpus_per_gpu=profile.multi_node_cpus_per_gpu,
+        usage=profile.usage,
     )
 
 
@@ -424,16 +500,31 @@ def _get_int(
     return value
 
 
-def _get_number(d: dict[str, Any], key: str, where: str, prefix: str | None, *, lo: float) -> float:
+def _get_number(
+    d: dict[str, Any],
+    key: str,
+    where: str,
+    prefix: str | None,
+    *,
+    lo: float,
+    hi: float | None = None,
+    nullable: bool = False,
+) -> Any:
     value = d[key]
+    if value is None and nullable:
+        return None
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
         or not math.isfinite(value)
         or value < lo
+        or (hi is not None and value > hi)
     ):
+        bounds = f">= {lo:g}" if hi is None else f"within {lo:g}..{hi:g}"
+        null = " or null" if nullable else ""
         raise ProfileFormatError(
-            where, f"{_field(prefix, key)} must be a number >= {lo:g}, got {_json_type(value)}"
+            where,
+            f"{_field(prefix, key)} must be a number {bounds}{null}, got {_json_type(value)}",
         )
     return float(value)
 
@@ -719,6 +810,31 @@ class ProfileStore:
                 raise ValueError(
                     f"refit changed the signature from {signature!r} to {result.signature!r}"
                 )
+            self._write_locked(signature, encode_profile(result))
+            return result
+
+    def merge_usage(self, signature: str, record: UsageRecord) -> Profile | None:
+        """Merge one usage record into the profile of ``signature``; returns the profile
+        written, or None (nothing written) when there is no profile for ``signature``.
+
+        Under the signature's lock, like :meth:`merge_samples`: the stored record of the same
+        GPU model (compared case-insensitively) becomes the ticks-weighted mean of old and new
+        (a field only one of them measured keeps that value; ticks add; the newer
+        ``updated_unix_s`` wins); records of other models are kept. ``updated_unix_s`` of the
+        profile itself is left alone: it dates the CPU prediction, which this does not change.
+        Raises ProfileFormatError for an unusable existing file (left alone) or a record the
+        reader would reject (nothing written).
+        """
+        if not isinstance(record, UsageRecord):
+            raise TypeError(f"merge_usage wants a UsageRecord, got {type(record).__name__}")
+        problem = signature_problem(signature)
+        if problem:
+            raise ValueError(problem)
+        with self._locked(signature):
+            current = self.read(signature)
+            if current is None:
+                return None
+            result = replace(current, usage=merge_into(current.usage, record))
             self._write_locked(signature, encode_profile(result))
             return result
 

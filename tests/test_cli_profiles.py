@@ -327,3 +327,49 @@ def test_delete_yes_unknown_and_broken(store: ProfileStore) -> None:
     r = cli("--store", str(store.root), "delete", "workload:1:broken", input="y\n")
     assert r.rc == 0 and "unusable: not valid JSON" in r.out
     assert not broken.exists()
+
+
+# -------------------------------------------------------------------------------- usage records
+
+
+def test_show_and_import_usage_records(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    usage = [
+        {
+            "gpu_model": "A100",
+            "gpu_util": 0.82,
+            "gpu_mem_bw_util": 0.41,
+            "pcie_bytes_per_s_per_gpu": 9.5e9,
+            "iter_per_s_per_gpu": 12.5,
+            "ticks": 40,
+            "updated_unix_s": time.time() - 120,
+        },
+        {
+            "gpu_model": "V100",
+            "gpu_util": 0.9,
+            "gpu_mem_bw_util": 0.5,
+            "pcie_bytes_per_s_per_gpu": None,
+            "iter_per_s_per_gpu": None,
+            "ticks": 3,
+            "updated_unix_s": time.time() - 7200,
+        },
+    ]
+    entry = profile("workload:*:resnet50").to_json_dict() | {"usage": usage}
+    r = cli("--store", str(root), "import", "-", input=json.dumps(entry))
+    assert r.rc == 0, r.err
+    r = cli("--store", str(root), "show", "resnet50")
+    assert r.rc == 0, r.err
+    lines = r.out.splitlines()
+    assert "PCIE/GPU" in r.out and "ITER/S/GPU" in r.out
+    a100 = next(line for line in lines if line.startswith("A100"))
+    assert a100.split() == ["A100", "82%", "41%", "9.50", "GB/s", "12.5", "40", "2m", "ago"]
+    v100 = next(line for line in lines if line.startswith("V100"))
+    assert v100.split() == ["V100", "90%", "50%", "-", "-", "3", "2h", "ago"]
+
+    # A measurement out of range is refused with the entry and field named.
+    usage[0]["gpu_util"] = 82
+    bad = profile("workload:*:alexnet").to_json_dict() | {"usage": usage}
+    r = cli("--store", str(root), "import", "-", input=json.dumps(bad))
+    assert r.rc == 1
+    assert "usage[0].gpu_util must be a number within 0..1" in r.err
+    assert files(root) == [f"{profile_stem('workload:*:resnet50')}.json"]

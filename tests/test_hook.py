@@ -27,7 +27,7 @@ ffi.cdef("""
 typedef struct {
     char *admin_comment; char *comment; char *cpus_per_tres; uint16_t cpus_per_task;
     uint32_t job_id; uint32_t max_nodes; uint32_t min_nodes; char *name;
-    uint32_t num_tasks; uint16_t ntasks_per_node; char *partition; char *script;
+    uint32_t num_tasks; uint16_t ntasks_per_node; char *partition; char *prefer; char *script;
     char *tres_per_job; char *tres_per_node; char *tres_per_socket; char *tres_per_task;
     uint32_t user_id;
 } job_desc_msg_t;
@@ -223,3 +223,123 @@ def test_stats_file_stays_whole_under_concurrent_writers(lib: FakeLib, tmp_path:
         for t in threads:
             t.join()
     assert not list(tmp_path.glob(".stats.json.*")), "temporary files left behind"
+
+
+# -------------------------------------------------------------------------------- placement
+
+
+def _placement_setup(tmp_path: Path, *, features: str = "a100,v100") -> None:
+    """Profiles with usage records, the three placement switches on, and a reload."""
+    from slurm_plugin.store import UsageRecord
+
+    def usage(model: str, iters: float, pcie: float | None = None) -> UsageRecord:
+        return UsageRecord(model, 0.9, 0.4, pcie, iters, 10, time.time())
+
+    store = ProfileStore(tmp_path / "profiles")
+    # a100 over v100: resnet50 2.5x (PCIe-heavy), gpt 1.67x, bert 1.25x.
+    for name, a100, v100, pcie in (
+        ("resnet50", 10.0, 4.0, 6e9),
+        ("gpt", 10.0, 6.0, None),
+        ("bert", 10.0, 8.0, None),
+    ):
+        store.write(
+            Profile(
+                signature=f"workload:*:{name}",
+                workload=name,
+                cpus_per_gpu=6,
+                confidence=0.95,
+                n_samples=8,
+                updated_unix_s=time.time(),
+                source="test",
+                usage=(usage("a100", a100, pcie), usage("v100", v100)),
+            )
+        )
+    feature = f" Feature={features}" if features else ""
+    (tmp_path / "slurm.conf").write_text(
+        f"NodeName=g1 CPUs=32 Gres=gpu:4,pcie:1{feature}\nPartitionName=gpu Nodes=g1\n"
+    )
+    conf = tmp_path / "coda.conf"
+    conf.write_text(
+        conf.read_text() + "PcieSpreadGres=pcie PreferGpuTypes=a100,v100\n"
+        "CpuJobPartitions=batch,gpu_spare\n"
+    )
+    hook._reload_config(hook.current_state(), conf.stat().st_mtime_ns)
+    hook.current_state().cache.refresh()
+
+
+def test_placement_fields_are_written(lib: FakeLib, tmp_path: Path) -> None:
+    _placement_setup(tmp_path)
+    desc = make_desc(lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50")
+    err = ffi.new("char **")
+    assert hook.job_submit(desc, 1000, err) == 0
+    assert field(desc, "tres_per_node") == "gres:gpu:2,gres:pcie:1"
+    assert field(desc, "prefer") == "a100"
+    assert field(desc, "partition") is None
+    assert field(desc, "admin_comment").endswith(";pcie=1;prefer=a100")
+    said = ffi.string(err[0]).decode()
+    assert "\n" not in said and "gres:pcie:1 per node" in said and "--prefer=a100" in said
+    assert " pcie=1 prefer=a100:" in lib.lines[-1][1]
+
+    # bert gains little from the a100: steered to the v100; light PCIe: no GRES.
+    desc = make_desc(lib, tres_per_node="gres:gpu:2", comment="coda:workload=bert")
+    hook.job_submit(desc, 1000, ffi.new("char **"))
+    assert (field(desc, "tres_per_node"), field(desc, "prefer")) == ("gres:gpu:2", "v100")
+
+    # The user's own --prefer is theirs.
+    desc = make_desc(
+        lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50", prefer="nvme"
+    )
+    hook.job_submit(desc, 1000, ffi.new("char **"))
+    assert field(desc, "prefer") == "nvme"
+    assert field(desc, "tres_per_node") == "gres:gpu:2,gres:pcie:1"
+
+
+def test_cpu_only_job_is_routed_but_not_counted(lib: FakeLib, tmp_path: Path) -> None:
+    _placement_setup(tmp_path)
+    state = hook.current_state()
+    gpu_jobs = state.stats.gpu_jobs
+    desc = make_desc(lib, script="#!/bin/sh\nmake -j4\n")
+    desc.num_tasks = 4
+    err = ffi.new("char **")
+    assert hook.job_submit(desc, 1000, err) == 0
+    assert field(desc, "partition") == "batch,gpu_spare"
+    assert desc.admin_comment == ffi.NULL and desc.tres_per_node == ffi.NULL
+    assert "CPU-only job offered partitions batch,gpu_spare" in ffi.string(err[0]).decode()
+    assert "action=skip part=batch,gpu_spare" in lib.lines[-1][1]
+    assert state.stats.gpu_jobs == gpu_jobs
+
+    mine = make_desc(lib, partition="debug")
+    hook.job_submit(mine, 1000, ffi.new("char **"))
+    assert field(mine, "partition") == "debug"
+
+
+def test_prefer_feature_no_node_has_is_never_set(lib: FakeLib, tmp_path: Path) -> None:
+    # Slurm refuses a job preferring a feature no node has: the hook must not cause that.
+    before = len(lib.lines)
+    _placement_setup(tmp_path, features="")
+    errors = [m for level, m in lib.lines[before:] if level == 0]
+    assert any("no node in" in m and "feature 'a100'" in m for m in errors), errors
+    desc = make_desc(lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50")
+    hook.job_submit(desc, 1000, ffi.new("char **"))
+    assert field(desc, "prefer") is None
+    assert field(desc, "tres_per_node") == "gres:gpu:2,gres:pcie:1"
+    assert " no-feature=a100" in lib.lines[-1][1]
+
+
+def test_advise_mode_logs_the_route_at_verbose_and_changes_nothing(
+    lib: FakeLib, tmp_path: Path
+) -> None:
+    _placement_setup(tmp_path)
+    conf = tmp_path / "coda.conf"
+    conf.write_text(conf.read_text() + "Mode=advise LogLevel=verbose\n")
+    hook._reload_config(hook.current_state(), conf.stat().st_mtime_ns + 1)
+    desc = make_desc(lib)
+    desc.num_tasks = 2
+    err = ffi.new("char **")
+    before = len(lib.lines)
+    assert hook.job_submit(desc, 1000, err) == 0
+    assert desc.partition == ffi.NULL and err[0] == ffi.NULL
+    assert any(
+        "would route to partitions batch,gpu_spare (advise mode)" in m
+        for _, m in lib.lines[before:]
+    )

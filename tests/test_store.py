@@ -168,7 +168,7 @@ _DELETE = object()
 @pytest.mark.parametrize(
     ("doc", "needle"),
     [
-        (_bad(format_version=2), "written by a newer coda"),
+        (_bad(format_version=FORMAT_VERSION + 1), "written by a newer coda"),
         (_bad(format_version=0), "never written by any coda"),
         (_bad(format_version="1"), "format_version must be an integer"),
         (_bad(format="something-else"), "not a coda profile"),
@@ -200,7 +200,7 @@ def test_from_json_dict_rejects(doc: Any, needle: str) -> None:
 
 def test_foreign_version_tells_operator_to_upgrade() -> None:
     with pytest.raises(ProfileFormatError, match="upgrade coda-slurm on the controller"):
-        Profile.from_json_dict(_bad(format_version=2), "f.json")
+        Profile.from_json_dict(_bad(format_version=FORMAT_VERSION + 1), "f.json")
 
 
 def test_nan_and_infinity_are_not_json(root: Path) -> None:
@@ -331,7 +331,7 @@ def _corrupt(kind: str, path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         return "empty file"
     if kind == "foreign-version":
         d = json.loads(good)
-        d["format_version"] = 2
+        d["format_version"] = FORMAT_VERSION + 1
         write_in_place(path, json.dumps(d).encode())
         return "upgrade coda-slurm on the controller"
     if kind == "wrong-owner":
@@ -718,7 +718,7 @@ def test_merge_samples_semantics(store: ProfileStore) -> None:
 def test_merge_samples_leaves_unusable_file_alone(store: ProfileStore) -> None:
     path = store.write(make_profile())
     d = json.loads(path.read_bytes())
-    d["format_version"] = 2
+    d["format_version"] = FORMAT_VERSION + 1
     write_in_place(path, json.dumps(d).encode())
     before = path.read_bytes()
     with pytest.raises(ProfileFormatError, match="newer coda"):
@@ -885,3 +885,194 @@ def test_refresh_timing_with_10000_profiles(
         print(f"\n[profile store timing, {n} profiles, 16 samples each]")
         for line in report:
             print("  " + line)
+
+
+# -------------------------------------------------------------------------------- usage (v2)
+
+
+def _usage(model: str | None = "A100", **kw: Any) -> store_mod.UsageRecord:
+    fields: dict[str, Any] = {
+        "gpu_model": model,
+        "gpu_util": 0.8,
+        "gpu_mem_bw_util": 0.4,
+        "pcie_bytes_per_s_per_gpu": 9e9,
+        "iter_per_s_per_gpu": 12.0,
+        "ticks": 10,
+        "updated_unix_s": 1_700_000_100.0,
+    }
+    fields.update(kw)
+    return store_mod.UsageRecord(**fields)
+
+
+def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
+    d = make_profile().to_json_dict()
+    d["format_version"] = 1
+    del d["usage"]
+    path = store.path_for(SIG)
+    path.write_text(json.dumps(d))
+    p = read_profile_file(path, store.trusted_uids)
+    assert p.usage == () and p.cpus_per_gpu == 8
+    # A version 1 file with a usage key is not something any coda wrote.
+    d["usage"] = []
+    with pytest.raises(ProfileFormatError, match=r"unknown key\(s\) usage"):
+        Profile.from_json_dict(d, "f.json")
+    # Rewriting it (any merge) upgrades it to the current version.
+    store.merge_usage(SIG, _usage())
+    on_disk = json.loads(path.read_bytes())
+    assert on_disk["format_version"] == FORMAT_VERSION == 2
+    assert len(on_disk["usage"]) == 1
+
+
+def test_version_2_round_trip_with_usage(store: ProfileStore) -> None:
+    usage = (_usage("A100"), _usage("V100", pcie_bytes_per_s_per_gpu=None, iter_per_s_per_gpu=None))
+    p = make_profile(usage=usage)
+    path = store.write(p)
+    d = json.loads(path.read_bytes())
+    assert d["format_version"] == 2
+    assert d["usage"][1] == {
+        "gpu_model": "V100",
+        "gpu_util": 0.8,
+        "gpu_mem_bw_util": 0.4,
+        "pcie_bytes_per_s_per_gpu": None,
+        "iter_per_s_per_gpu": None,
+        "ticks": 10,
+        "updated_unix_s": 1_700_000_100.0,
+    }
+    assert store.read(SIG) == p
+    assert to_view(p).usage == usage
+
+
+def test_version_2_file_must_have_usage() -> None:
+    with pytest.raises(ProfileFormatError, match=r"missing key\(s\) usage"):
+        Profile.from_json_dict(_bad(usage=_DELETE), "f.json")
+
+
+def _bad_usage(**changes: Any) -> dict[str, Any]:
+    entry = store_mod.usage_to_json_dict(_usage())
+    for key, value in changes.items():
+        if value is _DELETE:
+            del entry[key]
+        else:
+            entry[key] = value
+    return _bad(usage=[entry])
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (_bad(usage={}), "usage must be a list"),
+        (_bad(usage=[1]), "usage[0] must be an object"),
+        (_bad_usage(gpu_util=1.5), "usage[0].gpu_util must be a number within 0..1"),
+        (_bad_usage(gpu_util=-0.1), "usage[0].gpu_util must be a number within 0..1"),
+        (_bad_usage(gpu_util=None), "usage[0].gpu_util must be a number within 0..1, got null"),
+        (_bad_usage(gpu_mem_bw_util=2), "usage[0].gpu_mem_bw_util must be a number within 0..1"),
+        (
+            _bad_usage(pcie_bytes_per_s_per_gpu=-1),
+            "usage[0].pcie_bytes_per_s_per_gpu must be a number >= 0 or null",
+        ),
+        (_bad_usage(iter_per_s_per_gpu="fast"), "usage[0].iter_per_s_per_gpu must be a number"),
+        (_bad_usage(ticks=0), "usage[0].ticks must be an integer >= 1"),
+        (_bad_usage(ticks=2.5), "usage[0].ticks must be an integer >= 1"),
+        (_bad_usage(gpu_model=""), "usage[0].gpu_model must be a non-empty string or null"),
+        (_bad_usage(ticks=_DELETE), "usage[0]: missing key(s) ticks"),
+        (_bad_usage(watts=300), "usage[0]: unknown key(s) watts"),
+        (
+            _bad(usage=[store_mod.usage_to_json_dict(_usage("A100"))] * 2),
+            "usage[1]: a second record for GPU model 'A100'",
+        ),
+        (
+            _bad(
+                usage=[
+                    store_mod.usage_to_json_dict(_usage("A100")),
+                    store_mod.usage_to_json_dict(_usage("a100")),
+                ]
+            ),
+            "one record per model",
+        ),
+    ],
+)
+def test_usage_rejects(doc: Any, needle: str) -> None:
+    with pytest.raises(ProfileFormatError) as info:
+        Profile.from_json_dict(doc, "/store/abc.json")
+    assert str(info.value).startswith("/store/abc.json: ")
+    assert needle in str(info.value)
+
+
+def test_nan_in_usage_is_rejected() -> None:
+    text = json.dumps(_bad_usage(gpu_util=float("nan")))
+    with pytest.raises(ProfileFormatError, match="not valid JSON"):
+        store_mod.decode_profile(text.encode(), "f.json")
+
+
+def test_merge_usage_weights_by_ticks_and_keeps_other_models(store: ProfileStore) -> None:
+    v100 = _usage("V100", gpu_util=0.5, ticks=3)
+    store.write(make_profile(usage=(_usage("A100", ticks=10), v100)))
+    new = _usage(
+        "a100",  # same model, other spelling: merged, not a second record
+        gpu_util=0.2,
+        gpu_mem_bw_util=0.1,
+        pcie_bytes_per_s_per_gpu=None,  # not measured this time: the old value stays
+        iter_per_s_per_gpu=24.0,
+        ticks=30,
+        updated_unix_s=1_700_000_500.0,
+    )
+    merged = store.merge_usage(SIG, new)
+    assert merged is not None and store.read(SIG) == merged
+    a100, other = merged.usage
+    assert other == v100
+    assert a100.ticks == 40
+    assert a100.gpu_util == pytest.approx((0.8 * 10 + 0.2 * 30) / 40)
+    assert a100.gpu_mem_bw_util == pytest.approx((0.4 * 10 + 0.1 * 30) / 40)
+    assert a100.pcie_bytes_per_s_per_gpu == 9e9
+    assert a100.iter_per_s_per_gpu == pytest.approx((12.0 * 10 + 24.0 * 30) / 40)
+    assert a100.updated_unix_s == 1_700_000_500.0
+    # An older record does not move the timestamp back; a new model is appended.
+    again = store.merge_usage(SIG, _usage("H100", updated_unix_s=1.0))
+    assert again is not None
+    assert [u.gpu_model for u in again.usage] == ["a100", "V100", "H100"]
+    # The CPU prediction is untouched.
+    assert (again.cpus_per_gpu, again.samples, again.updated_unix_s) == (
+        merged.cpus_per_gpu,
+        merged.samples,
+        merged.updated_unix_s,
+    )
+
+
+def test_merge_usage_fills_a_field_the_old_record_lacked(store: ProfileStore) -> None:
+    store.write(make_profile(usage=(_usage(iter_per_s_per_gpu=None, ticks=5),)))
+    merged = store.merge_usage(SIG, _usage(iter_per_s_per_gpu=7.0, ticks=1))
+    assert merged is not None
+    assert merged.usage[0].iter_per_s_per_gpu == 7.0
+    assert merged.usage[0].ticks == 6
+
+
+def test_merge_usage_without_profile_writes_nothing(store: ProfileStore, root: Path) -> None:
+    assert store.merge_usage(SIG, _usage()) is None
+    assert [n for n in os.listdir(root) if not n.startswith(".")] == []
+
+
+def test_merge_usage_refuses_invalid_record_and_unusable_file(store: ProfileStore) -> None:
+    path = store.write(make_profile())
+    before = path.read_bytes()
+    with pytest.raises(ProfileFormatError, match=r"gpu_util must be a number within 0\.\.1"):
+        store.merge_usage(SIG, _usage(gpu_util=1.2))
+    with pytest.raises(TypeError):
+        store.merge_usage(SIG, {"gpu_util": 0.5})  # type: ignore[arg-type]
+    assert path.read_bytes() == before
+    d = json.loads(before)
+    d["format_version"] = FORMAT_VERSION + 1
+    write_in_place(path, json.dumps(d).encode())
+    with pytest.raises(ProfileFormatError, match="newer coda"):
+        store.merge_usage(SIG, _usage())
+
+
+def test_cache_serves_usage_to_the_hook(root: Path, logs: Logs) -> None:
+    st = ProfileStore(root)
+    st.write(make_profile())
+    cache = ProfileCache(root, logs)
+    cache.refresh()
+    assert cache.snapshot()[SIG].usage == ()
+    st.merge_usage(SIG, _usage())
+    cache.full_rescan_every = 1
+    cache.refresh()
+    assert cache.snapshot()[SIG].usage == (_usage(),)

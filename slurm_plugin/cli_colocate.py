@@ -1,0 +1,250 @@
+"""``coda-slurm colocate``: which workloads would gain from sharing one GPU, and which must not.
+
+Reads the usage records coda-node writes into the profiles (NVML GPU and memory
+utilisation, :class:`slurm_plugin.store.UsageRecord`) and judges every pair with
+:func:`slurm_plugin.colocate.judge_pairs`. Read-only: it changes no profile and no job; it is
+for admins who run MPS or Slurm's ``shard`` GRES and choose which workloads to let share.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.cli_profiles import (
+    _load_all,
+    _warn_unusable,
+    format_table,
+    resolve_store,
+)
+from slurm_plugin.colocate import PairVerdict, ShareCandidate, judge_pairs
+from slurm_plugin.conf import CodaConfig, load_config
+from slurm_plugin.paths import default_conf_path
+from slurm_plugin.store import Profile, ProfileStore, UsageRecord, usage_for_model
+
+NO_USAGE_HINT = "no NVML usage yet: run once under coda-node"
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    label: str
+    """The workload name, with the signature where two profiles share a workload name."""
+    profile: Profile
+    usage: UsageRecord | None
+
+
+def _margin_from_conf(conf: Path | None, store: Path | None) -> float:
+    """``ColocateMargin=`` of coda.conf; the default when only ``--store`` was given and no
+    coda.conf exists (the report needs nothing else from it)."""
+    conf_path = conf if conf is not None else default_conf_path()
+    if conf is None and store is not None and not conf_path.exists():
+        return CodaConfig().colocate_margin
+    try:
+        return load_config(conf_path).colocate_margin
+    except OSError as exc:
+        raise CliError(f"cannot read {conf_path}", exc.strerror or str(exc)) from exc
+    except ValueError as exc:  # ConfigError
+        raise CliError(f"cannot load {conf_path}", str(exc)) from exc
+
+
+def _pick_usage(p: Profile, gpu_model: str | None) -> UsageRecord | None:
+    if gpu_model is not None:
+        return usage_for_model(p.usage, gpu_model)
+    if not p.usage:
+        return None
+    # The record with most ticks: the GPU model the workload ran on most.
+    return max(p.usage, key=lambda u: (u.ticks, u.updated_unix_s))
+
+
+def _rows(found: Sequence[Profile], wanted: Sequence[str], gpu_model: str | None) -> list[_Row]:
+    if wanted:
+        missing = [w for w in wanted if not any(w in (p.workload, p.signature) for p in found)]
+        if missing:
+            raise CliError(
+                f"no profile for {', '.join(repr(w) for w in missing)}",
+                "not a stored workload or signature; see `coda-slurm profiles list`",
+            )
+        found = [p for p in found if p.workload in wanted or p.signature in wanted]
+    names = Counter(p.workload for p in found)
+    rows = [
+        _Row(
+            label=p.workload if names[p.workload] == 1 else f"{p.workload} ({p.signature})",
+            profile=p,
+            usage=_pick_usage(p, gpu_model),
+        )
+        for p in sorted(found, key=lambda p: (p.workload, p.signature))
+    ]
+    return rows
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.0f}%"
+
+
+def _pair_rows(pairs: Sequence[PairVerdict], by_label: dict[str, UsageRecord]) -> list[list[str]]:
+    out = []
+    for v in pairs:
+        ua, ub = by_label[v.a], by_label[v.b]
+        out.append(
+            [
+                v.a,
+                v.b,
+                f"{v.speedup:.2f}",
+                f"{_pct(ua.gpu_util)}/{_pct(ub.gpu_util)}",
+                f"{_pct(ua.gpu_mem_bw_util)}/{_pct(ub.gpu_mem_bw_util)}",
+            ]
+        )
+    return out
+
+
+def _usage_json(u: UsageRecord) -> dict[str, Any]:
+    return {
+        "gpu_model": u.gpu_model,
+        "gpu_util": u.gpu_util,
+        "gpu_mem_bw_util": u.gpu_mem_bw_util,
+        "ticks": u.ticks,
+        "updated_unix_s": u.updated_unix_s,
+    }
+
+
+@click.command("colocate")
+@click.option(
+    "--conf",
+    "conf_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="coda.conf to read ProfileStore= and ColocateMargin= from "
+    "(default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else /etc/slurm/coda.conf).",
+)
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Profile store directory (default: ProfileStore= from coda.conf).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--margin",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Report a pair as gaining only from a predicted speedup of 1 + MARGIN "
+    "(default: ColocateMargin= of coda.conf, 0.05).",
+)
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    metavar="W",
+    help="Only these workloads (name or signature); repeat for several.",
+)
+@click.option(
+    "--gpu-model",
+    default=None,
+    metavar="M",
+    help="Use the usage measured on this GPU model (as NVML names it, any case); "
+    "default: each workload's most measured model.",
+)
+def colocate_cmd(
+    conf_path: Path | None,
+    store_path: Path | None,
+    as_json: bool,
+    margin: float | None,
+    workloads: tuple[str, ...],
+    gpu_model: str | None,
+) -> None:
+    """Which workloads are predicted to gain from sharing one GPU (MPS or shard), and
+    which must not share.
+
+    The speedup is Tabrizian's delta: the time to run two jobs one after another over the
+    time to run them together (> 1: sharing gains). It is predicted from the GPU and memory
+    utilisation coda-node measured for each workload; see docs/admin-guide.md.
+    """
+    if margin is None:
+        margin = _margin_from_conf(conf_path, store_path)
+    store = ProfileStore(resolve_store(store_path, conf_path))
+    found, errors = _load_all(store)
+    rows = _rows(found, workloads, gpu_model)
+    measured = [r for r in rows if r.usage is not None]
+    missing = [r for r in rows if r.usage is None]
+    by_label = {r.label: r.usage for r in measured if r.usage is not None}
+    cands = [
+        ShareCandidate(r.label, r.usage.gpu_util, r.usage.gpu_mem_bw_util)
+        for r in measured
+        if r.usage is not None
+    ]
+    pairs = judge_pairs(cands, margin=margin)
+
+    if as_json:
+        emit_json(
+            {
+                "store": str(store.root),
+                "margin": margin,
+                "gpu_model": gpu_model,
+                "workloads": [
+                    {
+                        "workload": r.label,
+                        "signature": r.profile.signature,
+                        "usage": _usage_json(r.usage) if r.usage else None,
+                    }
+                    for r in rows
+                ],
+                "pairs": [
+                    {
+                        "a": v.a,
+                        "b": v.b,
+                        "speedup": round(v.speedup, 4),
+                        "verdict": v.verdict,
+                        "reason": v.reason,
+                    }
+                    for v in pairs
+                ],
+                "no_usage": [
+                    {"workload": r.label, "signature": r.profile.signature} for r in missing
+                ],
+                "errors": [{"path": e.path, "problem": e.problem} for e in errors],
+            }
+        )
+        return
+
+    if not rows:
+        click.echo(f"No profiles in {store.root}.")
+        _warn_unusable(errors)
+        return
+    on = f" on {gpu_model}" if gpu_model else ""
+    click.echo(
+        f"GPU sharing{on}: predicted speedup = time one after another / time together "
+        f"(> 1: sharing gains; Tabrizian 2020, eq. 4.1)"
+    )
+    headers = ["WORKLOAD A", "WORKLOAD B", "SPEEDUP", "GPU BUSY", "MEM BUSY"]
+    sections = (
+        ("share", f"Gain from sharing a GPU (speedup >= {1 + margin:.2f})"),
+        ("neutral", f"Little to gain (1.00 <= speedup < {1 + margin:.2f})"),
+        ("avoid", "Must not share a GPU (speedup < 1: slower together)"),
+    )
+    for verdict, title in sections:
+        chosen = [v for v in pairs if v.verdict == verdict]
+        if not chosen:
+            continue
+        click.echo("")
+        click.echo(f"{title}:")
+        table = format_table(headers, _pair_rows(chosen, by_label), right={2, 3, 4})
+        click.echo("\n".join("  " + line for line in table.splitlines()))
+    if not pairs:
+        click.echo("")
+        click.echo("No workload has usage data yet: nothing to judge.")
+    if missing:
+        click.echo("")
+        what = (
+            f"no NVML usage on {gpu_model} yet: run once under coda-node"
+            if gpu_model
+            else NO_USAGE_HINT
+        )
+        click.echo(f"Not judged ({what}):")
+        for r in missing:
+            click.echo(f"  {r.label}")
+    _warn_unusable(errors)

@@ -1,0 +1,461 @@
+"""coda-slurm reserve, the pure part: how many cores a spare partition may use per node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_plugin.cli import main
+from slurm_plugin.conf import ConfigError, parse_config
+from slurm_plugin.reserve import (
+    NodeLoad,
+    expected_cpus_per_gpu,
+    node_reserved_cpus,
+    plan_partition,
+    spare_cpus_per_node,
+)
+from slurm_plugin.reserve_slurm import (
+    STATE_FORMAT,
+    ClusterView,
+    ReserveSettings,
+    ReserveState,
+    ReserveStateError,
+    default_cpus_per_gpu,
+    node_is_up,
+    parse_jobs,
+    parse_nodes,
+    parse_partitions,
+    plan_for,
+)
+
+
+def node(
+    name: str = "gpu01",
+    cpus: int = 32,
+    gpus: int = 4,
+    gpus_alloc: int = 0,
+    held: int = 0,
+    up: bool = True,
+) -> NodeLoad:
+    return NodeLoad(name, cpus, gpus, gpus_alloc, held, up)
+
+
+@pytest.mark.parametrize(
+    ("load", "cpus_per_gpu", "reserved"),
+    [
+        # idle node: every GPU keeps its expected cores
+        (node(), 4, 16),
+        (node(), 8, 32),
+        # 3 GPUs busy holding 12 cores, 1 idle GPU x 4
+        (node(gpus_alloc=3, held=12), 4, 16),
+        # all GPUs busy: only what the GPU jobs hold
+        (node(gpus_alloc=4, held=10), 4, 10),
+        # fractional cores per GPU round up per node (3 idle x 2.5 = 7.5 -> 8)
+        (node(gpus_alloc=1, held=2), 2.5, 2 + 8),
+        # floating point: 5 idle x 2.2 is 11.000000000000002, still 11
+        (node(cpus=64, gpus=5), 2.2, 11),
+        # never more than the node has
+        (node(cpus=16), 8, 16),
+        (node(cpus=16, gpus_alloc=2, held=14), 4, 16),
+        # more GPUs allocated than configured (reconfigured node): no negative idle
+        (node(gpus=2, gpus_alloc=3, held=6), 4, 6),
+        # a node without GPUs reserves nothing
+        (node(gpus=0), 4, 0),
+        # zero cores per GPU: only what is held
+        (node(gpus_alloc=1, held=5), 0, 5),
+    ],
+)
+def test_node_reserved_cpus(load: NodeLoad, cpus_per_gpu: float, reserved: int) -> None:
+    assert node_reserved_cpus(load, cpus_per_gpu) == reserved
+
+
+@pytest.mark.parametrize(
+    ("nodes", "cpus_per_gpu", "min_cpus", "spare"),
+    [
+        ([node()], 4, 1, 16),
+        # the tightest up node sets the value
+        ([node("a"), node("b", gpus_alloc=4, held=28)], 4, 1, 4),
+        # a down node is skipped, even when it is the tightest
+        ([node("a"), node("b", gpus_alloc=4, held=30, up=False)], 4, 1, 16),
+        # never below min_cpus
+        ([node(gpus_alloc=4, held=32)], 4, 1, 1),
+        ([node(gpus_alloc=4, held=32)], 4, 0, 0),
+        ([node(cpus=16)], 8, 2, 2),
+        # no up node: leave the value alone
+        ([node(up=False)], 4, 1, None),
+        ([], 4, 1, None),
+        # mixed shapes in one partition: the small node sets it (why one partition per shape)
+        ([node("big", cpus=64, gpus=4), node("small", cpus=16, gpus=2)], 4, 1, 8),
+    ],
+)
+def test_spare_cpus_per_node(
+    nodes: list[NodeLoad], cpus_per_gpu: float, min_cpus: int, spare: int | None
+) -> None:
+    assert spare_cpus_per_node(nodes, cpus_per_gpu, min_cpus=min_cpus) == spare
+
+
+def test_spare_cpus_per_node_takes_any_iterable() -> None:
+    assert spare_cpus_per_node(iter([node()]), 4) == 16
+
+
+@pytest.mark.parametrize(
+    ("pending", "default", "expected"),
+    [
+        ([], 4, 4.0),
+        ([6], 4, 6.0),
+        ([2, 3, 10], 4, 3.0),
+        ([2, 4], 8, 3.0),
+        # one job asking 64 per GPU does not decide for everyone
+        ([3, 3, 64], 4, 3.0),
+        # nonsense values (0, negative) are not jobs that ask for cores
+        ([0, -1], 5, 5.0),
+        ([0, 6], 4, 6.0),
+        ([1.5, 2.5], 4, 2.0),
+    ],
+)
+def test_expected_cpus_per_gpu(pending: list[float], default: float, expected: float) -> None:
+    assert expected_cpus_per_gpu(pending, default) == expected
+
+
+def test_plan_partition_reason_names_the_tightest_node_first() -> None:
+    plan = plan_partition(
+        "gpu_spare",
+        [node("gpu02", gpus_alloc=1, held=4), node("gpu01", gpus_alloc=3, held=12)],
+        [],
+        default_cpus_per_gpu=4,
+        min_cpus=1,
+    )
+    assert plan.partition == "gpu_spare"
+    assert plan.max_cpus_per_node == 16
+    assert plan.cpus_per_gpu == 4.0
+    assert plan.per_node == (("gpu02", 16), ("gpu01", 16))
+    assert plan.reason.startswith("gpu01: 16 reserved = 12 held + 1 idle GPU x 4; ")
+    assert "gpu02: 16 reserved = 4 held + 3 idle GPUs x 4" in plan.reason
+
+
+def test_plan_partition_uses_pending_jobs_cores_per_gpu() -> None:
+    plan = plan_partition("gpu_spare", [node()], [6, 6, 2], default_cpus_per_gpu=4, min_cpus=1)
+    assert plan.cpus_per_gpu == 6.0
+    assert plan.max_cpus_per_node == 32 - 24
+    assert "4 idle GPUs x 6" in plan.reason
+
+
+def test_plan_partition_skips_down_nodes_and_says_so() -> None:
+    plan = plan_partition(
+        "gpu_spare",
+        [node("gpu01"), node("gpu02", gpus_alloc=4, held=32, up=False)],
+        [],
+        default_cpus_per_gpu=4,
+        min_cpus=1,
+    )
+    assert plan.max_cpus_per_node == 16
+    assert plan.per_node == (("gpu01", 16),)
+    assert "1 down or drained, skipped (gpu02)" in plan.reason
+
+
+@pytest.mark.parametrize(
+    ("nodes", "says"),
+    [
+        ([node(up=False)], "every node is down or drained: gpu01"),
+        ([], "the partition has no node"),
+    ],
+)
+def test_plan_partition_without_up_nodes_leaves_the_value(nodes: list[NodeLoad], says: str) -> None:
+    plan = plan_partition("gpu_spare", nodes, [], default_cpus_per_gpu=4, min_cpus=1)
+    assert plan.max_cpus_per_node is None
+    assert plan.per_node == ()
+    assert plan.reason.startswith(says)
+
+
+def test_plan_partition_floor_is_named() -> None:
+    plan = plan_partition(
+        "gpu_spare", [node(gpus_alloc=4, held=32)], [], default_cpus_per_gpu=4, min_cpus=2
+    )
+    assert plan.max_cpus_per_node == 2
+    assert plan.reason.endswith("floor ReserveMinCpus=2")
+
+
+def test_plan_partition_reason_stays_short_on_big_partitions() -> None:
+    nodes = [node(f"gpu{i:03d}") for i in range(100)]
+    plan = plan_partition("gpu_spare", nodes, [], default_cpus_per_gpu=4, min_cpus=1)
+    assert len(plan.per_node) == 100
+    assert "97 more node(s)" in plan.reason
+    assert len(plan.reason) < 300
+
+
+def test_plan_partition_says_when_a_node_is_capped_at_its_cpus() -> None:
+    plan = plan_partition(
+        "gpu_spare",
+        [node(cpus=16, gpus_alloc=2, held=14)],
+        [],
+        default_cpus_per_gpu=4,
+        min_cpus=1,
+    )
+    assert plan.max_cpus_per_node == 1
+    assert "gpu01: 16 reserved = 14 held + 2 idle GPUs x 4 (capped at its 16 CPUs)" in plan.reason
+
+
+# -- reading Slurm's records (lines as Slurm 22.05 prints them) ------------------------------
+
+
+NODES = (
+    "NodeName=gpu01 Arch=x86_64 CoresPerSocket=8  CPUAlloc=5 CPUEfctv=8 CPUTot=8 "
+    "CPULoad=0.48 AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:a100:2 "
+    "NodeAddr=127.0.0.1 NodeHostName=vm Version=22.05.8 RealMemory=64000 AllocMem=0 "
+    "Sockets=1 Boards=1 State=MIXED ThreadsPerCore=1 GresDrain=N/A "
+    "GresUsed=gpu:a100:1(IDX:0) Partitions=gpu,gpu_spare  CfgTRES=cpu=8 AllocTRES=cpu=5\n"
+    "NodeName=gpu02 CPUTot=64 Gres=gpu:h100:4(S:0-1) State=MIXED+DRAIN "
+    "GresUsed=gpu:h100:0(IDX:N/A) Reason=maintenance [root@2026-01-01T00:00:00]\n"
+    "NodeName=gpu03 CPUTot=64 Gres=gpu:4 State=IDLE\n"
+)
+
+
+def test_parse_nodes() -> None:
+    nodes = parse_nodes(NODES)
+    assert nodes["gpu01"].cpus == 8 and nodes["gpu01"].gpus == 2
+    assert nodes["gpu01"].gpus_used == 1 and nodes["gpu01"].up
+    assert nodes["gpu02"].gpus == 4 and nodes["gpu02"].gpus_used == 0
+    assert not nodes["gpu02"].up
+    # no GresUsed (scontrol without -d): the GPUs come from the jobs instead
+    assert nodes["gpu03"].gpus_used is None
+    assert parse_nodes("No nodes in the system\n") == {}
+
+
+@pytest.mark.parametrize(
+    ("state", "up"),
+    [
+        ("IDLE", True),
+        ("MIXED", True),
+        ("ALLOCATED", True),
+        ("MIXED+PLANNED", True),
+        ("IDLE+COMPLETING", True),
+        ("IDLE+POWERED_DOWN", True),
+        ("DOWN", False),
+        ("DOWN+NOT_RESPONDING", False),
+        ("IDLE+DRAIN", False),
+        ("MIXED+DRAIN", False),
+        ("ALLOCATED+NOT_RESPONDING", False),
+        ("IDLE*", False),
+        ("FUTURE", False),
+        ("FAIL", False),
+        ("", False),
+    ],
+)
+def test_node_is_up(state: str, up: bool) -> None:
+    assert node_is_up(state) is up
+
+
+JOBS = (
+    # a running GPU job: 3 cores and 1 GPU on gpu01
+    "JobId=1 JobName=j.sh UserId=root(0) JobState=RUNNING Reason=None Partition=gpu "
+    "NodeList=gpu01 NumNodes=1 NumCPUs=3 JOB_GRES=gpu:a100:1   Nodes=gpu01 CPU_IDs=0-2 "
+    "Mem=0 GRES=gpu:a100:1(IDX:0) MinCPUsNode=1 Command=/tmp/j.sh CpusPerTres=gres:gpu:3 "
+    "TresPerNode=gres:gpu:1\n"
+    # a two-node GPU job: 8 cores and 2 GPUs on each node
+    "JobId=2 JobState=RUNNING Partition=gpu NodeList=gpu[02-03] NumNodes=2 "
+    "JOB_GRES=gpu:4   Nodes=gpu[02-03] CPU_IDs=0-7 Mem=0 GRES=gpu:2(IDX:0-1) "
+    "MinCPUsNode=1\n"
+    # a CPU job beside them: not counted
+    "JobId=3 JobState=RUNNING Partition=gpu_spare NodeList=gpu01 JOB_GRES=(null)   "
+    "Nodes=gpu01 CPU_IDs=3-4 Mem=0 GRES= MinCPUsNode=2\n"
+    # pending GPU jobs: their cores per GPU; one submitted to two partitions
+    "JobId=4 JobState=PENDING Reason=JobHeldUser Partition=gpu NodeList= "
+    "CpusPerTres=gres:gpu:2 TresPerNode=gres:gpu:1\n"
+    "JobId=5 JobState=PENDING Reason=Priority Partition=gpu,gpu_big NodeList= "
+    "CpusPerTres=gres:gpu:a100:6 TresPerNode=gres:gpu:a100:1\n"
+    # pending without --cpus-per-gpu, and a finished GPU job: neither counts
+    "JobId=6 JobState=PENDING Partition=gpu TresPerNode=gres:gpu:1\n"
+    "JobId=7 JobState=COMPLETED Partition=gpu NodeList=gpu01 Nodes=gpu01 CPU_IDs=5-7 "
+    "Mem=0 GRES=gpu:a100:1(IDX:1)\n"
+)
+
+
+def test_parse_jobs() -> None:
+    usage = parse_jobs(JOBS)
+    assert dict(usage.gpu_job_cpus) == {"gpu01": 3, "gpu02": 8, "gpu03": 8}
+    assert dict(usage.gpu_job_gpus) == {"gpu01": 1, "gpu02": 2, "gpu03": 2}
+    assert [(j.job_id, j.partitions, j.cpus_per_gpu) for j in usage.pending] == [
+        (4, ("gpu",), 2.0),
+        (5, ("gpu", "gpu_big"), 6.0),
+    ]
+    assert parse_jobs("No jobs in the system\n").pending == ()
+
+
+PARTITIONS = (
+    "PartitionName=gpu AllowGroups=ALL Default=YES MaxCPUsPerNode=UNLIMITED "
+    "Nodes=gpu[01-03] State=UP TotalCPUs=136 JobDefaults=DefCpuPerGPU=4 "
+    "DefMemPerNode=UNLIMITED\n"
+    "PartitionName=gpu_spare Default=NO MaxCPUsPerNode=24 Nodes=gpu[02-03] "
+    "JobDefaults=(null)\n"
+    "PartitionName=empty MaxCPUsPerNode=UNLIMITED Nodes=(null) "
+    "JobDefaults=DefMemPerGPU=1000,DefCpuPerGPU=6\n"
+)
+
+
+def test_parse_partitions() -> None:
+    parts = parse_partitions(PARTITIONS)
+    assert parts["gpu"].nodes == ("gpu01", "gpu02", "gpu03")
+    assert parts["gpu"].max_cpus_per_node == "UNLIMITED"
+    assert parts["gpu"].def_cpu_per_gpu == 4
+    assert parts["gpu_spare"].max_cpus_per_node == "24"
+    assert parts["gpu_spare"].def_cpu_per_gpu is None
+    assert parts["empty"].nodes == () and parts["empty"].def_cpu_per_gpu == 6
+
+
+def test_plan_from_parsed_records() -> None:
+    """The partition over gpu[02-03] sees the two-node job on both nodes and the pending
+    jobs of the partition sharing its nodes."""
+    usage = parse_jobs(JOBS)
+    nodes = {
+        name: NodeLoad(
+            name,
+            r.cpus,
+            r.gpus,
+            r.gpus_used if r.gpus_used is not None else usage.gpu_job_gpus.get(name, 0),
+            usage.gpu_job_cpus.get(name, 0),
+            r.up,
+        )
+        for name, r in parse_nodes(NODES).items()
+    }
+    view = ClusterView(nodes, parse_partitions(PARTITIONS), usage.pending)
+    plan = plan_for(view, view.partitions["gpu_spare"], ReserveSettings(("gpu_spare",)))
+    # gpu02 is drained (skipped); gpu03: 8 held + 2 idle GPUs x median(2, 6) = 16
+    assert plan.cpus_per_gpu == 4.0
+    assert plan.per_node == (("gpu03", 16),)
+    assert plan.max_cpus_per_node == 64 - 16
+    assert "1 down or drained, skipped (gpu02)" in plan.reason
+
+
+def test_default_cpus_per_gpu_comes_from_the_gpu_partitions() -> None:
+    parts = parse_partitions(PARTITIONS)
+    view = ClusterView({}, parts, ())
+    spare = parts["gpu_spare"]
+    assert default_cpus_per_gpu(view, spare, ReserveSettings(("gpu_spare",))) == 4.0
+    assert (
+        default_cpus_per_gpu(view, spare, ReserveSettings(("gpu_spare",), cpus_per_gpu=2.5)) == 2.5
+    )
+    # no partition over the same nodes says: 4
+    lonely = parse_partitions("PartitionName=cpu_spare MaxCPUsPerNode=8 Nodes=cpu01\n")
+    view = ClusterView({}, lonely, ())
+    assert default_cpus_per_gpu(view, lonely["cpu_spare"], ReserveSettings(("cpu_spare",))) == 4.0
+
+
+# -- the state file -------------------------------------------------------------------------
+
+
+def test_state_file_round_trip_and_first_value_wins(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "reserve.json"
+    state = ReserveState.load(path)
+    assert state.originals == {}
+    assert state.remember("gpu_spare", "UNLIMITED", 100.0)
+    assert not state.remember("gpu_spare", "16", 200.0)  # ours, not the admin's
+    state.save()
+    doc = json.loads(path.read_text())
+    assert doc["format"] == STATE_FORMAT and doc["format_version"] == 1
+    again = ReserveState.load(path)
+    assert again.originals == {"gpu_spare": "UNLIMITED"}
+    again.originals.clear()
+    again.save()
+    assert not path.exists()
+    assert list((tmp_path / "sub").iterdir()) == []  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "is not JSON"),
+        ('{"format": "other"}', "not a coda-slurm reserve state file"),
+        (
+            '{"format": "coda-reserve-state", "format_version": 2, "partitions": {}}',
+            "newer coda-slurm",
+        ),
+        (
+            '{"format": "coda-reserve-state", "format_version": 1, '
+            '"partitions": {"p": {"original": "lots"}}}',
+            "is not UNLIMITED or a number",
+        ),
+    ],
+)
+def test_state_file_problems_are_named(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "reserve.json"
+    path.write_text(text)
+    with pytest.raises(ReserveStateError, match=says) as info:
+        ReserveState.load(path)
+    assert str(path) in str(info.value)
+
+
+# -- coda.conf keys and the command's own errors (no Slurm needed) ---------------------------
+
+
+def test_reserve_keys_parse_and_are_off_by_default() -> None:
+    default, _ = parse_config("")
+    assert default.reserve_partitions == ()
+    assert default.reserve_state_file == Path("/var/lib/coda/reserve.json")
+    cfg, _ = parse_config(
+        "ReservePartitions=gpu_spare,gpu_spare_small ReserveIntervalS=30 ReserveMinCpus=0 "
+        "ReserveCpusPerGpu=2.5 ReserveStateFile=/srv/coda/reserve.json"
+    )
+    assert cfg.reserve_partitions == ("gpu_spare", "gpu_spare_small")
+    assert (cfg.reserve_interval_s, cfg.reserve_min_cpus, cfg.reserve_cpus_per_gpu) == (
+        30.0,
+        0,
+        2.5,
+    )
+    assert cfg.reserve_state_file == Path("/srv/coda/reserve.json")
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("ReserveIntervalS=0", "ReserveIntervalS must be greater than 0"),
+        ("ReserveMinCpus=-1", "ReserveMinCpus must be a whole number"),
+        ("ReserveCpusPerGpu=0", "ReserveCpusPerGpu must be greater than 0"),
+        ("ReserveStateFile=reserve.json", "ReserveStateFile must be an absolute path"),
+        ('ReservePartitions="a,b c"', "contains blanks"),
+    ],
+)
+def test_reserve_keys_reject_bad_values(line: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_config(line)
+
+
+def run_reserve(
+    tmp_path: Path, conf_text: str, *args: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    conf = tmp_path / "coda.conf"
+    conf.write_text(conf_text)
+    rc = main(["reserve", "--conf", str(conf), *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_reserve_is_off_until_partitions_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, err = run_reserve(tmp_path, "", "--once", capsys=capsys)
+    assert rc == 1
+    assert err.startswith("coda-slurm: reserve is off (ReservePartitions is empty in ")
+
+
+def test_revert_without_saved_values_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "reserve.json"
+    rc, out, _ = run_reserve(tmp_path, f"ReserveStateFile={state}\n", "--revert", capsys=capsys)
+    assert rc == 0
+    assert out == f"nothing to revert ({state} holds no saved value)\n"
+
+
+def test_a_bad_state_file_stops_the_pass_before_slurm_is_touched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "reserve.json"
+    state.write_text('{"format": "coda-reserve-state", "format_version": 9, "partitions": {}}')
+    conf = f"ReservePartitions=gpu_spare\nReserveStateFile={state}\n"
+    for args in (["--once"], ["--revert"]):
+        rc, _, err = run_reserve(tmp_path, conf, *args, capsys=capsys)
+        assert rc == 1
+        assert err.startswith("coda-slurm: cannot use the state file (")
+        assert "format_version 9 (written by a newer coda-slurm" in err
