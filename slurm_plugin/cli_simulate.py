@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -38,7 +39,58 @@ Examples:
   coda-slurm simulate alibaba --load 0.9
   coda-slurm simulate philly --jobs 20000 --load 0.9 --cpu-load 0.3 --plot out/
   coda-slurm simulate sacct:last-month.txt --nodes trace -p slurm -p coda --json
+  coda-slurm simulate alibaba --load 0.8 -p coda --placement reserve,pcie,prefer
+
+\b
+--placement runs each policy once as the baseline and once more per mechanism with
+that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
+  reserve  spare CPU partitions (one per node shape) whose MaxCPUsPerNode
+           coda-slurm reserve sets
+  reserve-node  the same with one spare partition per node
+  pcie     PCIe-heavy jobs ask one unit of a node's pcie GRES (interference modelled
+           in the baseline too)
+  prefer   --prefer the GPU type a job gains most on (GPU generations modelled in the
+           baseline too)
 """
+
+PLACEMENTS = ("reserve", "reserve-node", "pcie", "prefer")
+"""Placement mechanisms of issue 7, in table order."""
+
+
+def _parse_placement(text: str | None) -> list[str]:
+    if not text:
+        return []
+    out: list[str] = []
+    for part in text.split(","):
+        name = part.strip()
+        if name not in PLACEMENTS:
+            raise CliError(
+                f"bad --placement {text!r}", f"{name!r} is not one of {', '.join(PLACEMENTS)}"
+            )
+        if name not in out:
+            out.append(name)
+    return [m for m in PLACEMENTS if m in out]
+
+
+def placement_runs(base: SimParams, mechanisms: list[str]) -> list[tuple[str, SimParams]]:
+    """``(suffix, params)`` of each run per policy: the baseline (suffix ``""``) with the
+    physical effects the chosen mechanisms act on, then one run per mechanism turned on."""
+    common = replace(
+        base,
+        pcie_interference=base.pcie_interference or "pcie" in mechanisms,
+        gpu_speed=base.gpu_speed or "prefer" in mechanisms,
+    )
+    runs = [("", common)]
+    for m in mechanisms:
+        if m == "reserve":
+            runs.append(("+reserve", replace(common, reserve=True)))
+        elif m == "reserve-node":
+            runs.append(("+reserve-node", replace(common, reserve=True, reserve_per_node=True)))
+        elif m == "pcie":
+            runs.append(("+pcie", replace(common, pcie_spread=True)))
+        else:
+            runs.append(("+prefer", replace(common, gpu_prefer=True)))
+    return runs
 
 
 def _parse_nodes(text: str) -> tuple[int, int, int]:
@@ -127,6 +179,13 @@ def _donor() -> Trace | None:
     help="Override a model assumption (see docs/evaluation.md).",
 )
 @click.option("--rdt", is_flag=True, help="Nodes have Intel RDT: the eliminator uses MBA.")
+@click.option(
+    "--placement",
+    "placement_spec",
+    metavar="LIST",
+    help="Evaluate placement mechanisms against their baseline: a comma list of "
+    f"{', '.join(PLACEMENTS)}.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--plot",
@@ -148,6 +207,7 @@ def simulate_cmd(
     seed: int,
     param_items: tuple[str, ...],
     rdt: bool,
+    placement_spec: str | None,
     as_json: bool,
     plot_dir: Path | None,
     plot_format: str,
@@ -159,6 +219,7 @@ def simulate_cmd(
     eliminator. Assumptions are named parameters (--param), documented in
     docs/evaluation.md.
     """
+    mechanisms = _parse_placement(placement_spec)
     try:
         model = JobModel().with_params(_params(param_items))
     except ValueError as exc:
@@ -192,20 +253,27 @@ def simulate_cmd(
         seed,
         named_classes=named,
     )
-    params = SimParams(rdt=rdt)
+    runs = placement_runs(SimParams(rdt=rdt), mechanisms)
     chosen = list(policies) or list(POLICIES)
     results = []
+    baseline_of: dict[str, str] = {}
     show_bar = sys.stderr.isatty() and not as_json
     for name in chosen:
-        if show_bar:
-            with click.progressbar(
-                length=len(trace), label=f"{name:7s}", file=sys.stderr, width=30
-            ) as bar:
-                results.append(
-                    simulate(trace, nodes, wl, model, POLICIES[name], params, progress=bar.update)
-                )
-        else:
-            results.append(simulate(trace, nodes, wl, model, POLICIES[name], params))
+        for suffix, params in runs:
+            label = name + suffix
+            if suffix:
+                baseline_of[label] = name
+            if show_bar:
+                with click.progressbar(
+                    length=len(trace), label=f"{label:7s}", file=sys.stderr, width=30
+                ) as bar:
+                    r = simulate(
+                        trace, nodes, wl, model, POLICIES[name], params, progress=bar.update
+                    )
+            else:
+                r = simulate(trace, nodes, wl, model, POLICIES[name], params)
+            r.policy = label
+            results.append(r)
     rows = [summarise(trace, r) for r in results]
     w0, w1 = busy_window(trace)
     info = {
@@ -229,6 +297,7 @@ def simulate_cmd(
                 "model": model.as_dict(),
                 "policies": {p: POLICIES[p].description for p in chosen},
                 "results": [r.as_dict() for r in rows],
+                "placement": {"mechanisms": mechanisms, "baseline_of": baseline_of},
             }
         )
     else:
@@ -237,7 +306,7 @@ def simulate_cmd(
             f"{info['cpu_jobs']:,} CPU) on {info['nodes']:,} nodes, {info['gpus']:,} GPUs, "
             f"{info['cores']:,} cores; seed {seed}"
         )
-        click.echo(render_table(rows))
+        click.echo(render_table(rows, baseline_of=baseline_of or None))
         events = sum(r.events for r in rows)
         wall = sum(r.wall_s for r in rows)
         if events:

@@ -24,6 +24,14 @@ jobs with coda-node's eliminator (:mod:`slurm_plugin.sim.shield`) and profiles u
 workloads with coda-node's allocator (:mod:`slurm_plugin.sim.profiling`), publishing to an
 in-memory profile store that the submit hook's own :func:`slurm_plugin.policy.decide`
 reads for every later job.
+
+**Placement mechanisms** (issue 7, :class:`SimParams`, all off by default) are decided by
+the product's own functions through :mod:`slurm_plugin.sim.mechanisms`: ``reserve`` caps the
+cores CPU jobs may hold per node at what ``coda-slurm reserve`` would set as the spare
+partition's MaxCPUsPerNode, re-planned every ``reserve_interval_s``; ``pcie_spread`` gives
+the jobs the hook marks PCIe-heavy one unit of a per-node count; ``gpu_prefer`` tries the
+hook's preferred GPU type first. ``pcie_interference`` and ``gpu_speed`` model what the
+last two act on (PCIe contention, GPU generations) and are on in their baselines too.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from slurm_plugin.curves import throughput_at
 from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.policy import JobRequest, ProfileView, decide
 from slurm_plugin.sim.cluster import busy_window
+from slurm_plugin.sim.mechanisms import PlacementModel, spare_cpus_by_shape
 from slurm_plugin.sim.profiling import ProbeRun, probe_run
 from slurm_plugin.sim.shield import NodeMix, Shield, slowdowns
 from slurm_plugin.sim.traces import NodeSpec, Trace
@@ -85,6 +94,10 @@ POLICIES: dict[str, Policy] = {
 }
 
 
+_CONF = CodaConfig()
+"""coda.conf's defaults, for the mechanisms' settings."""
+
+
 @dataclass(frozen=True, slots=True)
 class SimParams:
     fixed_cpus_per_gpu: int = 4
@@ -102,6 +115,39 @@ class SimParams:
     """Verify after every start that no node holds more than it has (tests)."""
     coda_user_value: str = "replace"
     """coda.conf ``UserValue`` the CODA policy runs with."""
+    # -- placement mechanisms (issue 7), all off by default; see sim/mechanisms.py -------
+    reserve: bool = False
+    """Spare CPU partitions over the GPU nodes, one per node shape, whose MaxCPUsPerNode
+    ``coda-slurm reserve`` sets every ``reserve_interval_s``: CPU jobs on a node may hold
+    at most that many cores together (running ones are never preempted)."""
+    reserve_per_node: bool = False
+    """One spare partition per node instead of per node shape (an admin can list one
+    partition per node in ``ReservePartitions`` and ``CpuJobPartitions``): a node whose GPU
+    jobs hold every core no longer closes its whole shape to CPU jobs."""
+    reserve_interval_s: float = _CONF.reserve_interval_s
+    """coda.conf ``ReserveIntervalS`` (default 60)."""
+    reserve_min_cpus: int = _CONF.reserve_min_cpus
+    """coda.conf ``ReserveMinCpus`` (default 1)."""
+    reserve_cpus_per_gpu: float = 4.0
+    """Cores an idle GPU keeps when no GPU job is pending (``ReserveCpusPerGpu``'s fallback,
+    DefCpuPerGPU=4)."""
+    pcie_interference: bool = False
+    """Model PCIe contention: a node running more PCIe-heavy multi-GPU jobs than it has
+    PCIe domains slows each of them by ``JobModel.pcie_slowdown``."""
+    pcie_spread: bool = False
+    """Jobs the hook marks PCIe-heavy ask for one unit of the node's count-only ``pcie``
+    GRES (``JobModel.pcie_domains_per_node`` units per node)."""
+    pcie_threshold_bytes_per_s: float = _CONF.pcie_heavy_bytes_per_s
+    """coda.conf ``PcieHeavyBytesPerS`` (default 8e9): traffic per GPU x GPUs per node from
+    which the hook marks a multi-GPU job heavy."""
+    gpu_speed: bool = False
+    """Model GPU generations: a DNN job progresses at its class's speed on the GPU model
+    it runs on (Takayama et al.); off = every GPU runs jobs at trace speed."""
+    gpu_prefer: bool = False
+    """Jobs without a GPU-type constraint get the hook's soft ``--prefer`` GPU type:
+    nodes of that type are tried first, any other after (Slurm's --prefer)."""
+    prefer_margin: float = 0.05
+    """``prefer_gpu_type``'s margin: the gain below which no type is preferred."""
 
 
 @dataclass(slots=True)
@@ -149,6 +195,12 @@ class _Run:
     has_baseline: bool = False
     """DNN jobs: ran uncontended on its node for a while (the eliminator has a baseline)."""
     probing: bool = False
+    speed: float = 1.0
+    """DNN jobs: progress rate of its slowest GPU's generation (1 = trace speed)."""
+    pcie_unit: bool = False
+    """Holds one unit of the ``pcie`` GRES on each of its nodes."""
+    pcie_heavy: bool = False
+    """Truly PCIe-heavy with >= 2 GPUs per node: slows beside another such job."""
 
 
 class _Sim:
@@ -238,6 +290,64 @@ class _Sim:
         self.shield = Shield(
             params.contention, tick_s=params.shield_tick_s, settle_s=params.shield_settle_s
         )
+        self._init_placement(nodes)
+
+    def _init_placement(self, nodes: list[NodeSpec]) -> None:
+        p = self.p
+        n_nodes = len(nodes)
+        # Placement constraints beyond GPUs and cores: _find takes its slower path only then.
+        self.constrained = p.reserve or p.pcie_spread or p.gpu_prefer
+        self.reserve_on = p.reserve
+        self.pcie_on = p.pcie_interference
+        self.place: PlacementModel | None = None
+        if p.pcie_interference or p.pcie_spread or p.gpu_speed or p.gpu_prefer:
+            self.place = PlacementModel(
+                self.wl,
+                self.m,
+                self.node_model,
+                self.node_gpus.tolist(),
+                pcie_threshold_bytes_per_s=p.pcie_threshold_bytes_per_s,
+                prefer_margin=p.prefer_margin,
+            )
+        self.booking = self.place is not None or p.reserve
+        """Starts and ends book more than GPUs and cores (see _place_start)."""
+        # GPU type of each node, as an index into place.types (-1: no model).
+        types = self.place.types if self.place is not None else []
+        self.node_type = np.array(
+            [types.index(m) if m in types else -1 for m in self.node_model], dtype=np.int64
+        )
+        self.type_mask = [self.node_type == t for t in range(len(types))]
+        n = len(self.t)
+        self.pcie_mark = np.zeros(n, dtype=bool)
+        self.prefer = np.full(n, -1, dtype=np.int16)
+        self.free_pcie = np.full(n_nodes, self.m.pcie_domains_per_node, dtype=np.int64)
+        self.heavy_on = np.zeros(n_nodes, dtype=np.int64)
+        self.pcie_slowed: set[int] = set()
+        """Jobs that ran beside too many PCIe-heavy jobs at some time."""
+        # reserve: one spare CPU partition per node shape (cores, GPUs, GPU model).
+        shapes: dict[object, list[int]] = {}
+        for i, nd in enumerate(nodes):
+            key = i if p.reserve_per_node else (nd.cores, nd.gpus, nd.gpu_model)
+            shapes.setdefault(key, []).append(i)
+        self.shape_nodes = [np.array(v, dtype=np.int64) for v in shapes.values()]
+        self.node_shape = np.zeros(n_nodes, dtype=np.int64)
+        for si, idx in enumerate(self.shape_nodes):
+            self.node_shape[idx] = si
+        self.cpu_cap = self.node_cores.copy()
+        """MaxCPUsPerNode of each node's spare CPU partition (reserve on)."""
+        self.cpu_on = np.zeros(n_nodes, dtype=np.int64)
+        """Cores CPU jobs hold on each node."""
+        self.pending_cpg: dict[int, float] = {}
+        """Queued GPU jobs' cores per GPU (reserve's expected demand)."""
+        self.reserve_dirty = True
+        self.cpu_retry = False
+        # The hook routes a CPU job to the spare partition only if it fits there when no
+        # GPU job is pending; a bigger one keeps today's CPU partition (it would never start).
+        self.route_max_cores = max(
+            max(p.reserve_min_cpus, nd.cores - math.ceil(nd.gpus * p.reserve_cpus_per_gpu))
+            for nd in nodes
+        )
+        self.last_submit_s = float(self.t.submit_s[-1]) if n else 0.0
 
     # -- time and utilisation ------------------------------------------------------------
     def _advance(self, t: float) -> None:
@@ -315,14 +425,31 @@ class _Sim:
             if c > self.max_cores:
                 self.counters["capped_requests"] += 1
                 c = self.max_cores
+            if self.reserve_on and c > self.route_max_cores:
+                self.counters["reserve_unrouted"] = self.counters.get("reserve_unrouted", 0) + 1
             return False, 0, 1, c
         gpn, k = self._gpn_nodes(j)
+        if self.place is not None:
+            self._mark(j, gpn)
         if self.pol.cores == "even":
             return True, gpn, k, -1
         c = self._cores(j, gpn, k, None)
         if c > self.max_cores:
             c = self.max_cores
         return True, gpn, k, c
+
+    def _mark(self, j: int, gpn: int) -> None:
+        """What the hook adds to GPU job ``j`` at submission: ``pcie:1`` and ``--prefer``.
+
+        Every workload's usage record is taken as known (measured by an earlier run): an
+        upper bound on what the hook can do for a workload's first run.
+        """
+        assert self.place is not None
+        wid = int(self.wl.workload[j])
+        if self.p.pcie_spread and self.m.pcie_domains_per_node > 0:
+            self.pcie_mark[j] = self.place.marks_pcie(wid, gpn)
+        if self.p.gpu_prefer and self.t.gpu_model[j] < 0 and self.place.types:
+            self.prefer[j] = self.place.preferred_type(wid)
 
     def _feasible(self, j: int, need: tuple[bool, int, int, int]) -> bool:
         """Whether some set of nodes could ever hold the job (Slurm rejects it otherwise)."""
@@ -349,13 +476,40 @@ class _Sim:
             c = max(1, int(self.node_cores[i] // self.node_gpus[i]) * gpn)
         return self.free_cores[i] >= c
 
-    def _find(
+    def _find_placed(
         self, j: int, need: tuple[bool, int, int, int], only: set[int] | None, avoid: frozenset[int]
     ) -> list[int] | None:
-        """Nodes for job ``j`` now, or None. ``only``: look only there (single-node jobs)."""
+        """:meth:`_find` with the placement mechanisms' constraints (see SimParams)."""
+        gpu, _gpn, _k, c = need
+        mask = None
+        if gpu and self.pcie_mark[j]:
+            mask = self.free_pcie >= 1
+        if not gpu and self.p.reserve and c <= self.route_max_cores:
+            mask = self.cpu_on + c <= self.cpu_cap
+        pref = int(self.prefer[j]) if gpu else -1
+        if pref >= 0:
+            # Slurm's --prefer: the preferred type if it fits now, else any (soft).
+            tm = self.type_mask[pref]
+            got = self._find(j, need, only, avoid, tm if mask is None else mask & tm)
+            if got is not None:
+                return got
+        return self._find(j, need, only, avoid, mask)
+
+    def _find(
+        self,
+        j: int,
+        need: tuple[bool, int, int, int],
+        only: set[int] | None,
+        avoid: frozenset[int],
+        mask: np.ndarray | None = None,
+    ) -> list[int] | None:
+        """Nodes for job ``j`` now, or None. ``only``: look only there (single-node jobs);
+        ``mask``: only nodes where it is True (the placement mechanisms)."""
         _gpu, gpn, k, c = need
         spec = int(self.t.gpu_model[j])
         allowed = self.allowed[spec] if spec >= 0 else None
+        if mask is not None:
+            allowed = mask if allowed is None else allowed & mask
         if only is not None and k == 1:
             best = None
             for i in only:
@@ -433,6 +587,7 @@ class _Sim:
                     f"node {i} over-allocated by job {j}: {self.free_gpus[i]} GPUs and "
                     f"{self.free_cores[i]} cores free"
                 )
+        extra = self._place_start(j, gpu, gpn, c, nodes) if self.booking else None
         dur = float(self.t.duration_s[j])
         if gpu:
             asked = min(self._user_cores(j, gpn), self.max_cores)
@@ -453,6 +608,8 @@ class _Sim:
             last_s=now,
             limit_end_s=now + self.m.time_limit_factor * dur,
         )
+        if extra is not None:
+            run.speed, run.pcie_unit, run.pcie_heavy = extra
         if gpu:
             run.has_baseline = not any(
                 not self.running[o].gpu for i in nodes for o in self.on_node[i] if o != j
@@ -464,6 +621,45 @@ class _Sim:
         self.cores_per_node[j] = c
         self.nodes_used[j] = k
         self.now_cores += c * k
+
+    def _place_start(
+        self, j: int, gpu: bool, gpn: int, c: int, nodes: list[int]
+    ) -> tuple[float, bool, bool]:
+        """Book job ``j``'s placement resources; (speed, holds pcie, PCIe-heavy)."""
+        self.reserve_dirty = True
+        if not gpu:
+            for i in nodes:
+                self.cpu_on[i] += c
+                routed = self.p.reserve and c <= self.route_max_cores
+                if self.p.check and routed and self.cpu_on[i] > self.cpu_cap[i]:
+                    raise RuntimeError(
+                        f"node {i}: CPU jobs hold {self.cpu_on[i]} cores, over the spare "
+                        f"partition's MaxCPUsPerNode={self.cpu_cap[i]}"
+                    )
+            return 1.0, False, False
+        self.pending_cpg.pop(j, None)
+        speed, unit, heavy = 1.0, False, False
+        place = self.place
+        if place is None:
+            return speed, unit, heavy
+        wid = int(self.wl.workload[j])
+        if self.p.gpu_speed and place.types:
+            types = self.node_type[nodes]
+            known = types[types >= 0]
+            if len(known):
+                # Data-parallel steps wait for the slowest GPU.
+                speed = float(place.speed[wid, known].min())
+        if self.pcie_mark[j]:
+            unit = True
+            for i in nodes:
+                self.free_pcie[i] -= 1
+                if self.p.check and self.free_pcie[i] < 0:
+                    raise RuntimeError(f"node {i}: pcie GRES over-allocated by job {j}")
+        if self.p.pcie_interference and gpn >= 2 and place.pcie_heavy[wid]:
+            heavy = True
+            for i in nodes:
+                self.heavy_on[i] += 1
+        return speed, unit, heavy
 
     def _maybe_probe(self, run: _Run, now: float) -> None:
         j = run.job
@@ -542,6 +738,15 @@ class _Sim:
             self.dirty_nodes.add(i)
             if run.probing:
                 self.probing_on[i] -= 1
+        if self.booking:
+            self.reserve_dirty = True
+            for i in run.nodes:
+                if not run.gpu:
+                    self.cpu_on[i] -= run.cores
+                if run.pcie_unit:
+                    self.free_pcie[i] += 1
+                if run.pcie_heavy:
+                    self.heavy_on[i] -= 1
         self.end_s[j] = now
         self.now_cores -= run.cores * len(run.nodes)
         if run.gpu:
@@ -566,6 +771,8 @@ class _Sim:
                 for r in cpu:
                     r.share = 1.0
                 self._node_slow[i] = {r.job: 0.0 for r in dnn}
+                if self.pcie_on and self.heavy_on[i] > self.m.pcie_domains_per_node:
+                    self._pcie_slow(i)
                 continue
             # Canonical order, so equal mixes on different nodes share one settle.
             dnn.sort(key=lambda r: (self._sensitivity(r), r.has_baseline, r.job))
@@ -597,6 +804,8 @@ class _Sim:
                     r.share = 1.0
                 slow = raw
             self._node_slow[i] = {r.job: s for r, s in zip(dnn, slow, strict=True)}
+            if self.pcie_on and self.heavy_on[i] > self.m.pcie_domains_per_node:
+                self._pcie_slow(i)
         self.dirty_nodes.clear()
         for j in touched:
             run = self.running[j]
@@ -622,23 +831,34 @@ class _Sim:
                 run.work_left -= run.rate * (now - run.last_s)
                 run.last_s = now
 
+    def _pcie_slow(self, i: int) -> None:
+        """More PCIe-heavy multi-GPU jobs than PCIe domains on node ``i``: each of them
+        slows by ``pcie_slowdown`` on top of its memory-bandwidth slowdown (CODA §II.C)."""
+        slow = self._node_slow[i]
+        keep = 1.0 - self.m.pcie_slowdown
+        for r in self.on_node[i]:
+            if self.running[r].pcie_heavy:
+                slow[r] = 1.0 - (1.0 - slow.get(r, 0.0)) * keep
+                self.pcie_slowed.add(r)
+
     def _sensitivity(self, run: _Run) -> float:
         k = self.wl.klass[self.wl.workload[run.job]]
         return float(self.wl.sensitivity[k, _bucket(run.gpn)])
 
     def _base_rate(self, run: _Run) -> float:
-        return throughput_at(
+        return run.speed * throughput_at(
             self._theta(run.job, run.gpn, len(run.nodes)), run.cores, log_share=self.m.log_share
         )
 
     # -- the scheduler -------------------------------------------------------------------------
     def _schedule(self, now: float, freed: set[int]) -> None:
         gpu_resv_before = self.resv[True]
+        find = self._find_placed if self.constrained else self._find
         for gpu in (True, False):
             q = self.q[gpu]
             if not q:
                 continue
-            retry_all = not gpu and self.resv[True] is not gpu_resv_before
+            retry_all = not gpu and (self.resv[True] is not gpu_resv_before or self.cpu_retry)
             resv = self.resv[gpu]
             if resv is not None and freed & resv[1]:
                 # Its nodes freed up: re-plan the reservation (it may move).
@@ -659,11 +879,11 @@ class _Sim:
                 limit_s = self.m.time_limit_factor * float(self.t.duration_s[j])
                 avoid = frozenset() if gpu else self._gpu_head_cores(need[3], now + limit_s)
                 if resv is None or is_head:
-                    nodes = self._find(j, need, only, avoid)
+                    nodes = find(j, need, only, avoid)
                 else:
-                    nodes = self._find(j, need, only, resv[1] | avoid)
+                    nodes = find(j, need, only, resv[1] | avoid)
                     if nodes is None and now + limit_s <= resv[2]:
-                        nodes = self._find(j, need, only, avoid)
+                        nodes = find(j, need, only, avoid)
                 if nodes is not None:
                     self._start(j, need, nodes, now)
                     self.tried.discard(j)
@@ -676,6 +896,7 @@ class _Sim:
                 if self.resv[gpu] is None:
                     self.resv[gpu] = self._reserve(j, need, now)
             q.extendleft(reversed(keep))
+        self.cpu_retry = False
 
     def _gpu_head_cores(self, cores: int, end_s: float) -> frozenset[int]:
         """Nodes reserved for the first waiting GPU job where a CPU job of ``cores`` ending
@@ -695,6 +916,39 @@ class _Sim:
                 out.append(i)
         return frozenset(out)
 
+    # -- coda-slurm reserve ----------------------------------------------------------------
+    def _pend(self, j: int, need: tuple[bool, int, int, int]) -> None:
+        """Queue GPU job ``j``'s cores per GPU for reserve's expected demand."""
+        _gpu, gpn, _k, c = need
+        if c < 0:  # even: a node's cores over its GPUs (the largest node shape's)
+            c = self.max_cores // self.max_gpn * gpn
+        self.pending_cpg[j] = c / gpn
+        self.reserve_dirty = True
+
+    def _reserve_tick(self, now: float) -> None:
+        """One pass of ``coda-slurm reserve``: every spare partition's MaxCPUsPerNode from
+        the product's :func:`spare_cpus_by_shape`; CPU jobs retry when a cap rose."""
+        if self.reserve_dirty:
+            self.reserve_dirty = False
+            self.counters["reserve_updates"] = self.counters.get("reserve_updates", 0) + 1
+            gpu_job_cores = self.node_cores - self.free_cores - self.cpu_on
+            caps = spare_cpus_by_shape(
+                self.shape_nodes,
+                self.node_cores,
+                self.node_gpus,
+                self.free_gpus,
+                gpu_job_cores,
+                list(self.pending_cpg.values()),
+                self.p.reserve_cpus_per_gpu,
+                self.p.reserve_min_cpus,
+            )
+            new = np.array(caps, dtype=np.int64)[self.node_shape]
+            if np.any(new > self.cpu_cap):
+                self.cpu_retry = True
+            self.cpu_cap = new
+        if now < self.last_submit_s or self.running or self.needs:
+            self._push(now + self.p.reserve_interval_s, 3, -1, 0)
+
     def _push(self, t: float, kind: int, j: int, version: int) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, kind, self.seq, j, version))
@@ -707,6 +961,8 @@ class _Sim:
         ptr = 0
         finished = 0
         heap = self.heap
+        if self.p.reserve and n:
+            self._push(float(submit[0]), 3, -1, 0)
         while ptr < n or heap:
             t_arr = float(submit[ptr]) if ptr < n else math.inf
             t_ev = heap[0][0] if heap else math.inf
@@ -726,6 +982,8 @@ class _Sim:
                     finished += 1
                     if self.progress is not None:
                         self.progress(1)
+                elif kind == 3:
+                    self._reserve_tick(now)
                 else:
                     self._publish(j, now)
             while ptr < n and float(submit[ptr]) <= now:
@@ -735,6 +993,8 @@ class _Sim:
                 if self._feasible(ptr, need):
                     self.needs[ptr] = need
                     self.q[bool(gpus[ptr] > 0)].append(ptr)
+                    if self.reserve_on and need[0]:
+                        self._pend(ptr, need)
                 else:
                     self.counters["rejected"] += 1
                 ptr += 1
@@ -765,6 +1025,11 @@ def simulate(
     wall = time.perf_counter() - t0
     edges = np.linspace(sim.w0, sim.horizon, sim.bins + 1)
     sim.counters["shield_settles"] = sim.shield.settles
+    if p.pcie_interference or p.pcie_spread:
+        sim.counters["pcie_marked_jobs"] = int(sim.pcie_mark.sum())
+        sim.counters["pcie_slowed_jobs"] = len(sim.pcie_slowed)
+    if p.gpu_prefer:
+        sim.counters["prefer_jobs"] = int(np.count_nonzero(sim.prefer >= 0))
     return RunResult(
         policy=policy.name,
         start_s=sim.start_s,

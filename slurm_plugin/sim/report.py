@@ -8,7 +8,7 @@ every finished job for times.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,23 +124,32 @@ def _ratio(value: float, base: float, higher_better: bool) -> str:
     return f"{value / base:.2f}x"
 
 
-def render_table(rows: Sequence[Summary], baseline: str = "slurm") -> str:
-    """A terminal table, one line per policy, with ratios to ``baseline`` below."""
+def render_table(
+    rows: Sequence[Summary],
+    baseline: str = "slurm",
+    *,
+    baseline_of: Mapping[str, str] | None = None,
+) -> str:
+    """A terminal table, one line per policy, with ratios to ``baseline`` below; with
+    ``baseline_of`` (row -> its baseline row, e.g. ``coda+reserve`` -> ``coda``) the ratios
+    are each row's to its own baseline instead."""
     head = ["policy"] + [c[1] for c in _COLUMNS]
     body = [[s.policy] + [_cell(getattr(s, k), kind) for k, _, kind in _COLUMNS] for s in rows]
-    base = next((s for s in rows if s.policy == baseline), None)
+    by_name = {s.policy: s for s in rows}
+    if baseline_of is None:
+        pairs = [(s, baseline) for s in rows if baseline in by_name and s.policy != baseline]
+    else:
+        pairs = [(s, baseline_of[s.policy]) for s in rows if baseline_of.get(s.policy) in by_name]
     ratio_rows: list[list[str]] = []
-    if base is not None:
-        for s in rows:
-            if s is base:
-                continue
-            ratio_rows.append(
-                [f"{s.policy}/{baseline}"]
-                + [
-                    _ratio(getattr(s, k), getattr(base, k), True) if kind != "int" else ""
-                    for k, _, kind in _COLUMNS
-                ]
-            )
+    for s, base_name in pairs:
+        base = by_name[base_name]
+        ratio_rows.append(
+            [f"{s.policy}/{base_name}"]
+            + [
+                _ratio(getattr(s, k), getattr(base, k), True) if kind != "int" else ""
+                for k, _, kind in _COLUMNS
+            ]
+        )
     widths = [max(len(r[i]) for r in [head, *body, *ratio_rows]) for i in range(len(head))]
 
     def line(cells: list[str]) -> str:

@@ -39,6 +39,7 @@ from slurm_plugin.sim.traces import Trace
 
 __all__ = [
     "CLASSES",
+    "GENERATIONS",
     "JobModel",
     "WorkloadClass",
     "Workloads",
@@ -95,6 +96,10 @@ CLASSES: tuple[WorkloadClass, ...] = tuple(
 """The SoCC'18 table's eight models with CODA's contention sensitivities."""
 
 
+GENERATIONS = ("P100", "V100")
+"""The GPU generations Takayama et al. measured MLPerf's training times on."""
+
+
 @dataclass(frozen=True, slots=True)
 class JobModel:
     """The simulator's named assumptions (see the module docstring for sources)."""
@@ -144,6 +149,33 @@ class JobModel:
     that make the data stage keep up with the GPU."""
     time_limit_factor: float = 2.0
     """Users' time limits (what backfill plans with) are this times the real run time."""
+    # -- placement (issue 7; slurm_plugin/sim/mechanisms.py has the per-model tables) ------
+    pcie_heavy_bytes_per_s_per_gpu: float = 8e9
+    """PCIe traffic per GPU of a PCIe-heavy model (CODA §II.C: AlexNet and ResNet50 average
+    8 GB/s, at most 12 GB/s, in the 1-node 2-GPU case)."""
+    pcie_light_bytes_per_s_per_gpu: float = 0.5e9
+    """PCIe traffic per GPU of the other models (CODA §II.C: NLP and speech models "less
+    than 1 GB/s")."""
+    pcie_domains_per_node: int = 1
+    """PCIe-heavy multi-GPU jobs a node carries without interference; also the count of the
+    count-only ``pcie`` GRES each node offers (1: one root complex shared by all GPUs)."""
+    pcie_slowdown: float = 0.075
+    """Slowdown of each heavy multi-GPU job on a node that runs more of them than it has
+    PCIe domains (CODA §II.C: 5-10 % when co-running with a higher PCIe demand model)."""
+    gpu_generations: tuple[tuple[str, str], ...] = (
+        ("P100", "P100"),
+        ("V100M16", "V100"),
+        ("V100M32", "V100"),
+        ("T4", "P100"),
+        ("A10", "V100"),
+        ("G1", "V100"),
+        ("G2", "V100"),
+        ("G3", "V100"),
+    )
+    """Trace GPU model -> the generation Takayama et al. measured (P100 or V100). P100 and
+    V100 are measured; T4 (8.1 FP32 TFLOPS, 320 GB/s: below a P100's 9.3 and 720 GB/s) is
+    assumed P100-like; A10 and Alibaba's undisclosed G1-G3 (8-GPU 96-core nodes like the
+    V100M32 ones) are assumed no faster than a V100. Models not listed run at trace speed."""
 
     def with_params(self, overrides: dict[str, str]) -> JobModel:
         """A copy with ``NAME=VALUE`` overrides; ValueError naming the bad one."""
@@ -159,6 +191,19 @@ class JobModel:
             try:
                 if isinstance(current, float):
                     changes[name] = float(text)
+                elif isinstance(current, int):
+                    changes[name] = int(text)
+                elif name == "gpu_generations":
+                    gens = []
+                    for part in text.split(","):
+                        gpu, _, gen = part.partition(":")
+                        if gen not in GENERATIONS:
+                            raise ValueError(
+                                f"expected MODEL:GENERATION pairs, GENERATION one of "
+                                f"{', '.join(GENERATIONS)}"
+                            )
+                        gens.append((gpu.strip(), gen))
+                    changes[name] = tuple(gens)
                 elif isinstance(current, tuple) and name == "class_weights":
                     vals = tuple(float(v) for v in text.split(","))
                     if len(vals) != len(CLASSES):
