@@ -8,8 +8,10 @@ reserved, the rest may go to CPU jobs.
 
 ``MaxCPUsPerNode`` is one number per partition (slurm.conf(5): "Maximum number of CPUs on
 any node available to all jobs from this partition"), so the value is the minimum over the
-partition's up nodes: no node lends a CPU job a core its GPU jobs need. Admins with mixed
-node shapes define one spare partition per shape.
+partition's up nodes that have an idle GPU: no node lends a CPU job a core its next GPU job
+needs (nodes with every GPU allocated need no cap: Slurm keeps CPU jobs off the cores their
+GPU jobs hold). Admins with mixed node shapes define one spare partition per shape, and on a
+busy cluster a partition per node or per few nodes (``docs/admin-guide.md``).
 
 Slurm never preempts for this: lowering the cap only stops *new* CPU jobs from starting
 beyond it, and cores Slurm has allocated to a GPU job are that job's until it ends (its
@@ -76,12 +78,22 @@ def spare_cpus_per_node(
     nodes: Iterable[NodeLoad], cpus_per_gpu: float, *, min_cpus: int = 1
 ) -> int | None:
     """The ``MaxCPUsPerNode`` for a partition over ``nodes``: the fewest cores any up node
-    can spare, never below ``min_cpus``; None when no node is up (leave the value alone:
-    there is nothing to measure)."""
-    spare = [n.cpus - node_reserved_cpus(n, cpus_per_gpu) for n in nodes if n.up]
-    if not spare:
+    *with an idle GPU* can spare, never below ``min_cpus``; None when no node is up (leave
+    the value alone: there is nothing to measure).
+
+    A node whose GPUs are all allocated does not constrain the value: no GPU job can start
+    there, and Slurm already keeps CPU jobs off the cores its GPU jobs hold. Taking the
+    minimum over those nodes too would let one busy node close the partition on every node
+    (the simulator showed CPU jobs waiting for weeks on Philly that way). When no up node
+    has an idle GPU, the value is the most any up node can spare.
+    """
+    up = [n for n in nodes if n.up]
+    if not up:
         return None
-    return max(min_cpus, min(spare))
+    spare = [(n.cpus - node_reserved_cpus(n, cpus_per_gpu), _idle_gpus(n) > 0) for n in up]
+    constraining = [room for room, idle in spare if idle]
+    value = min(constraining) if constraining else max(room for room, _ in spare)
+    return max(min_cpus, value)
 
 
 def expected_cpus_per_gpu(pending: Sequence[float], default: float) -> float:
@@ -148,8 +160,15 @@ def plan_partition(
             shown = ", ".join(down[:REASON_NODES]) + (" ..." if len(down) > REASON_NODES else "")
             reason = f"every node is down or drained: {shown}"
         return ReservePlan(partition, None, cpus_per_gpu, per_node, reason)
-    # The tightest node first: it is the one that sets the value.
-    ordered = sorted(up, key=lambda n: (n.cpus - node_reserved_cpus(n, cpus_per_gpu), n.name))
+    # The tightest node with an idle GPU first: it is the one that sets the value.
+    ordered = sorted(
+        up,
+        key=lambda n: (
+            _idle_gpus(n) == 0,
+            n.cpus - node_reserved_cpus(n, cpus_per_gpu),
+            n.name,
+        ),
+    )
     parts = [_node_reason(n, cpus_per_gpu) for n in ordered[:REASON_NODES]]
     if len(ordered) > REASON_NODES:
         parts.append(f"{len(ordered) - REASON_NODES} more node(s) spare as many or more")

@@ -75,8 +75,14 @@ def test_node_reserved_cpus(load: NodeLoad, cpus_per_gpu: float, reserved: int) 
     ("nodes", "cpus_per_gpu", "min_cpus", "spare"),
     [
         ([node()], 4, 1, 16),
-        # the tightest up node sets the value
-        ([node("a"), node("b", gpus_alloc=4, held=28)], 4, 1, 4),
+        # the tightest up node with an idle GPU sets the value
+        ([node("a"), node("b", gpus_alloc=3, held=24)], 4, 1, 4),
+        # a node with every GPU allocated does not: Slurm keeps CPU jobs off held cores
+        ([node("a"), node("b", gpus_alloc=4, held=28)], 4, 1, 16),
+        # a: 20 held + 3 idle GPUs x 4 = all 32 cores; never below min_cpus
+        ([node("a", gpus_alloc=1, held=20), node("b", gpus_alloc=4, held=31)], 4, 1, 1),
+        # no node has an idle GPU: the most any node can spare
+        ([node("a", gpus_alloc=4, held=30), node("b", gpus_alloc=4, held=20)], 4, 1, 12),
         # a down node is skipped, even when it is the tightest
         ([node("a"), node("b", gpus_alloc=4, held=30, up=False)], 4, 1, 16),
         # never below min_cpus

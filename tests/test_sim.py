@@ -147,14 +147,23 @@ def test_a_contention_episode_that_throttling_fixes() -> None:
     assert coda.counters["shield_settles"] >= 1
 
 
-def test_a_dnn_job_that_never_had_a_quiet_period_is_not_shielded() -> None:
-    # The CPU job was there first: the eliminator has no baseline to compare with, so
-    # coda-node (and hence the simulation of it) does not throttle.
+def test_a_dnn_job_that_never_had_a_quiet_period_is_shielded_after_a_baseline_probe() -> None:
+    # The CPU job was there first: the eliminator has no baseline to compare with until its
+    # baseline probe measures one (NodeBaselineProbeAfterS); then it throttles as usual.
+    # Without the probe, coda-node (and hence the simulation of it) never throttles.
     trace = make_trace([(0, 5000, 0, 16), (100, 10_000, 1, 8)])
     wl = workloads_for(trace, theta=8, sensitivity=0.5)
-    r = run(trace, uniform_nodes(1, 32, 1), wl, "coda")
-    assert r.end_s[0] == pytest.approx(5000)
-    assert r.counters["shield_settles"] == 0
+    nodes = uniform_nodes(1, 32, 1)
+    slurm = run(trace, nodes, wl, "slurm")
+    off = run(trace, nodes, wl, "coda", contention=ContentionParams(baseline_probe_after_s=0.0))
+    assert off.end_s[0] == pytest.approx(5000)
+    assert off.counters["shield_settles"] == 0
+    probed = run(trace, nodes, wl, "coda")
+    assert probed.counters["shield_settles"] >= 1
+    # The CPU job is throttled: it ends later, and the DNN job sooner than without the probe.
+    assert probed.end_s[0] > off.end_s[0] + 100
+    assert probed.end_s[1] < off.end_s[1] - 100
+    assert probed.end_s[1] < slurm.end_s[1]
 
 
 def test_a_job_no_node_can_hold_is_rejected_not_queued_forever() -> None:

@@ -113,13 +113,23 @@ def test_reserve_keeps_idle_gpus_cores_at_the_pending_jobs_cores_per_gpu() -> No
     assert r.start_s.tolist() == [0, 1000, 2040]
 
 
-def test_one_busy_node_closes_its_whole_shape_unless_each_node_has_its_partition() -> None:
-    # Two nodes of 16 cores and 2 GPUs; a GPU job holds all of node 0 from t=0. MaxCPUsPerNode
-    # is one number per partition: the minimum over its nodes, 0 -> ReserveMinCpus=1 from
-    # the pass at t=60. A 4-core CPU job at t=100 waits for the GPU job to end (t=1000) and
-    # the next pass (t=1020), though node 1 is empty. With one spare partition per node,
-    # node 1 lends 16 - 2 x 4 = 8 cores and the CPU job starts when submitted.
+def test_a_node_with_every_gpu_allocated_does_not_close_its_shape() -> None:
+    # Two nodes of 16 cores and 2 GPUs; a GPU job holds all of node 0 from t=0. No GPU job
+    # can start there, so it does not constrain MaxCPUsPerNode: node 1 lends 16 - 2 x 4 = 8
+    # cores and a 4-core CPU job at t=100 starts when submitted.
     trace = make_trace([(0, 1000, 2, 16, 0), (100, 50, 0, 4, -1)], names=["googlenet"])
+    nodes = uniform_nodes(2, 16, 2)
+    assert run(trace, nodes).start_s.tolist() == [0, 100]
+    assert run(trace, nodes, reserve=True).start_s.tolist() == [0, 100]
+
+
+def test_one_tight_node_closes_its_whole_shape_unless_each_node_has_its_partition() -> None:
+    # A 1-GPU job holds 14 of node 0's 16 cores; its idle GPU needs 4 more, so node 0 can
+    # spare nothing and MaxCPUsPerNode, one number per partition, drops to ReserveMinCpus=1
+    # from the pass at t=60. The 4-core CPU job at t=100 waits for the GPU job to end
+    # (t=1000) and the next pass (t=1020), though node 1 is empty. With one spare partition
+    # per node, node 1 lends 8 cores and the CPU job starts when submitted.
+    trace = make_trace([(0, 1000, 1, 14, 0), (100, 50, 0, 4, -1)], names=["googlenet"])
     nodes = uniform_nodes(2, 16, 2)
     assert run(trace, nodes).start_s.tolist() == [0, 100]
     assert run(trace, nodes, reserve=True).start_s.tolist() == [0, 1020]

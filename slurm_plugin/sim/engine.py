@@ -786,9 +786,11 @@ class _Sim:
             )
             raw = slowdowns(mix, [1.0] * len(cpu))
             # The eliminator acts only for a job slowed past its trigger that has a
-            # baseline to compare with; otherwise its outcome is known without ticking it.
+            # baseline to compare with, or will get one from a baseline probe; otherwise
+            # its outcome is known without ticking it.
+            probes = self.p.contention.baseline_probe_after_s > 0
             acts = any(
-                s > self.p.contention.trigger_slowdown and has
+                s > self.p.contention.trigger_slowdown and (has or probes)
                 for s, (_, has) in zip(raw, mix.dnn, strict=True)
             )
             if self.pol.shield and acts:

@@ -87,6 +87,11 @@ def settle(
         now += tick_s
     ticks = max(2, round(settle_s / tick_s))
     quiet_ticks = math.ceil((params.release_hold_s + params.step_s) / tick_s) + params.smooth_ticks
+    # A job without a baseline gets one from a baseline probe: no steady state before it.
+    pending_probe_ticks = 0
+    if params.baseline_probe_after_s > 0 and not all(has for _, has in mix.dnn):
+        probe_s = params.baseline_probe_after_s + params.baseline_probe_max_s
+        pending_probe_ticks = math.ceil(probe_s / tick_s) + params.smooth_ticks
     half = ticks // 2
     share_sum = [0.0] * n_cpu
     slow_sum = [0.0] * n_dnn
@@ -95,7 +100,7 @@ def settle(
     last_event = 0
     for k in range(ticks):
         backoff = max((t.backoff for t in elim.throttled.values()), default=1)
-        if k - last_event > quiet_ticks * backoff:
+        if k - last_event > quiet_ticks * backoff and k > pending_probe_ticks:
             # Nothing changed for longer than the next release could take: steady state.
             rest = ticks - max(k, half)
             for j in range(n_cpu):
