@@ -18,7 +18,7 @@ from coda_node.paths import SystemRoot
 from coda_node.state import STATE_FILE, Limit, StateError, load_limits, save_limits
 from coda_node.status import load_status
 from coda_node.status_text import render
-from slurm_plugin.cli_common import CliError, emit_json, run_cli
+from slurm_plugin.cli_common import CliError, conf_option, emit_json, run_cli
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.paths import default_conf_path
 
@@ -27,13 +27,7 @@ TERMINAL_FALLBACK = (160, 50)
 """Columns and lines when stdout is not a terminal and $COLUMNS is unset (a pipe, a file):
 wide enough that a piped screen keeps every column."""
 
-CONF_OPTION = click.option(
-    "--conf",
-    "conf_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="coda.conf (default: $CODA_CONF, else beside $SLURM_CONF, else /etc/slurm/coda.conf).",
-)
+CONF_OPTION = conf_option()
 
 
 def load_node_config(conf_path: Path | None, root: Path | None = None) -> CodaConfig:

@@ -9,7 +9,7 @@ import click
 
 from slurm_plugin import __version__
 from slurm_plugin.cli_colocate import colocate_cmd
-from slurm_plugin.cli_common import CliError, emit_json, run_cli
+from slurm_plugin.cli_common import CliError, conf_option, emit_json, run_cli
 from slurm_plugin.cli_model import model
 from slurm_plugin.cli_profiles import profiles
 from slurm_plugin.cli_reserve import reserve_cmd
@@ -65,12 +65,7 @@ def plugin_install(plugin_dir: Path) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option(
-    "--conf",
-    "conf_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="coda.conf (default: $CODA_CONF, beside $SLURM_CONF, /etc/slurm/coda.conf)",
-)
+@conf_option(dest="conf_file")
 @click.option("--uid", type=int, help="Predict for this uid (default: yours).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.cli_common import CliError, conf_option, emit_json, store_option
 from slurm_plugin.cli_profiles import (
     _load_all,
     _warn_unusable,
@@ -114,19 +114,8 @@ def _usage_json(u: UsageRecord) -> dict[str, Any]:
 
 
 @click.command("colocate")
-@click.option(
-    "--conf",
-    "conf_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="coda.conf to read ProfileStore= and ColocateMargin= from "
-    "(default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else /etc/slurm/coda.conf).",
-)
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Profile store directory (default: ProfileStore= from coda.conf).",
-)
+@conf_option("ProfileStore= and ColocateMargin=")
+@store_option()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--margin",

@@ -9,9 +9,36 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
+
+_CONF_DEFAULT = "default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else /etc/slurm/coda.conf"
+
+
+def conf_option(reads: str | None = None, *, dest: str = "conf_path") -> Callable[[Any], Any]:
+    """The ``--conf`` option every command that reads coda.conf takes; ``reads`` names the
+    keys it reads (for the help text)."""
+    what = f"coda.conf to read {reads} from" if reads else "coda.conf"
+    return click.option(
+        "--conf",
+        dest,
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=f"{what} ({_CONF_DEFAULT}).",
+    )
+
+
+def store_option() -> Callable[[Any], Any]:
+    """``--store``: a profile store directory instead of coda.conf's ``ProfileStore=``."""
+    return click.option(
+        "--store",
+        "store_path",
+        type=click.Path(path_type=Path, file_okay=False),
+        help="Profile store directory (default: ProfileStore= from coda.conf).",
+    )
 
 
 class CliError(click.ClickException):

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.cli_common import CliError, conf_option, emit_json, store_option
 from slurm_plugin.paths import default_conf_path
 from slurm_plugin.store import (
     Profile,
@@ -204,19 +204,8 @@ def _summary(p: Profile, store: ProfileStore) -> dict[str, Any]:
 
 
 @click.group("profiles")
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Profile store directory (default: ProfileStore= from coda.conf).",
-)
-@click.option(
-    "--conf",
-    "conf_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="coda.conf to read ProfileStore= from "
-    "(default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else /etc/slurm/coda.conf).",
-)
+@store_option()
+@conf_option("ProfileStore=")
 @click.pass_context
 def profiles(ctx: click.Context, store_path: Path | None, conf_path: Path | None) -> None:
     """List, show, import, export and delete workload profiles."""

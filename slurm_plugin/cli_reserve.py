@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from coda_node.slurmjobs import Runner, SlurmQueryError, make_runner
-from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.cli_common import CliError, conf_option, emit_json
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.paths import default_conf_path
 from slurm_plugin.reserve_slurm import (
@@ -47,13 +47,7 @@ def _install_signal_handlers(stop: threading.Event) -> None:
 
 
 @click.command("reserve")
-@click.option(
-    "--conf",
-    "conf_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="coda.conf (default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else "
-    "/etc/slurm/coda.conf).",
-)
+@conf_option()
 @click.option("--once", is_flag=True, help="One pass, then exit (for cron).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

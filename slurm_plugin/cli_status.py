@@ -28,7 +28,7 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.cli_common import CliError, conf_option, emit_json
 from slurm_plugin.cli_profiles import format_age, format_table
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.journal import read_journal, rotated_path, summarize_decisions
@@ -764,13 +764,7 @@ def _load(conf_path: Path) -> CodaConfig:
 
 
 @click.command("status")
-@click.option(
-    "--conf",
-    "conf_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="coda.conf (default: $CODA_CONF, else coda.conf beside $SLURM_CONF, else "
-    "/etc/slurm/coda.conf).",
-)
+@conf_option()
 @click.option(
     "--since",
     "since",
