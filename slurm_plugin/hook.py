@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_plugin import placement
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.journal import DecisionJournal
 from slurm_plugin.nodecap import NodeCap
@@ -229,7 +230,12 @@ def _on_reload_tick() -> None:
         mtime_ns = state.cfg_mtime_ns
     if mtime_ns != state.cfg_mtime_ns:
         _reload_config(state, mtime_ns)
-    _write_stats(_state or state)
+    state = _state or state
+    if state.cfg.prefer_gpu_types:
+        # Rank GPU types here, right after the refresh, so the first job after a profile
+        # change does not scan every profile under the job write lock.
+        placement.ranking_for(state.cache.snapshot())
+    _write_stats(state)
 
 
 def _reload_config(state: HookState, mtime_ns: int) -> None:
