@@ -89,6 +89,15 @@ def predict(conf_file: Path | None, uid: int | None, as_json: bool, args: tuple[
         f"cpus/tres:  {result['cpus_per_tres_before'] or '-'} -> "
         f"{result['cpus_per_tres_after'] or '(unchanged)'}"
     )
+    # Placement (issue 7): shown only where the hook would change the field.
+    for label, key in (
+        ("partition", "partition"),
+        ("tres/node", "tres_per_node"),
+        ("prefer", "prefer"),
+    ):
+        after = result[f"{key}_after"]
+        if after is not None:
+            click.echo(f"{label + ':':<11} {result[f'{key}_before'] or '-'} -> {after}")
     click.echo(f"reason:     {result['reason']}")
     if result["user_msg"]:
         click.echo(f"sbatch says: {result['user_msg']}")

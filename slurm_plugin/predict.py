@@ -60,7 +60,9 @@ def predict_submission(
     except StoreUnavailable as exc:
         notes.append(f"profile store unavailable: {exc}")
     node_cap = NodeCap.from_slurm_conf(slurm_conf_for(conf, cfg.slurm_conf), note)
-    decision = decide(req, cfg, cache.snapshot(), node_cap)
+    # As the hook does: --prefer only ever names a feature some node has.
+    features = frozenset(f for node in node_cap.nodes for f in node.features)
+    decision = decide(req, cfg, cache.snapshot(), node_cap, node_features=features)
     record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
     try:
         directives = parse_coda_directives(req.comment)
@@ -75,6 +77,12 @@ def predict_submission(
         "cpus_per_tres_before": req.cpus_per_tres,
         "cpus_per_tres_after": decision.cpus_per_tres,
         "clear_cpus_per_task": decision.clear_cpus_per_task,
+        "partition_before": req.partition,
+        "partition_after": decision.partition,
+        "tres_per_node_before": req.tres_per_node,
+        "tres_per_node_after": decision.tres_per_node,
+        "prefer_before": req.prefer,
+        "prefer_after": decision.prefer,
         "reason": decision.reason,
         "user_msg": decision.user_msg,
         "admin_comment": decision.admin_comment,

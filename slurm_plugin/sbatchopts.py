@@ -19,15 +19,65 @@ from slurm_plugin.policy import JobRequest
 NO_VAL = 0xFFFFFFFE
 NO_VAL16 = 0xFFFE
 
-# option -> (field, takes a value); short options map to their long names.
+# Short options sbatch (22.05) knows, by long name. The ones that take a value are those
+# whose long name is in _TAKES_VALUE; the rest (-H, -k, -O, -Q, -s, -v, -W) are flags.
 _SHORT = {
-    "-G": "--gpus",
+    "-a": "--array",
+    "-A": "--account",
+    "-b": "--begin",
+    "-B": "--extra-node-info",
     "-c": "--cpus-per-task",
-    "-N": "--nodes",
-    "-n": "--ntasks",
+    "-C": "--constraint",
+    "-d": "--dependency",
+    "-D": "--chdir",
+    "-e": "--error",
+    "-F": "--nodefile",
+    "-G": "--gpus",
+    "-H": "--hold",
+    "-i": "--input",
     "-J": "--job-name",
+    "-k": "--no-kill",
+    "-L": "--licenses",
+    "-m": "--distribution",
+    "-M": "--clusters",
+    "-n": "--ntasks",
+    "-N": "--nodes",
+    "-o": "--output",
+    "-O": "--overcommit",
     "-p": "--partition",
+    "-q": "--qos",
+    "-Q": "--quiet",
+    "-s": "--oversubscribe",
+    "-S": "--core-spec",
+    "-t": "--time",
+    "-v": "--verbose",
+    "-w": "--nodelist",
+    "-W": "--wait",
+    "-x": "--exclude",
 }
+# Long options whose value may follow as the next argument (``--time 60``): every sbatch
+# option with a required value (``sbatch --help`` of Slurm 22.05, plus --prefer, new in
+# 22.05 and missing from its --help). Options with an optional value (--export, --nice,
+# --propagate, --exclusive, --wrap) take it only as ``--opt=value``, as in sbatch (getopt).
+_TAKES_VALUE = frozenset(
+    {
+        "--account", "--acctg-freq", "--array", "--batch", "--bb", "--bbf", "--begin",
+        "--chdir", "--cluster-constraint", "--clusters", "--comment", "--constraint",
+        "--container", "--core-spec", "--cores-per-socket", "--cpu-freq", "--cpus-per-gpu",
+        "--cpus-per-task", "--deadline", "--delay-boot", "--dependency", "--distribution",
+        "--error", "--exclude", "--export-file", "--extra-node-info", "--gid", "--gpu-bind",
+        "--gpu-freq", "--gpus", "--gpus-per-node", "--gpus-per-socket", "--gpus-per-task",
+        "--gres", "--gres-flags", "--hint", "--input", "--job-name", "--licenses",
+        "--mail-type", "--mail-user", "--mcs-label", "--mem", "--mem-bind", "--mem-per-cpu",
+        "--mem-per-gpu", "--mincpus", "--network", "--nodefile", "--nodelist", "--nodes",
+        "--ntasks", "--ntasks-per-core", "--ntasks-per-gpu", "--ntasks-per-node",
+        "--ntasks-per-socket", "--open-mode", "--output", "--partition", "--power",
+        "--prefer", "--priority", "--profile", "--qos", "--reservation", "--signal",
+        "--sockets-per-node", "--switches", "--thread-spec", "--threads-per-core", "--time",
+        "--time-min", "--tmp", "--uid", "--wckey",
+    }
+)  # fmt: skip
+# The options this tool reads; the others are parsed (to find the script) and ignored.
 _KNOWN = {
     "--gpus",
     "--gpus-per-node",
@@ -42,6 +92,7 @@ _KNOWN = {
     "--job-name",
     "--partition",
     "--comment",
+    "--prefer",
 }
 # sbatch stops reading #SBATCH lines at the first command (not comment, not blank).
 _SBATCH_LINE = re.compile(r"^#SBATCH\s+(.*)$")
@@ -88,7 +139,7 @@ def split_options(argv: list[str]) -> list[tuple[str, str | None]]:
             name, eq, value = arg.partition("=")
             if eq:
                 out.append((name, value))
-            elif name in _KNOWN:
+            elif name in _TAKES_VALUE:
                 if i >= len(argv):
                     raise SbatchOptionError(f"{name} needs a value")
                 out.append((name, argv[i]))
@@ -96,18 +147,25 @@ def split_options(argv: list[str]) -> list[tuple[str, str | None]]:
             else:
                 out.append((name, None))
         elif arg.startswith("-") and len(arg) >= 2:
-            short, rest = arg[:2], arg[2:]
-            long = _SHORT.get(short)
-            if long is None:
-                out.append((short, rest or None))
-                continue
-            if rest:
-                out.append((long, rest.lstrip("=")))
-            else:
-                if i >= len(argv):
-                    raise SbatchOptionError(f"{short} needs a value")
-                out.append((long, argv[i]))
-                i += 1
+            # Short options run together as getopt reads them: flags (-vQ), then at most
+            # one option with a value, attached (-vt60) or as the next argument (-vt 60).
+            for j in range(1, len(arg)):
+                short = f"-{arg[j]}"
+                long = _SHORT.get(short)
+                if long is None:
+                    raise SbatchOptionError(f"sbatch has no option {short} (in {arg!r})")
+                if long not in _TAKES_VALUE:
+                    out.append((long, None))
+                    continue
+                rest = arg[j + 1 :]
+                if rest:
+                    out.append((long, rest.lstrip("=")))
+                else:
+                    if i >= len(argv):
+                        raise SbatchOptionError(f"{short} needs a value")
+                    out.append((long, argv[i]))
+                    i += 1
+                break
         else:
             raise SbatchOptionError(f"unexpected argument {arg!r} (the script comes last)")
     return out
@@ -182,4 +240,6 @@ def request_from_sbatch(argv: list[str], script: str, *, uid: int | None = None)
             req = replace(req, partition=value)
         elif name == "--comment":
             req = replace(req, comment=value)
+        elif name == "--prefer":
+            req = replace(req, prefer=value)
     return req

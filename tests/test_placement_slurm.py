@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +244,42 @@ def test_routed_cpu_job_runs(pcluster: DevCluster) -> None:
     job_id, _, _ = submit(pcluster, ["--ntasks=1"], hold=False)
     fields = wait_state(pcluster, job_id, "RUNNING")
     assert fields["Partition"] in ("batch", "gpu_spare")
+
+
+# -------------------------------------------------------------------------------- predict
+
+
+@pytest.mark.parametrize(
+    "args,field,shown",
+    [
+        (["--gpus-per-node=1", "--comment=coda:workload=resnet50"], "prefer", "Prefer"),
+        (HEAVY, "tres_per_node", "TresPerNode"),
+        (["--ntasks=2"], "partition", "Partition"),
+    ],
+)
+def test_predict_shows_the_placement_the_hook_applies(
+    pcluster: DevCluster, tmp_path: Path, args: list[str], field: str, shown: str
+) -> None:
+    """An admin checks a job with ``coda-slurm predict`` before it is submitted: what it
+    shows for --prefer, the PCIe GRES and the CPU-job route is what slurmctld then does.
+    The options go in as users type them (values as separate arguments, flags run
+    together, ``-o`` in the script)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -o /dev/null\n#SBATCH -t 10\nsleep 300\n")
+    typed = [a.replace("=", " ", 1) if a.startswith("--gpus") else a for a in args]
+    argv = [w for a in typed for w in a.split(" ", 1)]
+    out = pcluster.run(
+        [
+            str(Path(sys.executable).with_name("coda-slurm")),
+            "predict",
+            "--json",
+            "-vQ",
+            *argv,
+            str(script),
+        ]
+    ).stdout
+    predicted = json.loads(out)
+    job_id, _ = pcluster.sbatch(["--hold", *args], script.read_text())
+    fields = pcluster.show_job(job_id)
+    assert predicted[f"{field}_after"] is not None
+    assert predicted[f"{field}_after"] == fields[shown]

@@ -43,3 +43,38 @@ def test_script_lines_until_first_command_then_command_line_wins() -> None:
 def test_bad_options_say_which(argv: list[str]) -> None:
     with pytest.raises(SbatchOptionError):
         request_from_sbatch(argv, "true\n", uid=7)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-t", "60", "-o", "out.%j", "--gpus-per-node=2"],
+        ["--time", "60", "--mem", "4G", "-A", "proj", "--gpus-per-node", "2"],
+        ["-vQ", "-H", "--gpus-per-node=2", "--exclusive"],
+        ["-vt60", "--gpus-per-node=2"],
+        ["-vt", "60", "--gpus-per-node=2", "--export=ALL"],
+    ],
+)
+def test_options_this_tool_ignores_still_take_their_values(argv: list[str]) -> None:
+    """``sbatch -t 60 job.sh`` is an everyday command line: the value of an option the
+    hook does not read must not be taken for the script or reported as stray."""
+    assert request_from_sbatch(argv, "#!/bin/sh\ntrue\n", uid=7).tres_per_node == "gres:gpu:2"
+
+
+def test_script_lines_with_short_options_that_take_values() -> None:
+    script = "#!/bin/sh\n#SBATCH -o log.%j -e err.%j\n#SBATCH -p gpu -t 1:00:00\ntrue\n"
+    assert request_from_sbatch([], script, uid=7).partition == "gpu"
+
+
+def test_prefer_is_read() -> None:
+    req = request_from_sbatch(["--prefer", "gpu_a100", "--gpus=1"], "true\n", uid=7)
+    assert req.prefer == "gpu_a100"
+
+
+@pytest.mark.parametrize(
+    "argv,said",
+    [(["-Z"], "sbatch has no option -Z"), (["-vt"], "-t needs a value"), (["--time"], "needs")],
+)
+def test_unknown_or_valueless_options_are_named(argv: list[str], said: str) -> None:
+    with pytest.raises(SbatchOptionError, match=said):
+        request_from_sbatch(argv, "true\n", uid=7)
