@@ -84,6 +84,8 @@ class AdaptiveLoop:
         *,
         node_name: str,
         mba: bool,
+        l3_ways: int | None = None,
+        l3_min_ways: int = 1,
         profiling_off: str | None = None,
         contention_off: str | None = None,
         store: ProfileStore | None = None,
@@ -99,7 +101,14 @@ class AdaptiveLoop:
         if contention_off is not None:
             cparams = replace(cparams, enabled=False)
         self.contention_off = contention_off
-        self.eliminator = Eliminator(cparams, mba=mba, quota="quota" in cfg.node_enforce)
+        # l3_ways: the L3 cache's ways where CAT can be applied (None: no CAT here).
+        self.eliminator = Eliminator(
+            cparams,
+            mba=mba,
+            quota="quota" in cfg.node_enforce,
+            l3_ways=l3_ways,
+            l3_min_ways=l3_min_ways,
+        )
         self.store = store if store is not None else ProfileStore(cfg.profile_store)
         self.progress_files = progress or ProgressFiles(root, cfg.node_progress_dir)
         self.signals: dict[int, JobSignal] = {}

@@ -12,16 +12,23 @@ same socket draw memory bandwidth or CPU, the CPU job that draws most is throttl
   intel-cmt-cat), so the loop closes on *measured* bandwidth: while the job still draws
   more than ``overshoot`` times the aim, the MBA value is lowered further in
   ``mba_correction_pct`` steps, down to the floor.
-* **CPU quota** otherwise: the job is capped at ``quota_fractions`` of its allocated cores.
-* L3 way partitioning (CAT) is not used yet: coda-node does not write ``L3:`` schemata.
+* **L3 ways** (Intel RDT cache allocation, CAT) where the node has it, once MBA is at its
+  floor (or first, without MBA or without the job's bandwidth): the job may allocate lines
+  only in ``l3_way_fractions`` of the cache's ways, down to ``floor_l3_ways``. A job limited
+  to a few ways can no longer evict the DNN job's lines from the others (Intel SDM vol. 3B,
+  "Cache Allocation Technology"; kernel ``Documentation/filesystems/resctrl.rst``).
+* **CPU quota** last, or alone without RDT: the job is capped at ``quota_fractions`` of its
+  allocated cores.
 
 One step per victim per tick, and a job that was just stepped is not stepped again for
 ``step_s`` (its effect needs a tick to show). Release is one step at a time, each after
 ``release_hold_s`` with no victim on the job's sockets (every DNN job there within
-``release_slowdown`` of its baseline, or not training); a job throttled again soon after a
-release waits twice as long before the next one (up to 8x), which damps oscillation. A CPU
-job is never throttled below ``floor_fraction`` of its allocation (quota) or
-``floor_mba_pct`` (MBA); DNN jobs are never throttled.
+``release_slowdown`` of its baseline, or not training), in reverse order (CPU quota first,
+then L3 ways, then MBA); a job throttled again soon after a release waits twice as long
+before the next one (up to 8x), which damps oscillation. A CPU job is never throttled
+below ``floor_fraction`` of its allocation (quota), ``floor_mba_pct`` (MBA) or
+``floor_l3_ways`` (CAT; never below the hardware's ``min_cbm_bits`` either); DNN jobs are
+never throttled.
 
 **Baseline probe.** A DNN job that starts beside busy CPU jobs never has a quiet tick, so
 it would never get a baseline and never be shielded (the simulator showed this to be the
@@ -70,6 +77,10 @@ class ContentionParams:
     """Contended training time without a baseline before a baseline probe (0 = never)."""
     baseline_probe_max_s: float = 20.0
     baseline_probe_every_s: float = 1800.0
+    l3_way_fractions: tuple[float, ...] = (0.5, 0.25)
+    """CAT ladder: the share of the cache's ways a throttled CPU job may allocate in."""
+    floor_l3_ways: int = 2
+    """Fewest L3 ways a CPU job is limited to (never below the hardware's minimum)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,8 @@ class Throttle:
     quota_cores: float | None = None
     mem_bw_pct: int | None = None
     reason: str = ""
+    l3_ways: int | None = None
+    """L3 ways the job may allocate in (CAT); None: the whole cache."""
 
 
 @dataclass(slots=True)
@@ -122,7 +135,7 @@ class _Throttled:
     mba_step: int
     """Steps down the MBA ladder (0 = no cap; len(mba_fractions) + 1 = the floor)."""
     quota_step: int
-    """Steps down the CPU-quota ladder, taken after MBA's (or alone without RDT)."""
+    """Steps down the CPU-quota ladder, taken after MBA's and L3's (or alone without RDT)."""
     before_draw: float
     """What the job drew before the first step (bytes/s with MBA, cores without)."""
     last_change_s: float
@@ -134,16 +147,28 @@ class _Throttled:
     quiet_since_s: float | None = None
     """Since when the job has stayed quiet (None: it draws)."""
     for_job: int | None = None
+    l3_step: int = 0
+    """Steps down the L3-ways ladder (CAT), taken after MBA's floor, before quota."""
+    l3_ways: int | None = None
 
     @property
     def level(self) -> int:
-        return self.mba_step + self.quota_step
+        return self.mba_step + self.l3_step + self.quota_step
 
     @property
     def mechanism(self) -> str:
-        if self.mba_step and self.quota_step:
-            return "mba+quota"
-        return "mba" if self.mba_step else "quota"
+        """``mba``, ``l3``, ``quota`` or their combination in ladder order
+        (``mba+l3+quota``); ``quota`` when nothing is applied."""
+        used = [
+            name
+            for name, step in (
+                ("mba", self.mba_step),
+                ("l3", self.l3_step),
+                ("quota", self.quota_step),
+            )
+            if step
+        ]
+        return "+".join(used) or "quota"
 
 
 @dataclass(slots=True)
@@ -154,13 +179,24 @@ class ContentionOutput:
 
 class Eliminator:
     def __init__(
-        self, params: ContentionParams | None = None, *, mba: bool = False, quota: bool = True
+        self,
+        params: ContentionParams | None = None,
+        *,
+        mba: bool = False,
+        quota: bool = True,
+        l3_ways: int | None = None,
+        l3_min_ways: int = 1,
     ) -> None:
         self.params = params or ContentionParams()
         self.mba = mba
         """Whether memory-bandwidth allocation can be applied on this node."""
         self.quota = quota
-        """Whether CPU quota can be applied (after MBA's floor, or alone without RDT)."""
+        """Whether CPU quota can be applied (after MBA's and L3's floors, or alone)."""
+        self.l3_ways = l3_ways
+        """The ways of the L3 cache when CAT can be applied here (cbm_mask's bits); None:
+        no cache allocation."""
+        self.l3_min_ways = l3_min_ways
+        """The fewest ways a CAT mask may have here (info/L3/min_cbm_bits)."""
         self.victims: dict[int, _Victim] = {}
         self.throttled: dict[int, _Throttled] = {}
         self._unresolved: dict[int, float] = {}
@@ -191,6 +227,8 @@ class Eliminator:
             "mechanism": t.mechanism,
             "level": t.level,
             "mem_bw_pct": t.mba_pct,
+            "l3_ways": t.l3_ways,
+            "l3_ways_total": self.l3_ways,
             "quota_cores": t.quota_cores,
             "for_job": t.for_job,
         }
@@ -263,6 +301,7 @@ class Eliminator:
                     quota_cores=t.quota_cores,
                     mem_bw_pct=t.mba_pct,
                     reason=f"contention: shielding job {t.for_job}",
+                    l3_ways=t.l3_ways,
                 )
         if self.probe is not None:
             for job_id, cap in self.probe.caps.items():
@@ -437,7 +476,8 @@ class Eliminator:
         self, now_s: float, c: CpuJob, victim: DnnJob, slowdown: float, out: ContentionOutput
     ) -> bool:
         """One step down the job's ladder: MBA (where RDT and per-job bandwidth are
-        there) to its floor, then CPU quota to its floor. False when nothing is left."""
+        there) to its floor, then L3 ways (where CAT is there) to their floor, then CPU
+        quota to its floor. False when nothing is left."""
         p = self.params
         t = self.throttled.get(c.job_id)
         use_mba = self.mba and c.mem_bw_bytes_per_s is not None
@@ -462,13 +502,30 @@ class Eliminator:
             t.backoff = min(p.max_backoff, t.backoff * 2)
         t.for_job = victim.job_id
         floor_cores = max(0.1, p.floor_fraction * c.allocated_cores)
-        if use_mba and t.quota_step == 0 and (t.mba_pct is None or t.mba_pct > p.floor_mba_pct):
+        if (
+            use_mba
+            and t.quota_step == 0
+            and t.l3_step == 0
+            and (t.mba_pct is None or t.mba_pct > p.floor_mba_pct)
+        ):
             t.mba_step += 1
             pct = self._mba_at(t.mba_step)
             if t.mba_pct is not None:
                 pct = min(pct, t.mba_pct - p.mba_correction_pct)
             t.mba_pct = max(p.floor_mba_pct, pct)
             what = f"memory bandwidth capped at MB {t.mba_pct}%"
+        elif (
+            self.l3_ways is not None
+            and t.quota_step == 0
+            and (t.l3_ways or self.l3_ways) > self._l3_floor()
+        ):
+            t.l3_step += 1
+            # Each step takes at least one way (a small cache rounds two fractions alike).
+            ways = min(self._l3_at(t.l3_step), (t.l3_ways or self.l3_ways) - 1)
+            t.l3_ways = max(self._l3_floor(), ways)
+            what = f"L3 limited to {t.l3_ways} of {self.l3_ways} ways"
+            if t.mba_step:
+                what += f" (MB {t.mba_pct}% was not enough)"
         elif self.quota and (t.quota_cores is None or t.quota_cores > floor_cores + 1e-9):
             t.quota_step += 1
             quota = self._quota_at(t.quota_step, c.allocated_cores)
@@ -476,27 +533,51 @@ class Eliminator:
                 quota = min(quota, t.quota_cores)
             t.quota_cores = quota
             what = f"CPU capped at {t.quota_cores:g} of {c.allocated_cores} cores"
+            tried = []
             if t.mba_step:
-                what += f" (MB {t.mba_pct}% was not enough)"
+                tried.append(f"MB {t.mba_pct}%")
+            if t.l3_step:
+                tried.append(f"L3 {t.l3_ways} of {self.l3_ways} ways")
+            if tried:
+                what += (
+                    f" ({' and '.join(tried)} {'was' if len(tried) == 1 else 'were'} not enough)"
+                )
         else:
             return False
         t.last_change_s = now_s
+        reading: dict[str, object] = {
+            "victim": victim.job_id,
+            "slowdown": round(slowdown, 3),
+            "level": t.level,
+            "cpu_rate_cores": c.cpu_rate_cores,
+            "mem_bw_bytes_per_s": c.mem_bw_bytes_per_s,
+        }
+        if self.l3_ways is not None:
+            reading["l3_ways"] = t.l3_ways
         out.events.append(
             Event(
                 c.job_id,
                 "throttle",
                 f"{what}: job {victim.job_id} runs {slowdown:.0%} below its baseline "
                 f"(trigger {p.trigger_slowdown:.0%}) while this job draws " + _draw_text(c),
-                {
-                    "victim": victim.job_id,
-                    "slowdown": round(slowdown, 3),
-                    "level": t.level,
-                    "cpu_rate_cores": c.cpu_rate_cores,
-                    "mem_bw_bytes_per_s": c.mem_bw_bytes_per_s,
-                },
+                reading,
             )
         )
         return True
+
+    def _l3_floor(self) -> int:
+        """The fewest ways the ladder goes to: ``floor_l3_ways``, at least the hardware's
+        minimum, at most the whole cache (then CAT has no step to take)."""
+        assert self.l3_ways is not None
+        return min(self.l3_ways, max(self.params.floor_l3_ways, self.l3_min_ways))
+
+    def _l3_at(self, step: int) -> int:
+        """The ways of ``step`` on the L3 ladder (step >= 1)."""
+        assert self.l3_ways is not None
+        p = self.params
+        if step <= len(p.l3_way_fractions):
+            return max(self._l3_floor(), round(self.l3_ways * p.l3_way_fractions[step - 1]))
+        return self._l3_floor()
 
     def _mba_at(self, step: int) -> int:
         """The MB value of ``step`` on the MBA ladder (None-free: step >= 1)."""
@@ -518,7 +599,7 @@ class Eliminator:
         """MBA: lower the cap while the measured bandwidth overshoots the aim."""
         p = self.params
         for job_id, t in self.throttled.items():
-            if t.mba_step == 0 or t.quota_step or job_id in stepped:
+            if t.mba_step == 0 or t.l3_step or t.quota_step or job_id in stepped:
                 continue
             if now_s - t.last_change_s < p.step_s or t.mba_pct is None:
                 continue
@@ -582,11 +663,16 @@ class Eliminator:
                     continue
             if now_s - t.last_change_s < hold_s:
                 continue
-            if t.quota_step:
+            # The reverse of the ladder: quota first, then L3 ways, then MBA.
+            released = "quota" if t.quota_step else "l3" if t.l3_step else "mba"
+            if released == "quota":
                 t.quota_step -= 1
                 t.quota_cores = (
                     self._quota_at(t.quota_step, c.allocated_cores) if t.quota_step else None
                 )
+            elif released == "l3":
+                t.l3_step -= 1
+                t.l3_ways = self._l3_at(t.l3_step) if t.l3_step else None
             else:
                 t.mba_step -= 1
                 t.mba_pct = self._mba_at(t.mba_step) if t.mba_step else None
@@ -594,8 +680,16 @@ class Eliminator:
             t.released_s = now_s
             if t.level == 0:
                 what = "released"
+            elif released == "l3":
+                what = (
+                    f"L3 limit raised to {t.l3_ways} of {self.l3_ways} ways"
+                    if t.l3_ways is not None
+                    else f"L3 limit lifted (all {self.l3_ways} ways)"
+                )
             elif t.quota_cores is not None:
                 what = f"CPU cap raised to {t.quota_cores:g} cores"
+            elif t.l3_ways is not None:
+                what = f"CPU cap lifted (L3 stays at {t.l3_ways} of {self.l3_ways} ways)"
             else:
                 what = f"memory bandwidth cap raised to MB {t.mba_pct}%"
             out.events.append(
@@ -613,7 +707,8 @@ class Eliminator:
                         "victim": t.for_job,
                         "level": t.level,
                         "cpu_rate_cores": cpu[job_id].cpu_rate_cores,
-                    },
+                    }
+                    | ({"l3_ways": t.l3_ways} if self.l3_ways is not None else {}),
                 )
             )
 
@@ -627,10 +722,12 @@ def _tighter(a: Throttle | None, b: Throttle) -> Throttle:
         return y if x is None else x if y is None else min(x, y)
 
     mb = low(a.mem_bw_pct, b.mem_bw_pct)
+    ways = low(a.l3_ways, b.l3_ways)
     return Throttle(
         quota_cores=low(a.quota_cores, b.quota_cores),
         mem_bw_pct=None if mb is None else int(mb),
         reason=b.reason,
+        l3_ways=None if ways is None else int(ways),
     )
 
 

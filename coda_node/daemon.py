@@ -29,11 +29,12 @@ from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWri
 from coda_node.check import probe_all
 from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.enforce import Enforcer, JobResult
+from coda_node.mbm import JobMonitor, remove_job_groups
 from coda_node.nvml import GpuSample, Nvml
 from coda_node.observe import Progress
 from coda_node.paths import SystemRoot
 from coda_node.policy import JobFacts, JobTarget, choose_cpus, plan
-from coda_node.resctrl import ResctrlControl, ResctrlInfo
+from coda_node.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
 from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import JobView, NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
@@ -96,6 +97,12 @@ class Daemon:
         self._make_rdt = rdt_control
         self.rdt_info: ResctrlInfo = resctrl_discover(self.root)
         self.slurm = SlurmJobs(self.node_name, self.runner)
+        self._clock = clock
+        self._mbm = mbm
+        self.mem_bw_monitor: JobMonitor | None = None
+        """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
+        self.mem_bw_monitor_off: str | None = None
+        self._start_mem_bw_monitor()
         gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
         self.sampler = Sampler(
             root=self.root,
@@ -105,11 +112,10 @@ class Daemon:
             nvml=self.nvml,
             gres_conf=gres_conf,
             mem_bw=mem_bw if mem_bw is not None else self._uncore_mem_bw(),
-            mbm=mbm,
+            mbm=self._job_mem_bw,
             clock=clock,
         )
         self.enforcer = self._make_enforcer()
-        self._mbm = mbm
         self._store = store
         self.loop = self._make_loop()
         self._adaptive_jobs: set[int] = set()
@@ -148,7 +154,10 @@ class Daemon:
         )
 
     def _rdt_control(self) -> ResctrlControl | None:
-        if self.rdt_info.mb is None or "rdt" not in self.cfg.node_enforce:
+        """A resctrl writer when "rdt" is enforced and resctrl has MB or L3 CAT."""
+        if "rdt" not in self.cfg.node_enforce:
+            return None
+        if self.rdt_info.mb is None and self.cat_unavailable is not None:
             return None
         if self._make_rdt is not None:
             return self._make_rdt(self.root, self.rdt_info)
@@ -165,13 +174,29 @@ class Daemon:
             return self.rdt_info.mb_reason or "no MB resource in resctrl"
         return None
 
+    @property
+    def cat_unavailable(self) -> str | None:
+        """None when L3 cache-way limits (CAT) can be applied, else why not."""
+        if "rdt" not in self.cfg.node_enforce:
+            return "NodeEnforce does not include rdt"
+        if not self.rdt_info.usable:
+            return self.rdt_info.reason or "resctrl not mounted"
+        if self.rdt_info.l3 is None:
+            return self.rdt_info.l3_reason or "no L3 resource in resctrl"
+        if not self.rdt_info.can_allocate:
+            return "resctrl offers no CLOSID for a control group"
+        return None
+
     def _make_loop(self) -> AdaptiveLoop:
         per_job_bw = self._mbm is not None
+        l3 = self.rdt_info.l3 if self.cat_unavailable is None else None
         return AdaptiveLoop(
             self.cfg,
             self.root,
             node_name=self.node_name,
             mba=self.mba_unavailable is None and per_job_bw,
+            l3_ways=l3.cbm_bits if l3 is not None else None,
+            l3_min_ways=l3.min_cbm_bits if l3 is not None else 1,
             profiling_off=self._profiling_off(),
             contention_off=self._contention_off(per_job_bw),
             store=self._store,
@@ -188,6 +213,7 @@ class Daemon:
         self.sampler.layout = layout
         self.sampler.reset_accounting()
         self.enforcer = self._make_enforcer()
+        self._start_mem_bw_monitor()  # before the loop: it decides whether MBA is usable
         self.loop = self._make_loop()
 
     def _profiling_off(self) -> str | None:
@@ -201,7 +227,8 @@ class Daemon:
         if not self.layout.has_slurm:
             return f"no Slurm cgroup tree ({self.layout.reason})"
         mba = self.mba_unavailable is None and per_job_bw
-        if "quota" not in self.cfg.node_enforce and not mba:
+        cat = self.cat_unavailable is None
+        if "quota" not in self.cfg.node_enforce and not mba and not cat:
             return "NodeEnforce includes neither quota nor a usable rdt"
         return None
 
@@ -218,6 +245,89 @@ class Daemon:
             log.warning("uncore memory-bandwidth counters unavailable: %s", exc)
             return None
         return lambda: list(sampler.sample())
+
+    # -- per-job memory bandwidth (resctrl MBM) -----------------------------------
+    def _start_mem_bw_monitor(self) -> None:
+        """Measure each CPU job's bandwidth with its own resctrl MON group (coda_node.mbm)
+        where resctrl counts it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else
+        record why not. Called again when Slurm's cgroup tree appears."""
+        if self.mem_bw_monitor is not None:
+            return
+        info = self.rdt_info
+        if self._mbm is not None:
+            self.mem_bw_monitor_off = "not needed: per-job bandwidth is supplied by the caller"
+        elif not self.cfg.node_job_mem_bw:
+            self.mem_bw_monitor_off = "off (NodeJobMemBw=no)"
+        elif not info.usable:
+            self.mem_bw_monitor_off = info.reason or "resctrl not usable"
+        elif not info.mbm:
+            self.mem_bw_monitor_off = info.mbm_reason or "no MBM events in resctrl"
+        elif not self.layout.has_slurm:
+            self.mem_bw_monitor_off = f"no Slurm cgroup tree ({self.layout.reason})"
+        else:
+            make = self._make_rdt or ResctrlControl
+            try:
+                self.mem_bw_monitor = JobMonitor(self.root, make(self.root, info))
+            except ResctrlError as exc:
+                self.mem_bw_monitor_off = str(exc)
+                log.warning("per-job memory bandwidth unavailable: %s", exc)
+                return
+            self.mem_bw_monitor_off = None
+            # Counts as per-job bandwidth in _make_loop / _contention_off from now on.
+            self._mbm = self.mem_bw_monitor.rate
+
+    def _job_mem_bw(self, job_id: int) -> float | None:
+        """The sampler's per-job bandwidth: the injected source or the monitor's rate."""
+        return self._mbm(job_id) if self._mbm is not None else None
+
+    def _sync_mem_bw_monitor(self, snap: NodeSnapshot, cg_jobs: dict[int, CgroupJob]) -> None:
+        """After the enforcer: one MON group per CPU job, under the control group the
+        enforcer put its threads in (state.changes[job].rdt_group, else the root)."""
+        monitor = self.mem_bw_monitor
+        if monitor is None:
+            return
+        cpu_jobs = [j for j, v in snap.jobs.items() if v.kind == "cpu" and j in cg_jobs]
+
+        def ctrl_group_of(job_id: int) -> str:
+            ch = self.state.changes.get(job_id)
+            return (ch.rdt_group or "") if ch is not None else ""
+
+        def tids(job_id: int) -> list[int] | None:
+            cg: CgroupJob | None = cg_jobs[job_id]
+            if cg is not None and not cg.pids:  # listed without its tasks this tick
+                cg = cgroups.read_job(self.layout, cg)
+            # The same thread ids the enforcer moves into its MB groups.
+            return self.enforcer.tids(cg) if cg is not None else None
+
+        monitor.sync(self._clock(), cpu_jobs, ctrl_group_of, tids)
+
+    def _mem_bw_monitor_view(self) -> dict[str, Any]:
+        monitor = self.mem_bw_monitor
+        if monitor is None:
+            return {"state": self.mem_bw_monitor_off or "off"}
+        return {"state": "on", **monitor.status()}
+
+    def _mem_bw_monitor_capability(self) -> list[dict[str, object]]:
+        """A capability row for `coda-node status`: how many CPU jobs are measured and
+        which are not, and why. No row where resctrl has no MBM (the "memory-bandwidth
+        monitoring" row already says why) or the bandwidth comes from elsewhere."""
+        monitor = self.mem_bw_monitor
+        if monitor is None:
+            if not (self.rdt_info.usable and self.rdt_info.mbm) or self._mbm is not None:
+                return []
+            return [
+                {
+                    "name": "per-job memory bandwidth",
+                    "available": False,
+                    "detail": f"resctrl MBM: {self.mem_bw_monitor_off or 'off'}",
+                }
+            ]
+        detail = f"resctrl MBM ({monitor.event}): {len(monitor.monitored())} CPU job(s) measured"
+        if monitor.unmonitored:
+            detail += "; not measured: " + "; ".join(
+                f"job {j}: {why}" for j, why in sorted(monitor.unmonitored.items())
+            )
+        return [{"name": "per-job memory bandwidth", "available": True, "detail": detail}]
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -266,6 +376,9 @@ class Daemon:
         # Steps and tasks are read only for the jobs this tick may change or put back.
         detailed = set(limits) | set(self.state.changes) | self._adaptive_jobs
         self.sampler.detail_jobs = detailed
+        if self.mem_bw_monitor is not None:
+            # One reading per group per tick; the sampler then asks monitor.rate per job.
+            self.mem_bw_monitor.sample(self._clock())
         snap = self.sampler.sample()
         facts = {}
         for job_id, view in snap.jobs.items():
@@ -292,7 +405,10 @@ class Daemon:
                 if quota is not None and quota >= len(facts[job_id].allocated_cpus):
                     quota = None
                 targets[job_id] = JobTarget(
-                    quota_cores=quota, mem_bw_pct=th.mem_bw_pct, reason=th.reason
+                    quota_cores=quota,
+                    mem_bw_pct=th.mem_bw_pct,
+                    reason=th.reason,
+                    l3_ways=th.l3_ways,
                 )
         self._adaptive_jobs = set(loop.cores) | set(loop.throttles)
         cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
@@ -305,6 +421,9 @@ class Daemon:
                 else:
                     cg_jobs[job_id] = full
         results = self.enforcer.reconcile(cg_jobs, targets)
+        # After reconcile, outside its resctrl lock: MON groups follow the threads' control
+        # group as the enforcer just left it.
+        self._sync_mem_bw_monitor(snap, cg_jobs)
         # The loop's decisions first, then the writes they (and admin limits) caused.
         for ev in loop.events:
             self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
@@ -433,6 +552,16 @@ class Daemon:
     def restore(self) -> dict[int, JobResult]:
         """Put every job back as Slurm set it."""
         results = self.enforcer.restore_all(self._cgroup_jobs())
+        if self.mem_bw_monitor is not None:
+            # Every coda_j* MON group goes too (also those a killed daemon left): each
+            # holds one of the node's few RMIDs.
+            self.mem_bw_monitor.close()
+        elif self.rdt_info.usable and self.rdt_info.mbm:
+            # No monitor now (NodeJobMemBw=no), but a previous run may have left groups.
+            try:
+                remove_job_groups((self._make_rdt or ResctrlControl)(self.root, self.rdt_info))
+            except (ResctrlError, OSError) as exc:
+                log.error("cannot clean up resctrl monitoring groups: %s", exc)
         for job_id, res in results.items():
             for what in res.applied:
                 self._event(job_id, what, "restore")
@@ -616,7 +745,8 @@ class Daemon:
                 "slurm_cgroups": [str(p) for p in self.layout.slurm_dirs],
                 "slurm_cgroups_reason": self.layout.reason,
                 "cpus_online": self.cpus_online,
-                "capabilities": self.capabilities,
+                "capabilities": [*self.capabilities, *self._mem_bw_monitor_capability()],
+                "mem_bw_monitor": self._mem_bw_monitor_view(),
                 "nvml": _asdict(self.nvml.status()),
                 "gpus": [_asdict(g) for g in snap.gpus],
                 "mem_bw": [_asdict(m) for m in snap.mem_bw],

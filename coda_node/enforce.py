@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +27,62 @@ from coda_node.cgroups import (
 )
 from coda_node.paths import SystemRoot
 from coda_node.policy import JobTarget
-from coda_node.resctrl import OutOfIds, ResctrlControl, ResctrlError, mb_value
+from coda_node.resctrl import OutOfIds, ResctrlControl, ResctrlError, l3_mask, mb_value
 from coda_node.state import JobChanges, NodeState
 
 log = logging.getLogger("coda-node")
 
 MECHANISMS = ("cpuset", "quota", "rdt")
+
+_RDT_CLASS = re.compile(r"coda_(?:mb(\d+)(?:_l3w(\d+))?|l3w(\d+))")
+
+
+@dataclass(frozen=True, slots=True)
+class RdtClass:
+    """What a coda resctrl control group limits: the MB value written to ``MB:`` and the
+    number of L3 ways of its ``L3:`` mask; None where the group keeps the default (100 %,
+    the full mask)."""
+
+    mb: int | None = None
+    l3_ways: int | None = None
+
+    @property
+    def group(self) -> str:
+        """``coda_mb<v>``, ``coda_l3w<n>`` or ``coda_mb<v>_l3w<n>``: jobs limited alike
+        share one group (one CLOSID)."""
+        parts = ([f"mb{self.mb}"] if self.mb is not None else []) + (
+            [f"l3w{self.l3_ways}"] if self.l3_ways is not None else []
+        )
+        return "coda_" + "_".join(parts)
+
+    @staticmethod
+    def of(group: str) -> RdtClass | None:
+        """The class a group name stands for; None for a name that is not one."""
+        m = _RDT_CLASS.fullmatch(group)
+        if m is None:
+            return None
+        mb, l3_with_mb, l3_alone = m.groups()
+        ways = l3_with_mb or l3_alone
+        return RdtClass(
+            mb=int(mb) if mb is not None else None,
+            l3_ways=int(ways) if ways is not None else None,
+        )
+
+    def at_least_as_strict(self, other: RdtClass) -> bool:
+        """Whether a job limited to ``other`` may be put here: every resource ``other``
+        limits is limited here too, to no more (lower MB, fewer ways)."""
+        return (other.mb is None or (self.mb is not None and self.mb <= other.mb)) and (
+            other.l3_ways is None or (self.l3_ways is not None and self.l3_ways <= other.l3_ways)
+        )
+
+    def describe(self, l3_total: int | None) -> list[str]:
+        """The enforcer's lines for this class, one per limited resource."""
+        out = []
+        if self.mb is not None:
+            out.append(f"memory bandwidth {self.mb}")
+        if self.l3_ways is not None:
+            out.append(f"L3 cache {self.l3_ways} of {l3_total or '?'} ways")
+        return out
 
 
 @dataclass(slots=True)
@@ -209,61 +260,137 @@ class Enforcer:
             ch.quota_original = None
             self._save()
 
+    def _rdt_class(self, target: JobTarget) -> RdtClass:
+        """The control group class of a target: its MB value as the kernel takes it, and
+        its L3 ways (a limit of the whole cache or more is no limit)."""
+        assert self.rdt is not None
+        info = self.rdt.info
+        mb: int | None = None
+        if target.mem_bw_pct is not None:
+            if info.mb is None:
+                raise ResctrlError(f"no MB resource: {info.mb_reason}")
+            mb = mb_value(target.mem_bw_pct, info.mb)
+        ways: int | None = None
+        if target.l3_ways is not None:
+            if info.l3 is None:
+                raise ResctrlError(f"no L3 cache allocation: {info.l3_reason}")
+            if target.l3_ways < info.l3.cbm_bits:
+                ways = max(target.l3_ways, info.l3.min_cbm_bits)
+        return RdtClass(mb=mb, l3_ways=ways)
+
     def _rdt(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
-        """One shared control group per MB level (``coda_mb<value>``): CLOSIDs are few
-        (often 8-16 per socket), so jobs capped alike share one."""
+        """One shared control group per class of limits (``coda_mb<v>``, ``coda_l3w<n>``,
+        ``coda_mb<v>_l3w<n>``): CLOSIDs are few (often 8-16 per socket), so jobs limited
+        alike share one. Each group's schemata limits only what its name says; the other
+        resource keeps the new group's default (100 %, the full mask)."""
         if self.rdt is None:
             return
-        if target.mem_bw_pct is not None:
-            info = self.rdt.info.mb
-            if info is None:
-                raise ResctrlError(f"no MB resource: {self.rdt.info.mb_reason}")
-            value = mb_value(target.mem_bw_pct, info)
-            name = f"coda_mb{value}"
-            if ch.rdt_group not in (None, name):
+        want = self._rdt_class(target)
+        l3_total = self.rdt.info.l3.cbm_bits if self.rdt.info.l3 else None
+        had = RdtClass.of(ch.rdt_group) if ch.rdt_group is not None else None
+        if want == RdtClass():
+            if ch.rdt_group is not None:
                 self._rdt_release(cg, ch)
-            try:
-                self.rdt.ensure_group(name)
-            except OutOfIds as exc:
-                name = self._stricter_group(value) or ""
-                if not name:
-                    raise ResctrlError(
-                        f"no free CLOSID for a {value} MB group and no stricter coda group to "
-                        f"share ({exc})"
-                    ) from exc
-                log.warning("job=%d no free CLOSID; sharing %s instead", cg.job_id, name)
-            if ch.rdt_group != name:
-                ch.rdt_group = name
-                self._save()  # write-ahead: the group is on record before tasks move
-                r.applied.append(f"memory bandwidth {name.removeprefix('coda_mb')}")
-            domains = self.rdt.info.mb.domain_ids if self.rdt.info.mb else ()
-            if name == f"coda_mb{value}":
-                self.rdt.set_schemata(name, mb=dict.fromkeys(domains, value))
-            # Every tick: threads started since the last one join the group.
-            self.rdt.assign_tasks(name, self._tids(cg))
-        elif ch.rdt_group is not None:
-            self._rdt_release(cg, ch)
-            r.applied.append("memory bandwidth released")
-            self._save()
+                r.applied += _released_lines(had, want) or ["memory bandwidth released"]
+                self._save()
+            return
+        name = want.group
+        try:
+            self.rdt.ensure_group(name)
+        except OutOfIds as exc:
+            shared = self._stricter_group(want, keep=ch.rdt_group)
+            if shared is None and self._give_back_own_group(cg, ch, r):
+                # The job's own (looser) group held a CLOSID only it used: try once more.
+                had = None
+                with contextlib.suppress(OutOfIds):
+                    self.rdt.ensure_group(name)
+                    shared = name
+            if shared is None:
+                raise ResctrlError(
+                    f"no free CLOSID for a {' and '.join(want.describe(l3_total))} group "
+                    f"and no stricter coda group to share ({exc})"
+                ) from exc
+            if shared != name and shared != ch.rdt_group:
+                log.warning("job=%d no free CLOSID; sharing %s instead", cg.job_id, shared)
+            name = shared
+        if ch.rdt_group != name:
+            if ch.rdt_group is not None:
+                self._rdt_release(cg, ch)
+            ch.rdt_group = name
+            self._save()  # write-ahead: the group is on record before tasks move
+            now = RdtClass.of(name) or RdtClass()
+            before = had.describe(l3_total) if had else []
+            r.applied += [line for line in now.describe(l3_total) if line not in before]
+            r.applied += _released_lines(had, now)
+        if name == want.group:
+            self._set_class_schemata(want)
+        # Every tick: threads started since the last one join the group.
+        self.rdt.assign_tasks(name, self.tids(cg))
+
+    def _give_back_own_group(self, cg: CgroupJob, ch: JobChanges, r: JobResult) -> bool:
+        """Take the job out of its group and remove the group when no other job uses it
+        (its CLOSID is then free for the job's new class). False when there is nothing to
+        give back."""
+        assert self.rdt is not None
+        old = ch.rdt_group
+        if old is None or any(
+            c.rdt_group == old for c in self.state.changes.values() if c is not ch
+        ):
+            return False
+        self._rdt_release(cg, ch)
+        r.applied += _released_lines(RdtClass.of(old), RdtClass()) or ["memory bandwidth released"]
+        self._save()
+        self.rdt.remove_group(old)
+        return True
+
+    def _set_class_schemata(self, cls: RdtClass) -> None:
+        """Write the limits of ``cls`` into its group, in every domain. The L3 mask is the
+        *low* ways: Intel DDIO writes inbound PCIe traffic (a GPU job's input DMA) into a
+        few ways at the top of the LLC by default (Intel Data Direct I/O Technology
+        overview), so a CPU job kept to the low ways stays away from those lines."""
+        assert self.rdt is not None
+        info = self.rdt.info
+        mb = None
+        if cls.mb is not None and info.mb is not None:
+            mb = dict.fromkeys(info.mb.domain_ids, cls.mb)
+        l3 = None
+        if cls.l3_ways is not None and info.l3 is not None:
+            l3 = dict.fromkeys(info.l3.domain_ids, l3_mask(cls.l3_ways, info.l3, from_high=False))
+        self.rdt.set_schemata(cls.group, mb=mb, l3=l3)
 
     def _rdt_release(self, cg: CgroupJob, ch: JobChanges) -> None:
         assert self.rdt is not None and ch.rdt_group is not None
-        self.rdt.release_tasks(ch.rdt_group, self._tids(cg))
+        self.rdt.release_tasks(ch.rdt_group, self.tids(cg))
         ch.rdt_group = None
 
-    def _stricter_group(self, value: int) -> str | None:
-        """The existing coda MB group closest to ``value`` from below (never looser)."""
+    def _stricter_group(self, want: RdtClass, keep: str | None = None) -> str | None:
+        """An existing coda group at least as strict as ``want`` on every resource it
+        limits (never looser), for when CLOSIDs run out. ``keep`` (the job's group now)
+        when it qualifies, so a job does not hop between groups; else the closest: one
+        that limits nothing else, then the smallest gap in MB, then in ways."""
         assert self.rdt is not None
-        best: tuple[int, str] | None = None
+        best: tuple[tuple[int, int, int], str] | None = None
         for name in self.rdt.list_coda_groups():
-            level = name.removeprefix("coda_mb")
-            if not (name.startswith("coda_mb") and level.isdigit() and int(level) <= value):
+            cls = RdtClass.of(name)
+            if cls is None or not cls.at_least_as_strict(want):
                 continue
-            if best is None or int(level) > best[0]:
-                best = (int(level), name)
+            if name == keep:
+                return name
+            extra = (want.mb is None and cls.mb is not None) + (
+                want.l3_ways is None and cls.l3_ways is not None
+            )
+            gap_mb = want.mb - cls.mb if want.mb is not None and cls.mb is not None else 0
+            gap_ways = (
+                want.l3_ways - cls.l3_ways
+                if want.l3_ways is not None and cls.l3_ways is not None
+                else 0
+            )
+            key = (extra, gap_mb, gap_ways)
+            if best is None or key < best[0]:
+                best = (key, name)
         return best[1] if best else None
 
-    def _tids(self, cg: CgroupJob) -> list[int]:
+    def tids(self, cg: CgroupJob) -> list[int]:
         """Thread ids of the job: resctrl moves threads, one id per write. On v1 the
         cgroup ``tasks`` files already list threads; on v2 ``cgroup.procs`` lists
         processes, whose threads are under /proc/<pid>/task."""
@@ -298,3 +425,15 @@ class Enforcer:
     def _forget(self, job_id: int) -> None:
         self.state.changes.pop(job_id, None)
         self._save()
+
+
+def _released_lines(had: RdtClass | None, now: RdtClass) -> list[str]:
+    """The enforcer's lines for the resources ``had`` limited and ``now`` does not."""
+    if had is None:
+        return []
+    out = []
+    if had.mb is not None and now.mb is None:
+        out.append("memory bandwidth released")
+    if had.l3_ways is not None and now.l3_ways is None:
+        out.append("L3 cache ways released")
+    return out

@@ -192,7 +192,7 @@ _JOB_GAUGES = (
     ),
     (
         "coda_node_job_throttle_level",
-        "Steps the job is throttled down (MBA then CPU quota); 0 = not throttled.",
+        "Steps the job is throttled down (MBA, then L3 ways, then CPU quota); 0 = not throttled.",
         "throttle_level",
         1.0,
     ),

@@ -34,10 +34,17 @@ class JobTarget:
     mem_bw_pct: int | None = None
     """Memory-bandwidth cap through RDT MBA (the value written to ``MB:``)."""
     reason: str = ""
+    l3_ways: int | None = None
+    """L3 ways the job may allocate in, through RDT CAT (the low ways of ``L3:``)."""
 
     @property
     def is_default(self) -> bool:
-        return self.cpus is None and self.quota_cores is None and self.mem_bw_pct is None
+        return (
+            self.cpus is None
+            and self.quota_cores is None
+            and self.mem_bw_pct is None
+            and self.l3_ways is None
+        )
 
 
 @dataclass(frozen=True, slots=True)

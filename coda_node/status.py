@@ -44,7 +44,17 @@ class StatusUnavailable(RuntimeError):
 # -- the event vocabulary ---------------------------------------------------------------
 
 WRITE_ACTIONS = frozenset(
-    {"cpuset", "cpuset-restore", "quota", "quota-release", "mem-bw", "mem-bw-release", "failed"}
+    {
+        "cpuset",
+        "cpuset-restore",
+        "quota",
+        "quota-release",
+        "mem-bw",
+        "mem-bw-release",
+        "l3",
+        "l3-release",
+        "failed",
+    }
 )
 """Events that record a change written (or a write that failed), not a decision."""
 
@@ -57,6 +67,8 @@ _ENFORCER_ACTIONS = (
     ("cpu quota ", "quota"),
     ("memory bandwidth released", "mem-bw-release"),
     ("memory bandwidth ", "mem-bw"),
+    ("L3 cache ways released", "l3-release"),
+    ("L3 cache ", "l3"),
 )
 
 
@@ -65,7 +77,8 @@ def event_action(what: str) -> str:
 
     The adaptive loop's events are already one word (``throttle``, ``probe-done``); the
     enforcer's say what they wrote (``cpuset 0-3``, ``cpu quota 2.5 cores``) and map to
-    ``cpuset``, ``quota``, ``mem-bw``, their ``-restore``/``-release`` and ``failed``.
+    ``cpuset``, ``quota``, ``mem-bw``, ``l3`` (CAT ways), their ``-restore``/``-release`` and
+    ``failed``.
     """
     for prefix, action in _ENFORCER_ACTIONS:
         if what.startswith(prefix):
@@ -480,6 +493,8 @@ def _job(j: Mapping[str, Any], f: _Fields, last: dict[str, Any] | None) -> dict[
             "level": f.opt(contention, "level", int) or 0,
             "mechanism": f.opt(contention, "mechanism", str),
             "mem_bw_pct": f.opt(contention, "mem_bw_pct", int),
+            "l3_ways": f.opt(contention, "l3_ways", int),
+            "l3_ways_total": f.opt(contention, "l3_ways_total", int),
             "quota_cores": f.opt(contention, "quota_cores", NUMBER),
             "for_job": f.opt(contention, "for_job", int),
         }

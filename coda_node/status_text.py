@@ -97,10 +97,14 @@ def _progress_cell(j: Mapping[str, Any]) -> str:
 
 
 def _throttle_cell(j: Mapping[str, Any]) -> str:
+    """``3 mba``, ``5 mba+l3 L3 5/20 ways``, ``limit`` or ``-``."""
     t = j["throttle"]
     if t is not None and t["level"] > 0:
-        mech = (t["mechanism"] or "").replace("mba+quota", "mba+q")
-        return f"{t['level']} {mech}".strip()
+        mech = (t["mechanism"] or "").replace("+quota", "+q")
+        text = f"{t['level']} {mech}".strip()
+        if t.get("l3_ways") is not None:
+            text += f" L3 {t['l3_ways']}/{t.get('l3_ways_total') or '?'} ways"
+        return text
     if j["limit"] is not None:
         return "limit"
     return "-"
@@ -151,7 +155,7 @@ JOB_COLUMNS = (
     Column("CPU", lambda j: _cpu_cell(j), 20, 6, right=True),
     Column("PROGRESS", _progress_cell, 60, 15),
     Column("MEMBW", lambda j: bytes_rate(j["mem_bw_bytes_per_s"]), 45, 9, right=True),
-    Column("THR", _throttle_cell, 70, 9),
+    Column("THR", _throttle_cell, 70, 24),
     Column("PROFILE", _profile_cell, 80, 13),
 )
 DECISION = Column("LAST DECISION", _decision_cell, 75, 10_000)
@@ -338,7 +342,7 @@ def event_lines(events: Sequence[Mapping[str, Any]], width: int, paint: Paint) -
         text = fit(f"  {when}  job {e['job_id']}  {e['what']}: {e['reason']}", width)
         if e["action"] == "failed":
             text = paint(text, RED)
-        elif e["action"] in ("throttle", "throttle-correct", "quota", "mem-bw"):
+        elif e["action"] in ("throttle", "throttle-correct", "quota", "mem-bw", "l3"):
             text = paint(text, YELLOW)
         elif e["action"].startswith(("probe", "baseline-probe")):
             text = paint(text, CYAN)

@@ -308,6 +308,13 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "coda-node: a throttled CPU job keeps at least this % of its cores (quota) or of "
         "memory bandwidth (MBA) (1..100).",
     ),
+    "NodeJobMemBw": KeySpec(
+        "yes|no",
+        "yes",
+        "coda-node: measure each CPU job's memory bandwidth with its own resctrl monitoring "
+        "group (Intel RDT MBM, one RMID per job), so contention control can cap the job that "
+        "draws most with MBA; no = contention control does without MBA.",
+    ),
     "NodeMetricsPort": KeySpec(
         "int",
         "0",
@@ -402,6 +409,7 @@ class CodaConfig:
     node_release_hold_s: float = 30.0
     node_baseline_probe_after_s: float = 60.0
     node_throttle_floor_pct: float = 10.0
+    node_job_mem_bw: bool = True
     node_metrics_port: int = 0
     node_metrics_address: str = "127.0.0.1"
     colocate_margin: float = 0.05
@@ -677,7 +685,7 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if not value or not path.is_absolute():
             raise ValueError(f"{key} must be an absolute path, got {value!r}")
         return "node_progress_dir", path
-    if key in ("NodeProfile", "NodeContention"):
+    if key in ("NodeProfile", "NodeContention", "NodeJobMemBw"):
         return _snake(key), _choice(key, value, ("yes", "no")) == "yes"
     if key == "NodeProbeMaxJobs":
         return "node_probe_max_jobs", _int(key, value, 0)

@@ -20,6 +20,7 @@ from coda_node.contention import (
     DnnJob,
     Eliminator,
     Throttle,
+    _tighter,
 )
 from coda_node.observe import Progress
 
@@ -575,3 +576,263 @@ def test_probe_leaves_cpu_jobs_on_other_sockets_alone() -> None:
         run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0), HOG2: far})
     assert run.events("baseline-probe")
     assert all(HOG2 not in out.throttles for out in run.outs)
+
+
+# -- L3 cache ways (CAT) ------------------------------------------------------------------------
+
+State = tuple[int | None, int | None, float | None]
+"""(MB %, L3 ways, CPU quota cores) of a throttle; None: not limited."""
+
+
+def _state(out: ContentionOutput, job_id: int = HOG) -> State | None:
+    t = out.throttles.get(job_id)
+    return None if t is None else (t.mem_bw_pct, t.l3_ways, t.quota_cores)
+
+
+def _distinct(states: list[State | None]) -> list[State | None]:
+    return [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
+
+
+def _hog_under(elim: Eliminator, bw: float | None = 10 * GB) -> CpuJob:
+    """The CPU job on 8 cores; its bandwidth follows its MB cap (MBA does what it is told)."""
+    t = elim.throttled.get(HOG)
+    if bw is None:
+        return cpu(8.0, None)
+    mb = t.mba_pct if t is not None and t.mba_pct else 100
+    return cpu(8.0, bw * mb / 100)
+
+
+@dataclass(frozen=True)
+class CatLadder:
+    name: str
+    elim: dict[str, object]
+    ladder: list[State]
+    mechanism: str
+    params: ContentionParams = field(default_factory=ContentionParams)
+    bw: float | None = 10 * GB
+
+
+QUOTA_LADDER = [6.0, 4.0, 2.0, 0.8]  # 8 cores, default fractions, floor 10 %
+CAT_LADDERS = [
+    CatLadder(
+        "mba then 20 -> 10 -> 5 -> 2 ways then quota",
+        {"mba": True, "l3_ways": 20},
+        [(70, None, None), (50, None, None), (30, None, None), (10, None, None)]
+        + [(10, 10, None), (10, 5, None), (10, 2, None)]
+        + [(10, 2, q) for q in QUOTA_LADDER],
+        "mba+l3+quota",
+    ),
+    CatLadder(
+        "cat without mba: ways then quota",
+        {"mba": False, "l3_ways": 20},
+        [(None, 10, None), (None, 5, None), (None, 2, None)] + [(None, 2, q) for q in QUOTA_LADDER],
+        "l3+quota",
+    ),
+    CatLadder(
+        "mba node, job without bandwidth: ways then quota",
+        {"mba": True, "l3_ways": 20},
+        [(None, 10, None), (None, 5, None), (None, 2, None)] + [(None, 2, q) for q in QUOTA_LADDER],
+        "l3+quota",
+        bw=None,
+    ),
+    CatLadder(
+        "hardware minimum above the floor",
+        {"l3_ways": 20, "l3_min_ways": 4},
+        [(None, 10, None), (None, 5, None), (None, 4, None)] + [(None, 4, q) for q in QUOTA_LADDER],
+        "l3+quota",
+    ),
+    CatLadder(
+        "11 ways round to 6 and 3",
+        {"l3_ways": 11},
+        [(None, 6, None), (None, 3, None), (None, 2, None)] + [(None, 2, q) for q in QUOTA_LADDER],
+        "l3+quota",
+    ),
+    CatLadder(
+        "4 ways: one step to the floor",
+        {"l3_ways": 4},
+        [(None, 2, None)] + [(None, 2, q) for q in QUOTA_LADDER],
+        "l3+quota",
+    ),
+    CatLadder(
+        "a cache no larger than the floor has no L3 step",
+        {"l3_ways": 2},
+        [(None, None, q) for q in QUOTA_LADDER],
+        "quota",
+    ),
+    CatLadder(
+        "floor_l3_ways=1 on a 20-way cache",
+        {"l3_ways": 20},
+        [(None, 10, None), (None, 5, None), (None, 1, None)] + [(None, 1, q) for q in QUOTA_LADDER],
+        "l3+quota",
+        params=ContentionParams(floor_l3_ways=1),
+    ),
+    CatLadder(
+        "no quota: ways to the floor, then nothing more",
+        {"l3_ways": 20, "quota": False},
+        [(None, 10, None), (None, 5, None), (None, 2, None)],
+        "l3",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CAT_LADDERS, ids=lambda c: c.name)
+def test_cat_ladder_order_and_floor(case: CatLadder) -> None:
+    elim = Eliminator(case.params, **case.elim)  # type: ignore[arg-type]
+    run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
+    for _ in range(80):  # the DNN job stays slow whatever the caps
+        run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim, case.bw)})
+    states = _distinct([_state(out) for out in run.outs[10:]])
+    assert states == case.ladder
+    throttles = run.events("throttle")
+    assert len(throttles) == len(case.ladder)  # one event per step, nothing else moved
+    assert [e.reading["level"] for _, e in throttles] == list(range(1, len(case.ladder) + 1))
+    l3_min = max(case.params.floor_l3_ways, int(case.elim.get("l3_min_ways", 1)))  # type: ignore[call-overload]
+    assert all(w is None or w >= l3_min for _mb, w, _q in states)  # type: ignore[misc]
+    status = elim.cpu_status(HOG)
+    assert status is not None and status["mechanism"] == case.mechanism
+    assert status["level"] == len(case.ladder)
+    assert status["l3_ways"] == case.ladder[-1][1]
+    assert status["l3_ways_total"] == case.elim["l3_ways"]
+
+
+def test_cat_events_say_how_many_ways_and_why() -> None:
+    elim = Eliminator(mba=True, l3_ways=20)
+    run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
+    for _ in range(40):
+        run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim)})
+    rules = [e.rule for _, e in run.events("throttle")]
+    assert rules[4].startswith(
+        "L3 limited to 10 of 20 ways (MB 10% was not enough): job 1 runs 50%"
+    )
+    assert rules[5].startswith("L3 limited to 5 of 20 ways")
+    assert rules[6].startswith("L3 limited to 2 of 20 ways")
+    assert rules[7].startswith(
+        "CPU capped at 6 of 8 cores (MB 10% and L3 2 of 20 ways were not enough)"
+    )
+    readings = [e.reading for _, e in run.events("throttle")]
+    assert [r["l3_ways"] for r in readings[3:8]] == [None, 10, 5, 2, 2]
+    assert readings[4]["mem_bw_bytes_per_s"] == pytest.approx(1 * GB)
+    assert run.outs[-1].throttles[HOG].reason == f"contention: shielding job {DNN}"
+
+
+@pytest.mark.parametrize("hold_s", [3.0, 10.0])
+def test_cat_release_is_the_ladder_in_reverse(hold_s: float) -> None:
+    elim = Eliminator(ContentionParams(release_hold_s=hold_s), mba=True, l3_ways=20)
+    run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
+    for _ in range(40):  # all the way down: MB 10 %, 2 ways, 0.8 cores
+        run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim)})
+    assert _state(run.outs[-1]) == (10, 2, 0.8)
+    recovered_t = len(run.outs)
+    for _ in range(int(13 * hold_s) + 10):  # the DNN job is fine; the CPU job keeps drawing
+        run.tick({DNN: dnn(100.0)}, {HOG: _hog_under(elim)})
+    states = _distinct([_state(out) for out in run.outs[recovered_t - 1 :]])
+    assert states == [
+        (10, 2, 0.8),
+        (10, 2, 2.0),
+        (10, 2, 4.0),
+        (10, 2, 6.0),
+        (10, 2, None),
+        (10, 5, None),
+        (10, 10, None),
+        (10, None, None),
+        (30, None, None),
+        (50, None, None),
+        (70, None, None),
+        None,
+    ]
+    releases = sorted(run.events("release-step") + run.events("release"), key=lambda x: x[0])
+    assert [e.reading["level"] for _, e in releases] == list(range(10, -1, -1))
+    assert all(b - a >= hold_s for a, b in itertools.pairwise(t for t, _ in releases))
+    rules = [e.rule.split(":")[0] for _, e in releases]
+    assert rules[3] == "CPU cap lifted (L3 stays at 2 of 20 ways)"
+    assert rules[4:7] == [
+        "L3 limit raised to 5 of 20 ways",
+        "L3 limit raised to 10 of 20 ways",
+        "L3 limit lifted (all 20 ways)",
+    ]
+    assert rules[7] == "memory bandwidth cap raised to MB 30%"
+    assert rules[-1] == "released"
+    assert elim.cpu_status(HOG) is not None and elim.cpu_status(HOG)["level"] == 0  # type: ignore[index]
+
+
+def test_cat_step_is_not_an_mba_overshoot() -> None:
+    """Once the ladder is past MBA, a job that still draws more than MB allows is not
+    "corrected" further: the L3 and quota steps have taken over."""
+    elim = Eliminator(ContentionParams(release_hold_s=1000.0), mba=True, l3_ways=20)
+    run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
+    for _ in range(9):  # MB 70, 50, 30, 10, then 10 ways
+        run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim)})
+    assert _state(run.outs[-1]) == (10, 10, None)
+    for _ in range(30):  # fine now, but MB lets 3x through: no correction below the floor
+        run.tick({DNN: dnn(100.0)}, {HOG: cpu(8.0, 3 * GB)})
+    assert run.events("throttle-correct") == []
+    assert _state(run.outs[-1]) == (10, 10, None)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expect"),
+    [
+        (None, Throttle(l3_ways=5, reason="b"), Throttle(l3_ways=5, reason="b")),
+        (
+            Throttle(l3_ways=5, reason="a"),
+            Throttle(quota_cores=0.8, reason="probe"),
+            Throttle(quota_cores=0.8, l3_ways=5, reason="probe"),
+        ),
+        (
+            Throttle(mem_bw_pct=10, l3_ways=2, reason="a"),
+            Throttle(mem_bw_pct=30, l3_ways=10, quota_cores=4.0, reason="b"),
+            Throttle(mem_bw_pct=10, l3_ways=2, quota_cores=4.0, reason="b"),
+        ),
+        (
+            Throttle(l3_ways=10, reason="a"),
+            Throttle(l3_ways=5, reason="b"),
+            Throttle(l3_ways=5, reason="b"),
+        ),
+        (Throttle(quota_cores=2.0), Throttle(mem_bw_pct=50), Throttle(2.0, 50)),
+    ],
+)
+def test_tighter_takes_the_lower_of_each_limit(
+    a: Throttle | None, b: Throttle, expect: Throttle
+) -> None:
+    assert _tighter(a, b) == expect
+
+
+def test_probe_floor_cap_keeps_the_jobs_l3_limit() -> None:
+    """A CPU job already limited to 2 ways that a baseline probe caps at its CPU floor
+    keeps its 2 ways: the probe's cap is merged, never looser."""
+    elim = Eliminator(ContentionParams(baseline_probe_after_s=5.0), l3_ways=20)
+    run = Run(elim)
+    s0 = frozenset({0})
+    run.script(quiet(10))
+    for _ in range(8):  # DNN 1 slow: the CPU job goes down to 2 ways
+        run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
+    assert _state(run.outs[-1])[1] == 2  # type: ignore[index]
+    # DNN 7 arrives beside it, never quiet: its baseline probe caps the job at 0.8 cores.
+    for _ in range(20):
+        run.tick({DNN: dnn(100.0), 7: dnn(50.0, job_id=7, sockets=s0)}, {HOG: cpu(8.0)})
+    probe = run.events("baseline-probe")
+    assert probe and probe[0][1].job_id == 7
+    during = run.outs[probe[0][0]].throttles[HOG]
+    assert during.quota_cores == 0.8 and during.l3_ways is not None and during.l3_ways <= 2
+
+
+@pytest.mark.parametrize("mba", [False, True])
+def test_without_cat_nothing_says_l3(mba: bool) -> None:
+    """``l3_ways=None``: the same decisions as before CAT existed, and no L3 anywhere."""
+    runs = []
+    params = ContentionParams(release_hold_s=5.0)
+    for elim in (
+        Eliminator(params, mba=mba),
+        Eliminator(params, mba=mba, l3_ways=None, l3_min_ways=3),
+    ):
+        run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
+        for i in range(120):
+            slow = i < 40
+            run.tick({DNN: dnn(50.0 if slow else 100.0)}, {HOG: _hog_under(elim)})
+        runs.append(run)
+    a, b = runs
+    assert a.outs == b.outs
+    assert all(t.l3_ways is None for out in a.outs for t in out.throttles.values())
+    assert all("l3_ways" not in e.reading for _, e in a.events())
+    assert all("L3" not in e.rule for _, e in a.events())
+    assert {e.action for _, e in a.events()} >= {"throttle", "release"}

@@ -289,7 +289,8 @@ def test_mba_that_overshoots_falls_back_to_cpu_quota_and_the_dnn_job_recovers(
     tmp_path: Path,
 ) -> None:
     """MB caps that let 3.5x through: no ladder step above the floor changes anything
-    (3.5 x 30 % > 100 %), so MBA runs to its floor, then the CPU quota ladder takes over."""
+    (3.5 x 30 % > 100 %), so MBA runs to its floor, then the L3 ways (the ``full`` fixture
+    has CAT; this CPU job's draw does not depend on them), then the CPU quota ladder."""
     sim = Sim(tmp_path, rdt=True)
     _run_until_onset(sim)
 
@@ -307,13 +308,18 @@ def test_mba_that_overshoots_falls_back_to_cpu_quota_and_the_dnn_job_recovers(
         "memory bandwidth capped at MB 30%",
         "memory bandwidth capped at MB 10%",
     ]
-    assert reasons[4] == "CPU capped at 12 of 16 cores (MB 10% was not enough)"
+    assert reasons[4:7] == [
+        "L3 limited to 10 of 20 ways (MB 10% was not enough)",
+        "L3 limited to 5 of 20 ways (MB 10% was not enough)",
+        "L3 limited to 2 of 20 ways (MB 10% was not enough)",
+    ]
+    assert reasons[7] == "CPU capped at 12 of 16 cores (MB 10% and L3 2 of 20 ways were not enough)"
     assert throttles[0][0] <= ONSET + 2
     # The quota is in the job's cgroup, on top of the MB floor.
     quota = sim.quota_cores(CPU)
     assert quota is not None and quota < CPU_CORES
     assert sim.mb_pct(CPU) == 10
-    assert sim.daemon.loop.eliminator.cpu_status(CPU)["mechanism"] == "mba+quota"  # type: ignore[index]
+    assert sim.daemon.loop.eliminator.cpu_status(CPU)["mechanism"] == "mba+l3+quota"  # type: ignore[index]
     rate, base = sim.rate(DNN), sim.baseline(DNN)
     assert rate is not None and base is not None and rate >= 0.9 * base
     # Documented by this test: with the victim above the trigger the ladder step always

@@ -251,3 +251,29 @@ def test_helpers() -> None:
         "probe-done",
         "other",
     ]
+
+
+@pytest.mark.parametrize(
+    ("contention", "cell"),
+    [
+        ({"level": 3, "mechanism": "mba", "mem_bw_pct": 30}, "3 mba"),
+        ({"level": 5, "mechanism": "mba+quota", "mem_bw_pct": 10, "quota_cores": 4.0}, "5 mba+q"),
+        ({"level": 2, "mechanism": "l3", "l3_ways": 5, "l3_ways_total": 20}, "2 l3 L3 5/20 ways"),
+        (
+            {"level": 11, "mechanism": "mba+l3+quota", "l3_ways": 2, "l3_ways_total": 20},
+            "11 mba+l3+q L3 2/20 ways",
+        ),
+        ({"level": 1, "mechanism": "l3", "l3_ways": 10}, "1 l3 L3 10/? ways"),  # an older view
+    ],
+)
+def test_throttle_column_shows_the_mechanism_and_the_l3_ways(
+    contention: dict[str, object], cell: str
+) -> None:
+    doc = _doc(_view([_job(9, kind="cpu", gpus=[], contention=contention)]))
+    lines = render(doc, width=200).splitlines()
+    header = next(line for line in lines if line.startswith("JOBID") or " JOBID " in line)
+    row = next(line for line in lines if line.split()[:1] == ["9"])
+    start = header.index("THR")
+    assert row[start:].startswith(cell + " ")
+    assert event_action("L3 cache 5 of 20 ways") == "l3"
+    assert event_action("L3 cache ways released") == "l3-release"
