@@ -61,6 +61,7 @@ def contention_params(cfg: CodaConfig) -> ContentionParams:
         release_slowdown=cfg.node_contention_release_pct / 100.0,
         release_hold_s=cfg.node_release_hold_s,
         baseline_probe_after_s=cfg.node_baseline_probe_after_s,
+        baseline_reset_s=cfg.node_baseline_reset_s,
         floor_fraction=cfg.node_throttle_floor_pct / 100.0,
         floor_mba_pct=max(1, round(cfg.node_throttle_floor_pct)),
         step_s=max(2.0 * cfg.node_interval_s, 1.0),

@@ -39,6 +39,11 @@ CPU jobs are capped at their floor for a short measurement (at most
 after ``baseline_probe_every_s``): the job's rate once the caps have had ``step_s`` to
 show is its baseline. The caps are then lifted at once; if the job then runs more than
 ``trigger_slowdown`` below that baseline, the ladder above takes over as usual.
+
+**Baseline reset.** A job still more than ``trigger_slowdown`` below its baseline after
+``baseline_reset_s`` with every CPU job beside it at its floor is slowed by itself, not by
+them: its median rate over that time becomes its baseline (event ``baseline-reset``), so
+the CPU jobs are released as usual and throttled again only below the new baseline.
 """
 
 from __future__ import annotations
@@ -77,6 +82,9 @@ class ContentionParams:
     """Contended training time without a baseline before a baseline probe (0 = never)."""
     baseline_probe_max_s: float = 20.0
     baseline_probe_every_s: float = 1800.0
+    baseline_reset_s: float = 60.0
+    """A job still slowed after this long with every CPU job beside it at its floor gets its
+    rate there as its new baseline (0 = never): the old one no longer holds."""
     l3_way_fractions: tuple[float, ...] = (0.5, 0.25)
     """CAT ladder: the share of the cache's ways a throttled CPU job may allocate in."""
     floor_l3_ways: int = 2
@@ -118,6 +126,10 @@ class _Victim:
     contended_since_s: float | None = None
     """Since when it has trained without a baseline beside drawing CPU jobs."""
     last_probe_s: float | None = None
+    floor_since_s: float | None = None
+    """Since when every CPU job beside it has been at its floor while it stays slowed."""
+    floor_rates: list[float] = field(default_factory=list)
+    """Its rates since then (after ``step_s`` for the last step to show)."""
 
 
 @dataclass(slots=True)
@@ -291,8 +303,14 @@ class Eliminator:
             if v.slowdown > p.trigger_slowdown:
                 victims.append((v.slowdown, job))
         stepped: set[int] = set()
+        slowed = {job.job_id for _, job in victims}
+        for job_id, v in self.victims.items():
+            if job_id not in slowed:
+                v.floor_since_s = None
+                v.floor_rates.clear()
         for slowdown, job in sorted(victims, key=lambda x: (-x[0], x[1].job_id)):
-            self._protect(now_s, job, slowdown, drawing, stepped, out)
+            exhausted = self._protect(now_s, job, slowdown, drawing, stepped, out)
+            self._check_stale_baseline(now_s, job, exhausted, out)
         self._verify(now_s, cpu, stepped, out)
         self._release(now_s, dnn, cpu, stepped, out)
         for job_id, t in self.throttled.items():
@@ -437,7 +455,9 @@ class Eliminator:
         drawing: Mapping[int, CpuJob],
         stepped: set[int],
         out: ContentionOutput,
-    ) -> None:
+    ) -> bool:
+        """Step the contender that draws most; True when every contender near the job is
+        already at its floor (nothing left to take)."""
         p = self.params
         near = [c for c in drawing.values() if c.sockets & job.sockets]
         if not near:
@@ -453,7 +473,7 @@ class Eliminator:
                         {"slowdown": round(slowdown, 3)},
                     )
                 )
-            return
+            return False
         by_bw = all(c.mem_bw_bytes_per_s is not None for c in near)
         near.sort(
             key=lambda c: (
@@ -463,14 +483,61 @@ class Eliminator:
         )
         for c in near:
             if c.job_id in stepped:
-                return  # one step per tick for a job; let it show
+                return False  # one step per tick for a job; let it show
             t = self.throttled.get(c.job_id)
             if t is not None and t.level > 0 and now_s - t.last_change_s < p.step_s:
-                return
+                return False
             if self._step_down(now_s, c, job, slowdown, out):
                 stepped.add(c.job_id)
-                return
-        # every contender is at its floor: nothing more to do
+                return False
+        return True  # every contender is at its floor: nothing more to take
+
+    def _check_stale_baseline(
+        self, now_s: float, job: DnnJob, exhausted: bool, out: ContentionOutput
+    ) -> None:
+        """A job that stays slowed with every CPU job beside it at its floor is not slowed
+        by them: its own speed changed (a new phase, a longer sequence length, a slower
+        input pipeline), and its old baseline would hold the CPU jobs at their floor for
+        as long as it runs. Its rate at the floor is the best it gets here, so that becomes
+        its baseline; the usual release follows, and a throttle again only if the CPU jobs
+        then slow it below *that*."""
+        p = self.params
+        v = self.victims[job.job_id]
+        if not exhausted or p.baseline_reset_s <= 0:
+            v.floor_since_s = None
+            v.floor_rates.clear()
+            return
+        if v.floor_since_s is None:
+            v.floor_since_s = now_s
+            v.floor_rates.clear()
+        if now_s - v.floor_since_s < p.step_s or not v.rates:
+            return  # the last step has not shown yet
+        v.floor_rates.append(v.rates[-1])
+        if (
+            now_s - v.floor_since_s < p.baseline_reset_s
+            or len(v.floor_rates) < p.baseline_min_ticks
+        ):
+            return
+        old = self._baseline(v)
+        new = statistics.median(v.floor_rates)
+        v.baseline.clear()
+        v.baseline.extend(v.floor_rates[-p.baseline_ticks :])
+        held = now_s - v.floor_since_s
+        v.floor_since_s = None
+        v.floor_rates.clear()
+        out.events.append(
+            Event(
+                job.job_id,
+                "baseline-reset",
+                f"still {1.0 - new / old:.0%} below its baseline {old:.4g} after {held:.0f} s "
+                f"with every CPU job beside it at its floor: not their doing; its rate there, "
+                f"{new:.4g}, is its baseline from now on (the CPU jobs are released step by "
+                "step)"
+                if old
+                else f"baseline {new:.4g} measured with every CPU job beside it at its floor",
+                {"old_baseline": old, "new_baseline": new, "held_s": round(held, 1)},
+            )
+        )
 
     def _step_down(
         self, now_s: float, c: CpuJob, victim: DnnJob, slowdown: float, out: ContentionOutput

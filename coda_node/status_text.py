@@ -344,7 +344,7 @@ def event_lines(events: Sequence[Mapping[str, Any]], width: int, paint: Paint) -
             text = paint(text, RED)
         elif e["action"] in ("throttle", "throttle-correct", "quota", "mem-bw", "l3"):
             text = paint(text, YELLOW)
-        elif e["action"].startswith(("probe", "baseline-probe")):
+        elif e["action"].startswith(("probe", "baseline-")):
             text = paint(text, CYAN)
         out.append(text)
     return out

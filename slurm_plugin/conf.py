@@ -297,6 +297,13 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "uncontended baseline gets one measured by capping those CPU jobs at their floor for "
         "up to 20 s (0 = never).",
     ),
+    "NodeBaselineResetS": KeySpec(
+        "float",
+        "60",
+        "coda-node: a DNN job still slowed after this long with every CPU job beside it at "
+        "its floor gets its rate there as its new baseline, and the CPU jobs are released "
+        "(0 = never: they stay at their floor while the job stays slow).",
+    ),
     "NodeReleaseHoldS": KeySpec(
         "float",
         "30",
@@ -408,6 +415,7 @@ class CodaConfig:
     node_contention_release_pct: float = 5.0
     node_release_hold_s: float = 30.0
     node_baseline_probe_after_s: float = 60.0
+    node_baseline_reset_s: float = 60.0
     node_throttle_floor_pct: float = 10.0
     node_job_mem_bw: bool = True
     node_metrics_port: int = 0
@@ -694,7 +702,7 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if number < 0:
             raise ValueError(f"{key} must be 0 or more, got {value}")
         return "node_probe_warmup_s", number
-    if key in ("NodeProbeSettleS", "NodeBaselineProbeAfterS"):
+    if key in ("NodeProbeSettleS", "NodeBaselineProbeAfterS", "NodeBaselineResetS"):
         number = _float(key, value)
         if number < 0:
             raise ValueError(f"{key} must be 0 or more, got {value}")

@@ -7,6 +7,7 @@ follows the CPU job's draw, as on a real node.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -677,7 +678,9 @@ CAT_LADDERS = [
 
 @pytest.mark.parametrize("case", CAT_LADDERS, ids=lambda c: c.name)
 def test_cat_ladder_order_and_floor(case: CatLadder) -> None:
-    elim = Eliminator(case.params, **case.elim)  # type: ignore[arg-type]
+    # The whole ladder, so no baseline reset (see test_a_job_slowed_by_itself_...).
+    params = dataclasses.replace(case.params, baseline_reset_s=0)
+    elim = Eliminator(params, **case.elim)  # type: ignore[arg-type]
     run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
     for _ in range(80):  # the DNN job stays slow whatever the caps
         run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim, case.bw)})
@@ -836,3 +839,67 @@ def test_without_cat_nothing_says_l3(mba: bool) -> None:
     assert all("l3_ways" not in e.reading for _, e in a.events())
     assert all("L3" not in e.rule for _, e in a.events())
     assert {e.action for _, e in a.events()} >= {"throttle", "release"}
+
+
+# -- a baseline that no longer holds -------------------------------------------------------
+
+
+def _capped_hog(elim: Eliminator) -> CpuJob:
+    """The CPU job on 8 cores, using all its CPU quota allows."""
+    t = elim.throttled.get(HOG)
+    cap = t.quota_cores if t is not None and t.quota_cores is not None else 8.0
+    return cpu(cap)
+
+
+def test_a_job_slowed_by_itself_does_not_hold_cpu_jobs_at_their_floor() -> None:
+    """The DNN job's own speed drops (a new phase) just as a CPU job starts beside it: the
+    ladder goes to the floor, the rate does not come back, so after baseline_reset_s at the
+    floor its rate there becomes its baseline and the CPU job gets its cores back."""
+    params = ContentionParams(baseline_reset_s=30.0, release_hold_s=10.0)
+    elim = Eliminator(params)
+    run = Run(elim).script(quiet(10))
+    for i in range(200):
+        run.tick({DNN: dnn(60.0 * wobble(i))}, {HOG: _capped_hog(elim)})
+    resets = run.events("baseline-reset")
+    assert len(resets) == 1
+    t_reset, ev = resets[0]
+    assert ev.reading["old_baseline"] == pytest.approx(100.0)
+    assert ev.reading["new_baseline"] == pytest.approx(60.0, rel=0.02)
+    floor_t = next(t for t, out in enumerate(run.outs) if _state(out) == (None, None, 0.8))
+    assert 30 <= t_reset - floor_t <= 35
+    assert "not their doing" in ev.rule
+    # Released step by step after the reset, never throttled again: the job is as fast
+    # as it gets whatever the CPU job does.
+    assert run.events("release")
+    assert not [t for t, _ in run.events("throttle") if t > t_reset]
+    assert HOG not in run.outs[-1].throttles
+
+
+def test_real_contention_is_still_shielded_after_a_reset() -> None:
+    """The throttle helps, but not enough to get back within the trigger (the old
+    baseline is out of reach): the reset takes the rate at the floor as the baseline, and
+    when the released CPU job slows the job below that again, it is throttled again."""
+    params = ContentionParams(baseline_reset_s=30.0, release_hold_s=10.0)
+    elim = Eliminator(params)
+    run = Run(elim).script(quiet(10))
+    for i in range(300):
+        hog = _capped_hog(elim)
+        assert hog.cpu_rate_cores is not None
+        rate = (85.0 - 25.0 * hog.cpu_rate_cores / 8.0) * wobble(i)  # 60 full, ~82.5 at floor
+        run.tick({DNN: dnn(rate)}, {HOG: hog})
+    resets = run.events("baseline-reset")
+    assert len(resets) >= 1
+    assert resets[0][1].reading["new_baseline"] == pytest.approx(82.5, rel=0.02)
+    t_reset = resets[0][0]
+    assert [t for t, _ in run.events("throttle") if t > t_reset]  # shielded again
+    # The new baseline is what it gets at the floor, so no second reset moves it lower.
+    assert all(e.reading["new_baseline"] >= 80.0 for _, e in resets)
+
+
+def test_baseline_reset_off() -> None:
+    elim = Eliminator(ContentionParams(baseline_reset_s=0))
+    run = Run(elim).script(quiet(10))
+    for i in range(200):
+        run.tick({DNN: dnn(60.0 * wobble(i))}, {HOG: _capped_hog(elim)})
+    assert not run.events("baseline-reset")
+    assert _state(run.outs[-1]) == (None, None, 0.8)  # held at the floor for good
