@@ -17,14 +17,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from coda_node.daemon import Daemon, TickReport
-from coda_node.nvml import Nvml
+from coda_node.daemon import TickReport
 from coda_node.resctrl import parse_schemata
 from coda_node.status import load_status
 from coda_node.status_text import render
 from tests import resctrl_fixtures
-from tests.node_fixtures import FakeNode
-from tests.test_daemon_loop_fixture import CPU, CPU_CORES, DNN, R0, Sim
+from tests.test_daemon_loop_fixture import CPU, CPU_CORES, DNN, R0, Sim, mount_resctrl
 
 WAYS = resctrl_fixtures.CBM_LEN  # 20
 S = 0.36
@@ -33,33 +31,11 @@ slower beside the CPU job on the whole cache, 18 % at 10 ways, 9 % at 5 ways."""
 ONSET = 12  # first tick whose second the CPU job runs in (baseline: ticks 5-11)
 
 
-def _mount_cat_only(node: FakeNode) -> resctrl_fixtures.FakeResctrl:
-    mounts = (node.root / "proc/self/mounts").read_text().splitlines()
-    rdt = resctrl_fixtures.build(node.root, "cat_only")
-    resctrl = [
-        x for x in (node.root / "proc/self/mounts").read_text().splitlines() if "resctrl" in x
-    ]
-    (node.root / "proc/self/mounts").write_text("\n".join(mounts + resctrl) + "\n")
-    rdt.live_pids |= {t for job in node.jobs.values() for t in job.all_tids}
-    return rdt
-
-
 def _cat_sim(tmp_path: Path) -> tuple[Sim, resctrl_fixtures.FakeResctrl]:
     """The fixture node of test_daemon_loop_fixture, with a daemon that finds CAT only."""
     sim = Sim(tmp_path)
-    fake = _mount_cat_only(sim.node)
-    sim.rdt = fake
-    sim.daemon = Daemon(
-        sim.cfg,
-        runner=sim.node.slurm,
-        nvml=Nvml(lib=sim.node.nvml_lib),
-        cpuset_writer=sim.node.cpuset_writer,
-        quota_writer=sim.node.quota_writer,
-        rdt_control=lambda _root, info: fake.control(info),
-        store=sim.store,
-        clock=lambda: sim.now,
-    )
-    sim.daemon.start()
+    fake = sim.rdt = mount_resctrl(sim.node, "cat_only")
+    sim.new_daemon()
     return sim, fake
 
 

@@ -75,12 +75,23 @@ class Sim:
         self.cfg = load_config(self.node.coda_conf)
         self.rdt: resctrl_fixtures.FakeResctrl | None = None
         if rdt:
-            self.rdt = _mount_resctrl(self.node)
+            self.rdt = mount_resctrl(self.node)
         self.now = T0
         self.ticks = 0
         self.bw: dict[int, float] = {}
         self.iterations: dict[int, float] = {}
         self.store = ProfileStore(self.cfg.profile_store)
+        self.new_daemon(mbm_given=rdt)
+        self.timeline: list[tuple[int, dict[str, Any]]] = []
+        """(tick, event) for every event the daemon logged, in order."""
+
+    def new_daemon(self, *, mbm_given: bool = False, conf_extra: str = "") -> None:
+        """(Re)build the daemon on the node as it is now (``self.rdt`` mounted or not).
+        ``mbm_given``: per-job bandwidth comes from ``self.bw`` (else the daemon measures
+        it with its own resctrl monitoring groups, where the mount has MBM)."""
+        if conf_extra:
+            self.node.coda_conf.write_text(self.node.coda_conf.read_text() + conf_extra)
+            self.cfg = load_config(self.node.coda_conf)
         rdt_fake = self.rdt
         self.daemon = Daemon(
             self.cfg,
@@ -89,13 +100,11 @@ class Sim:
             cpuset_writer=self.node.cpuset_writer,
             quota_writer=self.node.quota_writer,
             rdt_control=(lambda _root, info: rdt_fake.control(info)) if rdt_fake else None,
-            mbm=self.bw.get if rdt else None,
+            mbm=self.bw.get if mbm_given else None,
             store=self.store,
             clock=lambda: self.now,
         )
         self.daemon.start()
-        self.timeline: list[tuple[int, dict[str, Any]]] = []
-        """(tick, event) for every event the daemon logged, in order."""
 
     # -- what the daemon enforced, read back from the fixture ------------------------------
     def progress_path(self, job_id: int) -> Path:
@@ -165,15 +174,23 @@ class Sim:
         return status["baseline"] if status else None  # type: ignore[return-value]
 
 
-def _mount_resctrl(node: FakeNode) -> resctrl_fixtures.FakeResctrl:
-    """The ``full`` resctrl variant (MB, MBM) on the node's root, keeping the cgroup mounts."""
+def mount_resctrl(
+    node: FakeNode, variant: str = "full", *, tasks_in_root: bool = False
+) -> resctrl_fixtures.FakeResctrl:
+    """resctrl ``variant`` (default ``full``: MB, MBM, CAT) on the node's root, keeping the
+    cgroup mounts. ``tasks_in_root``: every thread on the node listed in the default
+    group's ``tasks``, as on a real host."""
     mounts = (node.root / "proc/self/mounts").read_text().splitlines()
-    rdt = resctrl_fixtures.build(node.root, "full")
+    rdt = resctrl_fixtures.build(node.root, variant)
     resctrl = [
         x for x in (node.root / "proc/self/mounts").read_text().splitlines() if "resctrl" in x
     ]
     (node.root / "proc/self/mounts").write_text("\n".join(mounts + resctrl) + "\n")
-    rdt.live_pids |= {t for job in node.jobs.values() for t in job.all_tids}
+    tids = {t for job in node.jobs.values() for t in job.all_tids}
+    rdt.live_pids |= tids
+    if tasks_in_root:
+        for tid in sorted(tids):
+            rdt.write(rdt.path / "tasks", f"{tid}\n".encode())
     return rdt
 
 

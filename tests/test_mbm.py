@@ -10,15 +10,12 @@ from pathlib import Path
 import pytest
 
 from coda_node.cgroups import CgroupReadError
-from coda_node.daemon import Daemon, TickReport
+from coda_node.daemon import TickReport
 from coda_node.mbm import JobMonitor, job_of_mon_group, mon_group_name
-from coda_node.nvml import Nvml
 from coda_node.resctrl import ResctrlError
-from slurm_plugin.conf import load_config
 from tests import resctrl_fixtures
-from tests.node_fixtures import FakeNode
 from tests.resctrl_fixtures import FakeResctrl
-from tests.test_daemon_loop_fixture import CPU, CPU_CORES, DNN, ONSET, R0, B, S, Sim
+from tests.test_daemon_loop_fixture import CPU, CPU_CORES, DNN, ONSET, R0, B, S, Sim, mount_resctrl
 
 JOBS = {1: (5001, 5002, 5003), 2: (6001, 6002), 3: (7001,)}
 
@@ -338,38 +335,11 @@ def test_no_monitor_without_mbm(tmp_path: Path) -> None:
 # Through the daemon: nothing injected, the monitor's measured bandwidth drives MBA
 
 
-def _mount(node: FakeNode, variant: str) -> FakeResctrl:
-    """resctrl ``variant`` on the node's root, the cgroup mounts kept; every thread on the
-    node starts in the default group, as on a real host."""
-    mounts = (node.root / "proc/self/mounts").read_text().splitlines()
-    rdt = resctrl_fixtures.build(node.root, variant)
-    line = [x for x in (node.root / "proc/self/mounts").read_text().splitlines() if "resctrl" in x]
-    (node.root / "proc/self/mounts").write_text("\n".join(mounts + line) + "\n")
-    tids = {t for job in node.jobs.values() for t in job.all_tids}
-    rdt.live_pids |= tids
-    for tid in sorted(tids):
-        rdt.write(rdt.path / "tasks", f"{tid}\n".encode())
-    return rdt
-
-
 def _sim(tmp_path: Path, variant: str = "full", conf_extra: str = "") -> Sim:
     """The loop test's Sim, its daemon rebuilt on a resctrl mount with no ``mbm`` given."""
     sim = Sim(tmp_path)
-    if conf_extra:
-        sim.node.coda_conf.write_text(sim.node.coda_conf.read_text() + conf_extra)
-        sim.cfg = load_config(sim.node.coda_conf)
-    rdt = sim.rdt = _mount(sim.node, variant)
-    sim.daemon = Daemon(
-        sim.cfg,
-        runner=sim.node.slurm,
-        nvml=Nvml(lib=sim.node.nvml_lib),
-        cpuset_writer=sim.node.cpuset_writer,
-        quota_writer=sim.node.quota_writer,
-        rdt_control=lambda _root, info: rdt.control(info),
-        store=sim.store,
-        clock=lambda: sim.now,
-    )
-    sim.daemon.start()
+    sim.rdt = mount_resctrl(sim.node, variant, tasks_in_root=True)
+    sim.new_daemon(conf_extra=conf_extra)
     return sim
 
 
