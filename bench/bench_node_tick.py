@@ -1,6 +1,6 @@
 """CPU time per tick and resident memory of coda-node's daemon on a fixture GPU node.
 
-    .venv/bin/python bench/bench_node_tick.py [--ticks 200] [--dir DIR]     (as root)
+    .venv/bin/python bench/bench_node_tick.py [--ticks 200] [--dir DIR] [--tick-s 1]  (as root)
 
 The node is tests/node_fixtures.py's: 64 CPUs, 8 GPUs (NVML double), 32 Slurm jobs (16 GPU
 jobs, 16 CPU jobs) in a cgroup v1 tree, scontrol answered in-process. Root is needed for
@@ -18,6 +18,21 @@ Measured with time.process_time (this process's CPU time, user + system), per ti
    the status view, and state saves (the enforcer saves once per reconcile and ``tick()``
    once more; each is a JSON dump, fsync and rename).
 
+Then the per-job memory-bandwidth monitor (``NodeJobMemBw``, coda_node/mbm.py), side by
+side: two more fixture nodes built alike, each with the fake resctrl mount of
+tests/resctrl_fixtures.py (variant ``full``: MBM, two L3 domains) and every thread in its
+default group, one daemon with ``NodeJobMemBw=no`` and one with ``yes`` (nothing injected,
+so it makes its own JobMonitor: one MON group per CPU job). Their ticks alternate on a
+simulated clock, ``--tick-s`` apart (the NodeIntervalS default, 1 s: the monitor re-reads
+each CPU job's threads every 5 s, so on every 5th tick). Before each tick every CPU job's
+``mbm_total_bytes`` and ``mbm_local_bytes`` advance by a known amount (job k: k GB/s);
+after the run every CPU job must show exactly that rate. The monitor's ``sample`` and
+``sync`` are timed inside the same ticks (the daemon's own calls, wrapped).
+
+The fake's counter files are regular files on the temp directory's filesystem. On real
+hardware each ``mon_L3_*`` counter read also makes the kernel read the counter MSR on a CPU
+of that domain (an IPI when it is not the reading CPU); that cost is not in these numbers.
+
 Then the resident memory of this process (which also holds the fixture, pynvml and psutil)
 and, for comparison, of a fresh ``python -c "import coda_node.daemon"``.
 Targets: < 5 ms CPU per tick, < 60 MB resident.
@@ -26,6 +41,7 @@ Targets: < 5 ms CPU per tick, < 60 MB resident.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import shlex
@@ -34,17 +50,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 
 from coda_node.daemon import Daemon, TickReport
+from coda_node.mbm import mon_group_name
+from coda_node.nvml import Nvml
 from coda_node.policy import JobFacts, plan
 from coda_node.state import Limit, load_limits
+from slurm_plugin.conf import load_config
+from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node, mknod_reason
+from tests.test_daemon_loop_fixture import mount_resctrl
 
 TARGET_TICK_MS = 5.0
 TARGET_RSS_MB = 60.0
@@ -181,10 +203,324 @@ def _limits(node: FakeNode) -> dict[int, Limit]:
     return limits
 
 
+# -- the per-job memory-bandwidth monitor, on and off side by side ---------------------------
+
+GB = 10**9
+MBM_DOMAIN0_SHARE = 0.75
+"""Of a CPU job's traffic, the part counted in L3 domain 0 (socket 0); the rest in 1."""
+MBM_LOCAL_SHARE = 0.9
+"""Of each domain's count, the part that went to that socket's own memory."""
+
+
+class _Clock:
+    """The daemons' monotonic clock, advanced by hand: one tick every ``step_s``."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now_s = 1000.0
+        self.step_s = step_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _mbm_daemon(
+    tmp: Path, clock: _Clock, *, monitor: bool
+) -> tuple[FakeNode, resctrl_fixtures.FakeResctrl, Daemon]:
+    """The bench's fixture node with resctrl mounted and a daemon built as test_mbm.py's
+    ``_sim`` builds it: the fake kernel as ``rdt_control``, no ``mbm`` injected."""
+    node = build_node(tmp, version=1, cpus=64, gpus=8, jobs=32)
+    fake = mount_resctrl(node, tasks_in_root=True)
+    conf = node.coda_conf.read_text()
+    if "NodeIntervalS=5\n" not in conf:
+        raise AssertionError("the fixture's coda.conf changed: no NodeIntervalS=5")
+    conf = conf.replace("NodeIntervalS=5\n", f"NodeIntervalS={clock.step_s:g}\n")
+    node.coda_conf.write_text(conf + f"NodeJobMemBw={'yes' if monitor else 'no'}\n")
+    daemon = Daemon(
+        load_config(node.coda_conf),
+        runner=node.slurm,
+        nvml=Nvml(lib=node.nvml_lib),
+        cpuset_writer=node.cpuset_writer,
+        quota_writer=node.quota_writer,
+        rdt_control=lambda _root, info: fake.control(info),
+        clock=clock,
+    )
+    daemon.start()
+    if monitor != (daemon.mem_bw_monitor is not None):
+        raise AssertionError(f"monitor wanted {monitor}, got {daemon.mem_bw_monitor_off}")
+    return node, fake, daemon
+
+
+def _cpu_job_bytes_per_s(node: FakeNode) -> dict[int, int]:
+    """What each CPU job draws: the k-th CPU job k GB/s."""
+    cpu = sorted(j for j, job in node.jobs.items() if job.kind == "cpu")
+    return {job_id: (k + 1) * GB for k, job_id in enumerate(cpu)}
+
+
+def _charge(fake: resctrl_fixtures.FakeResctrl, draws: dict[int, int], step_s: float) -> None:
+    """The kernel counts one tick of each CPU job's traffic in its MON group (a job with
+    no group yet is counted in its control group, which nobody reads)."""
+    for job_id, bytes_per_s in draws.items():
+        rel = f"mon_groups/{mon_group_name(job_id)}"
+        if not (fake.path / rel).is_dir():
+            continue
+        nbytes = round(bytes_per_s * step_s)
+        for domain, share in ((0, MBM_DOMAIN0_SHARE), (1, 1 - MBM_DOMAIN0_SHARE)):
+            d = fake.path / rel / "mon_data" / f"mon_L3_{domain:02d}"
+            part = round(nbytes * share)
+            for event, more in (
+                ("mbm_total_bytes", part),
+                ("mbm_local_bytes", round(part * MBM_LOCAL_SHARE)),
+            ):
+                now = int((d / event).read_text())
+                fake.set_counter(rel, domain, event, now + more)
+
+
+class _MonitorTimer:
+    """Wraps a running daemon's JobMonitor.sample and .sync (the daemon's own calls, with
+    its own arguments) to record each call's CPU time, and inside sync the time spent in
+    its ``tids`` callback (reading a job's threads from its cgroup) and how many jobs it
+    asked."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        monitor = daemon.mem_bw_monitor
+        assert monitor is not None
+        self.sample_ms: list[float] = []
+        self.sync_ms: list[float] = []
+        self.tids_ms: list[float] = []
+        self.tids_jobs: list[int] = []
+        self.recording = False
+        inner_sample, inner_sync = monitor.sample, monitor.sync
+
+        def sample(now_s: float) -> None:
+            t0 = time.process_time()
+            inner_sample(now_s)
+            if self.recording:
+                self.sample_ms.append((time.process_time() - t0) * 1e3)
+
+        def sync(
+            now_s: float,
+            jobs: Iterable[int],
+            ctrl_group_of: Callable[[int], str],
+            tids: Callable[[int], Iterable[int] | None],
+        ) -> None:
+            spent = [0.0, 0]
+
+            def timed_tids(job_id: int) -> Iterable[int] | None:
+                t = time.process_time()
+                out = tids(job_id)
+                spent[0] += time.process_time() - t
+                spent[1] += 1
+                return out
+
+            t0 = time.process_time()
+            inner_sync(now_s, jobs, ctrl_group_of, timed_tids)
+            if self.recording:
+                self.sync_ms.append((time.process_time() - t0) * 1e3)
+                self.tids_ms.append(spent[0] * 1e3)
+                self.tids_jobs.append(int(spent[1]))
+
+        monitor.sample = sample  # type: ignore[method-assign]
+        monitor.sync = sync  # type: ignore[method-assign]
+
+
+@dataclasses.dataclass(frozen=True)
+class MbmRun:
+    """What the side-by-side run of the monitor measured."""
+
+    tick_s: float
+    off_ms: list[float]
+    on_ms: list[float]
+    first_off_ms: float
+    first_on_ms: float
+    sample_ms: list[float]
+    sync_ms: list[float]
+    tids_ms: list[float]
+    tids_jobs: list[int]
+    groups: int
+    domains: int
+    files_per_domain: int
+    first_writes: int
+    steady_writes: int
+    rates: dict[int, tuple[int, float | None, Any]]
+    """CPU job -> (bytes/s its counters advanced by, monitor.rate, the status view's value)."""
+    threads_in_groups: dict[int, bool]
+    """CPU job -> its MON group's tasks file lists exactly the job's threads."""
+    cgroup_writes: tuple[int, int]
+    """cgroup writes in the measured ticks, off node and on node."""
+    events: tuple[int, int]
+    """Events (throttles, probes, ...) the two daemons logged in the measured ticks."""
+
+
+def _mbm_side_by_side(tmp: Path, ticks: int, tick_s: float) -> MbmRun:
+    clock = _Clock(tick_s)
+    off_node, off_fake, off = _mbm_daemon(tmp / "mbm-off", clock, monitor=False)
+    on_node, on_fake, on = _mbm_daemon(tmp / "mbm-on", clock, monitor=True)
+    draws = _cpu_job_bytes_per_s(on_node)
+    if draws != _cpu_job_bytes_per_s(off_node):
+        raise AssertionError("the two fixture nodes differ")
+    timer = _MonitorTimer(on)
+
+    def tick(daemon: Daemon) -> float:
+        t0 = time.process_time()
+        daemon.tick()
+        return (time.process_time() - t0) * 1e3
+
+    # First ticks: scontrol for every job, NVML init; the 'on' daemon makes the MON groups,
+    # moves the threads in and takes the first reading. Then one more for a first rate.
+    first_off, first_on = tick(off), tick(on)
+    first_writes = len(on_fake.writes)
+    for _ in range(max(2, round(10 / tick_s) + 1)):  # warm-up: two thread re-reads
+        clock.now_s += tick_s
+        for fake in (off_fake, on_fake):
+            _charge(fake, draws, tick_s)
+        tick(off), tick(on)
+
+    writes_before = len(on_fake.writes)
+    journal_before = (len(off_node.journal), len(on_node.journal))
+    events_before = (sum(off.events_total.values()), sum(on.events_total.values()))
+    off_ms: list[float] = []
+    on_ms: list[float] = []
+    timer.recording = True
+    for i in range(ticks):
+        clock.now_s += tick_s
+        for fake in (off_fake, on_fake):
+            _charge(fake, draws, tick_s)
+        # Alternate which goes first, so neither always runs on the other's warm cache.
+        if i % 2:
+            on_ms.append(tick(on))
+            off_ms.append(tick(off))
+        else:
+            off_ms.append(tick(off))
+            on_ms.append(tick(on))
+    timer.recording = False
+
+    monitor = on.mem_bw_monitor
+    assert monitor is not None and monitor.info.mon is not None
+    view = {j["job_id"]: j.get("mem_bw_bytes_per_s") for j in on.state.view["jobs"]}
+    rates = {j: (bw, monitor.rate(j), view.get(j)) for j, bw in draws.items()}
+    threads = {}
+    for job_id in draws:
+        listed = on_fake.text(f"mon_groups/{mon_group_name(job_id)}/tasks").split()
+        want = {t for ts in on_node.jobs[job_id].v1_threads.values() for t in ts}
+        threads[job_id] = {int(t) for t in listed} == want
+    return MbmRun(
+        tick_s=tick_s,
+        off_ms=off_ms,
+        on_ms=on_ms,
+        first_off_ms=first_off,
+        first_on_ms=first_on,
+        sample_ms=timer.sample_ms,
+        sync_ms=timer.sync_ms,
+        tids_ms=timer.tids_ms,
+        tids_jobs=timer.tids_jobs,
+        groups=len(monitor.monitored()),
+        domains=len(monitor.info.mon.domain_ids),
+        files_per_domain=1,  # JobMonitor reads one event (mbm_total_bytes) per domain
+        first_writes=first_writes,
+        steady_writes=len(on_fake.writes) - writes_before,
+        rates=rates,
+        threads_in_groups=threads,
+        cgroup_writes=(
+            len(off_node.journal) - journal_before[0],
+            len(on_node.journal) - journal_before[1],
+        ),
+        events=(
+            sum(off.events_total.values()) - events_before[0],
+            sum(on.events_total.values()) - events_before[1],
+        ),
+    )
+
+
+def _print_mbm(run: MbmRun) -> bool:
+    """The side-by-side table; False when the monitor did not measure what it should."""
+    n = len(run.on_ms)
+    if not n == len(run.sample_ms) == len(run.sync_ms):
+        raise AssertionError("the monitor was not sampled and synced once per tick")
+    reread = [i for i, jobs in enumerate(run.tids_jobs) if jobs]
+    quiet = [i for i, jobs in enumerate(run.tids_jobs) if not jobs]
+    print()
+    print(
+        f"per-job memory-bandwidth monitor (NodeJobMemBw), fake resctrl 'full' (MBM, "
+        f"{run.domains} L3 domains); simulated clock, {run.tick_s:g} s per tick"
+    )
+    print(
+        "two more fixture nodes built alike, each daemon on its own; ticks alternate; the "
+        "monitor is the only difference"
+    )
+    print(f"CPU time per tick, ms ({n} ticks each)")
+    print(f"{'':<36} {'p50':>7} {'p99':>7} {'mean':>7}  target")
+    print(_row("monitor off (NodeJobMemBw=no)", run.off_ms, _verdict(run.off_ms)))
+    print(_row(f"monitor on ({run.groups} MON groups)", run.on_ms, _verdict(run.on_ms)))
+    if reread and quiet:
+        print(
+            _row(f"  on, ticks re-reading threads ({len(reread)})", [run.on_ms[i] for i in reread])
+        )
+        print(_row(f"  on, other ticks ({len(quiet)})", [run.on_ms[i] for i in quiet]))
+    diff = [a - b for a, b in zip(run.on_ms, run.off_ms, strict=True)]
+    print(_row("on minus off, tick by tick", diff))
+    print(
+        f"first tick: off {run.first_off_ms:.1f} ms, on {run.first_on_ms:.1f} ms ({run.groups} "
+        f"MON groups made, {run.first_writes} resctrl writes, each re-rendered by the fake kernel)"
+    )
+    print()
+    reads = run.groups * run.domains * run.files_per_domain
+    print(f"the monitor's calls inside the 'on' ticks, ms ({n} ticks)")
+    print(f"{'part':<36} {'p50':>7} {'p99':>7} {'mean':>7}")
+    print(_row(f"sample ({reads} counter files)", run.sample_ms))
+    print(_row("sync, every tick", run.sync_ms))
+    if reread:
+        jobs = statistics.mean(run.tids_jobs[i] for i in reread)
+        print(
+            _row(
+                f"sync, ticks re-reading threads ({len(reread)})", [run.sync_ms[i] for i in reread]
+            )
+        )
+        print(_row(f"  of which {jobs:.1f} jobs' threads read", [run.tids_ms[i] for i in reread]))
+    if quiet:
+        print(_row(f"sync, other ticks ({len(quiet)})", [run.sync_ms[i] for i in quiet]))
+    both = [a + b for a, b in zip(run.sample_ms, run.sync_ms, strict=True)]
+    print(_row("sample + sync", both))
+    print(
+        f"in the {n} measured ticks: resctrl writes {run.steady_writes}; cgroup writes off/on "
+        f"{run.cgroup_writes[0]}/{run.cgroup_writes[1]}; daemon events off/on "
+        f"{run.events[0]}/{run.events[1]}"
+    )
+    if run.cgroup_writes != (0, 0) or run.events != (0, 0):
+        # With per-job bandwidth the contention loop may act where it could not before
+        # (e.g. cap CPU jobs to measure a DNN job's baseline, once past its warm-up).
+        print(
+            "note: a daemon's policy acted in the measured ticks, so 'on minus off' includes "
+            "that work as well as the monitor's own (sample + sync)"
+        )
+    ok = True
+    measured = 0
+    for job_id, (want, rate, shown) in sorted(run.rates.items()):
+        if rate is not None and abs(rate - want) <= 1e-9 * want and shown == rate:
+            measured += 1
+            continue
+        ok = False
+        print(f"  job {job_id}: counters advanced {want / GB:g} GB/s, monitor {rate}, view {shown}")
+    threads_ok = sum(run.threads_in_groups.values())
+    ok = ok and threads_ok == len(run.threads_in_groups)
+    lo, hi = min(r[0] for r in run.rates.values()), max(r[0] for r in run.rates.values())
+    print(
+        f"measured: {measured}/{len(run.rates)} CPU jobs show the rate their counters advanced "
+        f"by ({lo / GB:g}-{hi / GB:g} GB/s) in monitor.rate and the status view; "
+        f"{threads_ok}/{len(run.threads_in_groups)} MON groups hold exactly their job's threads"
+    )
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--ticks", type=int, default=200, help="ticks per measurement")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the node")
+    parser.add_argument(
+        "--tick-s",
+        type=float,
+        default=1.0,
+        help="simulated seconds per tick in the monitor comparison (NodeIntervalS; default 1)",
+    )
     args = parser.parse_args()
     reason = mknod_reason()
     if reason is not None:
@@ -216,6 +552,10 @@ def main() -> int:
         where = _filesystem_of(Path(tmp))
         state_kib = node.state_file.stat().st_size / 1024
 
+        mbm = _mbm_side_by_side(Path(tmp), args.ticks, args.tick_s)
+        gc.collect()
+        rss_mbm_mb = psutil.Process().memory_info().rss / MB
+
     fresh_mb = _fresh_import_rss_mb()
 
     print("coda-node tick: 64 CPUs, 8 GPUs, 32 jobs (16 GPU, 16 CPU), cgroup v1")
@@ -244,12 +584,19 @@ def main() -> int:
             print(_row(name, ms))
         total = [sum(v) for v in zip(*parts.values(), strict=True)]
         print(_row("sum of parts", total))
+    measured = _print_mbm(mbm)
     print()
     print("resident memory, MB")
     verdict = "ok" if rss_mb < TARGET_RSS_MB else "OVER"
     print(f"{'this process after the ticks':<44} {rss_mb:>7.1f}  <{TARGET_RSS_MB:g} {verdict}")
+    verdict = "ok" if rss_mbm_mb < TARGET_RSS_MB else "OVER"
+    after = "... after the monitor comparison (3 nodes)"
+    print(f"{after:<44} {rss_mbm_mb:>7.1f}  <{TARGET_RSS_MB:g} {verdict}")
     fresh = "fresh python -c 'import coda_node.daemon'"
     print(f"{fresh:<44} {fresh_mb:>7.1f}")
+    if not measured:
+        print("bench_node_tick: the monitor did not measure every CPU job", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -118,7 +118,12 @@ class JobMonitor:
         RMID reset) has no rate this time."""
         for job_id, g in self._groups.items():
             cur = read_mbm(
-                self.root, self.info, g.ctrl, mon_group_name(job_id), clock=lambda: now_s
+                self.root,
+                self.info,
+                g.ctrl,
+                mon_group_name(job_id),
+                clock=lambda: now_s,
+                events=(self.event,),
             )
             g.rate_bytes_per_s = (
                 group_mem_bw_bytes_per_s(g.readings, cur, local=self.event == "mbm_local_bytes")
@@ -224,6 +229,7 @@ class JobMonitor:
             self.control.ensure_mon_group(ctrl, name)
             g = self._groups[job_id] = _Group(ctrl)
         if g.fresh or g.tids_s is None or now_s - g.tids_s >= self.sync_every_s:
+            first = g.tids_s is None
             ids = tids(job_id)
             if ids is None:  # its cgroup vanished: the job ended
                 self._drop(job_id)
@@ -235,10 +241,16 @@ class JobMonitor:
             # (moved elsewhere since the enforcer's pass) would fail with EINVAL.
             self.control.assign_mon_tasks(ctrl, name, [t for t in ids if t in parents[ctrl]])
             g.tids_s = now_s
+            if first:
+                # Jobs found together would all re-read their threads on one tick: spread
+                # them over the period by job id (golden-ratio steps).
+                g.tids_s -= self.sync_every_s * ((job_id * 0.6180339887) % 1.0)
         if g.fresh:
             # The first reading now, right after the threads moved in, so that the next
             # sample already gives a rate.
-            g.readings = read_mbm(self.root, self.info, ctrl, name, clock=lambda: now_s)
+            g.readings = read_mbm(
+                self.root, self.info, ctrl, name, clock=lambda: now_s, events=(self.event,)
+            )
             g.rate_bytes_per_s = None
             g.fresh = False
         if job_id in self.unmonitored:

@@ -24,7 +24,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -395,12 +395,17 @@ def read_mbm(
     mon_group: str | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
+    events: Collection[str] | None = None,
 ) -> tuple[MbmReading, ...]:
     """Read ``<group>/mon_data/mon_L3_<id>/*`` for every L3 domain, one reading per domain.
 
     A group that does not exist (any more) or a node without monitoring reads as ``()``.
     On SNC systems the ``mon_L3_<id>`` top-level files are already the sum over the
     sub-NUMA nodes (kernel doc, "Notes on Sub-NUMA Cluster mode"), so those are read.
+    ``events``: read only these (the others are None). Each read of an event file makes
+    the kernel read the counter on a CPU of that domain (an MSR read, by IPI), so a caller
+    that needs one event reads one; it also skips listing ``mon_data`` and uses the domains
+    found at discovery.
     """
     if not info.usable or info.mon is None or info.mount_point is None:
         return ()
@@ -412,11 +417,16 @@ def read_mbm(
         return ()
     mon_data = gdir / "mon_data"
     readings = []
-    for domain_id in _mon_domain_ids(mon_data):
+    domain_ids = _mon_domain_ids(mon_data) if events is None else info.mon.domain_ids
+    wanted = ("mbm_total_bytes", "mbm_local_bytes", "llc_occupancy")
+    if events is not None:
+        wanted = tuple(e for e in wanted if e in events)
+    for domain_id in domain_ids:
         d = mon_data / f"mon_L3_{domain_id:02d}"
-        total = _read_count(d / "mbm_total_bytes")
-        local = _read_count(d / "mbm_local_bytes")
-        occupancy = _read_count(d / "llc_occupancy")
+        counts = {e: _read_count(d / e) for e in wanted}
+        total = counts.get("mbm_total_bytes")
+        local = counts.get("mbm_local_bytes")
+        occupancy = counts.get("llc_occupancy")
         readings.append(MbmReading(rel, domain_id, total, local, occupancy, clock(), ino))
     return tuple(readings)
 

@@ -4,6 +4,7 @@ kernel of tests/resctrl_fixtures.py, and through the daemon's closed loop on a f
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -245,10 +246,18 @@ def test_threads_are_read_again_only_every_sync_every_s(tmp_path: Path) -> None:
     # A new step's process: not a child of the job's threads, so not in the group.
     rig.threads[1].append(5004)
     rig.spawn(5004)
-    rig.monitor.sync(1.0, [1, 2, 3], lambda j: "", tids)
-    assert calls == [] and 5004 not in rig.tasks("mon_groups/coda_j1")
-    rig.monitor.sync(5.0, [1, 2, 3], lambda j: "", tids)
-    assert calls == [1, 2, 3]
+    reread: dict[int, list[int]] = {}
+    for t in range(1, 16):
+        calls.clear()
+        rig.monitor.sync(float(t), [1, 2, 3], lambda j: "", tids)
+        reread[t] = list(calls)
+        if 1 not in [j for ts in range(1, t + 1) for j in reread[ts]]:
+            assert 5004 not in rig.tasks("mon_groups/coda_j1")
+    # Each job once per 5 s, and not all on one tick (jobs found together are spread).
+    for job in (1, 2, 3):
+        ticks = [t for t, jobs in reread.items() if job in jobs]
+        assert len(ticks) == 3 and all(b - a == 5 for a, b in itertools.pairwise(ticks))
+    assert max(len(jobs) for jobs in reread.values()) < 3
     assert rig.tasks("mon_groups/coda_j1") == {*JOBS[1], 5004}
 
 
