@@ -122,6 +122,12 @@ class AdaptiveLoop:
         self.pcie: dict[int, float] = {}
         """Each DNN job's PCIe traffic this tick (bytes/s, rx + tx over its GPUs)."""
 
+    def adopt_signal(self, job_id: int, first_seen_s: float) -> None:
+        """Watch ``job_id`` as if since ``first_seen_s`` (a restarted daemon, from its last
+        run's view), so its warm-up is not served a second time."""
+        if job_id not in self.signals:
+            self.signals[job_id] = JobSignal(first_seen_s, self.signal_params)
+
     # -- inputs -------------------------------------------------------------------------
     def sockets_of(self, cpus: frozenset[int]) -> frozenset[int]:
         out = set()

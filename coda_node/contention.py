@@ -227,6 +227,20 @@ class Eliminator:
             "slowdown": v.slowdown,
         }
 
+    def adopt_baseline(self, job_id: int, baseline: float, ticks: int) -> bool:
+        """Take a baseline a previous run of the daemon measured (its state file's view), so
+        a restart does not leave the job unshielded until it is measured again. Counts as
+        at most ``baseline_min_ticks`` ticks, so this run's own quiet ticks soon outweigh
+        it. False (nothing taken) for a job this run already knows or a value not usable."""
+        p = self.params
+        if job_id in self.victims or not baseline > 0 or ticks < p.baseline_min_ticks:
+            return False
+        v = self.victims[job_id] = _Victim(
+            rates=deque(maxlen=p.smooth_ticks), baseline=deque(maxlen=p.baseline_ticks)
+        )
+        v.baseline.extend([baseline] * p.baseline_min_ticks)
+        return True
+
     def probing_baseline_of(self) -> int | None:
         """The DNN job whose baseline is being measured now, if any."""
         return None if self.probe is None else self.probe.victim

@@ -10,6 +10,7 @@ restore`` after the daemon stops for any reason, SIGKILL included.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -353,6 +354,37 @@ class Daemon:
         pending = sorted(self.state.changes)
         if pending:
             log.info("state file lists changes to jobs %s; reconciling", pending)
+        self._adopt_baselines()
+
+    def _adopt_baselines(self) -> None:
+        """What the last run knew of each DNN job (its view in the state file): how long it
+        had been watched (so its warm-up is not served again) and its uncontended baseline.
+        Without them a restart leaves every job unshielded for NodeProbeWarmupS and then
+        until it has been measured again (quiet ticks, or a baseline probe that caps the CPU
+        jobs). Jobs that ended meanwhile are forgotten at the first tick."""
+        view = self.state.view
+        since_s = 0.0
+        with contextlib.suppress(TypeError, ValueError):
+            since_s = max(0.0, time.time() - float(view.get("sampled_unix_s") or time.time()))
+        adopted = []
+        for job in view.get("jobs") or []:
+            try:
+                if job.get("kind") != "dnn":
+                    continue
+                job_id = int(job["job_id"])
+                age_s = (job.get("progress") or {}).get("age_s")
+                if age_s is not None:
+                    self.loop.adopt_signal(job_id, self._clock() - float(age_s) - since_s)
+                contention = job.get("contention") or {}
+                baseline, ticks = contention.get("baseline"), contention.get("baseline_ticks")
+                if baseline is not None and self.loop.eliminator.adopt_baseline(
+                    job_id, float(baseline), int(ticks)
+                ):
+                    adopted.append(f"{job_id}={float(baseline):.4g}")
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue  # an entry this version cannot read: measured again instead
+        if adopted:
+            log.info("baselines from the last run: %s", ", ".join(adopted))
 
     def _save(self) -> None:
         self.state_file.save(self.state)
@@ -770,6 +802,7 @@ class Daemon:
                 "source": prog.source,
                 "phase": prog.phase,
                 "level": prog.level,
+                "age_s": prog.age_s,
             }
             if prog
             else None,

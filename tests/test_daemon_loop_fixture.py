@@ -533,3 +533,31 @@ def test_every_decision_and_change_is_logged_once_with_the_job_id_first(
     assert (CPU, "cpuset", "admin: pinned") in whats  # the limit, one line
     assert (CPU, "cpuset-restore", "restore") in whats  # the restore, one line
     assert sum(1 for j, a, _ in whats if j == DNN and a == "profile-publish") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Restart: the DNN jobs' baselines carry over
+
+
+@pytest.mark.parametrize("state_kept", [True, False])
+def test_a_restarted_daemon_shields_at_once_with_the_baselines_of_its_last_run(
+    tmp_path: Path, state_kept: bool
+) -> None:
+    """coda-node is restarted (an upgrade, or it was killed) while a DNN job trains: the job's
+    baseline comes back from the state file, so a CPU job that starts drawing is throttled
+    within two ticks, as before the restart. Without the state file the job has no
+    baseline and nothing can be done for it until one is measured."""
+    sim = Sim(tmp_path, rdt=True)
+    _run_until_onset(sim)
+    if not state_kept:
+        sim.daemon.state_file.path.unlink()
+    sim.new_daemon(mbm_given=True)
+    assert sim.baseline(DNN) == (pytest.approx(R0) if state_kept else None)
+    start = sim.ticks
+    for _ in range(4):
+        _contention_step(sim, True, lambda mb: B * mb / 100)
+    throttled = [t for t, e in sim.events("throttle") if t >= start]
+    if state_kept:
+        assert throttled and throttled[0] - start <= 2
+    else:
+        assert throttled == []
