@@ -4,10 +4,12 @@ the GPU jobs do not need (issue 7; :mod:`slurm_plugin.reserve` decides,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -122,15 +124,22 @@ def emit_json_line(partitions: list[dict[str, object]], dry_run: bool) -> None:
     click.echo(json.dumps({"dry_run": dry_run, "partitions": partitions}, sort_keys=True))
 
 
-def _once(
-    runner: Runner, settings: ReserveSettings, state_path: Path, dry_run: bool, as_json: bool
-) -> None:
+@contextlib.contextmanager
+def _cli_errors() -> Iterator[None]:
+    """Slurm or the state file failing, as one clear error line (exit 1)."""
     try:
-        outcomes = reconcile(runner, settings, state_path, dry_run=dry_run)
+        yield
     except SlurmQueryError as exc:
         raise CliError("cannot read Slurm", str(exc)) from exc
     except ReserveStateError as exc:
         raise CliError("cannot use the state file", str(exc)) from exc
+
+
+def _once(
+    runner: Runner, settings: ReserveSettings, state_path: Path, dry_run: bool, as_json: bool
+) -> None:
+    with _cli_errors():
+        outcomes = reconcile(runner, settings, state_path, dry_run=dry_run)
     errors = [o for o in outcomes if o.error is not None]
     if as_json:
         emit_json(
@@ -151,12 +160,8 @@ def _once(
 
 
 def _revert(runner: Runner, state_path: Path, as_json: bool) -> None:
-    try:
+    with _cli_errors():
         outcomes = revert(runner, state_path)
-    except SlurmQueryError as exc:
-        raise CliError("cannot read Slurm", str(exc)) from exc
-    except ReserveStateError as exc:
-        raise CliError("cannot use the state file", str(exc)) from exc
     errors = [o for o in outcomes if o.error is not None]
     if as_json:
         emit_json({"ok": not errors, "reverted": [o.to_json() for o in outcomes]})

@@ -20,6 +20,7 @@ from slurm_plugin.devcluster import DevCluster, NodeSpec
 from slurm_plugin.policy import parse_admin_record
 from slurm_plugin.store import Profile, ProfileStore, UsageRecord
 from tests.conftest import LogWatch, require_slurm, started
+from tests.test_submit_slurm import wait_for_reload
 
 pytestmark = pytest.mark.slurm
 
@@ -62,21 +63,6 @@ def _put_profiles(cluster: DevCluster) -> None:
         )
 
 
-def _wait_for_reload(cluster: DevCluster, timeout_s: float = 10.0) -> None:
-    """Until the hook's reloader has ticked (and so reread the store) after now."""
-    t0 = time.time()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            stats = json.loads(cluster.hook_stats_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            stats = {}
-        if stats.get("written_unix_s", 0) > t0 + 1.05 and stats.get("profiles", 0) >= 3:
-            return
-        time.sleep(0.1)
-    raise AssertionError("the hook's reloader did not pick up the profiles")
-
-
 @pytest.fixture(scope="module")
 def pcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     require_slurm()
@@ -91,7 +77,7 @@ def pcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     )
     for c in started(cluster):
         _put_profiles(c)
-        _wait_for_reload(c)
+        wait_for_reload(c, min_profiles=3)
         yield c
 
 

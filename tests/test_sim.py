@@ -30,18 +30,22 @@ MODEL = JobModel()
 CHECK = SimParams(check=True)
 
 
-def make_trace(rows: list[tuple[float, float, int, int]], names: list[str] | None = None) -> Trace:
-    """Jobs as (submit_s, duration_s, gpus, cpus); GPU jobs get workload 0 ("w")."""
-    submit = np.array([r[0] for r in rows], dtype=float)
+def make_trace(
+    rows: list[tuple[float, float, int, int]] | list[tuple[float, float, int, int, int]],
+    names: list[str] | None = None,
+) -> Trace:
+    """Jobs as (submit_s, duration_s, gpus, cpus[, workload index or -1]); without the
+    index, GPU jobs get workload 0 ("w")."""
     gpus = np.array([r[2] for r in rows], dtype=np.int32)
+    workload = [r[4] if len(r) > 4 else (0 if r[2] > 0 else -1) for r in rows]  # type: ignore[misc]
     t = Trace(
         name="hand",
-        submit_s=submit,
+        submit_s=np.array([r[0] for r in rows], dtype=float),
         duration_s=np.array([r[1] for r in rows], dtype=float),
         gpus=gpus,
         cpus=np.array([r[3] for r in rows], dtype=np.int32),
         nodes=np.ones(len(rows), dtype=np.int32),
-        workload=np.where(gpus > 0, 0, -1).astype(np.int32),
+        workload=np.array(workload, dtype=np.int32),
         workload_names=names or ["w"],
         gpu_model=np.full(len(rows), -1, dtype=np.int16),
         gpu_model_names=[],

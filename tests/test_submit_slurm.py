@@ -49,8 +49,9 @@ def put_profile(
     )
 
 
-def wait_for_reload(cluster: DevCluster, timeout_s: float = 10.0) -> None:
-    """Wait until the hook's reloader has ticked at least once after now."""
+def wait_for_reload(cluster: DevCluster, timeout_s: float = 10.0, min_profiles: int = 0) -> None:
+    """Wait until the hook's reloader has ticked at least once after now (and, with
+    ``min_profiles``, holds at least that many profiles)."""
     t0 = time.time()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -59,7 +60,7 @@ def wait_for_reload(cluster: DevCluster, timeout_s: float = 10.0) -> None:
         except (FileNotFoundError, json.JSONDecodeError):
             stats = {}
         # A tick that started after t0 wrote its stats after t0 + one interval.
-        if stats.get("written_unix_s", 0) > t0 + 1.05:
+        if stats.get("written_unix_s", 0) > t0 + 1.05 and stats.get("profiles", 0) >= min_profiles:
             return
         time.sleep(0.1)
     raise AssertionError("the hook's reloader did not tick")
