@@ -275,6 +275,30 @@ _PIDS_FILE = {1: "tasks", 2: "cgroup.procs"}
 _THREADS_FILE = {1: "tasks", 2: "cgroup.threads"}
 
 
+_READ_CHUNK = 65536
+
+
+def _read_file(path: str | os.PathLike[str]) -> str:
+    """A small kernel file's text, read with os.open/os.read.
+
+    A tick reads a few hundred cgroup and /proc files; ``Path.read_text`` (pathlib, then an
+    io.TextIOWrapper) costs about twice this on cgroupfs (bench/bench_node_tick.py). Reads
+    until end of file, so a long ``tasks`` list comes whole. Undecodable bytes (a thread's
+    ``comm`` in /proc/<tid>/stat is not always UTF-8) are replaced, not fatal.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _READ_CHUNK)
+        if data:
+            more = os.read(fd, _READ_CHUNK)
+            while more:
+                data += more
+                more = os.read(fd, _READ_CHUNK)
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace")
+
+
 def _list_dir(path: Path) -> list[str]:
     """Sorted entry names; a directory that is gone (its job ended) lists as empty."""
     try:
@@ -285,7 +309,7 @@ def _list_dir(path: Path) -> list[str]:
         raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
 
 
-def _subdirs(path: Path) -> list[str]:
+def _subdirs(path: str | Path) -> list[str]:
     """Sorted names of the subdirectories of ``path``; gone (the job ended) lists as empty.
 
     ``scandir`` gives the entry type from the directory itself (cgroupfs/kernfs fill
@@ -297,7 +321,7 @@ def _subdirs(path: Path) -> list[str]:
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS or exc.errno == errno.ENOTDIR:
             return []
-        raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
+        raise CgroupReadError(Path(path), exc.errno or 0, exc.strerror or str(exc)) from exc
 
 
 def _numbered(parent: Path, prefix: str) -> list[tuple[int, Path]]:
@@ -310,12 +334,16 @@ def _numbered(parent: Path, prefix: str) -> list[tuple[int, Path]]:
     return out
 
 
-def _subtree(top: Path) -> list[tuple[str, Path]]:
-    """(relative path, path) of ``top`` (as ``"."``) and every directory below, parents first."""
+def _subtree(top: str | Path) -> list[tuple[str, str]]:
+    """(relative path, path) of ``top`` (as ``"."``) and every directory below, parents
+    first. Paths are strings: a tick walks every limited job's tree, and joining strings
+    costs a fraction of building Path objects."""
+    top = os.fspath(top)
     out = [(".", top)]
     for name in _subdirs(top):
         out.extend(
-            (name if rel == "." else f"{name}/{rel}", path) for rel, path in _subtree(top / name)
+            (name if rel == "." else f"{name}/{rel}", path)
+            for rel, path in _subtree(f"{top}/{name}")
         )
     return out
 
@@ -331,25 +359,25 @@ def _parent_rel(rel: str) -> str | None:
     return head or "."
 
 
-def _read_pids(path: Path) -> tuple[int, ...]:
-    return tuple(int(line) for line in path.read_text().split())
+def _read_pids(path: str | Path) -> tuple[int, ...]:
+    return tuple(int(line) for line in _read_file(path).split())
 
 
-def _subtree_pids(top: Path, pids_file: str) -> tuple[int, ...]:
+def _subtree_pids(top: str | Path, pids_file: str) -> tuple[int, ...]:
     """Pids of ``top`` and its descendants; directories that vanish while read are skipped."""
     pids: set[int] = set()
     for _, path in _subtree(top):
         try:
-            pids.update(_read_pids(path / pids_file))
+            pids.update(_read_pids(f"{path}/{pids_file}"))
         except OSError as exc:
             if exc.errno not in _GONE_ERRNOS:
                 raise CgroupReadError(
-                    path / pids_file, exc.errno or 0, exc.strerror or str(exc)
+                    Path(path, pids_file), exc.errno or 0, exc.strerror or str(exc)
                 ) from exc
     return tuple(sorted(pids))
 
 
-def _read_cpuset_file(path: Path, name: str, version: int) -> str:
+def _read_cpuset_file(path: str | Path, name: str, version: int) -> str:
     """A cpuset file's text; on v2 ``""`` when the cpuset controller is off in that cgroup.
 
     On v1 the job's directories are in the cpuset hierarchy, so a missing file means the
@@ -357,14 +385,14 @@ def _read_cpuset_file(path: Path, name: str, version: int) -> str:
     enabled cpuset in ``cgroup.subtree_control`` (ConstrainCores=no leaves it off).
     """
     try:
-        return (path / name).read_text().strip()
+        return _read_file(f"{os.fspath(path)}/{name}").strip()
     except FileNotFoundError:
-        if version == 2 and path.is_dir():
+        if version == 2 and os.path.isdir(path):
             return ""
         raise
 
 
-def _dir_cpus(path: Path, version: int) -> frozenset[int]:
+def _dir_cpus(path: str | Path, version: int) -> frozenset[int]:
     cpus = parse_cpulist(_read_cpuset_file(path, "cpuset.cpus", version))
     if not cpus and version == 2:
         # v2: an empty cpuset.cpus means "same as the parent"; the kernel shows the result.
@@ -372,7 +400,7 @@ def _dir_cpus(path: Path, version: int) -> frozenset[int]:
     return cpus
 
 
-def _dir_mems(path: Path, version: int) -> str:
+def _dir_mems(path: str | Path, version: int) -> str:
     mems = _read_cpuset_file(path, "cpuset.mems", version)
     if not mems and version == 2:
         mems = _read_cpuset_file(path, "cpuset.mems.effective", version)
@@ -386,9 +414,10 @@ def _read_job(
     Without ``detail`` only the job's own CPUs are read (no mems, steps or tasks)."""
     version = 2 if layout.version == 2 else 1
     pids_file = _PIDS_FILE[version]
+    job_str = os.fspath(job_dir)
     try:
-        cpus = _dir_cpus(job_dir, version)
-        mems = _dir_mems(job_dir, version) if detail else ""
+        cpus = _dir_cpus(job_str, version)
+        mems = _dir_mems(job_str, version) if detail else ""
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
             return None
@@ -396,38 +425,39 @@ def _read_job(
     if not detail:
         return CgroupJob(job_id, uid, job_dir, cpus, mems, steps=(), pids=())
     steps = []
-    for name in _subdirs(job_dir):
-        step_dir = job_dir / name
+    subdirs = _subdirs(job_str)
+    for name in subdirs:
         if not name.startswith("step_"):
             continue
+        step_str = f"{job_str}/{name}"
         try:
-            step_cpus = _dir_cpus(step_dir, version)
+            step_cpus = _dir_cpus(step_str, version)
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 continue  # the step ended; the job goes on
-            raise CgroupReadError(step_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
+            raise CgroupReadError(Path(step_str), exc.errno or 0, exc.strerror or str(exc)) from exc
         steps.append(
             CgroupStep(
                 job_id=job_id,
                 name=name[len("step_") :],
-                path=step_dir,
+                path=job_dir / name,
                 cpus=step_cpus,
-                pids=_subtree_pids(step_dir, pids_file),
+                pids=_subtree_pids(step_str, pids_file),
             )
         )
-    if not job_dir.is_dir():
+    if not os.path.isdir(job_str):
         return None
     # The job's tasks: its steps' (already read) and any in the job directory itself or in
     # a non-step directory below it; one walk of the tree, not two.
     pids: set[int] = {p for step in steps for p in step.pids}
     try:
-        pids.update(_read_pids(job_dir / pids_file))
+        pids.update(_read_pids(f"{job_str}/{pids_file}"))
     except OSError as exc:
         if exc.errno not in _GONE_ERRNOS:
             raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
-    for name in _subdirs(job_dir):
+    for name in subdirs:
         if not name.startswith("step_"):
-            pids.update(_subtree_pids(job_dir / name, pids_file))
+            pids.update(_subtree_pids(f"{job_str}/{name}", pids_file))
     return CgroupJob(
         job_id=job_id,
         uid=uid,
@@ -480,13 +510,13 @@ def _thread_cpu_ticks(root: SystemRoot, tid: int) -> int | None:
     # /proc/<tid>/stat reports the whole thread group's times for any of its threads, so
     # summing it over a v1 ``tasks`` list (thread ids) would count a process once per thread;
     # /proc/<tid>/task/<tid>/stat is the thread alone (proc(5)).
-    path = root.proc / str(tid) / "task" / str(tid) / "stat"
+    path = f"{os.fspath(root.proc)}/{tid}/task/{tid}/stat"
     try:
-        text = path.read_text()
+        text = _read_file(path)
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
             return None
-        raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
+        raise CgroupReadError(Path(path), exc.errno or 0, exc.strerror or str(exc)) from exc
     # Field 2 (comm) is in parentheses and may hold spaces and ")"; fields 14 and 15 (utime,
     # stime) are the 12th and 13th after the last ")" (proc(5)).
     fields = text[text.rindex(")") + 1 :].split()
@@ -503,7 +533,7 @@ def cpu_usage_ns(layout: CgroupLayout, job: CgroupJob) -> int | None:
     if layout.version == 2:
         path = job.path / "cpu.stat"
         try:
-            text = path.read_text()
+            text = _read_file(path)
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 return None
@@ -521,7 +551,7 @@ def cpu_usage_ns(layout: CgroupLayout, job: CgroupJob) -> int | None:
         if rel is not None:
             path = layout.cpuacct_mount / rel / "cpuacct.usage"
             try:
-                return int(path.read_text())
+                return int(_read_file(path))
             except OSError as exc:
                 if exc.errno not in _GONE_ERRNOS:
                     raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
@@ -587,7 +617,7 @@ class _CgroupWriter:
 
     def _read(self, path: Path, job_id: int | None) -> str:
         try:
-            return path.read_text()
+            return _read_file(path)
         except OSError as exc:
             raise _translate(exc, path, job_id, "read") from exc
 
@@ -634,25 +664,26 @@ class CpusetWriter(_CgroupWriter):
         self._get_affinity = get_affinity
         self._set_affinity = set_affinity
 
-    def _current(self, job: CgroupJob) -> dict[str, tuple[Path, str]]:
+    def _current(self, job: CgroupJob) -> dict[str, tuple[str, str]]:
         """rel -> (dir, cpuset.cpus text) for the job's directory and all below it, now."""
-        if not job.path.is_dir():
+        if not os.path.isdir(job.path):
             raise JobGone(job.job_id, job.path)
-        current: dict[str, tuple[Path, str]] = {}
+        current: dict[str, tuple[str, str]] = {}
         for rel, path in _subtree(job.path):
             try:
-                current[rel] = (path, path.joinpath("cpuset.cpus").read_text().strip())
+                current[rel] = (path, _read_file(f"{path}/cpuset.cpus").strip())
             except OSError as exc:
-                if rel == "." and exc.errno == errno.ENOENT and path.is_dir():
+                file = Path(path, "cpuset.cpus")
+                if rel == "." and exc.errno == errno.ENOENT and os.path.isdir(path):
                     raise EnforceError(
-                        path / "cpuset.cpus",
+                        file,
                         errno.ENOENT,
                         "no cpuset.cpus: the cpuset controller is not enabled for this job",
                     ) from exc
                 if rel == ".":
-                    raise _translate(exc, path / "cpuset.cpus", job.job_id, "read") from exc
+                    raise _translate(exc, file, job.job_id, "read") from exc
                 if exc.errno not in _GONE_ERRNOS:
-                    raise _translate(exc, path / "cpuset.cpus", None, "read") from exc
+                    raise _translate(exc, file, None, "read") from exc
                 # a step or task that ended while we looked: nothing to write there
         return current
 
@@ -663,16 +694,16 @@ class CpusetWriter(_CgroupWriter):
         except OSError as exc:
             raise _translate(exc, path / "cpuset.cpus", job_id, "read") from exc
 
-    def _threads(self, path: Path) -> tuple[int, ...]:
+    def _threads(self, path: str) -> tuple[int, ...]:
         name = _THREADS_FILE[self._version]
-        if self._version == 2 and not (path / name).exists():
+        if self._version == 2 and not os.path.exists(f"{path}/{name}"):
             name = _PIDS_FILE[2]
         try:
-            return _read_pids(path / name)
+            return _read_pids(f"{path}/{name}")
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 return ()
-            raise _translate(exc, path / name, None, "read") from exc
+            raise _translate(exc, Path(path, name), None, "read") from exc
 
     def snapshot(self, job: CgroupJob) -> CpusetSnapshot:
         """The job's cpusets (job and every descendant) and each thread's affinity, now."""
@@ -788,7 +819,7 @@ class CpusetWriter(_CgroupWriter):
     def _apply(
         self,
         job: CgroupJob,
-        current: Mapping[str, tuple[Path, str]],
+        current: Mapping[str, tuple[str, str]],
         targets: Mapping[str, frozenset[int]],
     ) -> int:
         """Move each directory in ``targets`` from its current CPUs to its target.
@@ -810,13 +841,14 @@ class CpusetWriter(_CgroupWriter):
             if want - now[rel]:
                 held = frozenset().union(*(now[c] for c in children.get(rel, ())))
                 step = want | held
-                self._write(current[rel][0] / "cpuset.cpus", _cpulist_bytes(step), job.job_id)
+                file = Path(current[rel][0], "cpuset.cpus")
+                self._write(file, _cpulist_bytes(step), job.job_id)
                 now[rel] = step
                 written += 1
         for rel in reversed(order):
             if now[rel] != targets[rel]:
                 data = _cpulist_bytes(targets[rel])
-                self._write(current[rel][0] / "cpuset.cpus", data, job.job_id)
+                self._write(Path(current[rel][0], "cpuset.cpus"), data, job.job_id)
                 now[rel] = targets[rel]
                 written += 1
         return written
@@ -993,7 +1025,7 @@ class CpuQuotaWriter(_CgroupWriter):
     def _cgroup_of(self, tid: int) -> Path | None:
         """The v1 cpu cgroup ``tid`` is in, from /proc/<tid>/cgroup; None if unknown."""
         try:
-            text = (self.layout.root.proc / str(tid) / "cgroup").read_text()
+            text = _read_file(f"{os.fspath(self.layout.root.proc)}/{tid}/cgroup")
         except OSError:
             return None  # exited, or unreadable: it will go back to the root
         for line in text.splitlines():

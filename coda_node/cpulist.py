@@ -6,17 +6,21 @@ Pure: cgroup cpusets, Slurm's ``CPU_IDs`` and GRES ``IDX``, PMU cpumasks and the
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
 _CPULIST_PART = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
 
 
+@functools.lru_cache(maxsize=512)
 def parse_cpulist(text: str) -> frozenset[int]:
     """``"0-3,8,10-11"`` -> {0, 1, 2, 3, 8, 10, 11}; ``""`` -> empty. Order does not matter.
 
     Accepts what the kernel prints in ``cpuset.cpus`` (Documentation/admin-guide/cgroup-v1/
-    cpusets.rst, "list format"); raises ValueError on anything else.
+    cpusets.rst, "list format"); raises ValueError on anything else. Cached: a tick parses
+    the same few lists (each job's and step's cpuset) hundreds of times, and the result is
+    immutable.
     """
     text = text.strip()
     if not text:

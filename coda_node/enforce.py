@@ -36,6 +36,12 @@ MECHANISMS = ("cpuset", "quota", "rdt")
 
 _RDT_CLASS = re.compile(r"coda_(?:mb(\d+)(?:_l3w(\d+))?|l3w(\d+))")
 
+VERIFY_EVERY_TICKS = 10
+"""A job's cpuset or CPU quota found exactly as wanted is read again in full only every
+this many ticks while the sampler sees the job unchanged (same CPUs, steps and tasks); in
+between, its steady state costs no cgroup reads. Anything the sampler sees change (a new
+step, a new task, a cpuset Slurm rewrote) and any new target is checked at once."""
+
 
 @dataclass(frozen=True, slots=True)
 class RdtClass:
@@ -129,6 +135,26 @@ class Enforcer:
         self.root = root or SystemRoot()
         self.cgroup_version = cgroup_version
         self.mechanisms = frozenset(mechanisms)
+        self._settled: dict[tuple[int, str], tuple[object, int]] = {}
+        """(job, mechanism) -> (what the sampler showed and the target, when a full check
+        found nothing to write; full checks skipped since)."""
+
+    def _is_settled(self, job_id: int, what: str, seen: object) -> bool:
+        """Whether a full check of ``what`` may be skipped this tick: the last one wrote
+        nothing under the same target and sampled job, fewer than VERIFY_EVERY_TICKS ago."""
+        entry = self._settled.get((job_id, what))
+        if entry is None or entry[0] != seen or entry[1] >= VERIFY_EVERY_TICKS:
+            return False
+        self._settled[(job_id, what)] = (seen, entry[1] + 1)
+        return True
+
+    def _checked(self, job_id: int, what: str, seen: object, written: int) -> None:
+        """Record a full check: settled when it wrote nothing (a write is seen by the next
+        tick's sample, which is then checked in full once more)."""
+        if written or seen is None:
+            self._settled.pop((job_id, what), None)
+        else:
+            self._settled[(job_id, what)] = (seen, 1)
 
     # -- one tick -------------------------------------------------------------
     def reconcile(
@@ -225,11 +251,16 @@ class Enforcer:
                 for tid, mask in fresh["affinity"].items():
                     ch.cpuset_original["affinity"].setdefault(tid, mask)
                 self._save()
-            snap = snapshot_from_dict(ch.cpuset_original)
-            if self.cpuset.shrink(cg, target.cpus, snapshot=snap):
-                r.applied.append(f"cpuset {format_cpulist(target.cpus)}")
+            seen = _sampled(cg, target.cpus, with_tasks=False)
+            if not self._is_settled(cg.job_id, "cpuset", seen):
+                snap = snapshot_from_dict(ch.cpuset_original)
+                written = self.cpuset.shrink(cg, target.cpus, snapshot=snap)
+                if written:
+                    r.applied.append(f"cpuset {format_cpulist(target.cpus)}")
+                self._checked(cg.job_id, "cpuset", seen, written)
             ch.cpuset_applied = sorted(target.cpus)
         elif ch.cpuset_original is not None:
+            self._settled.pop((cg.job_id, "cpuset"), None)
             snap = snapshot_from_dict(ch.cpuset_original)
             self.cpuset.restore(cg, snap)
             r.applied.append(f"cpuset restored to {snap.cpus.get('.', '?')}")
@@ -247,12 +278,16 @@ class Enforcer:
                 ch.quota_active = True
                 self._save()
             changed = ch.quota_applied != target.quota_cores
-            # Called every tick while active: moves tasks that started since (v1).
-            self.quota.set_quota(cg, target.quota_cores)
+            seen = _sampled(cg, target.quota_cores, with_tasks=True)
+            if not self._is_settled(cg.job_id, "quota", seen):
+                # Checked every tick the job's tasks change: moves tasks that started (v1).
+                written = self.quota.set_quota(cg, target.quota_cores)
+                self._checked(cg.job_id, "quota", seen, written)
             if changed:
                 r.applied.append(f"cpu quota {target.quota_cores:g} cores")
             ch.quota_applied = target.quota_cores
         elif ch.quota_active:
+            self._settled.pop((cg.job_id, "quota"), None)
             self.quota.set_quota(cg, ch.quota_original)
             r.applied.append("cpu quota released")
             ch.quota_active = False
@@ -424,7 +459,19 @@ class Enforcer:
 
     def _forget(self, job_id: int) -> None:
         self.state.changes.pop(job_id, None)
+        for what in ("cpuset", "quota"):
+            self._settled.pop((job_id, what), None)
         self._save()
+
+
+def _sampled(cg: CgroupJob, target: object, *, with_tasks: bool) -> object:
+    """What a skipped check relies on: the target and the job as this tick's sample shows
+    it (its CPUs, each step's CPUs, with ``with_tasks`` its tasks). None when the job was
+    listed without its steps and tasks: then nothing may be skipped."""
+    if not cg.pids:
+        return None
+    steps = tuple((s.name, s.cpus) for s in cg.steps)
+    return (target, cg.cpus, steps, cg.pids if with_tasks else None)
 
 
 def _released_lines(had: RdtClass | None, now: RdtClass) -> list[str]:

@@ -334,8 +334,9 @@ def test_job_that_ends_between_listing_and_reading_is_skipped(
     layout = discover_layout(fx.root)
     real = cgroups._subdirs
 
-    def list_then_job_ends(path: Path) -> list[str]:
-        names = real(path)
+    def list_then_job_ends(where: str | Path) -> list[str]:
+        names = real(where)
+        path = Path(where)
         if path.name == "uid_1001":
             shutil.rmtree(path / "job_202")  # slurmd removed it right after we listed it
         return names
@@ -351,8 +352,9 @@ def test_step_that_ends_mid_walk_is_left_out_of_its_job(
     layout = discover_layout(fx.root)
     real = cgroups._subdirs
 
-    def list_then_step_ends(path: Path) -> list[str]:
-        names = real(path)
+    def list_then_step_ends(where: str | Path) -> list[str]:
+        names = real(where)
+        path = Path(where)
         if path.name == "job_101" and (path / "step_batch").exists():
             shutil.rmtree(path / "step_batch")
         return names

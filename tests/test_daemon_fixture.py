@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from coda_node.enforce import VERIFY_EVERY_TICKS
 from coda_node.state import Limit, StateError
 from tests.node_fixtures import FakeNode, build_node
 
@@ -253,6 +254,56 @@ def test_a_job_slurm_rewidens_for_a_new_step_is_shrunk_again_next_tick(
         ("cpuset.cpus", b"0"),
     ]
     assert node.affinity.masks[tid] == {0, 1, 32}  # the kernel narrows it; no call of ours
+
+
+def test_a_deep_cpuset_changed_behind_the_daemons_back_is_put_right_within_the_verify_period(
+    node: FakeNode,
+) -> None:
+    # Steady ticks trust the sample (the job's and its steps' CPUs, its tasks) and read a
+    # settled job's whole cpuset tree only every VERIFY_EVERY_TICKS ticks. A task directory's
+    # cpuset is below what the sample shows; rewritten behind the daemon's back, it must
+    # still come back to the limit's value within that period.
+    node.set_limits({GPU_JOB: Limit(cores=2)})
+    daemon = node.daemon()
+    daemon.tick()
+    shrunk = node.cpuset_texts(GPU_JOB)
+    assert shrunk["."] == "0-1\n"
+    assert shrunk["step_0/task_1"] == "0-1\n"
+    for _ in range(3):
+        daemon.tick()
+    count = len(node.journal)
+    task_1 = node.job_dir(GPU_JOB) / "step_0/task_1/cpuset.cpus"
+    task_1.write_text("1\n")  # someone narrowed it: a legal v1 write
+    for _ in range(VERIFY_EVERY_TICKS):
+        daemon.tick()
+        if task_1.read_text() == "0-1\n":
+            break
+    assert task_1.read_text() == "0-1\n", f"not put right in {VERIFY_EVERY_TICKS} ticks"
+    assert node.job_journal(GPU_JOB)[-1] == ("step_0/task_1/cpuset.cpus", b"0-1")
+    assert len(node.journal) == count + 1  # that one file, nothing else
+    assert node.cpuset_texts(GPU_JOB) == shrunk
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_step_started_while_quota_limited_is_held_from_the_next_tick(
+    tmp_path: Path, version: int
+) -> None:
+    node = build_node(tmp_path, version=version)  # type: ignore[arg-type]
+    node.set_limits({GPU_JOB: Limit(quota_cores=1.5)})
+    daemon = node.daemon()
+    for _ in range(4):  # settled: the steady ticks skip the quota files
+        daemon.tick()
+    tid = node.start_step(GPU_JOB, "1")
+    daemon.tick()
+    if version == 1:
+        # coda's own v1 cpu directory: the new step's thread is moved in at once.
+        inside = (node.cpu_dir(GPU_JOB) / "tasks").read_text().split()
+        assert str(tid) in inside
+        cgroup = (node.root / f"proc/{tid}/cgroup").read_text()
+        assert f"4:cpu:/coda/job_{GPU_JOB}\n" in cgroup
+    else:
+        # v2: the job's cpu.max holds every step below it.
+        assert node.quota_file(GPU_JOB).read_text() == "150000 100000\n"
 
 
 # --------------------------------------------------------------------------------------------
