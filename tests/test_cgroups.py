@@ -35,6 +35,7 @@ from tests.cgroup_fixtures import (
     build_v1_debian,
     build_v1_multi_slurmd,
     build_v2,
+    v1_cpuset,
 )
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -363,6 +364,44 @@ def test_step_that_ends_mid_walk_is_left_out_of_its_job(
     job = list_jobs(layout)[101]
     assert [s.name for s in job.steps] == ["0", "extern"]
     assert job.pids == (1100, 1110, 1111, 1112)
+
+
+def test_cached_listing_sees_a_step_that_replaced_another_under_the_same_link_count(
+    tmp_path: Path,
+) -> None:
+    # srun in a loop: step 0 ends and step 1 starts between two ticks. The job directory
+    # keeps its subdirectory count (st_nlink), so the cache alone cannot tell; step 0's
+    # files failing to read must make the job be listed afresh in the same pass.
+    fx = build_v1_debian(tmp_path)
+    layout = discover_layout(fx.root)
+    cache = cgroups.SubdirCache()
+    uncached = _summary(fx, list_jobs(layout))
+    assert _summary(fx, list_jobs(layout, cache=cache)) == uncached
+    job = fx.root.path("/sys/fs/cgroup/cpuset/slurm/uid_1000/job_101")
+    nlink = os.stat(job).st_nlink
+    shutil.rmtree(job / "step_0")
+    v1_cpuset(job / "step_1", "0-3,8-11", tasks=(1120,))
+    assert os.stat(job).st_nlink == nlink
+    again = list_jobs(layout, cache=cache)[101]
+    assert [s.name for s in again.steps] == ["1", "batch", "extern"]
+    assert again.pids == (1100, 1101, 1102, 1120)
+    assert _summary(fx, list_jobs(layout, cache=cache)) == _summary(fx, list_jobs(layout))
+
+
+def test_cached_listing_sees_new_directories_at_once_and_a_new_job_always(tmp_path: Path) -> None:
+    fx = build_v1_debian(tmp_path)
+    layout = discover_layout(fx.root)
+    cache = cgroups.SubdirCache()
+    list_jobs(layout, cache=cache)
+    job = fx.root.path("/sys/fs/cgroup/cpuset/slurm/uid_1000/job_101")
+    v1_cpuset(job / "step_0/task_1", "8-9", tasks=(1113,))  # a task started in step 0
+    v1_cpuset(job / "step_2", "0-3,8-11", tasks=(1130,))
+    uid = fx.root.path("/sys/fs/cgroup/cpuset/slurm/uid_1000")
+    v1_cpuset(uid / "job_103", "12-13")  # a new job of the same user
+    jobs = list_jobs(layout, cache=cache)
+    assert 1113 in jobs[101].pids and "2" in {s.name for s in jobs[101].steps}
+    assert sorted(jobs) == [101, 103, 202]
+    assert _summary(fx, jobs) == _summary(fx, list_jobs(layout))
 
 
 # --------------------------------------------------------------------------------------------
