@@ -1008,3 +1008,22 @@ def test_real_v1_cpuset_shrink_and_restore(
     assert [p.parent for p, _ in journal] == [job.path, job.path / "step_0"]
     assert _cpus_allowed(child.pid) == format_cpulist({lo, hi})
     assert writer.shrink(job, job.cpus) == 0
+
+
+@pytest.mark.skipif(_real_cpuset_missing() is not None, reason=str(_real_cpuset_missing()))
+def test_real_cgroupfs_link_count_lets_the_cache_see_a_new_step(
+    real_job_cgroup: tuple[CgroupJob, subprocess.Popen[bytes]],
+) -> None:
+    # SubdirCache trusts kernfs's st_nlink (2 + subdirectories) to skip listing a job's
+    # directories; on the real cgroupfs a step made or removed must change it.
+    job, _ = real_job_cgroup
+    cache = cgroups.SubdirCache()
+    where = str(job.path)
+    assert cache.subdirs(where) == ["step_0"]
+    step_1 = job.path / "step_1"
+    step_1.mkdir()
+    try:
+        assert cache.subdirs(where) == ["step_0", "step_1"]
+    finally:
+        step_1.rmdir()
+    assert cache.subdirs(where) == ["step_0"]
