@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from slurm_plugin.store import ProfileStore, StoreError
 
 if TYPE_CHECKING:
     from coda_node.metrics import MetricsServer
+    from coda_node.perf import PcieBwSample, UncoreMemBw, UncorePcieBw
 
 log = logging.getLogger("coda-node")
 
@@ -76,6 +77,7 @@ class Daemon:
         quota_writer: Callable[[CgroupLayout], CpuQuotaWriter] | None = None,
         rdt_control: Callable[[SystemRoot, ResctrlInfo], ResctrlControl] | None = None,
         mem_bw: Callable[[], list[object]] | None = None,
+        pcie_bw: Callable[[], Sequence[PcieBwSample]] | None = None,
         mbm: Callable[[int], float | None] | None = None,
         store: ProfileStore | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -104,6 +106,8 @@ class Daemon:
         """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
         self.mem_bw_monitor_off: str | None = None
         self._start_mem_bw_monitor()
+        self._uncore_samplers: list[UncoreMemBw | UncorePcieBw] = []
+        """Uncore counters this daemon opened itself (not injected ones): closed on stop."""
         gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
         self.sampler = Sampler(
             root=self.root,
@@ -113,6 +117,7 @@ class Daemon:
             nvml=self.nvml,
             gres_conf=gres_conf,
             mem_bw=mem_bw if mem_bw is not None else self._uncore_mem_bw(),
+            pcie_bw=pcie_bw if pcie_bw is not None else self._uncore_pcie_bw(),
             mbm=self._job_mem_bw,
             clock=clock,
         )
@@ -235,17 +240,53 @@ class Daemon:
 
     def _uncore_mem_bw(self) -> Callable[[], list[object]] | None:
         """Per-socket memory bandwidth from the uncore IMC counters, where there are some."""
-        from coda_node.perf import PerfError, UncoreMemBw, plan_mem_bw
+        from coda_node.perf import UncoreMemBw, plan_mem_bw
 
-        if not plan_mem_bw(self.root).available:
+        plan = plan_mem_bw(self.root)
+        if not plan.available:
             return None
-        sampler = UncoreMemBw(self.root)
+        sampler = UncoreMemBw(self.root, plan=plan)
+        if not self._open_uncore(sampler, "memory-bandwidth"):
+            return None
+        return lambda: list(sampler.sample())
+
+    def _uncore_pcie_bw(self) -> Callable[[], list[PcieBwSample]] | None:
+        """Per-socket PCIe traffic from the uncore IIO counters, where there are some (the
+        issue's "PCIe/IIO traffic per socket"; GPUs' own PCIe rates come from NVML)."""
+        from coda_node.perf import UncorePcieBw, plan_pcie_bw
+
+        plan = plan_pcie_bw(self.root)
+        if not plan.available:
+            return None
+        sampler = UncorePcieBw(self.root, plan=plan)
+        if not self._open_uncore(sampler, "PCIe-bandwidth"):
+            return None
+        return sampler.sample
+
+    def _open_uncore(self, sampler: UncoreMemBw | UncorePcieBw, what: str) -> bool:
+        """Open ``sampler``'s counters and keep it to close on stop; False (logged) when
+        the kernel refuses them (no CAP_PERFMON, no such PMU): the daemon goes on without."""
+        from coda_node.perf import PerfError
+
         try:
             sampler.open()
         except PerfError as exc:
-            log.warning("uncore memory-bandwidth counters unavailable: %s", exc)
-            return None
-        return lambda: list(sampler.sample())
+            log.warning("uncore %s counters unavailable: %s", what, exc)
+            return False
+        self._uncore_samplers.append(sampler)
+        return True
+
+    def close_counters(self) -> None:
+        """Close the uncore counters this daemon opened (each is one perf fd per PMU and
+        socket CPU); a later tick reports them as unreadable rather than failing."""
+        from coda_node.perf import PerfError
+
+        samplers, self._uncore_samplers = self._uncore_samplers, []
+        for sampler in samplers:
+            try:
+                sampler.close()  # tries every fd before it raises the first error
+            except PerfError as exc:
+                log.warning("closing the %s counters: %s", sampler.plan.what, exc)
 
     # -- per-job memory bandwidth (resctrl MBM) -----------------------------------
     def _start_mem_bw_monitor(self) -> None:
@@ -639,6 +680,7 @@ class Daemon:
             self.restore()
             self.nvml.shutdown()
         finally:
+            self.close_counters()
             if self.metrics_server is not None:
                 self.metrics_server.close()
                 self.metrics_server = None
@@ -782,6 +824,7 @@ class Daemon:
                 "nvml": _asdict(self.nvml.status()),
                 "gpus": [_asdict(g) for g in snap.gpus],
                 "mem_bw": [_asdict(m) for m in snap.mem_bw],
+                "pcie_bw": [_asdict(p) for p in snap.pcie_bw],
                 "errors": list(snap.errors) + report.problems,
             },
             "jobs": jobs,

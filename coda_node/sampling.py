@@ -4,21 +4,23 @@ Jobs are found in Slurm's cgroup tree (:mod:`coda_node.cgroups`) and joined with
 record of them (:mod:`coda_node.slurmjobs`, fetched once per job); GPUs come from NVML
 (:mod:`coda_node.nvml`), mapped from Slurm's GRES index through the device minor number;
 CPU time from cgroup accounting; memory bandwidth from resctrl MBM and the uncore memory
-controllers where the node has them.
+controllers, and PCIe traffic per socket from the uncore IIO stacks, where the node has them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from coda_node import cgroups
 from coda_node.cgroups import CgroupJob, CgroupLayout
 from coda_node.nvml import GpuSample, Nvml
 from coda_node.paths import SystemRoot
+from coda_node.perf import PerfError
 from coda_node.slurmjobs import (
     GresDevice,
     SlurmJob,
@@ -27,7 +29,12 @@ from coda_node.slurmjobs import (
     gres_gpu_devices,
 )
 
+if TYPE_CHECKING:
+    from coda_node.perf import PcieBwSample
+
 log = logging.getLogger("coda-node")
+
+_Sample = TypeVar("_Sample")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,9 @@ class NodeSnapshot:
     mem_bw: tuple[object, ...]
     """Per-socket uncore memory bandwidth samples (:class:`coda_node.perf.MemBwSample`)."""
     errors: tuple[str, ...]
+    pcie_bw: tuple[PcieBwSample, ...] = ()
+    """Per-socket PCIe traffic from the uncore IIO counters; empty when not measured or
+    when reading them failed this tick."""
 
 
 class Sampler:
@@ -88,6 +98,7 @@ class Sampler:
         nvml: Nvml,
         gres_conf: Path | None,
         mem_bw: Callable[[], list[object]] | None = None,
+        pcie_bw: Callable[[], Sequence[PcieBwSample]] | None = None,
         mbm: Callable[[int], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -98,12 +109,17 @@ class Sampler:
         self.nvml = nvml
         self.gres_conf = gres_conf
         self._mem_bw = mem_bw
+        self._pcie_bw = pcie_bw
+        self._uncore_failing: dict[str, str] = {}
+        """What failed the last time each uncore sampler was read, by what it measures."""
         self._mbm = mbm
         self._clock = clock
         self._last_cpu: dict[int, tuple[float, int]] = {}
         self._cgroup_accounting: bool | None = None
         self.detail_jobs: set[int] = set()
         """Jobs whose steps and tasks are read too (those the daemon may change)."""
+        self._subdirs = cgroups.SubdirCache()
+        """Those jobs' directories, listed again only when they change."""
         self._gres: list[GresDevice] | None = None
 
     def gres_devices(self) -> list[GresDevice]:
@@ -117,6 +133,7 @@ class Sampler:
     def reset_accounting(self) -> None:
         """Decide again where CPU time comes from (the cgroup layout changed)."""
         self._cgroup_accounting = None
+        self._subdirs = cgroups.SubdirCache()
 
     def _accounting_in_cgroups(self) -> bool:
         """Whether a job's CPU time is one file (v2 cpu.stat, v1 cpuacct by Slurm's
@@ -144,7 +161,9 @@ class Sampler:
             if not self._accounting_in_cgroups():
                 full = None  # CPU time then comes from each thread in /proc: read them all
             cg_jobs = cgroups.list_jobs(
-                self.layout, detail=(lambda j: j in full) if full is not None else None
+                self.layout,
+                detail=(lambda j: j in full) if full is not None else None,
+                cache=self._subdirs,
             )
         ids = set(cg_jobs)
         if self.layout is None:
@@ -192,9 +211,8 @@ class Sampler:
             )
         for gone in set(self._last_cpu) - set(jobs):
             del self._last_cpu[gone]
-        mem_bw: list[object] = []
-        if self._mem_bw is not None:
-            mem_bw = self._mem_bw()
+        mem_bw = self._read_uncore("memory bandwidth", self._mem_bw, errors)
+        pcie_bw = self._read_uncore("PCIe bandwidth", self._pcie_bw, errors)
         return NodeSnapshot(
             monotonic_s=now,
             unix_s=time.time(),
@@ -203,4 +221,27 @@ class Sampler:
             gpus=gpus,
             mem_bw=tuple(mem_bw),
             errors=tuple(errors),
+            pcie_bw=tuple(pcie_bw),
         )
+
+    def _read_uncore(
+        self, what: str, read: Callable[[], Sequence[_Sample]] | None, errors: list[str]
+    ) -> Sequence[_Sample]:
+        """One uncore sampler's per-socket samples; none this tick when its counters cannot
+        be read. Node-wide counters are context for the jobs, not something a tick needs:
+        a failed read(2) (a CPU taken offline under a counter, EBADF after a close) is shown
+        in the view's errors, logged once until it reads again, and the tick goes on."""
+        if read is None:
+            return []
+        try:
+            samples = read()
+        except PerfError as exc:
+            message = f"cannot read the uncore {what} counters: {exc}"
+            errors.append(message)
+            if self._uncore_failing.get(what) != message:
+                log.warning("%s; going on without them", message)
+            self._uncore_failing[what] = message
+            return []
+        if self._uncore_failing.pop(what, None) is not None:
+            log.info("uncore %s counters read again", what)
+        return samples

@@ -324,6 +324,7 @@ def _empty_node() -> dict[str, Any]:
         "nvml": None,
         "mem_bw": [],
         "mem_bw_unavailable": None,
+        "pcie_bw": [],
         "capabilities": [],
         "errors": [],
     }
@@ -377,6 +378,21 @@ def _node(node: Any, f: _Fields, jobs_in: list[Mapping[str, Any]]) -> dict[str, 
             }
         )
     out["mem_bw"] = sorted(mem_bw, key=lambda m: m["socket"])
+    pcie_bw = []
+    # opt: views written before the daemon sampled the IIO counters have no pcie_bw.
+    for p in f.opt(node, "pcie_bw", list) or []:
+        if not isinstance(p, Mapping) or not _is(p.get("socket"), int):
+            continue
+        into, out_of = f.opt(p, "in_bytes_per_s", NUMBER), f.opt(p, "out_bytes_per_s", NUMBER)
+        pcie_bw.append(
+            {
+                "socket": p["socket"],
+                "in_bytes_per_s": into,
+                "out_bytes_per_s": out_of,
+                "bytes_per_s": into + out_of if into is not None and out_of is not None else None,
+            }
+        )
+    out["pcie_bw"] = sorted(pcie_bw, key=lambda p: p["socket"])
     caps = []
     for c in f.get(node, "capabilities", list, "node.") or []:
         if isinstance(c, Mapping) and isinstance(c.get("name"), str):

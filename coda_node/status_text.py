@@ -2,7 +2,7 @@
 person reads in ten seconds, the way nvitop and ``pqos -s`` lay out a node.
 
 Top to bottom: what is wrong (stale state, missing fields), the node (daemon, cores, GPUs,
-memory bandwidth, capabilities), one row per job, recent events. The screen fits the
+memory and PCIe bandwidth, capabilities), one row per job, recent events. The screen fits the
 terminal's width: narrow terminals lose the least important job columns (CPU use, memory
 bandwidth, GPUs, user, ...) instead of wrapping, and long text is cut with ``...``. Colour
 (ANSI SGR) only when asked: throttled or limited jobs yellow, probing cyan, errors red.
@@ -323,6 +323,14 @@ def node_lines(doc: Mapping[str, Any], width: int, paint: Paint) -> list[str]:
     ):
         # (When the capability is listed as unavailable, the line above says why.)
         out.append(fit("memory bandwidth: not measured", width))
+    # Only when measured: where the IIO counters are missing the capabilities say why.
+    pcie = [
+        f"socket {p['socket']} in {bytes_rate(p['in_bytes_per_s'])} "
+        f"out {bytes_rate(p['out_bytes_per_s'])}"
+        for p in node.get("pcie_bw") or []
+    ]
+    if pcie:
+        out.append(fit("PCIe: " + ", ".join(pcie), width))
     out.append("")
     if node["gpus"]:
         out += gpu_table(node["gpus"], width, paint)
