@@ -128,6 +128,13 @@ class AdaptiveLoop:
         if job_id not in self.signals:
             self.signals[job_id] = JobSignal(first_seen_s, self.signal_params)
 
+    def adopt_probe(
+        self, job_id: int, record: Mapping[str, object], *, extra_below_s: float = 0.0
+    ) -> bool:
+        """Resume ``job_id``'s online profile from the last run's view (its ``profiling``
+        entry); False when it is profiled afresh (see :meth:`Allocator.adopt`)."""
+        return self.allocator.adopt(job_id, record, extra_below_s=extra_below_s)
+
     # -- inputs -------------------------------------------------------------------------
     def sockets_of(self, cpus: frozenset[int]) -> frozenset[int]:
         out = set()

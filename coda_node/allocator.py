@@ -115,15 +115,21 @@ class ProbeRecord:
     last_s: float | None = None
 
     def to_dict(self) -> dict[str, object]:
+        """The record as plain JSON values, for the state view; :meth:`Allocator.adopt`
+        reads it back after a restart (so it carries ``floor`` and the exact time below the
+        allocation, which a person reading ``coda-node status`` does not need)."""
         return {
             "state": self.state,
             "why": self.why,
             "cores_now": self.current,
             "probes": self.probes,
-            "below_allocation_s": round(self.below_s, 1),
-            "samples": [[c, round(r, 4)] for c, r in self.samples],
+            "below_allocation_s": self.below_s,
+            "samples": [[c, r] for c, r in self.samples],
+            "floor": self.floor,
             "sweet_spot_cores": self.result.cores if self.result else None,
             "confidence": round(self.result.confidence, 3) if self.result else None,
+            "sweet_spot_method": self.result.method if self.result else None,
+            "plateau_rate": self.result.plateau_throughput if self.result else None,
         }
 
 
@@ -139,17 +145,69 @@ class Allocator:
     def __init__(self, params: ProbeParams | None = None) -> None:
         self.params = params or ProbeParams()
         self.records: dict[int, ProbeRecord] = {}
+        self._readmit: set[int] = set()
+        """Adopted jobs whose admission this run has not checked yet (at their first step)."""
+
+    def adopt(
+        self, job_id: int, record: Mapping[str, object], *, extra_below_s: float = 0.0
+    ) -> bool:
+        """Take over what a previous coda-node run knew of ``job_id``: its record as
+        :meth:`ProbeRecord.to_dict` wrote it into the state view. Without this a restart
+        (crash, upgrade, SIGTERM and start) profiles a job half-way through its probes from
+        scratch: it pays the probes already made a second time and gets its time budget
+        anew. Call it before the job's first :meth:`step`; False (and nothing changes) for a
+        job that already has a record or a record this version cannot read, which is then
+        profiled afresh.
+
+        * ``done``: stays done, with its sweet spot for the view; never probed or published
+          again (:meth:`step` publishes only when probing ends).
+        * ``waiting`` / ``probing``: the samples, the probe count, the floor and the time
+          already spent below the allocation (it counts against ``budget_s``) are kept; the
+          job waits to start its next probe afresh. The interrupted probe's unfinished window
+          is dropped (its finished windows are samples); the job runs on its whole
+          allocation again (the stopping daemon or the first reconcile put it back). Not
+          adopted while profiling is off here: admission says why.
+        * ``skipped``: not adopted. The reason was the job's own (admission finds it again
+          at once) or this node's configuration, which may have changed since.
+
+        ``extra_below_s``: time the job ran below its allocation after the record was
+        written (a daemon that died with a probe applied leaves it so until the next one
+        reconciles); it counts against the budget too.
+        """
+        if job_id in self.records:
+            return False
+        try:
+            rec = _record_from_dict(record)
+        except (KeyError, TypeError, ValueError):
+            return False
+        if rec.state == "skipped" or (rec.state != "done" and not self.params.enabled):
+            return False
+        if rec.state != "done":
+            rec.state, rec.why = "waiting", "resumed after a coda-node restart"
+            rec.below_s += max(0.0, extra_below_s)
+        self.records[job_id] = rec
+        self._readmit.add(job_id)
+        return True
 
     def step(self, now_s: float, jobs: Mapping[int, ProbeJob]) -> AllocatorOutput:
         out = AllocatorOutput()
         for gone in set(self.records) - set(jobs):
             del self.records[gone]
+        self._readmit &= set(jobs)
         for job_id in sorted(jobs):
             job = jobs[job_id]
             rec = self.records.get(job_id)
             if rec is None:
                 rec = self.records[job_id] = ProbeRecord(floor=max(1, job.gpus))
                 self._admit(job, rec)
+            elif job_id in self._readmit:
+                # Adopted: this run's rules apply (a profile that became confident
+                # meanwhile ends the probing), and the floor is never below one core per
+                # GPU (a view from a version that did not write it).
+                self._readmit.discard(job_id)
+                rec.floor = max(rec.floor, job.gpus)
+                if rec.state != "done":
+                    self._admit(job, rec)
             dt = 0.0 if rec.last_s is None else max(0.0, now_s - rec.last_s)
             rec.last_s = now_s
             if rec.state == "probing":
@@ -355,3 +413,67 @@ class Allocator:
             return
         samples = tuple((c, 100.0 * r / plateau) for c, r in rec.samples)
         out.publish.append(Publish(job.job_id, job.signature, job.gpus, samples, result))
+
+
+def _record_from_dict(d: Mapping[str, object]) -> ProbeRecord:
+    """A :class:`ProbeRecord` from :meth:`ProbeRecord.to_dict`'s JSON, between probes (no
+    current count, no window under way). Raises KeyError, TypeError or ValueError for
+    anything it cannot have written."""
+    state = d["state"]
+    if not isinstance(state, str) or state not in ("waiting", "probing", "done", "skipped"):
+        raise ValueError(f"unknown state {state!r}")
+    why = d.get("why") or ""
+    if not isinstance(why, str):
+        raise TypeError("why is not a string")
+    samples = []
+    raw_samples = d.get("samples") or []
+    if not isinstance(raw_samples, list):
+        raise TypeError("samples is not a list")
+    for pair in raw_samples:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise ValueError(f"sample {pair!r} is not a (cores, rate) pair")
+        samples.append((_count(pair[0], 1), _number(pair[1])))
+    result = None
+    spot = d.get("sweet_spot_cores")
+    if state == "done" and spot is not None:
+        method = d.get("sweet_spot_method") or "fit"
+        if not isinstance(method, str):
+            raise TypeError("sweet_spot_method is not a string")
+        plateau = d.get("plateau_rate")
+        # The fit itself is not in the view; a done record only shows its sweet spot.
+        result = SweetSpot(
+            cores=_count(spot, 1),
+            confidence=_number(d["confidence"]),
+            method=method,
+            plateau_throughput=(
+                _number(plateau)
+                if plateau is not None
+                else max((r for _, r in samples), default=0.0)
+            ),
+            fit=None,
+        )
+    return ProbeRecord(
+        state=state,
+        why=why,
+        samples=samples,
+        below_s=_number(d.get("below_allocation_s", 0.0)),
+        probes=_count(d.get("probes", 0), 0),
+        floor=_count(d.get("floor", 1), 1),
+        result=result,
+    )
+
+
+def _count(value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not a whole number")
+    if value < least:
+        raise ValueError(f"{value} is below {least}")
+    return value
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{value} is not a finite number >= 0")
+    return float(value)

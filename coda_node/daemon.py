@@ -396,6 +396,7 @@ class Daemon:
         if pending:
             log.info("state file lists changes to jobs %s; reconciling", pending)
         self._adopt_baselines()
+        self._adopt_probes()
 
     def _adopt_baselines(self) -> None:
         """What the last run knew of each DNN job (its view in the state file): how long it
@@ -426,6 +427,43 @@ class Daemon:
                 continue  # an entry this version cannot read: measured again instead
         if adopted:
             log.info("baselines from the last run: %s", ", ".join(adopted))
+
+    def _adopt_probes(self) -> None:
+        """Each DNN job's online profile as the last run left it (its ``profiling`` entry
+        in the view): a job half-way through its probes goes on from there, with the time
+        it already spent below its allocation counted against NodeProbeBudgetS, and a job
+        done is neither probed nor published again. What the allocator cannot read is
+        profiled afresh."""
+        view = self.state.view
+        since_s = 0.0
+        with contextlib.suppress(TypeError, ValueError):
+            since_s = max(0.0, time.time() - float(view.get("sampled_unix_s") or time.time()))
+        adopted = []
+        for job in view.get("jobs") or []:
+            if not isinstance(job, dict) or job.get("kind") != "dnn":
+                continue
+            record = job.get("profiling")
+            job_id = job.get("job_id")
+            # A daemon that died with a probe applied left the job below its allocation
+            # since its last view (a stopping one put it back, and its view says so).
+            left_below = False
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                left_below = len(parse_cpulist(job.get("cpus_now") or "")) < len(
+                    parse_cpulist(job.get("cpus_allocated") or "")
+                )
+            if (
+                isinstance(record, dict)
+                and isinstance(job_id, int)
+                and self.loop.adopt_probe(
+                    job_id, record, extra_below_s=since_s if left_below else 0.0
+                )
+            ):
+                rec = self.loop.allocator.records[job_id]
+                adopted.append(
+                    f"{job_id}={rec.state} ({rec.probes} probes, {rec.below_s:.0f} s below)"
+                )
+        if adopted:
+            log.info("online profiles from the last run: %s", ", ".join(adopted))
 
     def _save(self) -> None:
         self.state_file.save(self.state)

@@ -8,6 +8,8 @@ in; nothing sleeps.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -423,3 +425,196 @@ def test_record_view_is_plain_json() -> None:
     d = sim.allocator.records[1].to_dict()
     assert d["state"] == "done" and d["sweet_spot_cores"] == sim.allocator.records[1].result.cores
     assert all(isinstance(c, int) and isinstance(r, float) for c, r in d["samples"])
+
+
+# -- a coda-node restart: the record carries over (issue 4) --------------------------------------
+
+
+def _restart(sim: Sim) -> dict:
+    """coda-node dies and starts again a tick later: a new allocator takes the job over from
+    the record in the state view (JSON, as the file holds it), with the tick the job ran
+    below its allocation after the view was written, and the job runs on its whole
+    allocation again."""
+    view = json.loads(json.dumps(sim.allocator.records[1].to_dict()))
+    left_below = sim.cores[1] < sim.allocated[1]
+    sim.allocator = Allocator(sim.allocator.params)
+    assert sim.allocator.adopt(1, view, extra_below_s=1.0 if left_below else 0.0)
+    sim.cores[1] = sim.allocated[1]
+    return view
+
+
+def _run_until_mid_probe(sim: Sim, probes: int) -> None:
+    """Until the job has ``probes`` probes done and is part-way into the next one, below its
+    allocation, with a window of it measured."""
+    while True:
+        sim.tick()
+        rec = sim.allocator.records.get(1)
+        if (
+            rec is not None
+            and rec.state == "probing"
+            and rec.probes >= probes
+            and rec.current is not None
+            and rec.current < 24
+            and rec.windows_done >= 1
+        ):
+            return
+        assert sim.t < 500, "never reached the middle of a probe"
+
+
+def _counts_probed(sim: Sim, since_s: float = 0.0) -> list[int]:
+    return [e.reading["cores"] for t, e in sim.events("probe") if t >= since_s]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_restart_mid_probe_goes_on_from_the_samples_it_had(seed: int) -> None:
+    fresh = sim1(11, seed=seed)
+    fresh.run_until_done()
+    fresh_rec = fresh.allocator.records[1]
+
+    sim = sim1(11, seed=seed)
+    _run_until_mid_probe(sim, probes=2)
+    before = sim.allocator.records[1]
+    cut_at = before.current
+    finished = {c for c, _ in before.samples if c != cut_at}  # whole probes, not the cut one
+    below_before = before.below_s
+    samples_before = list(before.samples)
+    restart_s = sim.t
+    _restart(sim)
+    rec = sim.allocator.records[1]
+    # Between probes: everything measured kept, nothing under way.
+    assert (rec.state, rec.current) == ("waiting", None)
+    assert rec.samples == samples_before and rec.probes == before.probes
+    assert rec.below_s == below_before + 1.0 > 1.0  # and the tick after the last view
+    # The next probe starts at once, at a count not measured yet, and serves its settle.
+    out = sim.tick()
+    assert list(out.cores) == [1]
+    assert out.cores[1] not in {c for c, _ in samples_before}
+    assert sim.allocator.records[1].since_s == sim.t - 1.0
+
+    sim.run_until_done()
+    rec = sim.allocator.records[1]
+    after = _counts_probed(sim, restart_s)
+    assert not set(after) & finished, (after, samples_before)
+    assert 24 not in after  # the baseline is not measured again
+    assert rec.samples[: len(samples_before)] == samples_before
+    # Fewer probes after the restart than a profile from scratch takes, the same answer.
+    assert rec.probes - before.probes < fresh_rec.probes
+    assert rec.result is not None and fresh_rec.result is not None
+    truth = cores_for_fraction(11, max_cores=24, fraction=0.95)
+    assert abs(rec.result.cores - truth) <= 1
+    assert rec.below_s >= below_before
+    [pub] = sim.publishes()
+    assert len(pub.samples) == len(rec.samples)
+
+
+@pytest.mark.parametrize("budget_s", [30.0, 45.0])
+def test_time_below_the_allocation_before_a_restart_counts_against_the_budget(
+    budget_s: float,
+) -> None:
+    params = ProbeParams(settle_s=5.0, measure_s=9.0, budget_s=budget_s, min_confidence=1.0)
+    sim = sim1(11, params=params)
+    _run_until_mid_probe(sim, probes=1)
+    _restart(sim)
+    sim.run_until_done()
+    rec = sim.allocator.records[1]
+    assert "budget" in rec.why
+    # What the job lived through, both runs together: seconds on fewer cores than its own.
+    below_s = sum(1.0 for _, out in sim.outs if out.cores)
+    assert below_s <= budget_s
+    assert rec.below_s <= budget_s
+
+
+def test_without_the_record_a_restart_grants_the_budget_again() -> None:
+    """The cost the adoption saves: the same restart with nothing carried over."""
+    params = ProbeParams(settle_s=5.0, measure_s=9.0, budget_s=30.0, min_confidence=1.0)
+    sim = sim1(11, params=params)
+    _run_until_mid_probe(sim, probes=1)
+    sim.allocator = Allocator(params)
+    sim.cores[1] = 24
+    sim.run_until_done()
+    below_s = sum(1.0 for _, out in sim.outs if out.cores)
+    assert below_s > params.budget_s
+
+
+def test_a_done_record_stays_done_and_is_not_published_again() -> None:
+    sim = sim1(8)
+    sim.run_until_done()
+    [first] = sim.publishes()
+    done = sim.allocator.records[1]
+    view = _restart(sim)
+    assert view["state"] == "done"
+    for _ in range(100):
+        assert sim.tick().cores == {}
+    rec = sim.allocator.records[1]
+    assert rec.state == "done" and rec.why == done.why
+    assert rec.probes == done.probes and rec.samples == done.samples
+    assert rec.result is not None and done.result is not None
+    assert (rec.result.cores, rec.result.confidence) == (
+        done.result.cores,
+        round(done.result.confidence, 3),
+    )
+    assert rec.to_dict()["sweet_spot_cores"] == done.result.cores
+    assert sim.publishes() == [first]
+    assert [e for _, e in sim.events() if e.action.startswith("probe")][-1].action == "probe-done"
+    assert sim.events("probe")[-1][0] < sim.t - 100
+
+
+def test_an_adopted_record_follows_this_runs_admission() -> None:
+    al = Allocator(FAST)
+    # A workload that became confident meanwhile: no more probing.
+    assert al.adopt(1, {"state": "waiting", "samples": [[24, 100.0]], "probes": 1})
+    assert al.adopt(2, {"state": "probing", "samples": [[4, 100.0]], "probes": 1})
+    out = al.step(0.0, {1: job(profile_confident=True), 2: job(2, gpus=4, allocated_cores=16)})
+    assert al.records[1].state == "done" and "confident profile" in al.records[1].why
+    # No floor in the view (an older version): never below one core per GPU.
+    assert al.records[2].floor == 4
+    assert out.cores == {}
+    # Profiling off on this run: a probe under way is not resumed; a done one is kept.
+    off = Allocator(ProbeParams(enabled=False))
+    assert not off.adopt(1, {"state": "probing", "samples": [[24, 100.0]], "probes": 1})
+    assert off.adopt(2, {"state": "done", "samples": [], "probes": 0})
+    off.step(0.0, {1: job(), 2: job(2)})
+    assert off.records[1].state == "skipped" and off.records[2].state == "done"
+    # A skipped job is admitted again (its reason may have been this node's configuration).
+    assert not al.adopt(3, {"state": "skipped", "why": "online profiling is off"})
+    # A job the allocator already knows keeps its own record.
+    assert not al.adopt(2, {"state": "done"})
+
+
+GOOD = {"state": "probing", "samples": [[24, 100.0], [1, 40.0]], "probes": 2, "floor": 1}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        None,
+        [],
+        "probing",
+        {},
+        {**GOOD, "state": "measuring"},
+        {**GOOD, "samples": "24:100"},
+        {**GOOD, "samples": [[24]]},
+        {**GOOD, "samples": [[0, 100.0]]},
+        {**GOOD, "samples": [[2.5, 100.0]]},
+        {**GOOD, "samples": [[True, 100.0]]},
+        {**GOOD, "samples": [[24, -1.0]]},
+        {**GOOD, "samples": [[24, math.nan]]},
+        {**GOOD, "samples": [[24, "100"]]},
+        {**GOOD, "probes": -1},
+        {**GOOD, "probes": 1.5},
+        {**GOOD, "floor": 0},
+        {**GOOD, "below_allocation_s": "10"},
+        {**GOOD, "below_allocation_s": math.inf},
+        {**GOOD, "why": 3},
+        {"state": "done", "sweet_spot_cores": 6, "confidence": None},
+        {"state": "done", "sweet_spot_cores": 0, "confidence": 0.9},
+    ],
+    ids=repr,
+)
+def test_a_malformed_record_is_not_adopted_and_the_job_is_profiled_afresh(record) -> None:
+    al = Allocator(FAST)
+    assert not al.adopt(1, record)
+    assert 1 not in al.records
+    al.step(0.0, {1: job()})
+    assert al.records[1].samples == [] and al.records[1].probes == 0
+    assert al.adopt(2, GOOD)  # the table's base record itself is fine
