@@ -35,6 +35,7 @@ METRIC_NAMES = (
     "coda_node_gpu_pcie_rx_bytes_per_second",
     "coda_node_gpu_pcie_tx_bytes_per_second",
     "coda_node_memory_bandwidth_bytes_per_second",
+    "coda_node_pcie_bandwidth_bytes_per_second",
     "coda_node_capability_available",
     "coda_node_jobs",
     "coda_node_jobs_throttled",
@@ -120,6 +121,17 @@ def _node_metrics(doc: Mapping[str, Any]) -> Iterator[Metric]:
         if m["bytes_per_s"] is not None:
             bw.add_metric([str(m["socket"])], m["bytes_per_s"])
     yield bw
+    pcie = _gauge(
+        "coda_node_pcie_bandwidth_bytes_per_second",
+        "PCIe traffic of a socket: in (devices to the socket) or out (uncore IIO counters).",
+        ("socket", "direction"),
+    )
+    for p in node.get("pcie_bw") or []:
+        for direction in ("in", "out"):
+            value = p.get(f"{direction}_bytes_per_s")
+            if value is not None:
+                pcie.add_metric([str(p["socket"]), direction], value)
+    yield pcie
     caps = _gauge(
         "coda_node_capability_available",
         "1 when the capability is usable here (coda-node check), else 0.",

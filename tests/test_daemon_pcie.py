@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from coda_node import perf
 from coda_node.cli import cli
 from coda_node.daemon import Daemon
+from coda_node.metrics import StatusCollector
 from coda_node.nvml import Nvml
 from coda_node.perf import CounterReading, EventSpec, PerfError, PlannedCounter
 from tests.node_fixtures import FakeNode, build_node
@@ -167,6 +168,20 @@ def test_status_shows_each_sockets_pcie_traffic(tmp_path: Path, iio: Any) -> Non
     # with the node's lines, above the GPU table and the jobs
     pcie_at = lines.index("PCIe: socket 0 in 12GB/s out 3GB/s, socket 1 in 480MB/s out 0B/s")
     assert pcie_at < min(i for i, line in enumerate(lines) if line.startswith(("GPU", "JOBID")))
+
+    # The Prometheus exporter reports the same numbers, one series per socket and direction.
+    scraped = {
+        (s.labels["socket"], s.labels["direction"]): s.value
+        for family in StatusCollector(daemon.metrics_view, 1.0).collect()
+        if family.name == "coda_node_pcie_bandwidth_bytes_per_second"
+        for s in family.samples
+    }
+    assert scraped == {
+        ("0", "in"): pytest.approx(12e9, rel=1e-9),
+        ("0", "out"): pytest.approx(3e9, rel=1e-9),
+        ("1", "in"): pytest.approx(480e6, rel=1e-9),
+        ("1", "out"): 0.0,
+    }
 
 
 @pytest.mark.parametrize("pmus", ["none", "iio-without-bandwidth-events"])
