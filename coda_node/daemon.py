@@ -22,7 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from coda_node import __version__, cgroups
 from coda_node.adaptive import AdaptiveLoop, LoopOutput
@@ -47,7 +47,9 @@ from slurm_plugin.store import ProfileStore, StoreError
 
 if TYPE_CHECKING:
     from coda_node.metrics import MetricsServer
-    from coda_node.perf import PcieBwSample, UncoreMemBw, UncorePcieBw
+    from coda_node.perf import PcieBwSample, UncoreMemBw, UncorePcieBw, UncorePlan
+
+    _Uncore = TypeVar("_Uncore", UncoreMemBw, UncorePcieBw)
 
 log = logging.getLogger("coda-node")
 
@@ -242,39 +244,39 @@ class Daemon:
         """Per-socket memory bandwidth from the uncore IMC counters, where there are some."""
         from coda_node.perf import UncoreMemBw, plan_mem_bw
 
-        plan = plan_mem_bw(self.root)
-        if not plan.available:
-            return None
-        sampler = UncoreMemBw(self.root, plan=plan)
-        if not self._open_uncore(sampler, "memory-bandwidth"):
-            return None
-        return lambda: list(sampler.sample())
+        sampler = self._open_uncore(UncoreMemBw, plan_mem_bw, "memory-bandwidth")
+        return (lambda: list(sampler.sample())) if sampler is not None else None
 
     def _uncore_pcie_bw(self) -> Callable[[], list[PcieBwSample]] | None:
         """Per-socket PCIe traffic from the uncore IIO counters, where there are some (the
         issue's "PCIe/IIO traffic per socket"; GPUs' own PCIe rates come from NVML)."""
         from coda_node.perf import UncorePcieBw, plan_pcie_bw
 
-        plan = plan_pcie_bw(self.root)
-        if not plan.available:
-            return None
-        sampler = UncorePcieBw(self.root, plan=plan)
-        if not self._open_uncore(sampler, "PCIe-bandwidth"):
-            return None
-        return sampler.sample
+        sampler = self._open_uncore(UncorePcieBw, plan_pcie_bw, "PCIe-bandwidth")
+        return sampler.sample if sampler is not None else None
 
-    def _open_uncore(self, sampler: UncoreMemBw | UncorePcieBw, what: str) -> bool:
-        """Open ``sampler``'s counters and keep it to close on stop; False (logged) when
-        the kernel refuses them (no CAP_PERFMON, no such PMU): the daemon goes on without."""
+    def _open_uncore(
+        self,
+        kind: Callable[..., _Uncore],
+        plan_for: Callable[[SystemRoot], UncorePlan],
+        what: str,
+    ) -> _Uncore | None:
+        """A sampler of ``kind`` over the counters ``plan_for`` finds, opened and kept to
+        close on stop; None where there are none, or (logged) when the kernel refuses them
+        (no CAP_PERFMON, no such PMU): the daemon goes on without."""
         from coda_node.perf import PerfError
 
+        plan = plan_for(self.root)
+        if not plan.available:
+            return None
+        sampler = kind(self.root, plan=plan)
         try:
             sampler.open()
         except PerfError as exc:
             log.warning("uncore %s counters unavailable: %s", what, exc)
-            return False
+            return None
         self._uncore_samplers.append(sampler)
-        return True
+        return sampler
 
     def close_counters(self) -> None:
         """Close the uncore counters this daemon opened (each is one perf fd per PMU and

@@ -364,35 +364,9 @@ def _node(node: Any, f: _Fields, jobs_in: list[Mapping[str, Any]]) -> dict[str, 
             "available": bool(nvml.get("available")),
             "detail": str(nvml.get("detail") or ""),
         }
-    mem_bw = []
-    for m in f.get(node, "mem_bw", list, "node.") or []:
-        if not isinstance(m, Mapping) or not _is(m.get("socket"), int):
-            continue
-        read, write = f.opt(m, "read_bytes_per_s", NUMBER), f.opt(m, "write_bytes_per_s", NUMBER)
-        mem_bw.append(
-            {
-                "socket": m["socket"],
-                "read_bytes_per_s": read,
-                "write_bytes_per_s": write,
-                "bytes_per_s": read + write if read is not None and write is not None else None,
-            }
-        )
-    out["mem_bw"] = sorted(mem_bw, key=lambda m: m["socket"])
-    pcie_bw = []
+    out["mem_bw"] = _per_socket(f, f.get(node, "mem_bw", list, "node."), "read", "write")
     # opt: views written before the daemon sampled the IIO counters have no pcie_bw.
-    for p in f.opt(node, "pcie_bw", list) or []:
-        if not isinstance(p, Mapping) or not _is(p.get("socket"), int):
-            continue
-        into, out_of = f.opt(p, "in_bytes_per_s", NUMBER), f.opt(p, "out_bytes_per_s", NUMBER)
-        pcie_bw.append(
-            {
-                "socket": p["socket"],
-                "in_bytes_per_s": into,
-                "out_bytes_per_s": out_of,
-                "bytes_per_s": into + out_of if into is not None and out_of is not None else None,
-            }
-        )
-    out["pcie_bw"] = sorted(pcie_bw, key=lambda p: p["socket"])
+    out["pcie_bw"] = _per_socket(f, f.opt(node, "pcie_bw", list), "in", "out")
     caps = []
     for c in f.get(node, "capabilities", list, "node.") or []:
         if isinstance(c, Mapping) and isinstance(c.get("name"), str):
@@ -404,7 +378,7 @@ def _node(node: Any, f: _Fields, jobs_in: list[Mapping[str, Any]]) -> dict[str, 
                 }
             )
     out["capabilities"] = caps
-    if not mem_bw:
+    if not out["mem_bw"]:
         uncore = next((c for c in caps if c["name"] == "uncore memory bandwidth"), None)
         if uncore is not None and not uncore["available"]:
             out["mem_bw_unavailable"] = uncore["detail"]
@@ -412,6 +386,26 @@ def _node(node: Any, f: _Fields, jobs_in: list[Mapping[str, Any]]) -> dict[str, 
             out["mem_bw_unavailable"] = "not measured"
     out["errors"] = [str(e) for e in f.get(node, "errors", list, "node.") or []]
     return out
+
+
+def _per_socket(f: _Fields, samples: list[Any] | None, a: str, b: str) -> list[dict[str, Any]]:
+    """Per-socket rates (``<a>_bytes_per_s``, ``<b>_bytes_per_s`` and their sum), sorted by
+    socket; entries without an integer socket are left out."""
+    out = []
+    for m in samples or []:
+        if not isinstance(m, Mapping) or not _is(m.get("socket"), int):
+            continue
+        first, second = f.opt(m, f"{a}_bytes_per_s", NUMBER), f.opt(m, f"{b}_bytes_per_s", NUMBER)
+        both = first + second if first is not None and second is not None else None
+        out.append(
+            {
+                "socket": m["socket"],
+                f"{a}_bytes_per_s": first,
+                f"{b}_bytes_per_s": second,
+                "bytes_per_s": both,
+            }
+        )
+    return sorted(out, key=lambda m: m["socket"])
 
 
 def _event(e: Mapping[str, Any], f: _Fields) -> dict[str, Any] | None:
