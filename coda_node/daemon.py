@@ -400,6 +400,13 @@ class Daemon:
         self._adopt_baselines()
         self._adopt_probes()
 
+    def _since_last_view_s(self) -> float:
+        """Seconds since the last run wrote the view in the state file (0 when unknown)."""
+        with contextlib.suppress(TypeError, ValueError):
+            sampled = float(self.state.view.get("sampled_unix_s") or time.time())
+            return max(0.0, time.time() - sampled)
+        return 0.0
+
     def _adopt_baselines(self) -> None:
         """What the last run knew of each DNN job (its view in the state file): how long it
         had been watched (so its warm-up is not served again) and its uncontended baseline.
@@ -407,9 +414,7 @@ class Daemon:
         until it has been measured again (quiet ticks, or a baseline probe that caps the CPU
         jobs). Jobs that ended meanwhile are forgotten at the first tick."""
         view = self.state.view
-        since_s = 0.0
-        with contextlib.suppress(TypeError, ValueError):
-            since_s = max(0.0, time.time() - float(view.get("sampled_unix_s") or time.time()))
+        since_s = self._since_last_view_s()
         adopted = []
         for job in view.get("jobs") or []:
             try:
@@ -437,9 +442,7 @@ class Daemon:
         done is neither probed nor published again. What the allocator cannot read is
         profiled afresh."""
         view = self.state.view
-        since_s = 0.0
-        with contextlib.suppress(TypeError, ValueError):
-            since_s = max(0.0, time.time() - float(view.get("sampled_unix_s") or time.time()))
+        since_s = self._since_last_view_s()
         adopted = []
         for job in view.get("jobs") or []:
             if not isinstance(job, dict) or job.get("kind") != "dnn":
