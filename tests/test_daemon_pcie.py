@@ -89,6 +89,14 @@ def _advance(
     backend.advance({fd: counts[(c.socket, c.direction)] for fd, c in counters.items()}, at_s)
 
 
+def _tick_at(daemon: Daemon, iio: Any, counts: dict[tuple[int, str], int], at_s: float) -> Any:
+    """One tick at ``at_s`` after the counters advanced by ``counts``; its report."""
+    _, backend, clock, counters = iio
+    clock.now_s = at_s
+    _advance(backend, counters, counts, at_s)
+    return daemon.tick()
+
+
 def _rates(counts: dict[tuple[int, str], int], interval_s: float) -> list[dict[str, Any]]:
     """The view's pcie_bw (less monotonic_s) for ``counts`` per port counter in ``interval_s``."""
     bytes_per_count = 3.814697266e-6 * 2**20  # the events' .scale in MiB: 4 bytes
@@ -130,16 +138,12 @@ FIRST = {(0, "in"): 1_000, (0, "out"): 2_000, (1, "in"): 3_000, (1, "out"): 4_00
 
 
 def test_status_shows_each_sockets_pcie_traffic(tmp_path: Path, iio: Any) -> None:
-    sampler, backend, clock, counters = iio
+    sampler = iio[0]
     node = build_node(tmp_path / "node", jobs=4)
     daemon = _daemon(node, pcie_bw=sampler.sample)
 
-    clock.now_s = 2.0
-    _advance(backend, counters, FIRST, 2.0)
-    daemon.tick()
-    clock.now_s = 4.0
-    _advance(backend, counters, BUSY, 4.0)
-    report = daemon.tick()
+    _tick_at(daemon, iio, FIRST, 2.0)
+    report = _tick_at(daemon, iio, BUSY, 4.0)
 
     # The second tick's rates, over its own 2 s: not the totals since the counters opened.
     assert _view_rates(daemon) == _rates(BUSY, 2.0)
@@ -217,19 +221,15 @@ def test_no_iio_bandwidth_events_no_pcie_line(
 def test_a_failed_read_skips_pcie_for_that_tick_only(
     tmp_path: Path, iio: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sampler, backend, clock, counters = iio
+    sampler, backend = iio[0], iio[1]
     node = build_node(tmp_path / "node", jobs=4)
     daemon = _daemon(node, pcie_bw=sampler.sample)
-    clock.now_s = 2.0
-    _advance(backend, counters, FIRST, 2.0)
-    daemon.tick()
+    _tick_at(daemon, iio, FIRST, 2.0)
 
     backend.offline_cpus = {28}  # socket 1's uncore CPU
     caplog.set_level(logging.INFO, logger="coda-node")
     for t_s in (4.0, 6.0):
-        clock.now_s = t_s
-        _advance(backend, counters, BUSY, t_s)
-        report = daemon.tick()  # returns: the tick is not lost
+        report = _tick_at(daemon, iio, BUSY, t_s)  # returns: the tick is not lost
         view = daemon.state.view
         assert view["node"]["pcie_bw"] == []
         assert sorted(j["job_id"] for j in view["jobs"]) == sorted(node.jobs)
@@ -245,9 +245,7 @@ def test_a_failed_read_skips_pcie_for_that_tick_only(
     assert "PCIe:" not in text and "! cannot read the uncore PCIe bandwidth counters" in text
 
     backend.offline_cpus = set()
-    clock.now_s = 8.0
-    _advance(backend, counters, BUSY, 8.0)
-    report = daemon.tick()
+    report = _tick_at(daemon, iio, BUSY, 8.0)
     assert report.snapshot.errors == ()
     # Over the 6 s since the last reading that worked: three intervals of BUSY counts.
     three = {k: 3 * v for k, v in BUSY.items()}
