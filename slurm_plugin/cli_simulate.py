@@ -10,8 +10,9 @@ import click
 import numpy as np
 
 from slurm_plugin.cli_common import CliError, emit_json
+from slurm_plugin.conf import ConfigError, parse_config
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
-from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
+from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, simulate
 from slurm_plugin.sim.report import SCHEMA_VERSION, plot, render_table, summarise
 from slurm_plugin.sim.traces import (
     NodeSpec,
@@ -180,6 +181,14 @@ def _donor() -> Trace | None:
 )
 @click.option("--rdt", is_flag=True, help="Nodes have Intel RDT: the eliminator uses MBA.")
 @click.option(
+    "--coda-conf",
+    "coda_conf_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A coda.conf setting for the coda policy's hook, over "
+    f"{' '.join(CODA_CONF)} (repeatable).",
+)
+@click.option(
     "--placement",
     "placement_spec",
     metavar="LIST",
@@ -207,6 +216,7 @@ def simulate_cmd(
     seed: int,
     param_items: tuple[str, ...],
     rdt: bool,
+    coda_conf_items: tuple[str, ...],
     placement_spec: str | None,
     as_json: bool,
     plot_dir: Path | None,
@@ -253,7 +263,12 @@ def simulate_cmd(
         seed,
         named_classes=named,
     )
-    runs = placement_runs(SimParams(rdt=rdt), mechanisms)
+    coda_conf = CODA_CONF + coda_conf_items
+    try:
+        parse_config("\n".join(coda_conf), source="--coda-conf")
+    except ConfigError as exc:
+        raise CliError("bad --coda-conf", str(exc)) from exc
+    runs = placement_runs(SimParams(rdt=rdt, coda_conf=coda_conf), mechanisms)
     chosen = list(policies) or list(POLICIES)
     results = []
     baseline_of: dict[str, str] = {}
@@ -287,6 +302,7 @@ def simulate_cmd(
         "cores": sum(n.cores for n in nodes),
         "window_s": [w0, w1],
         "seed": seed,
+        "coda_conf": list(coda_conf),
         "notes": trace.notes,
     }
     if as_json:
@@ -306,6 +322,8 @@ def simulate_cmd(
             f"{info['cpu_jobs']:,} CPU) on {info['nodes']:,} nodes, {info['gpus']:,} GPUs, "
             f"{info['cores']:,} cores; seed {seed}"
         )
+        if "coda" in chosen:
+            click.echo(f"coda policy's coda.conf: {' '.join(coda_conf)}")
         click.echo(render_table(rows, baseline_of=baseline_of or None))
         events = sum(r.events for r in rows)
         wall = sum(r.wall_s for r in rows)

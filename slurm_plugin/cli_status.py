@@ -581,6 +581,7 @@ def _per_gpu(value: float | None) -> str:
 _ACTION_ROWS = (
     ("set", "set from a profile"),
     ("default", "DefaultCpusPerGpu"),
+    ("raise", "raised the user's value, no profile yet"),
     ("lower", "lowered the user's value"),
     ("replace", "replaced the user's value"),
     ("keep", "kept the user's value"),
@@ -703,7 +704,7 @@ def render(doc: dict[str, Any]) -> str:
     )
     lines.append(
         f"  added to starving jobs: {_n(add['cores'], 'core')} for {_n(add['jobs'], 'job')} "
-        "(raised by UserValue=replace)"
+        "(replaced or raised)"
     )
     if none["jobs"]:
         kept = none["jobs"] - none["given_jobs"]

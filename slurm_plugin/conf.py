@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 __all__ = [
     "CONFIG_KEYS",
@@ -36,7 +36,9 @@ __all__ = [
     "expand_hostlist",
     "load_config",
     "make_node_cap",
+    "make_node_share",
     "max_cpus_per_gpu_on_any_node",
+    "node_share_cpus_per_gpu",
     "parse_config",
     "read_slurm_nodes",
     "split_outside",
@@ -93,10 +95,19 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "int", "64", "Largest --cpus-per-gpu CODA sets (MinCpusPerGpu or more)."
     ),
     "DefaultCpusPerGpu": KeySpec(
-        "int or empty",
+        "int, share or empty",
         "",
-        "--cpus-per-gpu for workloads without a confident profile; empty leaves Slurm's "
-        "DefCpuPerGPU in charge.",
+        "--cpus-per-gpu for workloads without a confident profile: a number, or share (the "
+        "node's cores per GPU: the fewest CPUs per GPU among the slurm.conf nodes that can "
+        "hold the job's GPUs); empty leaves Slurm's DefCpuPerGPU in charge.",
+    ),
+    "UnprofiledUserValue": KeySpec(
+        "keep|raise",
+        "keep",
+        "What to do with a user's own --cpus-per-gpu or --cpus-per-task when the workload "
+        "has no confident profile: keep it, or raise it to DefaultCpusPerGpu when it is "
+        "lower, so a first run is not starved of cores and coda-node can profile it from "
+        "above its sweet spot. raise needs DefaultCpusPerGpu.",
     ),
     "MinConfidence": KeySpec(
         "float", "0.8", "A profile is used only when its confidence is at least this (0..1)."
@@ -350,6 +361,7 @@ CONFIG_KEYS: dict[str, KeySpec] = {
 _MODES = ("enforce", "advise", "off")
 _NODE_MECHANISMS = ("cpuset", "quota", "rdt")
 _USER_VALUES = ("keep", "lower", "replace")
+_UNPROFILED_USER_VALUES = ("keep", "raise")
 _LOG_LEVELS = ("error", "info", "verbose", "debug")
 
 
@@ -364,7 +376,10 @@ class CodaConfig:
     """``keep``, ``lower`` or ``replace`` (lower case)."""
     min_cpus_per_gpu: int = 1
     max_cpus_per_gpu: int = 64
-    default_cpus_per_gpu: int | None = None
+    default_cpus_per_gpu: int | Literal["share"] | None = None
+    """A number, ``"share"`` (the node's cores per GPU, from slurm.conf) or None."""
+    unprofiled_user_value: str = "keep"
+    """``keep`` or ``raise``: a user's lower value is raised to the default without a profile."""
     min_confidence: float = 0.8
     multi_node_gpu_cap: int = 2
     hook_budget_ms: float = 20.0
@@ -585,7 +600,11 @@ def _convert(key: str, value: str) -> tuple[str, object]:
     if key == "MaxCpusPerGpu":
         return "max_cpus_per_gpu", _int(key, value, 1)
     if key == "DefaultCpusPerGpu":
+        if value.lower() == "share":
+            return "default_cpus_per_gpu", "share"
         return "default_cpus_per_gpu", _int(key, value, 1) if value else None
+    if key == "UnprofiledUserValue":
+        return "unprofiled_user_value", _choice(key, value, _UNPROFILED_USER_VALUES)
     if key == "MinConfidence":
         number = _float(key, value)
         if not 0.0 <= number <= 1.0:
@@ -801,12 +820,21 @@ def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list
             f"MinCpusPerGpu={config.min_cpus_per_gpu}",
         )
     default = config.default_cpus_per_gpu
-    if default is not None and not (config.min_cpus_per_gpu <= default <= config.max_cpus_per_gpu):
+    if isinstance(default, int) and not (
+        config.min_cpus_per_gpu <= default <= config.max_cpus_per_gpu
+    ):
         raise ConfigError(
             source,
             lines.get("DefaultCpusPerGpu"),
             f"DefaultCpusPerGpu={default} is outside "
             f"MinCpusPerGpu..MaxCpusPerGpu ({config.min_cpus_per_gpu}..{config.max_cpus_per_gpu})",
+        )
+    if config.unprofiled_user_value == "raise" and default is None:
+        raise ConfigError(
+            source,
+            lines.get("UnprofiledUserValue"),
+            "UnprofiledUserValue=raise needs DefaultCpusPerGpu (a number or share): "
+            "there is nothing to raise a user's value to",
         )
     if config.node_contention_release_pct >= config.node_contention_trigger_pct:
         raise ConfigError(
@@ -1101,6 +1129,26 @@ def max_cpus_per_gpu_on_any_node(nodes: Iterable[NodeShape], gpus_per_node: int)
             if best is None or per_gpu > best:
                 best = per_gpu
     return best
+
+
+def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
+    """``DefaultCpusPerGpu=share``: the fewest ``cpus // gpus`` over the nodes with at least
+    ``gpus_per_node`` GPUs, i.e. each GPU's even share of its node's cores on the leanest node
+    that could run the job (so the job fits on any of them beside jobs sized the same way).
+    None when no node fits, or there is no node information."""
+    if gpus_per_node < 1:
+        return None
+    shares = [node.cpus // node.gpus for node in nodes if node.gpus >= gpus_per_node]
+    return max(1, min(shares)) if shares else None
+
+
+def make_node_share(nodes: Iterable[NodeShape]) -> Callable[[int], int | None]:
+    """A fast ``node_share(gpus_per_node)`` for :func:`slurm_plugin.policy.decide`: the
+    answers of :func:`node_share_cpus_per_gpu` precomputed for every GPU count."""
+    shapes = tuple(nodes)
+    most_gpus = max((node.gpus for node in shapes), default=0)
+    table = {gpn: node_share_cpus_per_gpu(shapes, gpn) for gpn in range(1, most_gpus + 1)}
+    return table.get
 
 
 def make_node_cap(nodes: Iterable[NodeShape]) -> Callable[[int], int | None]:

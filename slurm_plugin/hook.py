@@ -429,6 +429,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             state.cache.snapshot(),
             state.node_cap,
             node_features=state.node_features,
+            node_share=state.node_cap.share,
         )
         if decision.action == "reject":
             stats.rejected += 1

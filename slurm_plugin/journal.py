@@ -84,7 +84,7 @@ JOURNAL_VERSION = 1
 FLUSH_INTERVAL_S = 1.0
 """Longest an entry waits in memory: what a slurmctld crash can lose."""
 JOB_NAME_MAX_CHARS = 128
-_WRITING = frozenset({"set", "default", "lower", "replace"})
+_WRITING = frozenset({"set", "default", "raise", "lower", "replace"})
 
 LogFn = Callable[[str, str], None]
 """``log(level, message)``, level ``"error"`` or ``"info"`` (the hook's ``_log_named``)."""
@@ -446,7 +446,7 @@ def summarize_decisions(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
       given, and per GPU (total cores / total GPUs).
     - ``returned``: cores given back, sum of (asked - given) over jobs that got fewer than
       they asked (lower, replace); ``added``: sum of (given - asked) over jobs that got more
-      (replace raising a starving job). The two are never netted.
+      (replace or raise lifting a starving job). The two are never netted.
     - ``no_user_value``: jobs that asked for nothing: how many got a value from coda (set,
       default) and how many cores; the others keep Slurm's default.
     - ``advise_would_return`` / ``advise_would_add``: the same sums for Mode=advise entries.
@@ -508,7 +508,8 @@ def summarize_decisions(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             elif given is not None and given > asked:
                 added_jobs += 1
                 added_cores += given - asked
-            if action == "advise" and cpg is not None and e.get("would") in ("lower", "replace"):
+            would_write = e.get("would") in ("raise", "lower", "replace")
+            if action == "advise" and cpg is not None and would_write:
                 would_give = cpg * gpus
                 if would_give < asked:
                     advise_ret_jobs += 1

@@ -9,18 +9,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from slurm_plugin.conf import ConfigError, NodeShape, max_cpus_per_gpu_on_any_node, read_slurm_nodes
+from slurm_plugin.conf import (
+    ConfigError,
+    NodeShape,
+    max_cpus_per_gpu_on_any_node,
+    node_share_cpus_per_gpu,
+    read_slurm_nodes,
+)
 
 
 class NodeCap:
-    """``cap(gpus_per_node)`` -> the most cores per GPU any node with that many GPUs has."""
+    """``cap(gpus_per_node)`` -> the most cores per GPU any node with that many GPUs has;
+    ``cap.share(gpus_per_node)`` -> a GPU's even share of cores on the leanest such node
+    (``DefaultCpusPerGpu=share``)."""
 
-    __slots__ = ("_cache", "nodes", "source")
+    __slots__ = ("_cache", "_share_cache", "nodes", "source")
 
     def __init__(self, nodes: tuple[NodeShape, ...], source: str) -> None:
         self.nodes = nodes
         self.source = source
         self._cache: dict[int, int | None] = {}
+        self._share_cache: dict[int, int | None] = {}
 
     @classmethod
     def from_slurm_conf(cls, path: Path, log: Callable[[str, str], None]) -> NodeCap:
@@ -43,3 +52,11 @@ class NodeCap:
             cap = max_cpus_per_gpu_on_any_node(self.nodes, gpus_per_node) if self.nodes else None
             self._cache[gpus_per_node] = cap
             return cap
+
+    def share(self, gpus_per_node: int) -> int | None:
+        try:
+            return self._share_cache[gpus_per_node]
+        except KeyError:
+            got = node_share_cpus_per_gpu(self.nodes, gpus_per_node) if self.nodes else None
+            self._share_cache[gpus_per_node] = got
+            return got

@@ -7,11 +7,14 @@ Actions (:data:`ACTIONS`, a closed set)::
 
     set      no user value; cpus_per_tres set to the profile's prediction
     default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu
+    raise    UnprofiledUserValue=raise, no confident profile and the user's per-GPU value
+             is below DefaultCpusPerGpu: set to DefaultCpusPerGpu
     keep     the user's --cpus-per-gpu / --cpus-per-task left as is (UserValue=keep, or
-             UserValue=lower and the prediction is not lower, or no confident profile)
+             UserValue=lower and the prediction is not lower, or no confident profile and
+             no raise)
     lower    UserValue=lower and the prediction is below the user's per-GPU value: set
     replace  UserValue=replace: the prediction replaces the user's value
-    advise   Mode=advise: one of set/default/lower/replace was decided but nothing is
+    advise   Mode=advise: one of set/default/raise/lower/replace was decided but nothing is
              written (the admin record's ``would=`` says which)
     skip     CODA leaves the job alone (CPU-only, Mode=off, partition filter, coda:off,
              malformed TRES, or no confident profile and no DefaultCpusPerGpu)
@@ -23,7 +26,7 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 200 chara
 
     sig     signature key (slurm_plugin.signature), e.g. workload:1000:resnet50,
             script:1000:0123456789abcdef, name:1000:0123456789abcdef
-    cpg     CPUs per GPU CODA chose: written (set/default/lower/replace), suggested
+    cpg     CPUs per GPU CODA chose: written (set/default/raise/lower/replace), suggested
             (keep/advise); empty when there is none (skip of an unknown workload)
     was     the user's explicit request before CODA: cpg:<N> (--cpus-per-gpu=N),
             cpt:<N> (--cpus-per-task=N), empty when none
@@ -116,10 +119,12 @@ INFINITE16 = 0xFFFF
 NO_VAL = 0xFFFFFFFE
 INFINITE = 0xFFFFFFFF
 
-ACTIONS = frozenset({"set", "default", "keep", "lower", "replace", "advise", "skip", "reject"})
+ACTIONS = frozenset(
+    {"set", "default", "raise", "keep", "lower", "replace", "advise", "skip", "reject"}
+)
 """Every value :attr:`Decision.action` can take (see the module docstring)."""
 
-_WRITING = frozenset({"set", "default", "lower", "replace"})
+_WRITING = frozenset({"set", "default", "raise", "lower", "replace"})
 ADMIN_PREFIX = "coda:sig="
 
 
@@ -319,6 +324,7 @@ def decide(
     node_cap: Callable[[int], int | None],
     *,
     node_features: Collection[str] | None = None,
+    node_share: Callable[[int], int | None] | None = None,
 ) -> Decision:
     """The decision for one submitted job (rules in the module docstring).
 
@@ -328,7 +334,9 @@ def decide(
     give (None = unknown).  ``node_features``: the features nodes have (slurm.conf
     ``Feature=``); ``--prefer`` is only set to one of them, since Slurm refuses a job that
     prefers a feature no node has ("Invalid preferred feature specification").  None = do
-    not check (tools and tests).
+    not check (tools and tests).  ``node_share(gpus_per_node)``: a GPU's even share of
+    cores on the leanest node that can hold the job, for ``DefaultCpusPerGpu=share`` (None,
+    or no callable: no default).
     """
     if cfg.mode == "off":
         return _skip(req, "Mode=off")
@@ -395,8 +403,14 @@ def decide(
             predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, node_cap
         )
     elif cfg.default_cpus_per_gpu is not None:
-        src = "default"
-        pred, note = _clamp(cfg.default_cpus_per_gpu, gpn, cfg, node_cap)
+        default = cfg.default_cpus_per_gpu
+        if default == "share":
+            default = node_share(gpn) if node_share is not None else None
+            note = f", the node's share of {default} per GPU" if default is not None else ""
+        if default is not None:
+            src = "default"
+            pred, clamped = _clamp(default, gpn, cfg, node_cap)
+            note += clamped
 
     if user_cpg is not None:
         was = f"cpg:{user_cpg}"
@@ -424,6 +438,15 @@ def decide(
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
         return _finish(req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False, place)
 
+    if (
+        profile is None
+        and pred is not None
+        and cfg.unprofiled_user_value == "raise"
+        and pred * gpn > _user_total(user_cpg, user_cpt, gpn, tasks_per_node)
+    ):
+        msg = f"coda: --cpus-per-gpu={pred} for workload {label} (raises {user_flag}; {basis})"
+        reason = f"{weak or 'no profile for this workload yet'}; UnprofiledUserValue=raise"
+        return _finish(req, cfg, sig, "raise", pred, was, src, gpn, nodes, reason, msg, True, place)
     if profile is None or pred is None:
         reason = f"{weak or 'no profile for this workload yet'}; user value kept"
         return _finish(
@@ -437,8 +460,7 @@ def decide(
         )
     if cfg.user_value == "lower":
         # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
-        user_total = user_cpg * gpn if user_cpg is not None else (user_cpt or 0) * tasks_per_node
-        if pred * gpn < user_total:
+        if pred * gpn < _user_total(user_cpg, user_cpt, gpn, tasks_per_node):
             msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
             reason = "UserValue=lower, prediction below the user value"
             return _finish(
@@ -478,6 +500,13 @@ def _lookup(
                 f"< MinConfidence {min_confidence:g}"
             )
     return None, "none", weak
+
+
+def _user_total(user_cpg: int | None, user_cpt: int | None, gpn: int, tasks_per_node: int) -> int:
+    """The user's own CPUs per node (from --cpus-per-gpu, else --cpus-per-task)."""
+    if user_cpg is not None:
+        return user_cpg * gpn
+    return (user_cpt or 0) * tasks_per_node
 
 
 def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:

@@ -62,7 +62,9 @@ def predict_submission(
     node_cap = NodeCap.from_slurm_conf(slurm_conf_for(conf, cfg.slurm_conf), note)
     # As the hook does: --prefer only ever names a feature some node has.
     features = frozenset(f for node in node_cap.nodes for f in node.features)
-    decision = decide(req, cfg, cache.snapshot(), node_cap, node_features=features)
+    decision = decide(
+        req, cfg, cache.snapshot(), node_cap, node_features=features, node_share=node_cap.share
+    )
     record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
     try:
         directives = parse_coda_directives(req.comment)

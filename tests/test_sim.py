@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from coda_node.contention import ContentionParams, CpuJob, DnnJob, Eliminator
 from coda_node.observe import Progress
 from slurm_plugin.cli import cli
-from slurm_plugin.conf import CodaConfig
 from slurm_plugin.curves import cores_for_fraction, throughput_at
 from slurm_plugin.model import is_censored
 from slurm_plugin.policy import JobRequest, decide
@@ -28,6 +27,9 @@ from slurm_plugin.sim.workloads import JobModel, Workloads, assign_workloads
 
 MODEL = JobModel()
 CHECK = SimParams(check=True)
+REPLACE_ONLY = ("UserValue=replace",)
+"""The coda policy's hook without DefaultCpusPerGpu=share: a GPU job without a profile keeps
+the cores its user asked (so a hand-made node mix stays as written)."""
 
 
 def make_trace(
@@ -142,7 +144,7 @@ def test_a_contention_episode_that_throttling_fixes() -> None:
     done_while_slowed = 5000 * (1 - raw)
     assert slurm.end_s[0] == pytest.approx(100 + 5000 + (10_000 - 100 - done_while_slowed))
 
-    coda = run(trace, nodes, wl, "coda")
+    coda = run(trace, nodes, wl, "coda", coda_conf=REPLACE_ONLY)
     # The eliminator throttles the CPU job: the DNN job finishes sooner, the CPU job later.
     assert coda.end_s[0] < slurm.end_s[0] - 300
     assert coda.end_s[1] > cpu_end_slurm
@@ -159,10 +161,17 @@ def test_a_dnn_job_that_never_had_a_quiet_period_is_shielded_after_a_baseline_pr
     wl = workloads_for(trace, theta=8, sensitivity=0.5)
     nodes = uniform_nodes(1, 32, 1)
     slurm = run(trace, nodes, wl, "slurm")
-    off = run(trace, nodes, wl, "coda", contention=ContentionParams(baseline_probe_after_s=0.0))
+    off = run(
+        trace,
+        nodes,
+        wl,
+        "coda",
+        contention=ContentionParams(baseline_probe_after_s=0.0),
+        coda_conf=REPLACE_ONLY,
+    )
     assert off.end_s[0] == pytest.approx(5000)
     assert off.counters["shield_settles"] == 0
-    probed = run(trace, nodes, wl, "coda")
+    probed = run(trace, nodes, wl, "coda", coda_conf=REPLACE_ONLY)
     assert probed.counters["shield_settles"] >= 1
     # The CPU job is throttled: it ends later, and the DNN job sooner than without the probe.
     assert probed.end_s[0] > off.end_s[0] + 100
@@ -218,6 +227,9 @@ def test_every_job_finishes_once_and_utilisation_is_a_fraction(
     assert np.all(eff >= -1e-9) and np.all(eff <= alloc + 1e-9)
     cores = r.busy_core_s / (r.total_cores * width)
     assert np.all(cores <= 1 + 1e-9)
+    s = summarise(trace, r)
+    assert 0.0 <= s.gpu_busy <= 1.0 + 1e-9
+    assert s.gpu_busy == pytest.approx(s.gpu_util_effective / s.gpu_util_allocated)
 
 
 def test_same_seed_same_results_other_seed_other_results(
@@ -246,13 +258,28 @@ def test_the_oracle_bounds_the_other_policies_jct(
 # --- the simulator runs the product's own policy code ---------------------------------------
 
 
-def test_coda_cores_are_what_the_submit_hook_decides_from_the_published_profile() -> None:
+@pytest.mark.parametrize(
+    ("coda_conf", "first_cores"),
+    [
+        # The user asked 2 of the 6 cores it needs and the hook keeps that until there is a
+        # profile: the first profiles are censored (still rising at the top of what the job
+        # had), the hook gives more room each time, and it settles near 6.
+        (REPLACE_ONLY, 2),
+        # DefaultCpusPerGpu=share + UnprofiledUserValue=raise: the first run gets the node's
+        # 24 cores, so it is not starved and coda-node probes it from above its sweet spot.
+        (engine.CODA_CONF, 24),
+    ],
+)
+def test_coda_cores_are_what_the_submit_hook_decides_from_the_published_profile(
+    coda_conf: tuple[str, ...], first_cores: int
+) -> None:
     # One workload, recurring: runs are probed until the profile settles, later runs get
     # the hook's answer from it and are left alone.
     rows = [(i * 4000.0, 3000.0, 1, 2) for i in range(8)]
     trace = make_trace(rows)
     wl = workloads_for(trace, theta=6)
-    sim = engine._Sim(trace, uniform_nodes(1, 24, 1), wl, MODEL, POLICIES["coda"], CHECK, None)
+    params = SimParams(check=True, coda_conf=coda_conf)
+    sim = engine._Sim(trace, uniform_nodes(1, 24, 1), wl, MODEL, POLICIES["coda"], params, None)
     sim.run()
     profile = sim.profiles["workload:1000:w"]
     assert not is_censored(profile) and profile.confidence >= 0.8
@@ -265,14 +292,34 @@ def test_coda_cores_are_what_the_submit_hook_decides_from_the_published_profile(
         min_nodes=1,
         comment="coda:workload=w",
     )
-    d = decide(req, CodaConfig(user_value="replace"), sim.views, sim.node_cap)
+    d = decide(req, sim.cfg, sim.views, sim.node_cap, node_share=sim.node_share)
     assert d.cpus_per_tres == f"gres:gpu:{view.cpus_per_gpu}"
     assert sim.cores_per_node[-1] == view.cpus_per_gpu
     assert sim.counters["probed_jobs"] < len(rows)  # the last runs were not probed
-    # The user asked 2 of the 6 cores it needs: the first profiles are censored (still
-    # rising at the top), the hook gives more room each time, and it settles near 6.
-    assert sim.cores_per_node[0] == 2
+    assert sim.cores_per_node[0] == first_cores
     assert abs(view.cpus_per_gpu - cores_for_fraction(6, max_cores=24)) <= 1
+
+
+def test_the_share_lifts_first_runs_and_shortens_them() -> None:
+    # Eight different workloads, each run once, each needing 6 cores, users asking 2: the
+    # hook knows none of them, so only UnprofiledUserValue=raise changes their cores.
+    rows = [(i * 10.0, 3000.0, 1, 2, i) for i in range(8)]
+    trace = make_trace(rows, names=[f"w{i}" for i in range(8)])
+    wl = assign_workloads(
+        trace, MODEL, 1, named_classes={f"w{i}": (6.0, (0.0,) * 3) for i in range(8)}
+    )
+    nodes = uniform_nodes(2, 32, 4)
+    kept = run(trace, nodes, wl, "coda", coda_conf=REPLACE_ONLY)
+    lifted = run(trace, nodes, wl, "coda")
+    assert kept.cores_per_node.tolist() == [2] * 8
+    assert lifted.cores_per_node.tolist() == [8] * 8  # 32 cores / 4 GPUs
+    # The trace's runs were on the 2 cores the users asked; at 8 (past the sweet spot of 6)
+    # the same work takes throughput_at(6, 2) of the time (the one job probed on each node
+    # loses ~5 % to its probes).
+    assert (kept.end_s - kept.start_s) == pytest.approx(3000.0 * np.ones(8), rel=0.05)
+    expected = 3000.0 * throughput_at(6, 2)
+    assert (lifted.end_s - lifted.start_s) == pytest.approx(expected * np.ones(8), rel=0.1)
+    assert expected < 0.7 * 3000.0
 
 
 def test_settle_is_the_daemons_eliminator_ticked() -> None:

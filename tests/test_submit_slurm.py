@@ -175,6 +175,29 @@ def test_unprofiled_gpu_job_gets_configured_default(
     assert "--cpus-per-gpu=3" in said
 
 
+def test_first_run_asking_too_little_is_raised_to_the_nodes_share(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
+    # The node: 32 CPUs over 4 GPUs, so a GPU's share is 8 cores.
+    set_conf(cluster, ctld_log, "DefaultCpusPerGpu=share\nUnprofiledUserValue=raise")
+    job_id, raised, said = submit(
+        cluster, ["--gpus-per-node=1", "--cpus-per-gpu=2", "-J", "first-run"], hold=False
+    )
+    assert cpus_per_tres(raised) == "gres:gpu:8"
+    assert parse_admin_record(raised["AdminComment"])["action"] == "raise"
+    assert "raises --cpus-per-gpu=2" in said
+    deadline = time.monotonic() + 20
+    while cluster.show_job(job_id)["JobState"] != "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert cluster.show_job(job_id)["NumCPUs"] == "8"
+    # A user who asked for more than the share keeps it; one who asked nothing gets it.
+    _, more, _ = submit(cluster, ["--gpus-per-node=1", "--cpus-per-gpu=12", "-J", "greedy"])
+    assert cpus_per_tres(more) == "gres:gpu:12"
+    _, none, _ = submit(cluster, ["--gpus-per-node=2", "-J", "silent"])
+    assert cpus_per_tres(none) == "gres:gpu:8"
+
+
 def test_cpu_only_job_is_never_touched(
     cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
 ) -> None:

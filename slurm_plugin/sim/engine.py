@@ -47,7 +47,7 @@ import numpy as np
 
 from coda_node.allocator import ProbeParams
 from coda_node.contention import ContentionParams
-from slurm_plugin.conf import CodaConfig, NodeShape, make_node_cap
+from slurm_plugin.conf import CodaConfig, NodeShape, make_node_cap, make_node_share, parse_config
 from slurm_plugin.curves import throughput_at
 from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.policy import JobRequest, ProfileView, decide
@@ -59,7 +59,7 @@ from slurm_plugin.sim.traces import NodeSpec, Trace
 from slurm_plugin.sim.workloads import JobModel, Workloads
 from slurm_plugin.store import Profile, Sample, to_view
 
-__all__ = ["POLICIES", "Policy", "RunResult", "SimParams", "simulate"]
+__all__ = ["CODA_CONF", "POLICIES", "Policy", "RunResult", "SimParams", "simulate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,16 @@ POLICIES: dict[str, Policy] = {
 _CONF = CodaConfig()
 """coda.conf's defaults, for the mechanisms' settings."""
 
+CODA_CONF: tuple[str, ...] = (
+    "UserValue=replace",
+    "DefaultCpusPerGpu=share",
+    "UnprofiledUserValue=raise",
+)
+"""The hook's settings in the ``coda`` policy: a profile replaces the user's value, and a
+workload without one gets at least its GPUs' even share of the node (so its first run is
+not starved and coda-node profiles it from above its sweet spot). docs/admin-guide.md
+recommends these where users' requests are not trusted."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimParams:
@@ -113,8 +123,9 @@ class SimParams:
     """Nodes have Intel RDT: the eliminator sees per-job bandwidth and uses MBA first."""
     check: bool = False
     """Verify after every start that no node holds more than it has (tests)."""
-    coda_user_value: str = "replace"
-    """coda.conf ``UserValue`` the CODA policy runs with."""
+    coda_conf: tuple[str, ...] = CODA_CONF
+    """coda.conf lines (``Key=Value``) the CODA policy's hook runs with; a key given again
+    wins (``coda-slurm simulate --coda-conf``)."""
     # -- placement mechanisms (issue 7), all off by default; see sim/mechanisms.py -------
     reserve: bool = False
     """Spare CPU partitions over the GPU nodes, one per node shape, whose MaxCPUsPerNode
@@ -277,12 +288,13 @@ class _Sim:
             mask = np.array([m in ok for m in self.node_model], dtype=bool)
             self.allowed.append(mask if mask.any() else None)
         # CODA's controller side.
-        self.cfg = CodaConfig(user_value=params.coda_user_value)
+        self.cfg, _ = parse_config("\n".join(params.coda_conf), source="coda policy settings")
         shapes = tuple(
             NodeShape(str(i), int(c), int(g))
             for i, (c, g) in enumerate(zip(self.node_cores, self.node_gpus, strict=True))
         )
         self.node_cap = make_node_cap(shapes)
+        self.node_share = make_node_share(shapes)
         self.profiles: dict[str, Profile] = {}
         self.views: dict[str, ProfileView] = {}
         self.decided: dict[tuple[int, int, int, int], int] = {}
@@ -409,7 +421,7 @@ class _Sim:
                 min_nodes=k,
                 comment=f"coda:workload={name}",
             )
-            d = decide(req, self.cfg, self.views, self.node_cap)
+            d = decide(req, self.cfg, self.views, self.node_cap, node_share=self.node_share)
             cpg = user_cpg
             if d.cpus_per_tres is not None:
                 cpg = int(d.cpus_per_tres.rsplit(":", 1)[1])

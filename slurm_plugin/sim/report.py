@@ -27,6 +27,9 @@ class Summary:
     """GPU-seconds held by jobs / GPU-seconds of the cluster, over the submission window."""
     gpu_util_effective: float
     """The same, each GPU-second weighted by its job's progress rate (1 = at its best)."""
+    gpu_busy: float
+    """Effective over allocated: the share of allocated GPU time the GPUs compute, what
+    nvidia-smi's or DCGM's utilisation averages over the allocated GPUs (0 with none)."""
     dnn_jct_mean_s: float
     dnn_jct_p99_s: float
     dnn_wait_mean_s: float
@@ -71,10 +74,12 @@ def summarise(trace: Trace, r: RunResult) -> Summary:
     returned = float(np.sum(np.clip(delta, 0, None)[gpu] * hours[gpu]))
     added = float(np.sum(np.clip(-delta, 0, None)[gpu] * hours[gpu]))
     started = ~np.isnan(r.start_s)
+    alloc_gpu_s = float(r.alloc_gpu_s.sum())
     return Summary(
         policy=r.policy,
         gpu_util_allocated=float(r.alloc_gpu_s.sum() / cap_gpu_s) if cap_gpu_s else 0.0,
         gpu_util_effective=float(r.effective_gpu_s.sum() / cap_gpu_s) if cap_gpu_s else 0.0,
+        gpu_busy=float(r.effective_gpu_s.sum() / alloc_gpu_s) if alloc_gpu_s else 0.0,
         dnn_jct_mean_s=_mean(jct),
         dnn_jct_p99_s=_p99(jct),
         dnn_wait_mean_s=_mean(wait[gpu & started]),
@@ -96,6 +101,7 @@ def summarise(trace: Trace, r: RunResult) -> Summary:
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("gpu_util_allocated", "GPU alloc", "pct"),
     ("gpu_util_effective", "GPU eff", "pct"),
+    ("gpu_busy", "GPU busy", "pct"),
     ("dnn_jct_mean_s", "JCT mean", "h"),
     ("dnn_jct_p99_s", "JCT p99", "h"),
     ("cpu_wait_mean_s", "CPU wait", "min"),
