@@ -126,6 +126,20 @@ def _params(items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _merge_conf(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """``Key=Value`` lines with a key given again reduced to its last value (keys compared as
+    coda.conf does, case-insensitively), in the order keys first appear."""
+    merged: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise CliError("bad --coda-conf", f"{line!r} is not KEY=VALUE")
+        names.setdefault(key.strip().lower(), key.strip())
+        merged[key.strip().lower()] = value.strip()
+    return tuple(f"{names[k]}={v}" for k, v in merged.items())
+
+
 def _donor() -> Trace | None:
     """The Alibaba trace's CPU pods, to resample CPU jobs from (None when absent)."""
     path = trace_data_dir() / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
@@ -263,7 +277,7 @@ def simulate_cmd(
         seed,
         named_classes=named,
     )
-    coda_conf = CODA_CONF + coda_conf_items
+    coda_conf = _merge_conf(CODA_CONF + coda_conf_items)
     try:
         parse_config("\n".join(coda_conf), source="--coda-conf")
     except ConfigError as exc:

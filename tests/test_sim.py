@@ -392,6 +392,32 @@ def test_cli_table_json_and_errors() -> None:
     assert missing.exit_code != 0 and "cannot load trace" in missing.output
 
 
+def test_cli_coda_conf_overrides_the_coda_policys_hook_settings() -> None:
+    runner = CliRunner()
+    args = ["simulate", "synthetic:300,gpus=32", "--json", "-p", "coda"]
+    default = json.loads(runner.invoke(cli, args).output)
+    assert default["coda_conf"] == list(engine.CODA_CONF)
+    plain = runner.invoke(
+        cli, [*args, "--coda-conf", "defaultcpuspergpu=", "--coda-conf", "UnprofiledUserValue=keep"]
+    )
+    data = json.loads(plain.output)
+    # A key given again replaces the default, whatever its case.
+    assert data["coda_conf"] == [
+        "UserValue=replace",
+        "DefaultCpusPerGpu=",
+        "UnprofiledUserValue=keep",
+    ]
+    # Unprofiled first runs keep their users' values: fewer cores are added, JCT is longer.
+    assert data["results"][0]["dnn_jct_mean_s"] > default["results"][0]["dnn_jct_mean_s"]
+    bad = runner.invoke(
+        cli,
+        [*args, "--coda-conf", "UnprofiledUserValue=raise", "--coda-conf", "DefaultCpusPerGpu="],
+    )
+    assert bad.exit_code != 0 and "UnprofiledUserValue=raise needs DefaultCpusPerGpu" in bad.output
+    shapeless = runner.invoke(cli, [*args, "--coda-conf", "Bogus"])
+    assert shapeless.exit_code != 0 and "is not KEY=VALUE" in shapeless.output
+
+
 def test_cli_on_an_sacct_export_as_a_subprocess(tmp_path: Path) -> None:
     lines = ["JobID|JobName|User|Partition|Submit|Start|End|State|NNodes|AllocTRES|ReqTRES"]
     for i in range(40):
