@@ -150,6 +150,9 @@ def test_a_contention_episode_that_throttling_fixes() -> None:
     assert coda.end_s[1] > cpu_end_slurm
     s = summarise(trace, coda)
     assert s.cpu_stretch_mean > 1.0
+    # One CPU job: every form of its stretch is the same number.
+    assert s.cpu_work_stretch == pytest.approx(s.cpu_stretch_mean)
+    assert s.cpu_stretch_p50 == pytest.approx(s.cpu_stretch_mean)
     assert coda.counters["shield_settles"] >= 1
 
 
@@ -230,6 +233,9 @@ def test_every_job_finishes_once_and_utilisation_is_a_fraction(
     s = summarise(trace, r)
     assert 0.0 <= s.gpu_busy <= 1.0 + 1e-9
     assert s.gpu_busy == pytest.approx(s.gpu_util_effective / s.gpu_util_allocated)
+    # A CPU job never runs faster than in the trace (its share of its cores is at most 1).
+    assert 1.0 - 1e-9 <= s.cpu_stretch_p50 <= s.cpu_stretch_p99
+    assert s.cpu_work_stretch >= 1.0 - 1e-9
 
 
 def test_same_seed_same_results_other_seed_other_results(

@@ -37,6 +37,11 @@ class Summary:
     cpu_wait_p99_s: float
     cpu_stretch_mean: float
     """CPU jobs' run time over their run time in the trace (> 1: throttled)."""
+    cpu_stretch_p50: float
+    cpu_stretch_p99: float
+    cpu_work_stretch: float
+    """Σ CPU jobs' run time over Σ their run time in the trace: the CPU capacity the
+    throttling cost, where long jobs weigh more than in the mean of ratios."""
     core_hours_returned: float
     """Σ (cores asked − given) × run hours over GPU jobs given fewer cores than asked."""
     core_hours_added: float
@@ -75,6 +80,8 @@ def summarise(trace: Trace, r: RunResult) -> Summary:
     added = float(np.sum(np.clip(-delta, 0, None)[gpu] * hours[gpu]))
     started = ~np.isnan(r.start_s)
     alloc_gpu_s = float(r.alloc_gpu_s.sum())
+    stretch = run_s[cpu_done] / trace.duration_s[cpu_done]
+    trace_run_s = float(trace.duration_s[cpu_done].sum())
     return Summary(
         policy=r.policy,
         gpu_util_allocated=float(r.alloc_gpu_s.sum() / cap_gpu_s) if cap_gpu_s else 0.0,
@@ -85,7 +92,10 @@ def summarise(trace: Trace, r: RunResult) -> Summary:
         dnn_wait_mean_s=_mean(wait[gpu & started]),
         cpu_wait_mean_s=_mean(wait[~gpu & started]),
         cpu_wait_p99_s=_p99(wait[~gpu & started]),
-        cpu_stretch_mean=_mean(run_s[cpu_done] / trace.duration_s[cpu_done]),
+        cpu_stretch_mean=_mean(stretch),
+        cpu_stretch_p50=float(np.median(stretch)) if len(stretch) else math.nan,
+        cpu_stretch_p99=_p99(stretch),
+        cpu_work_stretch=float(run_s[cpu_done].sum() / trace_run_s) if trace_run_s else math.nan,
         core_hours_returned=returned,
         core_hours_added=added,
         makespan_s=float(np.nanmax(r.end_s)) if done.any() else math.nan,
