@@ -7,6 +7,12 @@ immutable snapshot. The decision itself is :func:`slurm_plugin.policy.decide`, a
 pure function tested by tables; this module only moves data between the C struct
 and Python, enforces the time budget and fails open.
 
+Because decide() is pure, its answers are memoised (:class:`DecisionMemo`, issue 2): a
+job whose decision fields match an earlier one's, under the same configuration and
+profile snapshot, costs one dict lookup, and the fields it writes were encoded once.
+Called once every few ms from a fresh slurmctld thread, the hook runs with cold caches,
+where every line of Python it skips counts (docs/benchmarks.md, "In-hook time").
+
 Fail-open contract: any exception, or a decision that took longer than
 ``HookBudgetMs``, leaves the job exactly as the user submitted it and logs one
 line. The only way this hook refuses a job is a malformed ``coda:`` directive the
@@ -20,6 +26,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,17 +36,28 @@ from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.journal import DecisionJournal
 from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.paths import default_conf_path, slurm_conf_for
-from slurm_plugin.policy import Decision, JobRequest, decide
+from slurm_plugin.policy import Decision, JobRequest, ProfileView, decide
 from slurm_plugin.signature import DirectiveError, parse_coda_directives, quote_label
 from slurm_plugin.store import ProfileCache, Reloader, StoreUnavailable
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
 _LEVELS = {"error": LOG_ERROR, "info": LOG_INFO, "verbose": LOG_VERBOSE, "debug": LOG_DEBUG}
 STATS_WINDOW = 4096  # in-hook durations kept for p50/p99
+MEMO_MAX_ENTRIES = 4096
+"""Decisions one :class:`DecisionMemo` holds before it is cleared."""
+MEMO_MAX_BYTES = 32 * 1024 * 1024
+"""Job text (scripts, comments, ...) one :class:`DecisionMemo` keeps as keys, at most."""
 
 _ffi: Any = None
 _lib: Any = None
 _state: HookState | None = None
+# Bound once in bind(): the hot path reads them as plain module globals instead of going
+# through the cffi lib object and the time module on every call.
+_SUCCESS = 0
+_ERROR = -1
+_NO_VAL = 0xFFFFFFFE
+_perf_ns = time.perf_counter_ns
+_time_s = time.time
 
 
 @dataclass(slots=True)
@@ -86,6 +104,95 @@ class HookStats:
         }
 
 
+RequestKey = tuple[Any, ...]
+"""The raw job_desc fields :func:`decide` reads (see :func:`_read_key`): ints and bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One decision and everything the hook writes for it, encoded once.
+
+    Built on a :class:`DecisionMemo` miss; a hit replays it, so a recurring job costs one
+    dict lookup instead of :func:`decide` plus the encoding of each field.
+    """
+
+    decision: Decision
+    uid: int
+    job_name: str | None
+    ntasks_per_node: int
+    num_tasks: int
+    cpus_per_tres: bytes | None
+    tres_per_node: bytes | None
+    prefer: bytes | None
+    partition: bytes | None
+    admin_comment: bytes | None
+    user_msg: bytes | None
+    """The line for sbatch's output (a reject's fallback text included)."""
+    log_level: int
+    """LOG_INFO, or LOG_VERBOSE for a skip that changes nothing."""
+    log_line: bytes
+    """:func:`log`'s bytes for the decision's line."""
+
+
+def make_plan(req: JobRequest, decision: Decision) -> Plan:
+    """The :class:`Plan` of ``decision`` for ``req``; every value is encoded here, before
+    the hook writes anything."""
+    user_msg = decision.user_msg
+    if decision.action == "reject":
+        user_msg = user_msg or "coda: invalid coda: directive"
+    if decision.action == "skip" and decision.admin_comment is None:
+        # A CPU-only job routed by CpuJobPartitions is said at info; other skips (CPU-only
+        # job, coda:off) only at LogLevel=verbose.
+        level = LOG_INFO if decision.partition is not None else LOG_VERBOSE
+    else:
+        level = LOG_INFO
+    return Plan(
+        decision=decision,
+        uid=req.uid,
+        job_name=req.job_name,
+        ntasks_per_node=req.ntasks_per_node,
+        num_tasks=req.num_tasks,
+        cpus_per_tres=_encode_opt(decision.cpus_per_tres),
+        tres_per_node=_encode_opt(decision.tres_per_node),
+        prefer=_encode_opt(decision.prefer),
+        partition=_encode_opt(decision.partition),
+        admin_comment=_encode_opt(decision.admin_comment or None),
+        user_msg=_encode_opt(user_msg or None),
+        log_level=level,
+        log_line=_log_bytes(_log_line(decision)),
+    )
+
+
+class DecisionMemo:
+    """Plans of recent decisions, keyed on the raw job_desc fields :func:`decide` reads.
+
+    :func:`decide` is pure given those fields, the configuration, the node shapes and the
+    profile snapshot.  A memo belongs to one :class:`HookState` (a coda.conf reload builds
+    a new state, and with it an empty memo) and to one snapshot object: ``ProfileCache``
+    replaces its snapshot whenever a profile changes, and the hook starts a new memo when
+    the snapshot it holds is not the one it was built for.  Bounded by
+    :data:`MEMO_MAX_ENTRIES` and :data:`MEMO_MAX_BYTES`, cleared when either is reached: a
+    recurring workload is back in after one miss.
+    """
+
+    __slots__ = ("key_bytes", "plans", "profiles")
+
+    def __init__(self, profiles: Mapping[str, ProfileView] | None) -> None:
+        self.profiles = profiles
+        self.plans: dict[RequestKey, Plan] = {}
+        self.key_bytes = 0
+
+    def add(self, key: RequestKey, plan: Plan) -> None:
+        size = sum(len(v) for v in key if type(v) is bytes)
+        if size > MEMO_MAX_BYTES:
+            return  # a huge script: decided again next time rather than kept
+        if len(self.plans) >= MEMO_MAX_ENTRIES or self.key_bytes + size > MEMO_MAX_BYTES:
+            self.plans.clear()
+            self.key_bytes = 0
+        self.plans[key] = plan
+        self.key_bytes += size
+
+
 @dataclass(slots=True)
 class HookState:
     """Everything the hot path reads; swapped as a whole when coda.conf changes."""
@@ -103,6 +210,13 @@ class HookState:
     stats_error: str | None = None
     started_unix_s: float = field(default_factory=time.time)
     conf_loaded_unix_s: float = field(default_factory=time.time)
+    memo: DecisionMemo = field(default_factory=lambda: DecisionMemo(None))
+    log_level: int = LOG_INFO
+    """``LogLevel`` as a number."""
+    cpu_jobs_silent: bool = True
+    """Whether a job that asks for no GPUs ends with nothing written and nothing logged
+    (no ``CpuJobPartitions``, ``LogLevel`` below verbose): the hook then stops after
+    reading the four GPU request fields."""
 
 
 # -- logging -------------------------------------------------------------------
@@ -115,7 +229,7 @@ def log(level: int, msg: str) -> None:
         return
     if _lib is None:
         return
-    _lib.coda_log(level, msg.replace("\n", " | ").encode("utf-8", "replace"))
+    _lib.coda_log(level, _log_bytes(msg))
 
 
 def _log_named(level_name: str, msg: str) -> None:
@@ -139,8 +253,9 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
 
 
 def bind(ffi: Any, lib: Any) -> None:
-    global _ffi, _lib
+    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL
     _ffi, _lib = ffi, lib
+    _SUCCESS, _ERROR, _NO_VAL = lib.SLURM_SUCCESS, lib.SLURM_ERROR, lib.NO_VAL
 
 
 def _load_state(path: Path) -> HookState:
@@ -159,6 +274,7 @@ def _load_state(path: Path) -> HookState:
                 f"(GPU type {gpu_type}); jobs are never steered to it "
                 "(add it to the nodes' Feature= or fix PreferGpuFeatures)",
             )
+    log_level = _LEVELS.get(cfg.log_level, LOG_INFO)
     return HookState(
         cfg=cfg,
         cfg_path=path,
@@ -166,6 +282,8 @@ def _load_state(path: Path) -> HookState:
         cache=cache,
         node_cap=node_cap,
         node_features=features,
+        log_level=log_level,
+        cpu_jobs_silent=not cfg.cpu_job_partitions and log_level < LOG_VERBOSE,
     )
 
 
@@ -345,62 +463,138 @@ def _str(ptr: Any) -> str | None:
     return _ffi.string(ptr).decode("utf-8", "surrogateescape")
 
 
-def read_request(desc: Any, submit_uid: int) -> JobRequest:
-    """Copy the fields the policy needs out of job_desc_msg_t."""
-    uid = desc.user_id
-    return JobRequest(
-        uid=uid if uid != _lib.NO_VAL else submit_uid,
-        job_name=_str(desc.name),
-        partition=_str(desc.partition),
-        tres_per_node=_str(desc.tres_per_node),
-        tres_per_job=_str(desc.tres_per_job),
-        tres_per_task=_str(desc.tres_per_task),
-        tres_per_socket=_str(desc.tres_per_socket),
-        cpus_per_tres=_str(desc.cpus_per_tres),
-        cpus_per_task=desc.cpus_per_task,
-        min_nodes=desc.min_nodes,
-        max_nodes=desc.max_nodes,
-        num_tasks=desc.num_tasks,
-        ntasks_per_node=desc.ntasks_per_node,
-        comment=_str(desc.comment),
-        script=_str(desc.script),
-        prefer=_str(desc.prefer),
-    )
-
-
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _append_user_msg(err_msg: Any, line: str) -> None:
-    # Another job_submit plugin (lua) may already have said something.
-    old = _str(err_msg[0])
-    _lib.coda_replace_str(err_msg, _encode(f"{old}\n{line}" if old else line))
+def _encode_opt(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8", "surrogateescape")
 
 
-def apply_decision(desc: Any, decision: Decision, err_msg: Any) -> None:
-    """Write the decision into job_desc. Values are computed before any write."""
-    if decision.cpus_per_tres is not None:
-        _lib.coda_replace_str(
-            _ffi.addressof(desc, "cpus_per_tres"), _encode(decision.cpus_per_tres)
+def _decode_opt(raw: bytes | None) -> str | None:
+    # Job fields are bytes from the user's client; keep undecodable bytes.
+    return None if raw is None else raw.decode("utf-8", "surrogateescape")
+
+
+def _read_key(
+    desc: Any, submit_uid: int, per_node: Any, per_job: Any, per_task: Any, per_socket: Any
+) -> RequestKey:
+    """The fields :func:`decide` reads, as raw bytes and ints (the four GPU request
+    pointers were read first by the caller).  ``max_nodes`` is not read: no rule uses it.
+
+    A NULL ``char *`` is false in cffi; the strings are copied, not decoded: decoding and
+    the :class:`JobRequest` are only needed when the memo misses (:func:`_request_from_key`).
+    """
+    string = _ffi.string
+    uid = desc.user_id
+    name = desc.name
+    partition = desc.partition
+    cpus_per_tres = desc.cpus_per_tres
+    comment = desc.comment
+    script = desc.script
+    prefer = desc.prefer
+    return (
+        uid if uid != _NO_VAL else submit_uid,
+        desc.cpus_per_task,
+        desc.min_nodes,
+        desc.num_tasks,
+        desc.ntasks_per_node,
+        string(name) if name else None,
+        string(partition) if partition else None,
+        string(per_node) if per_node else None,
+        string(per_job) if per_job else None,
+        string(per_task) if per_task else None,
+        string(per_socket) if per_socket else None,
+        string(cpus_per_tres) if cpus_per_tres else None,
+        string(comment) if comment else None,
+        string(script) if script else None,
+        string(prefer) if prefer else None,
+    )
+
+
+def _request_from_key(key: RequestKey) -> JobRequest:
+    """The :class:`JobRequest` :func:`decide` gets for the fields in ``key``."""
+    (
+        uid,
+        cpus_per_task,
+        min_nodes,
+        num_tasks,
+        ntasks_per_node,
+        name,
+        partition,
+        per_node,
+        per_job,
+        per_task,
+        per_socket,
+        cpus_per_tres,
+        comment,
+        script,
+        prefer,
+    ) = key
+    return JobRequest(
+        uid=uid,
+        job_name=_decode_opt(name),
+        partition=_decode_opt(partition),
+        tres_per_node=_decode_opt(per_node),
+        tres_per_job=_decode_opt(per_job),
+        tres_per_task=_decode_opt(per_task),
+        tres_per_socket=_decode_opt(per_socket),
+        cpus_per_tres=_decode_opt(cpus_per_tres),
+        cpus_per_task=cpus_per_task,
+        min_nodes=min_nodes,
+        num_tasks=num_tasks,
+        ntasks_per_node=ntasks_per_node,
+        comment=_decode_opt(comment),
+        script=_decode_opt(script),
+        prefer=_decode_opt(prefer),
+    )
+
+
+def read_request(desc: Any, submit_uid: int) -> JobRequest:
+    """Copy the fields the policy needs out of job_desc_msg_t (for tools and tests; the
+    hook itself reads :func:`_read_key` and decodes only on a memo miss)."""
+    return _request_from_key(
+        _read_key(
+            desc,
+            submit_uid,
+            desc.tres_per_node,
+            desc.tres_per_job,
+            desc.tres_per_task,
+            desc.tres_per_socket,
         )
-    if decision.clear_cpus_per_task:
+    )
+
+
+def _append_user_msg(err_msg: Any, line: bytes) -> None:
+    # Another job_submit plugin (lua) may already have said something.
+    old = err_msg[0]
+    prev = _ffi.string(old) if old else b""
+    _lib.coda_replace_str(err_msg, prev + b"\n" + line if prev else line)
+
+
+def _apply(desc: Any, plan: Plan, err_msg: Any) -> None:
+    """Write the plan into job_desc (every value was encoded when the plan was made)."""
+    replace = _lib.coda_replace_str
+    if plan.cpus_per_tres is not None:
+        replace(_ffi.addressof(desc, "cpus_per_tres"), plan.cpus_per_tres)
+    if plan.decision.clear_cpus_per_task:
         desc.cpus_per_task = _lib.NO_VAL16
     # Placement (issue 7): Slurm validates these after job_submit, like cpus_per_tres.
-    if decision.tres_per_node is not None:
-        _lib.coda_replace_str(
-            _ffi.addressof(desc, "tres_per_node"), _encode(decision.tres_per_node)
+    if plan.tres_per_node is not None:
+        replace(_ffi.addressof(desc, "tres_per_node"), plan.tres_per_node)
+    if plan.prefer is not None:
+        replace(_ffi.addressof(desc, "prefer"), plan.prefer)
+    if plan.partition is not None:
+        replace(_ffi.addressof(desc, "partition"), plan.partition)
+    if plan.admin_comment is not None:
+        old = desc.admin_comment
+        prev = _ffi.string(old) if old else b""
+        replace(
+            _ffi.addressof(desc, "admin_comment"),
+            prev + b" " + plan.admin_comment if prev else plan.admin_comment,
         )
-    if decision.prefer is not None:
-        _lib.coda_replace_str(_ffi.addressof(desc, "prefer"), _encode(decision.prefer))
-    if decision.partition is not None:
-        _lib.coda_replace_str(_ffi.addressof(desc, "partition"), _encode(decision.partition))
-    if decision.admin_comment:
-        old = _str(desc.admin_comment)
-        new = f"{old} {decision.admin_comment}" if old else decision.admin_comment
-        _lib.coda_replace_str(_ffi.addressof(desc, "admin_comment"), _encode(new))
-    if decision.user_msg:
-        _append_user_msg(err_msg, decision.user_msg)
+    if plan.user_msg is not None:
+        _append_user_msg(err_msg, plan.user_msg)
 
 
 def _log_line(decision: Decision) -> str:
@@ -408,88 +602,110 @@ def _log_line(decision: Decision) -> str:
     return decision.log_msg.removeprefix("coda: ")
 
 
+def _log_bytes(msg: str) -> bytes:
+    return msg.replace("\n", " | ").encode("utf-8", "replace")
+
+
 def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
     state = _state
     if state is None:
-        return _lib.SLURM_SUCCESS
-    t0 = time.perf_counter_ns()
+        return _SUCCESS
+    t0 = _perf_ns()
     stats = state.stats
     stats.calls += 1
-    stats.last_call_unix_s = now_unix_s = time.time()
+    stats.last_call_unix_s = now_unix_s = _time_s()
+    # Who the job is, for the journal and a failure's line: the plan once there is one,
+    # the request on a memo miss, None before the job was read.
+    who: Plan | JobRequest | None = None
     # What the decision journal gets (set before each return that is a decision).
-    req: JobRequest | None = None
     journaled: Decision | None = None
     fail_open = False
     error: str | None = None
     try:
-        req = read_request(desc, submit_uid)
-        decision = decide(
-            req,
-            state.cfg,
-            state.cache.snapshot(),
-            state.node_cap,
-            node_features=state.node_features,
-            node_share=state.node_cap.share,
-        )
-        if decision.action == "reject":
+        per_node = desc.tres_per_node
+        per_job = desc.tres_per_job
+        per_task = desc.tres_per_task
+        per_socket = desc.tres_per_socket
+        if not (per_node or per_job or per_task or per_socket) and state.cpu_jobs_silent:
+            # No GPU asked: decide() would skip the job with nothing to write or log, so the
+            # other fields are not read at all.
+            return _SUCCESS
+        key = _read_key(desc, submit_uid, per_node, per_job, per_task, per_socket)
+        profiles = state.cache.snapshot()
+        memo = state.memo
+        if memo.profiles is not profiles:  # the store reloaded: earlier plans may be stale
+            state.memo = memo = DecisionMemo(profiles)
+        plan = memo.plans.get(key)
+        if plan is None:
+            who = req = _request_from_key(key)
+            decision = decide(
+                req,
+                state.cfg,
+                profiles,
+                state.node_cap,
+                node_features=state.node_features,
+                node_share=state.node_cap.share,
+            )
+            plan = make_plan(req, decision)
+            memo.add(key, plan)
+        who = plan
+        decision = plan.decision
+        action = decision.action
+        if action == "reject":
             stats.rejected += 1
             journaled = decision
-            _append_user_msg(err_msg, decision.user_msg or "coda: invalid coda: directive")
-            log(LOG_INFO, _log_line(decision))
-            return _lib.SLURM_ERROR
-        if decision.action == "skip" and decision.admin_comment is None:
-            if decision.partition is not None:
-                # A CPU-only job routed by CpuJobPartitions: not a GPU decision, so neither
-                # counted nor journaled (coda-slurm status is about GPU jobs' cores).
-                apply_decision(desc, decision, err_msg)
-                log(LOG_INFO, _log_line(decision))
-            else:
-                # CPU-only job or coda:off: nothing to say, except at LogLevel=verbose
-                # (where Mode=advise shows the CpuJobPartitions route it would take).
-                log(LOG_VERBOSE, _log_line(decision))
-            return _lib.SLURM_SUCCESS
+            _append_user_msg(err_msg, plan.user_msg or b"")
+            if plan.log_level <= state.log_level:
+                _lib.coda_log(plan.log_level, plan.log_line)
+            return _ERROR
+        if action == "skip" and decision.admin_comment is None:
+            # CPU-only job, coda:off, or one routed by CpuJobPartitions: not a GPU decision,
+            # so neither counted nor journaled (coda-slurm status is about GPU jobs' cores).
+            # Only the route is written and said at info (make_plan set the level).
+            if plan.partition is not None:
+                _apply(desc, plan, err_msg)
+            if plan.log_level <= state.log_level:
+                _lib.coda_log(plan.log_level, plan.log_line)
+            return _SUCCESS
         stats.gpu_jobs += 1
         journaled = decision
-        elapsed_ms = (time.perf_counter_ns() - t0) / 1e6
+        elapsed_ms = (_perf_ns() - t0) / 1e6
         if elapsed_ms > state.cfg.hook_budget_ms:
             stats.over_budget += 1
             stats.fail_open += 1
             fail_open = True
             error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
-            log(
-                LOG_ERROR,
-                f"job {quote_label(req.job_name or '')} uid={req.uid}: {error}; "
-                "job passes unchanged",
-            )
-            return _lib.SLURM_SUCCESS
-        apply_decision(desc, decision, err_msg)
-        if decision.cpus_per_tres is not None:
+            log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
+            return _SUCCESS
+        _apply(desc, plan, err_msg)
+        if plan.cpus_per_tres is not None:
             stats.changed += 1
-        log(LOG_INFO, _log_line(decision))
-        return _lib.SLURM_SUCCESS
+        if plan.log_level <= state.log_level:
+            _lib.coda_log(plan.log_level, plan.log_line)
+        return _SUCCESS
     except Exception as exc:
         stats.fail_open += 1
         fail_open = True
         error = f"{type(exc).__name__}: {exc}"
-        log(LOG_ERROR, f"{_failed_job_label(req, submit_uid)}: {error}; job passes unchanged")
-        return _lib.SLURM_SUCCESS
+        log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
+        return _SUCCESS
     finally:
-        elapsed_ns = time.perf_counter_ns() - t0
+        elapsed_ns = _perf_ns() - t0
         stats.record(elapsed_ns)
         journal = state.journal
         if journal is not None and (journaled is not None or fail_open):
             # journal.pending_entry() inline: plain values, no call (see PendingEntry).
-            if req is None:  # failed before the job was read
-                req = JobRequest(uid=submit_uid)
+            if who is None:  # failed before the job was read
+                who = JobRequest(uid=submit_uid)
             d = journaled
             journal.record(
                 (
                     now_unix_s,
                     desc.job_id,
-                    req.uid,
-                    req.job_name,
-                    req.ntasks_per_node,
-                    req.num_tasks,
+                    who.uid,
+                    who.job_name,
+                    who.ntasks_per_node,
+                    who.num_tasks,
                     None if d is None else d.action,
                     None if d is None else d.admin_comment,
                     elapsed_ns,
@@ -499,11 +715,11 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             )
 
 
-def _failed_job_label(req: JobRequest | None, submit_uid: int) -> str:
+def _failed_job_label(who: Plan | JobRequest | None, submit_uid: int) -> str:
     # The same "job NAME uid=N" a decision's line starts with, when the job was read.
-    if req is None:
+    if who is None:
         return f"job ? uid={submit_uid}"
-    return f"job {quote_label(req.job_name or '')} uid={req.uid}"
+    return f"job {quote_label(who.job_name or '')} uid={who.uid}"
 
 
 def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
@@ -520,7 +736,7 @@ def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
             parse_coda_directives(comment)
         return _lib.SLURM_SUCCESS
     except DirectiveError as exc:
-        _append_user_msg(err_msg, str(exc))
+        _append_user_msg(err_msg, _encode(str(exc)))
         log(LOG_INFO, f"job_id={desc.job_id} uid={submit_uid}: update rejected: {exc}")
         return _lib.SLURM_ERROR
     except Exception as exc:

@@ -1,0 +1,250 @@
+"""The submit hook's decision memo (issue 2): a repeated job gets exactly what decide() gives.
+
+Driven through the same cffi struct double as tests/test_hook.py.  Every case is submitted
+twice: the first call decides (memo miss), the second replays the memoised plan (hit); both
+must write the same fields, say the same to the user and log the same line, and the plan
+must be what decide() returns for the job read straight from job_desc.  A reload of the
+profile store or of coda.conf must change the answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_plugin import hook
+from slurm_plugin.policy import decide as real_decide
+from slurm_plugin.store import Profile, ProfileStore
+from tests.test_hook import NO_VAL, FakeLib, ffi, field, make_desc
+
+WRITTEN = ("cpus_per_tres", "tres_per_node", "partition", "prefer", "admin_comment")
+
+
+def _profile(name: str, cpus_per_gpu: int, confidence: float = 0.95) -> Profile:
+    return Profile(
+        signature=f"workload:*:{name}",
+        workload=name,
+        cpus_per_gpu=cpus_per_gpu,
+        confidence=confidence,
+        n_samples=8,
+        updated_unix_s=time.time(),
+        source="test",
+    )
+
+
+@pytest.fixture
+def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
+    store = ProfileStore(tmp_path / "profiles")
+    store.ensure_root()
+    store.write(_profile("resnet50", 6))
+    store.write(_profile("weak", 3, confidence=0.2))
+    (tmp_path / "coda.conf").write_text(
+        f"ProfileStore={store.root}\nHookStatsFile=\n"
+        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\nExcludePartitions=debug\n"
+    )
+    (tmp_path / "slurm.conf").write_text(
+        "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n"
+    )
+    monkeypatch.setenv("CODA_CONF", str(tmp_path / "coda.conf"))
+    fake = FakeLib()
+    hook.bind(ffi, fake)
+    assert hook.plugin_init() == 1
+    try:
+        yield fake
+    finally:
+        hook.plugin_fini()
+
+
+class DecideSpy:
+    """hook.decide, counting calls and keeping the arguments of the last one."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        self.args, self.kwargs = args, kwargs
+        return real_decide(*args, **kwargs)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> DecideSpy:
+    s = DecideSpy()
+    monkeypatch.setattr(hook, "decide", s)
+    return s
+
+
+def _make(lib: FakeLib, case: dict[str, Any]) -> Any:
+    strings = {k: v for k, v in case.items() if isinstance(v, str)}
+    desc = make_desc(lib, **strings)
+    for name, value in case.items():
+        if isinstance(value, int) and name != "submit_uid":
+            setattr(desc, name, value)
+    return desc
+
+
+def _submit(lib: FakeLib, case: dict[str, Any], err_first: str | None = None) -> tuple:
+    """What a user and an admin see of one submission."""
+    desc = _make(lib, case)
+    err = ffi.new("char **")
+    if err_first is not None:
+        lib.coda_replace_str(err, err_first.encode())
+    before = len(lib.lines)
+    rc = hook.job_submit(desc, case.get("submit_uid", 1000), err)
+    said = None if err[0] == ffi.NULL else ffi.string(err[0]).decode()
+    fields = tuple(field(desc, name) for name in WRITTEN)
+    return rc, fields, desc.cpus_per_task, said, lib.lines[before:]
+
+
+GPU = "gres:gpu:2"
+CASES: list[dict[str, Any]] = [
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50"},
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "admin_comment": "from-lua"},
+    {"tres_per_job": "gres:gpu:3", "comment": "coda:workload=resnet50", "min_nodes": 2},
+    {"tres_per_task": "gres:gpu:1", "comment": "coda:workload=resnet50", "ntasks_per_node": 2},
+    {"tres_per_task": "gres:gpu:1", "comment": "coda:workload=resnet50", "num_tasks": 3},
+    {"tres_per_socket": "gres:gpu:1", "comment": "coda:workload=resnet50"},
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "cpus_per_tres": "gres:gpu:3"},
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "cpus_per_task": 9},
+    {"tres_per_node": GPU, "comment": "coda:workload=weak"},
+    {"tres_per_node": GPU, "script": "#!/bin/sh\npython train.py\n", "name": "a"},
+    {"tres_per_node": GPU, "script": "#!/bin/sh\npython train.py\n", "name": "b"},
+    {"tres_per_node": GPU, "name": "interactive"},
+    {"tres_per_node": GPU, "comment": "nightly; coda:off"},
+    {"tres_per_node": GPU, "comment": "coda:bogus"},
+    {"tres_per_node": "gres:gpu:x", "comment": "coda:workload=resnet50"},
+    {"tres_per_node": "gres:license:1", "comment": "coda:workload=resnet50"},
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "partition": "debug"},
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "user_id": NO_VAL, "submit_uid": 7},
+    {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "prefer": "nvme"},
+    {"tres_per_node": GPU, "comment": "coda:workload=n\udcffx", "name": "j\udcfe"},
+    {"num_tasks": 4, "comment": "coda:workload=resnet50"},
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_memo_hit_gives_what_decide_gives(lib: FakeLib, spy: DecideSpy, case: dict) -> None:
+    first = _submit(lib, case)
+    if spy.calls == 0:
+        # A CPU-only job stops before the decision (nothing to write or log at LogLevel=info).
+        assert first == (0, (None,) * len(WRITTEN), 0xFFFE, None, [])
+        return
+    assert spy.calls == 1
+    # The plan decide() produced is what decide() gives for the job read straight from job_desc.
+    state = hook.current_state()
+    (plan,) = state.memo.plans.values()
+    fresh = hook.read_request(_make(lib, case), case.get("submit_uid", 1000))
+    assert real_decide(fresh, *spy.args[1:], **spy.kwargs) == plan.decision
+    second = _submit(lib, case)
+    assert spy.calls == 1, "an identical job must be answered from the memo"
+    assert second == first
+
+
+def test_each_field_the_decision_reads_is_in_the_key(lib: FakeLib, spy: DecideSpy) -> None:
+    # Every GPU case differs from the others in one field decide() reads, except case 1,
+    # which differs from case 0 only in admin_comment (not read by the decision): one
+    # decision each, and the same answers again from the memo.
+    gpu_cases = CASES[:-1]
+    answers = [_submit(lib, case) for case in gpu_cases]
+    assert spy.calls == len(gpu_cases) - 1
+    assert [_submit(lib, case) for case in gpu_cases] == answers
+    assert spy.calls == len(gpu_cases) - 1
+
+
+def test_user_message_of_an_earlier_plugin_is_kept_on_a_hit(lib: FakeLib) -> None:
+    case = CASES[0]
+    _submit(lib, case)
+    rc, _fields, _cpt, said, _lines = _submit(lib, case, err_first="lua: hello")
+    assert rc == 0 and said is not None
+    first, second = said.split("\n")
+    assert first == "lua: hello" and second.startswith("coda: --cpus-per-gpu=6")
+
+
+def test_store_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:
+    case = CASES[0]
+    assert _submit(lib, case)[1][0] == "gres:gpu:6"
+    assert _submit(lib, case)[1][0] == "gres:gpu:6"  # memoised
+    ProfileStore(tmp_path / "profiles").write(_profile("resnet50", 4))
+    hook.current_state().cache.refresh()
+    assert _submit(lib, case)[1][0] == "gres:gpu:4"
+
+
+def test_conf_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:
+    case = CASES[0]
+    assert _submit(lib, case)[1][0] == "gres:gpu:6"
+    conf = tmp_path / "coda.conf"
+    conf.write_text(conf.read_text() + "MaxCpusPerGpu=3\n")
+    hook._reload_config(hook.current_state(), conf.stat().st_mtime_ns + 1)
+    rc, fields, _cpt, said, lines = _submit(lib, case)
+    assert rc == 0
+    assert fields[0] == "gres:gpu:3"
+    assert said is not None and "capped at MaxCpusPerGpu=3" in said
+    assert "cpg=3" in lines[-1][1]
+
+
+def test_memo_is_bounded(lib: FakeLib, spy: DecideSpy, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hook, "MEMO_MAX_ENTRIES", 3)
+    jobs = [{"tres_per_node": GPU, "comment": f"coda:workload=w{i}"} for i in range(5)]
+    for job in jobs:
+        _submit(lib, job)
+    assert len(hook.current_state().memo.plans) <= 3
+    # Cleared, not wrong: the most recent job is still answered from the memo.
+    calls = spy.calls
+    assert _submit(lib, jobs[-1])[0] == 0
+    assert spy.calls == calls
+
+
+def test_a_script_over_the_byte_bound_is_decided_every_time(
+    lib: FakeLib, spy: DecideSpy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hook, "MEMO_MAX_BYTES", 1000)
+    big = {"tres_per_node": GPU, "script": "#!/bin/sh\n" + "true\n" * 400}
+    first = _submit(lib, big)
+    assert _submit(lib, big) == first
+    assert spy.calls == 2
+    assert hook.current_state().memo.plans == {}
+
+
+def test_cpu_only_job_at_verbose_is_still_logged(lib: FakeLib, tmp_path: Path) -> None:
+    conf = tmp_path / "coda.conf"
+    conf.write_text(conf.read_text() + "LogLevel=verbose\n")
+    hook._reload_config(hook.current_state(), conf.stat().st_mtime_ns + 1)
+    rc, fields, _cpt, said, lines = _submit(lib, {"num_tasks": 4, "name": "make"})
+    assert (rc, fields, said) == (0, (None,) * len(WRITTEN), None)
+    assert [m for _, m in lines] == ['job "make" uid=1000 action=skip: no GPUs requested']
+
+
+def test_fail_open_on_a_memo_hit(lib: FakeLib, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = CASES[0]
+    _submit(lib, case)
+
+    def boom(*_a: object) -> None:
+        raise RuntimeError("write failed")
+
+    monkeypatch.setattr(hook, "_apply", boom)
+    rc, fields, _cpt, said, lines = _submit(lib, case)
+    assert (rc, fields, said) == (0, (None, GPU, None, None, None), None)  # as submitted
+    assert [m for _, m in lines] == [
+        'job "" uid=1000: RuntimeError: write failed; job passes unchanged'
+    ]
+
+
+def test_journal_entry_of_a_hit_matches_the_miss(lib: FakeLib, tmp_path: Path) -> None:
+    import json
+
+    case = {"tres_per_node": GPU, "comment": "coda:workload=resnet50", "name": "train"}
+    _submit(lib, case)
+    _submit(lib, case)
+    hook.current_state().journal.flush()
+    entries = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().split()]
+    assert len(entries) == 2
+    for e in entries:
+        del e["t"], e["hook_us"]
+    assert entries[0] == entries[1]
+    assert entries[0]["uid"] == 1000 and entries[0]["job"] == "train"
