@@ -91,11 +91,21 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
             source="test",
         )
     )
-    conf = tmp_path / "coda.conf"
-    conf.write_text(
+    yield from start_hook(
+        tmp_path,
+        monkeypatch,
         f"ProfileStore={store}\nHookStatsFile={tmp_path / 'stats.json'}\n"
-        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\n"
+        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\n",
     )
+
+
+def start_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coda_conf: str
+) -> Iterator[FakeLib]:
+    """The hook started on a FakeLib with ``coda_conf`` and a one-node slurm.conf (32 CPUs,
+    4 GPUs) in ``tmp_path``; stopped when the generator is closed."""
+    conf = tmp_path / "coda.conf"
+    conf.write_text(coda_conf)
     (tmp_path / "slurm.conf").write_text(
         "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n"
     )

@@ -19,7 +19,7 @@ import pytest
 from slurm_plugin import hook
 from slurm_plugin.policy import decide as real_decide
 from slurm_plugin.store import Profile, ProfileStore
-from tests.test_hook import NO_VAL, FakeLib, ffi, field, make_desc
+from tests.test_hook import NO_VAL, FakeLib, ffi, field, make_desc, start_hook
 
 WRITTEN = ("cpus_per_tres", "tres_per_node", "partition", "prefer", "admin_comment")
 
@@ -42,21 +42,12 @@ def lib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
     store.ensure_root()
     store.write(_profile("resnet50", 6))
     store.write(_profile("weak", 3, confidence=0.2))
-    (tmp_path / "coda.conf").write_text(
+    yield from start_hook(
+        tmp_path,
+        monkeypatch,
         f"ProfileStore={store.root}\nHookStatsFile=\n"
-        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\nExcludePartitions=debug\n"
+        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\nExcludePartitions=debug\n",
     )
-    (tmp_path / "slurm.conf").write_text(
-        "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n"
-    )
-    monkeypatch.setenv("CODA_CONF", str(tmp_path / "coda.conf"))
-    fake = FakeLib()
-    hook.bind(ffi, fake)
-    assert hook.plugin_init() == 1
-    try:
-        yield fake
-    finally:
-        hook.plugin_fini()
 
 
 class DecideSpy:
