@@ -14,9 +14,11 @@ Measured with time.process_time (this process's CPU time, user + system), per ti
    capped at 0.5 cores (quota), in steady state: the first tick, which applies them, is
    shown on its own;
 3. the parts of a tick, timed by calling them directly as ``tick()`` does: sampling
-   (cgroups, scontrol cache, NVML), limits file + plan, reconcile (cgroup reads and writes),
-   the status view, and state saves (the enforcer saves once per reconcile and ``tick()``
-   once more; each is a JSON dump, fsync and rename).
+   (cgroups, scontrol cache, NVML), limits file + plan, the adaptive loop's step (progress
+   files, profiling, contention; the run fails if it would act), reconcile (cgroup reads
+   and writes), the status view, and state saves (the enforcer saves before a change,
+   fsynced, and ``tick()`` once more, the view, without fsync; each is a JSON encoding, a
+   write and a rename).
 
 Then the per-job memory-bandwidth monitor (``NodeJobMemBw``, coda_node/mbm.py), side by
 side: two more fixture nodes built alike, each with the fake resctrl mount of
@@ -116,7 +118,13 @@ class _TimedSave:
 
 def _breakdown_ms(daemon: Daemon, ticks: int) -> tuple[dict[str, list[float]], int]:
     """Daemon.tick()'s steps, each timed, in its order; and the state saves per tick."""
-    names = ("sample", "limits file + plan", "reconcile (without saves)", "status view")
+    names = (
+        "sample",
+        "limits file + plan",
+        "adaptive loop",
+        "reconcile (without saves)",
+        "status view",
+    )
     parts: dict[str, list[float]] = {name: [] for name in names}
     parts["state saves"] = []
     timed = _TimedSave(daemon.enforcer._save)
@@ -139,6 +147,14 @@ def _breakdown_ms(daemon: Daemon, ticks: int) -> tuple[dict[str, list[float]], i
             }
             targets, problems = plan(facts, limits, mba=daemon.mba_unavailable)
             t2 = time.process_time()
+            loop = daemon.loop.step(
+                snap,
+                lambda j, facts=facts: facts[j].allocated_cpus if j in facts else None,
+                blocked={j: "an admin limit is set" for j in limits},
+            )
+            if loop.cores or loop.throttles:
+                raise AssertionError("the adaptive loop acted: the breakdown does not apply it")
+            t2b = time.process_time()
             cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
             results = daemon.enforcer.reconcile(cg_jobs, targets)
             t3 = time.process_time()
@@ -151,7 +167,8 @@ def _breakdown_ms(daemon: Daemon, ticks: int) -> tuple[dict[str, list[float]], i
                 raise AssertionError(f"the plan refused a limit: {problems}")
             parts["sample"].append((t1 - t0) * 1e3)
             parts["limits file + plan"].append((t2 - t1) * 1e3)
-            parts["reconcile (without saves)"].append((t3 - t2 - saves_in_reconcile_s) * 1e3)
+            parts["adaptive loop"].append((t2b - t2) * 1e3)
+            parts["reconcile (without saves)"].append((t3 - t2b - saves_in_reconcile_s) * 1e3)
             parts["status view"].append((t4 - t3) * 1e3)
             parts["state saves"].append(timed.cpu_s * 1e3)
     finally:

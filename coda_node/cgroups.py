@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.paths import SystemRoot
@@ -49,6 +49,7 @@ _V1_CONTROLLERS = ("cpuset", "cpu", "cpuacct", "freezer", "memory")
 # ENODEV (a file opened before its cgroup was removed), ESRCH (the task exited).
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH})
 _MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
+_V = TypeVar("_V")
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +259,10 @@ class CgroupJob:
     """One job's cgroup. ``path`` is the job's cpuset directory on v1, its directory on v2.
 
     ``pids`` are every task in the job's subtree, deduplicated and sorted: on v1 they come from
-    ``tasks`` and are thread ids; on v2 from ``cgroup.procs`` (processes).
+    ``tasks`` and are thread ids; on v2 from ``cgroup.procs`` (processes). ``detail`` says how
+    much was read: ``"tasks"`` everything; ``"steps"`` the job's and each step's CPUs and mems,
+    with ``pids`` (the job's and each step's) empty; ``"cpus"`` the job's CPUs only (no
+    mems, steps or pids).
     """
 
     job_id: int
@@ -268,6 +272,13 @@ class CgroupJob:
     mems: str
     steps: tuple[CgroupStep, ...]
     pids: tuple[int, ...]
+    detail: Detail = "tasks"
+
+
+Detail = Literal["cpus", "steps", "tasks"]
+"""How much of a job's cgroup tree :func:`list_jobs` reads (see :class:`CgroupJob`)."""
+DETAIL_RANK: Mapping[str, int] = {"cpus": 0, "steps": 1, "tasks": 2}
+"""Detail levels in order: a job read at one level has everything of the lower ones."""
 
 
 _PIDS_FILE = {1: "tasks", 2: "cgroup.procs"}
@@ -324,13 +335,16 @@ def _subdirs(path: str | Path) -> list[str]:
         raise CgroupReadError(Path(path), exc.errno or 0, exc.strerror or str(exc)) from exc
 
 
-def _numbered(parent: Path, prefix: str) -> list[tuple[int, Path]]:
-    """``job_12`` -> (12, path) for the subdirectories of ``parent`` named ``<prefix><int>``."""
+def _numbered(
+    parent: Path, prefix: str, join: Callable[[Path, str], Path] | None = None
+) -> list[tuple[int, Path]]:
+    """``job_12`` -> (12, path) for the subdirectories of ``parent`` named ``<prefix><int>``;
+    ``join`` makes the paths (default ``parent / name``)."""
     out = []
     for name in _subdirs(parent):
         suffix = name[len(prefix) :]
         if name.startswith(prefix) and suffix.isdecimal():
-            out.append((int(suffix), parent / name))
+            out.append((int(suffix), join(parent, name) if join else parent / name))
     return out
 
 
@@ -352,54 +366,100 @@ def _subtree(
 
 
 class SubdirCache:
-    """The subdirectories of each job's cgroup directories, listed again only when a
-    directory's link count changes.
+    """What :func:`list_jobs` read in each detailed job's directories, read again only when
+    a directory changes: their subdirectories, listed again when the link count changes,
+    and the job's mems and each step's CPUs (``cpuset.cpus``), read again when the
+    directory is another one (another inode: a step that ended and one that started). The
+    job's own CPUs are read every pass.
 
     On cgroupfs (kernfs) a directory's ``st_nlink`` is 2 + its number of subdirectories,
     so one stat (about 3 µs here) stands in for a listing (about 11 µs: a v1 cpuset
-    directory has 17 control files). A step that ends while another starts between two
-    ticks leaves the count unchanged; the ended step's files then fail to read, and
-    :func:`list_jobs` reads that job again without the cache. The whole cache is dropped
-    every ``refresh_every`` passes, and directories not seen in a pass are forgotten.
+    directory has 17 control files) and for a read of each file kept. A step that ends
+    while another starts between two ticks leaves the count unchanged; the ended step's
+    directory is then gone when stat'ed or read, and :func:`list_jobs` reads that job again
+    without the cache. A file rewritten in a directory that stayed (someone narrowed a
+    step's cpuset behind the daemon's back) is seen when the whole cache is dropped, every
+    ``refresh_every`` passes; the enforcer reads a settled job's cpusets in full on the same
+    period (``enforce.VERIFY_EVERY_TICKS``), whatever the sample showed. Directories not
+    seen in a pass are forgotten. It also keeps the Path of each directory (:meth:`path`).
     """
 
     def __init__(self, refresh_every: int = 10) -> None:
         self.refresh_every = refresh_every
         self._entries: dict[str, tuple[int, list[str]]] = {}
-        self._seen: set[str] = set()
+        self._values: dict[tuple[str, str], tuple[int, object]] = {}
+        self._stats: dict[str, tuple[int, int]] = {}
+        """This pass's (st_ino, st_nlink) of each directory looked at."""
         self._passes = 0
+        self._paths: dict[str, Path] = {}
 
     def new_pass(self) -> None:
         """Called once per tick before the jobs are read."""
         self._passes += 1
         if self._passes % self.refresh_every == 0:
             self._entries.clear()
+            self._values.clear()
+            self._paths.clear()
         else:
-            for path in set(self._entries) - self._seen:
+            seen = self._stats
+            for path in [p for p in self._entries if p not in seen]:
                 del self._entries[path]
-        self._seen = set()
+            for key in [k for k in self._values if k[0] not in seen]:
+                del self._values[key]
+        self._stats = {}
 
     def forget(self, top: str) -> None:
         """Drop ``top`` and everything below it."""
         below = top + "/"
         for path in [p for p in self._entries if p == top or p.startswith(below)]:
             del self._entries[path]
+        for key in [k for k in self._values if k[0] == top or k[0].startswith(below)]:
+            del self._values[key]
+        for path in [p for p in self._stats if p == top or p.startswith(below)]:
+            del self._stats[path]
+
+    def path(self, parent: Path, name: str) -> Path:
+        """``parent / name``, the same object from one pass to the next: a tick names each
+        job's and step's directory, and a Path join costs as much as reading a file."""
+        key = f"{os.fspath(parent)}/{name}"
+        hit = self._paths.get(key)
+        if hit is None:
+            hit = self._paths[key] = parent / name
+        return hit
+
+    def _stat(self, path: str) -> tuple[int, int]:
+        """(st_ino, st_nlink) of ``path`` now, kept for :meth:`value` in this pass; OSError
+        when it is gone."""
+        st = os.stat(path)
+        hit = self._stats[path] = (st.st_ino, st.st_nlink)
+        return hit
 
     def subdirs(self, path: str) -> list[str]:
         try:
-            nlink = os.stat(path).st_nlink
+            _, nlink = self._stat(path)
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS or exc.errno == errno.ENOTDIR:
                 self._entries.pop(path, None)
                 return []
             raise CgroupReadError(Path(path), exc.errno or 0, exc.strerror or str(exc)) from exc
-        self._seen.add(path)
         hit = self._entries.get(path)
         if hit is not None and hit[0] == nlink:
             return hit[1]
         names = _subdirs(path)
         self._entries[path] = (nlink, names)
         return names
+
+    def value(self, path: str, what: str, read: Callable[[str], _V]) -> _V:
+        """``read(path)``, kept as ``what`` while ``path`` is the same directory; raises
+        the OSError of the stat or the read when it is gone. The directory's stat from
+        :meth:`subdirs` in this pass is used when there is one."""
+        ino, _ = self._stats.get(path) or self._stat(path)
+        hit = self._values.get((path, what))
+        if hit is not None and hit[0] == ino:
+            return hit[1]  # type: ignore[return-value]
+        value = read(path)
+        self._values[(path, what)] = (ino, value)
+        return value
 
 
 def _depth(rel: str) -> int:
@@ -423,6 +483,11 @@ class _Walk:
 
     listing: Callable[[str], list[str]] | None = None
     """None: list afresh (:func:`_subdirs`)."""
+    join: Callable[[Path, str], Path] | None = None
+    """Makes a directory's Path from its parent's (default ``parent / name``)."""
+    value: Callable[[str, str, Callable[[str], Any]], Any] | None = None
+    """Reads a directory's mems or CPUs, or serves them kept (:meth:`SubdirCache.value`);
+    None: read afresh."""
     gone: bool = False
 
 
@@ -478,34 +543,47 @@ def _read_job(
     uid: int | None,
     job_dir: Path,
     *,
-    detail: bool = True,
+    detail: Detail = "tasks",
     walk: _Walk | None = None,
 ) -> CgroupJob | None:
-    """The job at ``job_dir``, or None if it vanished while being read (the job ended).
-    Without ``detail`` only the job's own CPUs are read (no mems, steps or tasks).
-    ``walk`` lists the directories (default: afresh) and records whether a listed one was
-    gone when read."""
+    """The job at ``job_dir`` read to ``detail`` (see :class:`CgroupJob`), or None if it
+    vanished while being read (the job ended). ``walk`` lists the directories (default:
+    afresh) and records whether a listed one was gone when read."""
     walk = walk or _Walk()
     version = 2 if layout.version == 2 else 1
     pids_file = _PIDS_FILE[version]
     job_str = os.fspath(job_dir)
+
+    def dir_cpus(path: str) -> frozenset[int]:
+        return _dir_cpus(path, version)
+
+    def dir_mems(path: str) -> str:
+        return _dir_mems(path, version)
+
     try:
         cpus = _dir_cpus(job_str, version)
-        mems = _dir_mems(job_str, version) if detail else ""
+        if detail == "cpus":
+            return CgroupJob(job_id, uid, job_dir, cpus, "", steps=(), pids=(), detail="cpus")
+        # Listed before anything else is read in it: a kept mems or step CPUs is then
+        # checked against the stat the listing made (SubdirCache.value).
+        subdirs = (walk.listing or _subdirs)(job_str)
+        mems = walk.value(job_str, "mems", dir_mems) if walk.value else dir_mems(job_str)
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
             return None
         raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
-    if not detail:
-        return CgroupJob(job_id, uid, job_dir, cpus, mems, steps=(), pids=())
+    tasks = detail == "tasks"
     steps = []
-    subdirs = (walk.listing or _subdirs)(job_str)
     for name in subdirs:
         if not name.startswith("step_"):
             continue
         step_str = f"{job_str}/{name}"
+        step_pids = _subtree_pids(step_str, pids_file, walk) if tasks else ()
         try:
-            step_cpus = _dir_cpus(step_str, version)
+            if walk.value is not None:
+                step_cpus = walk.value(step_str, "cpus", dir_cpus)
+            else:
+                step_cpus = dir_cpus(step_str)
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 walk.gone = True
@@ -515,13 +593,15 @@ def _read_job(
             CgroupStep(
                 job_id=job_id,
                 name=name[len("step_") :],
-                path=job_dir / name,
+                path=walk.join(job_dir, name) if walk.join else job_dir / name,
                 cpus=step_cpus,
-                pids=_subtree_pids(step_str, pids_file, walk),
+                pids=step_pids,
             )
         )
     if not os.path.isdir(job_str):
         return None
+    if not tasks:
+        return CgroupJob(job_id, uid, job_dir, cpus, mems, tuple(steps), pids=(), detail="steps")
     # The job's tasks: its steps' (already read) and any in the job directory itself or in
     # a non-step directory below it; one walk of the tree, not two.
     pids: set[int] = {p for step in steps for p in step.pids}
@@ -547,53 +627,58 @@ def _read_job(
 def list_jobs(
     layout: CgroupLayout,
     *,
-    detail: Callable[[int], bool] | None = None,
+    detail: Callable[[int], Detail] | None = None,
     cache: SubdirCache | None = None,
 ) -> dict[int, CgroupJob]:
     """Every job in Slurm's tree, by job id. Jobs that end while being read are left out.
 
     With several ``slurm_<nodename>`` trees (multiple-slurmd) a job id seen twice keeps the
-    first tree's entry. ``detail(job_id)`` False reads only the job's CPUs (steps and tasks
-    empty): the daemon reads the whole subtree only of jobs it may change, which keeps a
-    tick on a node of many jobs to a few reads per job. With ``cache`` (kept between ticks)
+    first tree's entry. ``detail(job_id)`` says how much of each job to read (default
+    ``"tasks"``: everything; see :class:`CgroupJob`): the daemon reads steps only of jobs it
+    may change, and tasks only where a change it makes acts on tasks, which keeps a tick on
+    a node of many jobs to a few reads per job. With ``cache`` (kept between ticks)
     the directories inside each detailed job are listed only when they changed; the
     directories that hold the jobs are always listed afresh, so a new job is never missed.
     """
     if cache is not None:
         cache.new_pass()
     found: list[tuple[int, int | None, Path]] = []
+    join = cache.path if cache is not None else None
     for top in layout.slurm_dirs:
         if layout.version == 1:
-            for owner, uid_dir in _numbered(top, "uid_"):
+            for owner, uid_dir in _numbered(top, "uid_", join):
                 found.extend(
-                    (job_id, owner, job_dir) for job_id, job_dir in _numbered(uid_dir, "job_")
+                    (job_id, owner, job_dir) for job_id, job_dir in _numbered(uid_dir, "job_", join)
                 )
         else:
-            found.extend((job_id, None, job_dir) for job_id, job_dir in _numbered(top, "job_"))
+            found.extend(
+                (job_id, None, job_dir) for job_id, job_dir in _numbered(top, "job_", join)
+            )
     jobs: dict[int, CgroupJob] = {}
     for job_id, uid, job_dir in found:
         if job_id in jobs:
             continue
-        want = detail(job_id) if detail is not None else True
-        if cache is None or not want:
+        want: Detail = detail(job_id) if detail is not None else "tasks"
+        if cache is None or want == "cpus":
             job = _read_job(layout, job_id, uid, job_dir, detail=want)
         else:
-            walk = _Walk(listing=cache.subdirs)
-            job = _read_job(layout, job_id, uid, job_dir, walk=walk)
+            walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
+            job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
             if walk.gone:
                 # Something listed from the cache had gone: a step ended, and another may
                 # have started under the same link count. Read the job again, listing afresh.
                 cache.forget(os.fspath(job_dir))
-                job = _read_job(layout, job_id, uid, job_dir, walk=_Walk(listing=cache.subdirs))
+                walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
+                job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
         if job is not None:
             jobs[job_id] = job
     return jobs
 
 
-def read_job(layout: CgroupLayout, job: CgroupJob) -> CgroupJob | None:
-    """``job`` read again with its steps and tasks (a job listed without them); None when
-    it ended meanwhile."""
-    return _read_job(layout, job.job_id, job.uid, job.path, detail=True)
+def read_job(layout: CgroupLayout, job: CgroupJob, detail: Detail = "tasks") -> CgroupJob | None:
+    """``job`` read again to ``detail`` (a job listed with less); None when it ended
+    meanwhile."""
+    return _read_job(layout, job.job_id, job.uid, job.path, detail=detail)
 
 
 def _thread_cpu_ticks(root: SystemRoot, tid: int) -> int | None:
@@ -635,17 +720,17 @@ def cpu_usage_ns(layout: CgroupLayout, job: CgroupJob) -> int | None:
                 return int(value) * 1_000
         return None
     if layout.cpuacct_mount is not None and layout.cpuset_mount is not None:
-        try:
-            rel = job.path.relative_to(layout.cpuset_mount)
-        except ValueError:
-            rel = None
-        if rel is not None:
-            path = layout.cpuacct_mount / rel / "cpuacct.usage"
+        # The same directory in the cpuacct hierarchy. Joined as strings: this runs for
+        # every job every tick, and Path.relative_to plus two joins cost more than the read.
+        job_str, cpuset = os.fspath(job.path), os.fspath(layout.cpuset_mount)
+        if job_str.startswith(cpuset + "/"):
+            path = f"{os.fspath(layout.cpuacct_mount)}{job_str[len(cpuset) :]}/cpuacct.usage"
             try:
                 return int(_read_file(path))
             except OSError as exc:
                 if exc.errno not in _GONE_ERRNOS:
-                    raise CgroupReadError(path, exc.errno or 0, exc.strerror or str(exc)) from exc
+                    err = exc.strerror or str(exc)
+                    raise CgroupReadError(Path(path), exc.errno or 0, err) from exc
     ticks = [_thread_cpu_ticks(layout.root, pid) for pid in job.pids]
     alive = [t for t in ticks if t is not None]
     if not alive:

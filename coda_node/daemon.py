@@ -11,6 +11,7 @@ restore`` after the daemon stops for any reason, SIGKILL included.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -20,13 +21,20 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from coda_node import __version__, cgroups
 from coda_node.adaptive import AdaptiveLoop, LoopOutput
-from coda_node.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
+from coda_node.cgroups import (
+    DETAIL_RANK,
+    CgroupJob,
+    CgroupLayout,
+    CpuQuotaWriter,
+    CpusetWriter,
+    Detail,
+)
 from coda_node.check import probe_all
 from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.enforce import Enforcer, JobResult
@@ -39,7 +47,7 @@ from coda_node.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
 from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import JobView, NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
-from coda_node.state import NodeState, StateError, StateFile, load_limits
+from coda_node.state import JobChanges, Limit, NodeState, StateError, StateFile, load_limits
 from coda_node.status import event_action
 from coda_node.usage import UsageAccumulator, UsageFlush, UsageTick
 from slurm_plugin.conf import CodaConfig
@@ -127,6 +135,10 @@ class Daemon:
         self._store = store
         self.loop = self._make_loop()
         self._adaptive_jobs: set[int] = set()
+        self._adaptive_task_jobs: set[int] = set()
+        """Of those, the jobs the loop throttles (a quota or resctrl group: acts on tasks)."""
+        self._start_view: dict[str, Any] = {}
+        """The last run's view as start() read it, kept until Slurm's tree appears."""
         self.usage = UsageAccumulator(
             flush_every_s=cfg.node_usage_flush_s, min_ticks=cfg.node_usage_min_ticks
         )
@@ -223,6 +235,11 @@ class Daemon:
         self.enforcer = self._make_enforcer()
         self._start_mem_bw_monitor()  # before the loop: it decides whether MBA is usable
         self.loop = self._make_loop()
+        # The new loop knows nothing yet: adopt again what the last run left (the view read
+        # at start; the ticks since have replaced state.view). Jobs that ended meanwhile are
+        # forgotten at the next tick, as after a start.
+        self._adopt(self._start_view)
+        self._start_view = {}
 
     def _profiling_off(self) -> str | None:
         if not self.layout.has_slurm:
@@ -338,7 +355,7 @@ class Daemon:
 
         def tids(job_id: int) -> list[int] | None:
             cg: CgroupJob | None = cg_jobs[job_id]
-            if cg is not None and not cg.pids:  # listed without its tasks this tick
+            if cg is not None and cg.detail != "tasks":  # listed without its tasks this tick
                 cg = cgroups.read_job(self.layout, cg)
             # The same thread ids the enforcer moves into its MB groups.
             return self.enforcer.tids(cg) if cg is not None else None
@@ -397,24 +414,31 @@ class Daemon:
         pending = sorted(self.state.changes)
         if pending:
             log.info("state file lists changes to jobs %s; reconciling", pending)
-        self._adopt_baselines()
-        self._adopt_probes()
+        view = self.state.view
+        self._adopt(view)
+        # Kept only while Slurm's tree is missing: _rediscover adopts from it again.
+        self._start_view = {} if self.layout.has_slurm else view
 
-    def _since_last_view_s(self) -> float:
-        """Seconds since the last run wrote the view in the state file (0 when unknown)."""
+    def _adopt(self, view: dict[str, Any]) -> None:
+        """What the last run's view knew of each DNN job, into this run's loop."""
+        self._adopt_baselines(view)
+        self._adopt_probes(view)
+
+    @staticmethod
+    def _since_view_s(view: dict[str, Any]) -> float:
+        """Seconds since the last run wrote ``view`` in the state file (0 when unknown)."""
         with contextlib.suppress(TypeError, ValueError):
-            sampled = float(self.state.view.get("sampled_unix_s") or time.time())
+            sampled = float(view.get("sampled_unix_s") or time.time())
             return max(0.0, time.time() - sampled)
         return 0.0
 
-    def _adopt_baselines(self) -> None:
+    def _adopt_baselines(self, view: dict[str, Any]) -> None:
         """What the last run knew of each DNN job (its view in the state file): how long it
         had been watched (so its warm-up is not served again) and its uncontended baseline.
         Without them a restart leaves every job unshielded for NodeProbeWarmupS and then
         until it has been measured again (quiet ticks, or a baseline probe that caps the CPU
         jobs). Jobs that ended meanwhile are forgotten at the first tick."""
-        view = self.state.view
-        since_s = self._since_last_view_s()
+        since_s = self._since_view_s(view)
         adopted = []
         for job in view.get("jobs") or []:
             try:
@@ -435,14 +459,13 @@ class Daemon:
         if adopted:
             log.info("baselines from the last run: %s", ", ".join(adopted))
 
-    def _adopt_probes(self) -> None:
+    def _adopt_probes(self, view: dict[str, Any]) -> None:
         """Each DNN job's online profile as the last run left it (its ``profiling`` entry
         in the view): a job half-way through its probes goes on from there, with the time
         it already spent below its allocation counted against NodeProbeBudgetS, and a job
         done is neither probed nor published again. What the allocator cannot read is
         profiled afresh."""
-        view = self.state.view
-        since_s = self._since_last_view_s()
+        since_s = self._since_view_s(view)
         adopted = []
         for job in view.get("jobs") or []:
             if not isinstance(job, dict) or job.get("kind") != "dnn":
@@ -489,9 +512,15 @@ class Daemon:
             if str(exc) != self._limits_error:
                 log.error("%s", exc)
             self._limits_error = str(exc)
-        # Steps and tasks are read only for the jobs this tick may change or put back.
-        detailed = set(limits) | set(self.state.changes) | self._adaptive_jobs
-        self.sampler.detail_jobs = detailed
+        # Steps are read only for the jobs this tick may change or put back, and their tasks
+        # only where that change acts on tasks (_detail_needed); a job that needs more than
+        # was read is read again after the plan.
+        self.sampler.detail_jobs = set(limits) | set(self.state.changes) | self._adaptive_jobs
+        self.sampler.task_jobs = self._adaptive_task_jobs | {
+            j
+            for j, d in [*limits.items(), *self.state.changes.items()]
+            if _detail_needed(d) == "tasks"
+        }
         if self.mem_bw_monitor is not None:
             # One reading per group per tick; the sampler then asks monitor.rate per job.
             self.mem_bw_monitor.sample(self._clock())
@@ -527,16 +556,30 @@ class Daemon:
                     l3_ways=th.l3_ways,
                 )
         self._adaptive_jobs = set(loop.cores) | set(loop.throttles)
+        self._adaptive_task_jobs = set(loop.throttles)
         cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
-        for job_id in set(targets) - detailed:
-            if job_id in cg_jobs and self.layout.has_slurm:
-                # A job this tick's policy changes for the first time: read its tasks now.
-                full = cgroups.read_job(self.layout, cg_jobs[job_id])
+        for job_id in set(targets) | set(self.state.changes):
+            cg = cg_jobs.get(job_id)
+            if cg is None or not self.layout.has_slurm:
+                continue
+            need = max(
+                _detail_needed(targets.get(job_id)),
+                _detail_needed(self.state.changes.get(job_id)),
+                key=DETAIL_RANK.__getitem__,
+            )
+            if DETAIL_RANK[cg.detail] < DETAIL_RANK[need]:
+                # A job this tick's policy changes for the first time (or in a new way):
+                # read what the change needs now.
+                full = cgroups.read_job(self.layout, cg, detail=need)
                 if full is None:
                     del cg_jobs[job_id]
                 else:
                     cg_jobs[job_id] = full
         results = self.enforcer.reconcile(cg_jobs, targets)
+        for job_id, res in results.items():
+            if res.applied and job_id in cg_jobs:
+                # What the sampler kept of the job (its steps' CPUs) is what we just changed.
+                self.sampler.forget(cg_jobs[job_id])
         # After reconcile, outside its resctrl lock: MON groups follow the threads' control
         # group as the enforcer just left it.
         self._sync_mem_bw_monitor(snap, cg_jobs)
@@ -595,7 +638,7 @@ class Daemon:
                 throttled_sockets |= self.loop.sockets_of(facts[job_id].allocated_cpus)
         trigger = self.loop.eliminator.params.trigger_slowdown
         for job_id, view in snap.jobs.items():
-            record = view.slurm.admin_record if view.slurm and view.slurm.is_dnn else None
+            record = view.slurm.admin_record if view.slurm and view.kind == "dnn" else None
             signature = record.get("sig") if record else None
             prog = self.loop.progress.get(job_id)
             if not signature or prog is None or prog.phase in ("warmup", "no-signal"):
@@ -828,9 +871,9 @@ class Daemon:
                     "name": v.slurm.name if v.slurm else None,
                     "kind": v.kind,
                     "gpus": gpus,
-                    "cpus_slurm": format_cpulist(v.slurm.cpu_ids) if v.slurm else None,
-                    "cpus_allocated": format_cpulist(allocated) if allocated is not None else None,
-                    "cpus_now": format_cpulist(cpus_now),
+                    "cpus_slurm": _cpus_text(v.slurm.cpu_ids) if v.slurm else None,
+                    "cpus_allocated": _cpus_text(allocated) if allocated is not None else None,
+                    "cpus_now": _cpus_text(cpus_now),
                     "cpu_usage_ns": v.cpu_usage_ns,
                     "cpu_rate_cores": v.cpu_rate_cores,
                     "mem_bw_bytes_per_s": v.mem_bw_bytes_per_s,
@@ -925,10 +968,57 @@ def _usage_tick(view: JobView, gpus: dict[int, GpuSample], prog: Progress) -> Us
     )
 
 
+def _detail_needed(what: JobTarget | Limit | JobChanges | None) -> Detail:
+    """How much of a job's cgroup tree the enforcer needs this tick to apply (or undo)
+    ``what``: a job's cpuset is checked against its steps' CPUs, and new steps are found
+    among its steps; a CPU quota (v1: coda's own cpu cgroup, which the job's threads are
+    moved into) and a resctrl group (threads are moved one by one) act on its tasks."""
+    if what is None:
+        return "cpus"
+    if isinstance(what, JobChanges):
+        if what.quota_active or what.rdt_group is not None or what.rdt_mon_group is not None:
+            return "tasks"
+        return "steps" if what.cpuset_original is not None else "cpus"
+    if what.quota_cores is not None or what.mem_bw_pct is not None:
+        return "tasks"
+    if isinstance(what, Limit):
+        return "steps" if what.cores is not None or what.cpus is not None else "cpus"
+    if what.l3_ways is not None:
+        return "tasks"
+    return "steps" if what.cpus is not None else "cpus"
+
+
 def _asdict(obj: Any) -> dict[str, Any]:
+    """A sample as a plain dict for the view, nested samples too. Not dataclasses.asdict,
+    which deep-copies every value: for the view's GPUs that was a third of the view's build
+    time (docs/benchmarks.md); every value here is immutable or built afresh."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return asdict(obj)
+        return {name: _plain(getattr(obj, name)) for name in _field_names(type(obj))}
     return dict(obj)
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return _asdict(value)
+    return value
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cpus_text(cpus: frozenset[int]) -> str:
+    """format_cpulist, cached: the view shows three CPU lists per job every tick, and they
+    are the same few sets tick after tick."""
+    return format_cpulist(cpus)
 
 
 def _cpus_online(root: SystemRoot) -> int | None:

@@ -38,9 +38,13 @@ _RDT_CLASS = re.compile(r"coda_(?:mb(\d+)(?:_l3w(\d+))?|l3w(\d+))")
 
 VERIFY_EVERY_TICKS = 10
 """A job's cpuset or CPU quota found exactly as wanted is read again in full only every
-this many ticks while the sampler sees the job unchanged (same CPUs, steps and tasks); in
-between, its steady state costs no cgroup reads. Anything the sampler sees change (a new
-step, a new task, a cpuset Slurm rewrote) and any new target is checked at once."""
+this many ticks while the sampler sees the job unchanged (same CPUs, steps and, for a
+quota, tasks); in between, its steady state costs no cgroup reads. Anything the sampler
+sees change (the job's own cpuset, which Slurm rewrites for a new step; a new step; a new
+task of a job whose tasks are read) and any new target is checked at once. The sampler
+keeps a step's CPUs while the step's directory stays (coda_node.cgroups.SubdirCache), so
+a step's or a task's cpuset rewritten in place is put right by the full check, within
+this many ticks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,8 +471,9 @@ class Enforcer:
 def _sampled(cg: CgroupJob, target: object, *, with_tasks: bool) -> object:
     """What a skipped check relies on: the target and the job as this tick's sample shows
     it (its CPUs, each step's CPUs, with ``with_tasks`` its tasks). None when the job was
-    listed without its steps and tasks: then nothing may be skipped."""
-    if not cg.pids:
+    listed without its steps (or, ``with_tasks``, without its tasks): then nothing may be
+    skipped."""
+    if cg.detail == "cpus" or (with_tasks and cg.detail != "tasks"):
         return None
     steps = tuple((s.name, s.cpus) for s in cg.steps)
     return (target, cg.cpus, steps, cg.pids if with_tasks else None)

@@ -10,6 +10,7 @@ controllers, and PCIe traffic per socket from the uncore IIO stacks, where the n
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,12 +59,9 @@ class JobView:
     """CPU time used per second of wall time since the last tick, in cores."""
     mem_bw_bytes_per_s: float | None
     """From the job's resctrl monitoring group, where one exists."""
-
-    @property
-    def kind(self) -> str:
-        if self.slurm is None:
-            return "unknown"
-        return "dnn" if self.slurm.is_dnn else "cpu"
+    kind: str
+    """``dnn`` (a GPU job), ``cpu``, or ``unknown`` without Slurm's record. Worked out once
+    per sample: a tick asks it of every job several times."""
 
     @property
     def cpus_now(self) -> frozenset[int]:
@@ -117,7 +115,10 @@ class Sampler:
         self._last_cpu: dict[int, tuple[float, int]] = {}
         self._cgroup_accounting: bool | None = None
         self.detail_jobs: set[int] = set()
-        """Jobs whose steps and tasks are read too (those the daemon may change)."""
+        """Jobs whose steps are read too (those the daemon may change)."""
+        self.task_jobs: set[int] = set()
+        """Jobs whose tasks are read too (those where a change acts on tasks: a CPU quota
+        that moves them, a resctrl group); every job's when CPU time is summed per thread."""
         self._subdirs = cgroups.SubdirCache()
         """Those jobs' directories, listed again only when they change."""
         self._gres: list[GresDevice] | None = None
@@ -152,19 +153,24 @@ class Sampler:
             self._cgroup_accounting = ok
         return self._cgroup_accounting
 
+    def forget(self, job: CgroupJob) -> None:
+        """Read ``job``'s directories afresh next time (the daemon just wrote to them)."""
+        self._subdirs.forget(os.fspath(job.path))
+
+    def _detail(self, job_id: int) -> cgroups.Detail:
+        if job_id in self.task_jobs:
+            return "tasks"
+        return "steps" if job_id in self.detail_jobs else "cpus"
+
     def sample(self) -> NodeSnapshot:
         errors: list[str] = []
         now = self._clock()
         cg_jobs: dict[int, CgroupJob] = {}
         if self.layout is not None:
-            full = self.detail_jobs
-            if not self._accounting_in_cgroups():
-                full = None  # CPU time then comes from each thread in /proc: read them all
-            cg_jobs = cgroups.list_jobs(
-                self.layout,
-                detail=(lambda j: j in full) if full is not None else None,
-                cache=self._subdirs,
-            )
+            # Without cgroup accounting CPU time comes from each thread in /proc: every job
+            # is then read with its tasks.
+            detail = self._detail if self._accounting_in_cgroups() else None
+            cg_jobs = cgroups.list_jobs(self.layout, detail=detail, cache=self._subdirs)
         ids = set(cg_jobs)
         if self.layout is None:
             try:
@@ -208,6 +214,7 @@ class Sampler:
                 cpu_usage_ns=usage,
                 cpu_rate_cores=rate,
                 mem_bw_bytes_per_s=self._mbm(job_id) if self._mbm is not None else None,
+                kind="unknown" if sj is None else "dnn" if sj.is_dnn else "cpu",
             )
         for gone in set(self._last_cpu) - set(jobs):
             del self._last_cpu[gone]
