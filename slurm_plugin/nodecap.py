@@ -46,17 +46,20 @@ class NodeCap:
         return cls(nodes, str(path))
 
     def __call__(self, gpus_per_node: int) -> int | None:
-        try:
-            return self._cache[gpus_per_node]
-        except KeyError:
-            cap = max_cpus_per_gpu_on_any_node(self.nodes, gpus_per_node) if self.nodes else None
-            self._cache[gpus_per_node] = cap
-            return cap
+        return self._cached(self._cache, max_cpus_per_gpu_on_any_node, gpus_per_node)
 
     def share(self, gpus_per_node: int) -> int | None:
+        return self._cached(self._share_cache, node_share_cpus_per_gpu, gpus_per_node)
+
+    def _cached(
+        self,
+        cache: dict[int, int | None],
+        compute: Callable[[tuple[NodeShape, ...], int], int | None],
+        gpus_per_node: int,
+    ) -> int | None:
         try:
-            return self._share_cache[gpus_per_node]
+            return cache[gpus_per_node]
         except KeyError:
-            got = node_share_cpus_per_gpu(self.nodes, gpus_per_node) if self.nodes else None
-            self._share_cache[gpus_per_node] = got
+            got = compute(self.nodes, gpus_per_node) if self.nodes else None
+            cache[gpus_per_node] = got
             return got

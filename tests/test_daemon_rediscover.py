@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_daemon_loop_fixture import DNN, Sim, _curve_rate
+from tests.test_daemon_probe_restart import Run
 
-ALLOCATION = 48  # job 5001's CPUs
 BASELINE = 87.5  # iterations/s: the last run's baseline, unlike anything this run measures
 
 
@@ -32,27 +32,12 @@ def _step(sim: Sim, cores: int | None = None) -> None:
     sim.tick()
 
 
-def _until_mid_probe(sim: Sim, probes: int) -> None:
-    for _ in range(300):
-        _step(sim)
-        rec = sim.daemon.loop.allocator.records.get(DNN)
-        if (
-            rec is not None
-            and rec.state == "probing"
-            and rec.probes >= probes
-            and rec.current is not None
-            and rec.current < ALLOCATION
-            and rec.windows_done >= 1
-        ):
-            return
-    raise AssertionError(sim.timeline)
-
-
 def test_probes_and_baselines_adopted_at_start_survive_the_slurm_tree_appearing(
     tmp_path: Path,
 ) -> None:
-    sim = Sim(tmp_path, dnn_src="none")
-    _until_mid_probe(sim, probes=2)
+    run = Run(tmp_path)
+    run.until_mid_probe(probes=2)
+    sim = run.sim
     before = sim.daemon.loop.allocator.records[DNN]
     probes_before, samples_before = before.probes, list(before.samples)
     assert probes_before >= 2 and samples_before
