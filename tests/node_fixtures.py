@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from coda_node.cgroups import (
     CgroupLayout,
@@ -532,14 +532,16 @@ class FakeNode:
             rmdir=self.cgroups.kernel.rmdir,
         )
 
-    def daemon(self, cfg: CodaConfig | None = None, *, start: bool = True) -> Daemon:
-        """A Daemon on this node (started, unless ``start=False``)."""
+    def daemon(self, cfg: CodaConfig | None = None, *, start: bool = True, **extra: Any) -> Daemon:
+        """A Daemon on this node (started, unless ``start=False``); ``extra`` are further
+        Daemon arguments (``clock=``, ``pcie_bw=``, ...)."""
         d = Daemon(
             cfg or self.cfg,
             runner=self.slurm,
             nvml=Nvml(lib=self.nvml_lib),
             cpuset_writer=self.cpuset_writer,
             quota_writer=self.quota_writer,
+            **extra,
         )
         if start:
             d.start()

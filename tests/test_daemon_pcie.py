@@ -25,7 +25,6 @@ from coda_node import perf
 from coda_node.cli import cli
 from coda_node.daemon import Daemon
 from coda_node.metrics import StatusCollector
-from coda_node.nvml import Nvml
 from coda_node.perf import CounterReading, EventSpec, PerfError, PlannedCounter
 from tests.node_fixtures import FakeNode, build_node
 from tests.perf_fixtures import make_skx_tree
@@ -55,20 +54,6 @@ class FlakyBackend(FakeBackend):
         if self._cpu_of.get(fd) in self.offline_cpus:
             raise PerfError(errno.ENODEV, what)
         return super().read(fd, what=what)
-
-
-def _daemon(node: FakeNode, **extra: Any) -> Daemon:
-    """``node.daemon()`` with the extra Daemon arguments (``pcie_bw=``) it has no slot for."""
-    d = Daemon(
-        node.cfg,
-        runner=node.slurm,
-        nvml=Nvml(lib=node.nvml_lib),
-        cpuset_writer=node.cpuset_writer,
-        quota_writer=node.quota_writer,
-        **extra,
-    )
-    d.start()
-    return d
 
 
 def _status(node: FakeNode, *args: str) -> str:
@@ -140,7 +125,7 @@ FIRST = {(0, "in"): 1_000, (0, "out"): 2_000, (1, "in"): 3_000, (1, "out"): 4_00
 def test_status_shows_each_sockets_pcie_traffic(tmp_path: Path, iio: Any) -> None:
     sampler = iio[0]
     node = build_node(tmp_path / "node", jobs=4)
-    daemon = _daemon(node, pcie_bw=sampler.sample)
+    daemon = node.daemon(pcie_bw=sampler.sample)
 
     _tick_at(daemon, iio, FIRST, 2.0)
     report = _tick_at(daemon, iio, BUSY, 4.0)
@@ -199,7 +184,7 @@ def test_no_iio_bandwidth_events_no_pcie_line(
         (node.root / "sys/devices/system/cpu/online").write_text("0-63\n")
     backend = FakeBackend()
     monkeypatch.setattr(perf, "default_backend", lambda: backend)
-    daemon = _daemon(node)
+    daemon = node.daemon()
     daemon.tick()
     report = daemon.tick()
 
@@ -223,7 +208,7 @@ def test_a_failed_read_skips_pcie_for_that_tick_only(
 ) -> None:
     sampler, backend = iio[0], iio[1]
     node = build_node(tmp_path / "node", jobs=4)
-    daemon = _daemon(node, pcie_bw=sampler.sample)
+    daemon = node.daemon(pcie_bw=sampler.sample)
     _tick_at(daemon, iio, FIRST, 2.0)
 
     backend.offline_cpus = {28}  # socket 1's uncore CPU
@@ -263,7 +248,7 @@ def test_counters_the_daemon_opened_are_closed_when_it_stops(
     (node.root / "sys/devices/system/cpu/online").write_text("0-63\n")
     backend = FakeBackend()
     monkeypatch.setattr(perf, "default_backend", lambda: backend)
-    daemon = _daemon(node)
+    daemon = node.daemon()
     # 96 IIO port counters and 24 IMC CAS counters, system-wide on CPUs 0 and 28
     assert len(backend.opened) == 96 + 24
     assert {(pid, cpu) for _, pid, cpu in backend.opened} == {(-1, 0), (-1, 28)}

@@ -20,7 +20,6 @@ import pytest
 
 from coda_node.daemon import Daemon
 from coda_node.enforce import VERIFY_EVERY_TICKS
-from coda_node.nvml import Nvml
 from coda_node.state import Limit
 from coda_node.status import load_status
 from tests.cgroup_fixtures import proc_thread
@@ -161,15 +160,7 @@ def test_status_shows_each_ticks_readings_of_settled_limited_jobs(node: FakeNode
     # limited jobs are settled and their steps are served from what the sampler kept.
     clock = _Clock()
     node.set_limits({GPU_JOB: Limit(cores=2), CPU_JOB: Limit(quota_cores=0.5)})
-    daemon = Daemon(
-        node.cfg,
-        runner=node.slurm,
-        nvml=Nvml(lib=node.nvml_lib),
-        cpuset_writer=node.cpuset_writer,
-        quota_writer=node.quota_writer,
-        clock=clock,
-    )
-    daemon.start()
+    daemon = node.daemon(clock=clock)
     for _ in range(SETTLE_TICKS):
         clock.now_s += 1.0
         daemon.tick()
