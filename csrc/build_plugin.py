@@ -53,6 +53,28 @@ typedef struct job_descriptor {
 
 static void coda_log(int level, const char *msg);
 static void coda_replace_str(char **slot, const char *value);
+
+/* The replay table (job_submit_coda.c, "Replay"). */
+typedef struct {
+    int64_t plan_id;
+    int64_t unix_ns;
+    int64_t elapsed_ns;
+    uint32_t job_id;
+} coda_replay_t;
+static int64_t coda_memo_reset(int enabled, int cpu_jobs_silent);
+static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
+                         int64_t plan_id, int clear_cpus_per_task, int log_level,
+                         const char *cpus_per_tres, const char *tres_per_node,
+                         const char *prefer, const char *partition,
+                         const char *admin_comment, const char *user_msg,
+                         const char *log_line);
+static int coda_memo_drain(coda_replay_t *out, int max);
+
+/* The plugin's own entry points, as slurmctld calls them (for in-process tests and
+   bench/bench_hook_inprocess.py; slurmctld itself finds them with dlsym). */
+int init(void);
+int fini(void);
+int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg);
 """
 
 EMBEDDING_API = r"""

@@ -8,6 +8,9 @@
  *   - starting the embedded interpreter safely inside slurmctld;
  *   - two helpers Python calls back: logging into slurmctld's log and replacing a
  *     string field of job_desc with memory from Slurm's own allocator.
+ *   - the replay table: a job whose decision fields match one Python already
+ *     decided, under the same coda.conf and profile snapshot, is answered here
+ *     without entering Python (see "replay" below).
  * Every decision is made in slurm_plugin/hook.py.
  *
  * Failure policy: nothing in here may stop slurmctld from scheduling.  If Python
@@ -15,10 +18,12 @@
  * job_submit()/job_modify() then accept every job unchanged.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
@@ -74,6 +79,428 @@ static void coda_replace_str(char **slot, const char *value)
 	if (*slot)
 		slurm_xfree((void **) slot);
 	*slot = value ? slurm_xstrdup(value) : NULL;
+}
+
+/*
+ * Replay: repeated jobs answered without entering Python.
+ *
+ * Inside slurmctld every submission arrives on a fresh RPC thread with cold caches,
+ * and entering the embedded interpreter costs more than the decision itself
+ * (docs/benchmarks.md, "Submission latency").  hook.py's decide() is pure given the
+ * job_desc fields it reads, coda.conf and the profile snapshot, so once Python has
+ * decided a job it hands this file the plan (coda_memo_put): the values to write,
+ * the user message, the log line.  A later job whose fields are byte-for-byte the
+ * same gets that plan applied here, and a small record (coda_replay_t) goes into a
+ * ring that Python drains on its reloader thread for the counters and the decision
+ * journal.
+ *
+ * Python owns validity: it empties the table (coda_memo_reset, a new generation)
+ * whenever the profile snapshot or coda.conf changes, and a plan decided under an
+ * older generation is refused.  The table is bounded like hook.py's DecisionMemo
+ * (entries, key bytes) and empties itself when full.  When the ring is full or no
+ * plan matches, the job goes to Python as before.  One mutex guards it all:
+ * slurmctld already serialises job_submit under its job write lock, so the lock
+ * is contended only by Python's reloader thread for the time of a drain.
+ */
+#define CODA_MEMO_MAX_ENTRIES 4096
+#define CODA_MEMO_SLOTS 8192 /* a power of two, at least twice the entries */
+#define CODA_MEMO_MAX_KEY_BYTES ((size_t) 32 << 20)
+#define CODA_RING_RECORDS 65536
+#define CODA_KEY_STRINGS 10
+
+typedef struct {
+	int64_t plan_id;    /* 0: a job asking for no GPU, passed without a word */
+	int64_t unix_ns;    /* when it was answered (CLOCK_REALTIME) */
+	int64_t elapsed_ns; /* time spent here (CLOCK_MONOTONIC) */
+	uint32_t job_id;
+} coda_replay_t;
+
+struct coda_memo_entry {
+	uint64_t hash;
+	uint32_t uid, min_nodes, num_tasks;
+	uint16_t cpus_per_task, ntasks_per_node;
+	char *key[CODA_KEY_STRINGS]; /* NULL where job_desc had NULL */
+	size_t key_len[CODA_KEY_STRINGS];
+	size_t key_bytes;
+	int64_t plan_id;
+	char *cpus_per_tres, *tres_per_node, *prefer, *partition;
+	char *admin_comment, *user_msg, *log_line;
+	int clear_cpus_per_task, log_level; /* log_level < 0: no line */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	int enabled, cpu_jobs_silent;
+	int64_t gen;
+	struct coda_memo_entry **slot; /* CODA_MEMO_SLOTS, open addressing */
+	int entries;
+	size_t key_bytes;
+	coda_replay_t ring[CODA_RING_RECORDS];
+	uint32_t ring_head, ring_count;
+} coda_memo = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* The job_desc strings the decision reads, in a fixed order. */
+static void coda_key_strings(const job_desc_msg_t *d, const char *s[CODA_KEY_STRINGS])
+{
+	s[0] = d->name;
+	s[1] = d->partition;
+	s[2] = d->tres_per_node;
+	s[3] = d->tres_per_job;
+	s[4] = d->tres_per_task;
+	s[5] = d->tres_per_socket;
+	s[6] = d->cpus_per_tres;
+	s[7] = d->comment;
+	s[8] = d->script;
+	s[9] = d->prefer;
+}
+
+static inline uint64_t coda_mix(uint64_t h, uint64_t v)
+{
+	h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+/* The key of a job: its hash, and the lengths of its strings (SIZE_MAX: NULL). */
+static uint64_t coda_key_hash(const job_desc_msg_t *d, uint32_t uid,
+			      const char *s[CODA_KEY_STRINGS],
+			      size_t len[CODA_KEY_STRINGS])
+{
+	uint64_t h = 0x243f6a8885a308d3ULL, w;
+	size_t i, n, j;
+
+	h = coda_mix(h, uid);
+	h = coda_mix(h, ((uint64_t) d->cpus_per_task << 48) ^
+			((uint64_t) d->ntasks_per_node << 32) ^ d->min_nodes);
+	h = coda_mix(h, d->num_tasks);
+	for (i = 0; i < CODA_KEY_STRINGS; i++) {
+		if (!s[i]) {
+			len[i] = SIZE_MAX;
+			h = coda_mix(h, ~(uint64_t) i);
+			continue;
+		}
+		n = len[i] = strlen(s[i]);
+		h = coda_mix(h, n ^ ((uint64_t) i << 56));
+		for (j = 0; j + 8 <= n; j += 8) {
+			memcpy(&w, s[i] + j, 8);
+			h = coda_mix(h, w);
+		}
+		if (j < n) {
+			w = 0;
+			memcpy(&w, s[i] + j, n - j);
+			h = coda_mix(h, w);
+		}
+	}
+	return h;
+}
+
+static int coda_key_equal(const struct coda_memo_entry *e, const job_desc_msg_t *d,
+			  uint32_t uid, const char *s[CODA_KEY_STRINGS],
+			  const size_t len[CODA_KEY_STRINGS])
+{
+	size_t i;
+
+	if (e->uid != uid || e->cpus_per_task != d->cpus_per_task ||
+	    e->ntasks_per_node != d->ntasks_per_node ||
+	    e->min_nodes != d->min_nodes || e->num_tasks != d->num_tasks)
+		return 0;
+	for (i = 0; i < CODA_KEY_STRINGS; i++) {
+		if (e->key_len[i] != len[i])
+			return 0;
+		if (len[i] != SIZE_MAX && memcmp(e->key[i], s[i], len[i]) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+/* The slot holding this key, or the empty slot where it would go. */
+static struct coda_memo_entry **coda_memo_slot(uint64_t h, const job_desc_msg_t *d,
+					       uint32_t uid, const char *s[],
+					       const size_t len[])
+{
+	size_t i = h & (CODA_MEMO_SLOTS - 1);
+	struct coda_memo_entry *e;
+
+	/* Never more than half full, so an empty slot always ends the probe. */
+	while ((e = coda_memo.slot[i])) {
+		if (e->hash == h && coda_key_equal(e, d, uid, s, len))
+			break;
+		i = (i + 1) & (CODA_MEMO_SLOTS - 1);
+	}
+	return &coda_memo.slot[i];
+}
+
+static void coda_memo_free_entry(struct coda_memo_entry *e)
+{
+	size_t i;
+
+	for (i = 0; i < CODA_KEY_STRINGS; i++)
+		free(e->key[i]);
+	free(e->cpus_per_tres);
+	free(e->tres_per_node);
+	free(e->prefer);
+	free(e->partition);
+	free(e->admin_comment);
+	free(e->user_msg);
+	free(e->log_line);
+	free(e);
+}
+
+static void coda_memo_free_table(struct coda_memo_entry **slot)
+{
+	size_t i;
+
+	if (!slot)
+		return;
+	for (i = 0; i < CODA_MEMO_SLOTS; i++)
+		if (slot[i])
+			coda_memo_free_entry(slot[i]);
+	free(slot);
+}
+
+static int64_t coda_ns(clockid_t clock)
+{
+	struct timespec ts;
+
+	clock_gettime(clock, &ts);
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* *slot = *slot + sep + value, or value alone when *slot is NULL or empty (as
+ * hook.py appends to admin_comment and to the message for sbatch). */
+static void coda_append_str(char **slot, const char *sep, const char *value)
+{
+	size_t a, b, c;
+	char *joined;
+
+	if (!*slot || !**slot) {
+		coda_replace_str(slot, value);
+		return;
+	}
+	a = strlen(*slot);
+	b = strlen(sep);
+	c = strlen(value);
+	joined = malloc(a + b + c + 1);
+	if (!joined)
+		return; /* keep what is there rather than lose it */
+	memcpy(joined, *slot, a);
+	memcpy(joined + a, sep, b);
+	memcpy(joined + a + b, value, c + 1);
+	coda_replace_str(slot, joined);
+	free(joined);
+}
+
+/* Apply a remembered plan exactly as hook.py's _apply() would. */
+static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
+			    char **err_msg)
+{
+	if (e->cpus_per_tres)
+		coda_replace_str(&d->cpus_per_tres, e->cpus_per_tres);
+	if (e->clear_cpus_per_task)
+		d->cpus_per_task = NO_VAL16;
+	if (e->tres_per_node)
+		coda_replace_str(&d->tres_per_node, e->tres_per_node);
+	if (e->prefer)
+		coda_replace_str(&d->prefer, e->prefer);
+	if (e->partition)
+		coda_replace_str(&d->partition, e->partition);
+	if (e->admin_comment)
+		coda_append_str(&d->admin_comment, " ", e->admin_comment);
+	if (e->user_msg)
+		coda_append_str(err_msg, "\n", e->user_msg);
+	if (e->log_level >= 0)
+		coda_log(e->log_level, e->log_line);
+}
+
+/* Answer the job from the table. 1: answered (and recorded); 0: ask Python. */
+static int coda_replay(job_desc_msg_t *d, uint32_t submit_uid, char **err_msg)
+{
+	int64_t t0 = coda_ns(CLOCK_MONOTONIC), plan_id;
+	const char *s[CODA_KEY_STRINGS];
+	size_t len[CODA_KEY_STRINGS];
+	struct coda_memo_entry *e;
+	coda_replay_t *r;
+	uint32_t uid;
+	uint64_t h;
+
+	pthread_mutex_lock(&coda_memo.lock);
+	if (!coda_memo.enabled || coda_memo.ring_count == CODA_RING_RECORDS)
+		goto ask_python;
+	if (coda_memo.cpu_jobs_silent && !d->tres_per_node && !d->tres_per_job &&
+	    !d->tres_per_task && !d->tres_per_socket) {
+		plan_id = 0; /* what hook.py does too: nothing to write or say */
+	} else {
+		if (!coda_memo.slot)
+			goto ask_python;
+		uid = d->user_id != NO_VAL ? d->user_id : submit_uid;
+		coda_key_strings(d, s);
+		h = coda_key_hash(d, uid, s, len);
+		e = *coda_memo_slot(h, d, uid, s, len);
+		if (!e)
+			goto ask_python;
+		coda_memo_apply(e, d, err_msg);
+		plan_id = e->plan_id;
+	}
+	r = &coda_memo.ring[(coda_memo.ring_head + coda_memo.ring_count) %
+			    CODA_RING_RECORDS];
+	r->plan_id = plan_id;
+	r->job_id = d->job_id;
+	r->unix_ns = coda_ns(CLOCK_REALTIME);
+	r->elapsed_ns = coda_ns(CLOCK_MONOTONIC) - t0;
+	coda_memo.ring_count++;
+	pthread_mutex_unlock(&coda_memo.lock);
+	return 1;
+
+ask_python:
+	pthread_mutex_unlock(&coda_memo.lock);
+	return 0;
+}
+
+/* Called from Python: empty the table and start a new generation (returned).
+ * enabled=0 stops replaying until the next reset. */
+static int64_t coda_memo_reset(int enabled, int cpu_jobs_silent)
+{
+	struct coda_memo_entry **old;
+	int64_t gen;
+
+	pthread_mutex_lock(&coda_memo.lock);
+	old = coda_memo.slot;
+	coda_memo.slot = NULL;
+	coda_memo.entries = 0;
+	coda_memo.key_bytes = 0;
+	coda_memo.enabled = enabled;
+	coda_memo.cpu_jobs_silent = cpu_jobs_silent;
+	gen = ++coda_memo.gen;
+	pthread_mutex_unlock(&coda_memo.lock);
+	coda_memo_free_table(old); /* outside the lock: a submission need not wait */
+	return gen;
+}
+
+static char *coda_dup_opt(const char *value, int *failed)
+{
+	char *copy;
+
+	if (!value)
+		return NULL;
+	copy = strdup(value);
+	if (!copy)
+		*failed = 1;
+	return copy;
+}
+
+/* Called from Python, before the plan is applied (job_desc still as submitted):
+ * remember the plan for jobs with this job's key.  Returns 1 when stored, 2 when
+ * stored after emptying a full table (plans stored before it are gone), 3 when
+ * a plan for this key is already there (kept), 0 when refused (an old
+ * generation, replay off, a key over the byte bound, no memory). */
+static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
+			 int64_t plan_id, int clear_cpus_per_task, int log_level,
+			 const char *cpus_per_tres, const char *tres_per_node,
+			 const char *prefer, const char *partition,
+			 const char *admin_comment, const char *user_msg,
+			 const char *log_line)
+{
+	const char *s[CODA_KEY_STRINGS];
+	size_t len[CODA_KEY_STRINGS], key_bytes = 0, i;
+	struct coda_memo_entry *e, **slot, **full = NULL;
+	int failed = 0, rc = 1;
+	uint32_t uid = d->user_id != NO_VAL ? d->user_id : submit_uid;
+	uint64_t h;
+
+	coda_key_strings(d, s);
+	h = coda_key_hash(d, uid, s, len);
+	for (i = 0; i < CODA_KEY_STRINGS; i++)
+		if (len[i] != SIZE_MAX)
+			key_bytes += len[i];
+	if (key_bytes > CODA_MEMO_MAX_KEY_BYTES)
+		return 0;
+
+	/* Copy everything before taking the lock. */
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return 0;
+	e->hash = h;
+	e->uid = uid;
+	e->cpus_per_task = d->cpus_per_task;
+	e->ntasks_per_node = d->ntasks_per_node;
+	e->min_nodes = d->min_nodes;
+	e->num_tasks = d->num_tasks;
+	for (i = 0; i < CODA_KEY_STRINGS; i++) {
+		e->key_len[i] = len[i];
+		if (len[i] == SIZE_MAX)
+			continue;
+		e->key[i] = malloc(len[i] + 1);
+		if (!e->key[i]) {
+			failed = 1;
+			continue;
+		}
+		memcpy(e->key[i], s[i], len[i] + 1);
+	}
+	e->key_bytes = key_bytes;
+	e->plan_id = plan_id;
+	e->clear_cpus_per_task = clear_cpus_per_task;
+	e->log_level = log_level;
+	e->cpus_per_tres = coda_dup_opt(cpus_per_tres, &failed);
+	e->tres_per_node = coda_dup_opt(tres_per_node, &failed);
+	e->prefer = coda_dup_opt(prefer, &failed);
+	e->partition = coda_dup_opt(partition, &failed);
+	e->admin_comment = coda_dup_opt(admin_comment, &failed);
+	e->user_msg = coda_dup_opt(user_msg, &failed);
+	e->log_line = coda_dup_opt(log_line ? log_line : "", &failed);
+	if (failed) {
+		coda_memo_free_entry(e);
+		return 0;
+	}
+
+	pthread_mutex_lock(&coda_memo.lock);
+	if (!coda_memo.enabled || gen != coda_memo.gen) {
+		pthread_mutex_unlock(&coda_memo.lock);
+		coda_memo_free_entry(e);
+		return 0;
+	}
+	if (coda_memo.entries >= CODA_MEMO_MAX_ENTRIES ||
+	    coda_memo.key_bytes + key_bytes > CODA_MEMO_MAX_KEY_BYTES) {
+		full = coda_memo.slot; /* emptied, as DecisionMemo does */
+		coda_memo.slot = NULL;
+		coda_memo.entries = 0;
+		coda_memo.key_bytes = 0;
+		rc = 2;
+	}
+	if (!coda_memo.slot) {
+		coda_memo.slot = calloc(CODA_MEMO_SLOTS, sizeof(*coda_memo.slot));
+		if (!coda_memo.slot) {
+			pthread_mutex_unlock(&coda_memo.lock);
+			coda_memo_free_entry(e);
+			coda_memo_free_table(full);
+			return 0;
+		}
+	}
+	slot = coda_memo_slot(h, d, uid, s, len);
+	if (*slot) {
+		coda_memo_free_entry(e); /* already there: the same plan */
+		rc = 3;
+	} else {
+		*slot = e;
+		coda_memo.entries++;
+		coda_memo.key_bytes += key_bytes;
+	}
+	pthread_mutex_unlock(&coda_memo.lock);
+	coda_memo_free_table(full);
+	return rc;
+}
+
+/* Called from Python: move up to max records of replayed jobs into out. */
+static int coda_memo_drain(coda_replay_t *out, int max)
+{
+	int n, i;
+
+	pthread_mutex_lock(&coda_memo.lock);
+	n = (int) coda_memo.ring_count < max ? (int) coda_memo.ring_count : max;
+	for (i = 0; i < n; i++)
+		out[i] = coda_memo.ring[(coda_memo.ring_head + i) % CODA_RING_RECORDS];
+	coda_memo.ring_head = (coda_memo.ring_head + n) % CODA_RING_RECORDS;
+	coda_memo.ring_count -= n;
+	pthread_mutex_unlock(&coda_memo.lock);
+	return n;
 }
 
 /* Log a multi-line text (a Python traceback) one line at a time. */
@@ -173,6 +600,7 @@ extern int fini(void)
 	if (coda_active)
 		coda_py_fini();
 	coda_active = 0;
+	coda_memo_reset(0, 0);
 	return SLURM_SUCCESS;
 }
 
@@ -180,6 +608,8 @@ extern int job_submit(job_desc_msg_t *job_desc, uint32_t submit_uid,
 		      char **err_msg)
 {
 	if (!coda_active)
+		return SLURM_SUCCESS;
+	if (coda_replay(job_desc, submit_uid, err_msg))
 		return SLURM_SUCCESS;
 	return coda_py_submit(job_desc, submit_uid, err_msg);
 }

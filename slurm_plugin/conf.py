@@ -119,6 +119,14 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "GPUs (CODA: multi-node demand is at most the 1-node-2-GPU demand).",
     ),
     "HookBudgetMs": KeySpec("float", "20", "Time budget of the submit hook in milliseconds (> 0)."),
+    "HookFastPath": KeySpec(
+        "yes|no",
+        "yes",
+        "yes: a job whose decision fields (user, name, partition, GPU and CPU requests, comment, "
+        "script, --prefer) match one already decided under the same coda.conf and profiles is "
+        "answered by the plugin's C side without entering Python (same fields, message, log "
+        "line and journal entry); no: every GPU job goes through Python.",
+    ),
     "ReloadIntervalS": KeySpec(
         "float", "5", "Seconds between checks for a changed profile store or coda.conf (> 0)."
     ),
@@ -383,6 +391,7 @@ class CodaConfig:
     min_confidence: float = 0.8
     multi_node_gpu_cap: int = 2
     hook_budget_ms: float = 20.0
+    hook_fast_path: bool = True
     reload_interval_s: float = 5.0
     partitions: tuple[str, ...] = ()
     """Managed partitions; empty = all."""
@@ -712,7 +721,7 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if not value or not path.is_absolute():
             raise ValueError(f"{key} must be an absolute path, got {value!r}")
         return "node_progress_dir", path
-    if key in ("NodeProfile", "NodeContention", "NodeJobMemBw"):
+    if key in ("NodeProfile", "NodeContention", "NodeJobMemBw", "HookFastPath"):
         return _snake(key), _choice(key, value, ("yes", "no")) == "yes"
     if key == "NodeProbeMaxJobs":
         return "node_probe_max_jobs", _int(key, value, 0)

@@ -13,6 +13,14 @@ profile snapshot, costs one dict lookup, and the fields it writes were encoded o
 Called once every few ms from a fresh slurmctld thread, the hook runs with cold caches,
 where every line of Python it skips counts (docs/benchmarks.md, "In-hook time").
 
+The plugin's C side goes one step further (``HookFastPath=yes``, job_submit_coda.c,
+"Replay"): each plan is also handed to C with the job's raw key, and a repeated job is
+answered there without entering Python at all.  C keeps a record of each job it answered;
+the reloader thread drains them into the counters and the decision journal
+(:func:`drain_replays`).  Python keeps the C table valid: it is emptied whenever the
+memo is renewed (a profile snapshot or coda.conf change), and a plan decided under an
+older table generation is refused.
+
 Fail-open contract: any exception, or a decision that took longer than
 ``HookBudgetMs``, leaves the job exactly as the user submitted it and logs one
 line. The only way this hook refuses a job is a malformed ``coda:`` directive the
@@ -22,6 +30,7 @@ user wrote in ``--comment`` (they asked for something invalid).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -59,12 +68,25 @@ _NO_VAL = 0xFFFFFFFE
 _perf_ns = time.perf_counter_ns
 _time_s = time.time
 
+# The C replay table (job_submit_coda.c): present in the compiled plugin, absent in test
+# doubles.  _c_lock orders renewals, drains and the pruning of _c_plans (the plans C may
+# still name in its records); puts need no lock (C checks the generation).
+_c_replay = False
+_c_lock = threading.Lock()
+_c_plans: dict[int, tuple[Plan, bool]] = {}
+"""plan id -> (plan, whether the call counts as a GPU decision) for C's records."""
+_c_ids = itertools.count(1)
+_C_DRAIN_BATCH = 1024
+_c_buf: Any = None
+
 
 @dataclass(slots=True)
 class HookStats:
     """Counters the hook keeps about itself (read by ``coda-slurm status`` and bench/)."""
 
     calls: int = 0
+    replayed: int = 0
+    """Calls answered by the C side's replay table (counted in ``calls`` too)."""
     gpu_jobs: int = 0
     changed: int = 0
     rejected: int = 0
@@ -91,6 +113,7 @@ class HookStats:
 
         return {
             "calls": self.calls,
+            "replayed": self.replayed,
             "gpu_jobs": self.gpu_jobs,
             "changed": self.changed,
             "rejected": self.rejected,
@@ -175,12 +198,14 @@ class DecisionMemo:
     recurring workload is back in after one miss.
     """
 
-    __slots__ = ("key_bytes", "plans", "profiles")
+    __slots__ = ("c_gen", "key_bytes", "plans", "profiles")
 
-    def __init__(self, profiles: Mapping[str, ProfileView] | None) -> None:
+    def __init__(self, profiles: Mapping[str, ProfileView] | None, c_gen: int = 0) -> None:
         self.profiles = profiles
         self.plans: dict[RequestKey, Plan] = {}
         self.key_bytes = 0
+        self.c_gen = c_gen
+        """The C replay table's generation this memo's plans go to; 0: none."""
 
     def add(self, key: RequestKey, plan: Plan) -> None:
         size = sum(len(v) for v in key if type(v) is bytes)
@@ -253,9 +278,134 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
 
 
 def bind(ffi: Any, lib: Any) -> None:
-    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL
+    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _c_replay, _c_buf
     _ffi, _lib = ffi, lib
     _SUCCESS, _ERROR, _NO_VAL = lib.SLURM_SUCCESS, lib.SLURM_ERROR, lib.NO_VAL
+    _c_replay = hasattr(lib, "coda_memo_put")
+    _c_buf = ffi.new("coda_replay_t[]", _C_DRAIN_BATCH) if _c_replay else None
+
+
+# -- the C replay table ----------------------------------------------------------
+
+
+def _renew_memo(state: HookState, profiles: Mapping[str, ProfileView]) -> DecisionMemo:
+    """The memo for ``state`` and ``profiles``: a new empty one (and an emptied C table)
+    unless another thread just made it.  A state that is no longer the live one gets a
+    memo of its own that C never sees."""
+    with _c_lock:
+        if state is not _state:
+            return DecisionMemo(profiles)
+        memo = state.memo
+        if memo.profiles is profiles:
+            return memo
+        memo = DecisionMemo(profiles, _c_reset_locked(state))
+        state.memo = memo
+        return memo
+
+
+def _c_reset_locked(state: HookState) -> int:
+    """Empty the C table for ``state``'s configuration; its new generation (0 without C).
+    Records of jobs C answered with the old plans are drained first."""
+    if not _c_replay:
+        return 0
+    _drain_locked(state)
+    first_new_id = next(_c_ids)
+    gen = int(_lib.coda_memo_reset(int(state.cfg.hook_fast_path), int(state.cpu_jobs_silent)))
+    _drain_locked(state)  # answered between the first drain and the reset
+    for plan_id in [i for i in _c_plans if i < first_new_id]:
+        del _c_plans[plan_id]
+    return gen
+
+
+def _c_put(desc: Any, submit_uid: int, gen: int, plan: Plan, log_level: int) -> None:
+    """Hand ``plan`` to the C table for jobs with ``desc``'s key (before it is applied:
+    the key is what the user submitted).  C then does what :func:`job_submit` does for
+    this plan: a GPU decision writes and counts; a skip writes only a route."""
+    decision = plan.decision
+    counted = not (decision.action == "skip" and decision.admin_comment is None)
+    writes = counted or plan.partition is not None
+    plan_id = next(_c_ids)
+    _c_plans[plan_id] = (plan, counted)
+    null = _ffi.NULL
+    rc = _lib.coda_memo_put(
+        desc,
+        submit_uid,
+        gen,
+        plan_id,
+        1 if writes and decision.clear_cpus_per_task else 0,
+        plan.log_level if plan.log_level <= log_level else -1,
+        null if not writes or plan.cpus_per_tres is None else plan.cpus_per_tres,
+        null if not writes or plan.tres_per_node is None else plan.tres_per_node,
+        null if not writes or plan.prefer is None else plan.prefer,
+        null if not writes or plan.partition is None else plan.partition,
+        null if not writes or plan.admin_comment is None else plan.admin_comment,
+        null if not writes or plan.user_msg is None else plan.user_msg,
+        plan.log_line,
+    )
+    if rc == 0 or rc == 3:  # refused, or a plan for this key is there already
+        _c_plans.pop(plan_id, None)
+    elif rc == 2:  # C emptied its full table: only this plan is left there
+        with _c_lock:
+            _drain_locked(_state)
+            for old_id in [i for i in _c_plans if i < plan_id]:
+                del _c_plans[old_id]
+
+
+def drain_replays() -> int:
+    """Move the records of the jobs C answered into the counters and the journal (the
+    reloader does this every tick, before the stats file is written); how many."""
+    if not _c_replay:
+        return 0
+    with _c_lock:
+        return _drain_locked(_state)
+
+
+def _drain_locked(state: HookState | None) -> int:
+    total = 0
+    buf = _c_buf
+    while True:
+        n = _lib.coda_memo_drain(buf, _C_DRAIN_BATCH)
+        total += n
+        if state is not None and n:
+            stats = state.stats
+            journal = state.journal
+            last_s = stats.last_call_unix_s or 0.0
+            for i in range(n):
+                r = buf[i]
+                stats.calls += 1
+                stats.replayed += 1
+                stats.record(r.elapsed_ns)
+                t_s = r.unix_ns / 1e9
+                last_s = max(last_s, t_s)
+                if r.plan_id == 0:  # a job asking for no GPU
+                    continue
+                entry = _c_plans.get(r.plan_id)
+                if entry is None or not entry[1]:
+                    continue
+                plan = entry[0]
+                decision = plan.decision
+                stats.gpu_jobs += 1
+                if plan.cpus_per_tres is not None:
+                    stats.changed += 1
+                if journal is not None:
+                    journal.record(
+                        (
+                            t_s,
+                            r.job_id,
+                            plan.uid,
+                            plan.job_name,
+                            plan.ntasks_per_node,
+                            plan.num_tasks,
+                            decision.action,
+                            decision.admin_comment,
+                            r.elapsed_ns,
+                            False,
+                            None,
+                        )
+                    )
+            stats.last_call_unix_s = last_s
+        if n < _C_DRAIN_BATCH:
+            return total
 
 
 def _load_state(path: Path) -> HookState:
@@ -305,6 +455,7 @@ def plugin_init() -> int:
         stats = None
     state.journal = _start_journal(state.cfg)
     _state = state
+    _renew_memo(state, state.cache.snapshot())
     state.reloader = Reloader(
         state.cache, state.cfg.reload_interval_s, _log_named, on_tick=_on_reload_tick
     )
@@ -322,6 +473,11 @@ def plugin_init() -> int:
 def plugin_fini() -> None:
     global _state
     state = _state
+    if _c_replay:
+        with _c_lock:
+            _lib.coda_memo_reset(0, 0)  # C answers nothing more
+            _drain_locked(state)
+            _c_plans.clear()
     if state is not None and state.reloader is not None:
         state.reloader.stop()
         if state.journal is not None:
@@ -341,6 +497,7 @@ def _on_reload_tick() -> None:
     state = _state
     if state is None:
         return
+    drain_replays()
     try:
         mtime_ns = state.cfg_path.stat().st_mtime_ns
     except OSError as exc:
@@ -349,6 +506,11 @@ def _on_reload_tick() -> None:
     if mtime_ns != state.cfg_mtime_ns:
         _reload_config(state, mtime_ns)
     state = _state or state
+    snapshot = state.cache.snapshot()
+    if state.memo.profiles is not snapshot:
+        # The store changed: C must stop answering from plans of the old profiles now,
+        # not at the next job that reaches Python.
+        _renew_memo(state, snapshot)
     if state.cfg.prefer_gpu_types:
         # Rank GPU types here, right after the refresh, so the first job after a profile
         # change does not scan every profile under the job write lock.
@@ -388,6 +550,7 @@ def _reload_config(state: HookState, mtime_ns: int) -> None:
     if fresh.reloader is not None:
         fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
     _state = fresh
+    _renew_memo(fresh, fresh.cache.snapshot())  # C stops answering under the old coda.conf
     if old_journal is not None:
         # A submission that read the old state just before the swap may still append
         # here after this final flush; that entry is lost (once, at a DecisionJournal edit).
@@ -634,7 +797,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         profiles = state.cache.snapshot()
         memo = state.memo
         if memo.profiles is not profiles:  # the store reloaded: earlier plans may be stale
-            state.memo = memo = DecisionMemo(profiles)
+            memo = _renew_memo(state, profiles)
         plan = memo.plans.get(key)
         if plan is None:
             who = req = _request_from_key(key)
@@ -662,6 +825,8 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             # CPU-only job, coda:off, or one routed by CpuJobPartitions: not a GPU decision,
             # so neither counted nor journaled (coda-slurm status is about GPU jobs' cores).
             # Only the route is written and said at info (make_plan set the level).
+            if memo.c_gen:
+                _c_put(desc, submit_uid, memo.c_gen, plan, state.log_level)
             if plan.partition is not None:
                 _apply(desc, plan, err_msg)
             if plan.log_level <= state.log_level:
@@ -677,6 +842,8 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
             log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
             return _SUCCESS
+        if memo.c_gen:
+            _c_put(desc, submit_uid, memo.c_gen, plan, state.log_level)
         _apply(desc, plan, err_msg)
         if plan.cpus_per_tres is not None:
             stats.changed += 1

@@ -119,6 +119,34 @@ def test_profiled_workload_runs_with_predicted_cores(cluster: DevCluster) -> Non
     assert cluster.show_job(job_id)["NumCPUs"] == "12"
 
 
+def test_a_repeated_job_is_answered_by_the_c_side_and_still_counted(cluster: DevCluster) -> None:
+    # HookFastPath=yes (the default): the second and third submissions match the first
+    # byte for byte, so the plugin's C side answers them without entering Python. The user
+    # and the admin must not be able to tell, except by the counter that says so.
+    put_profile(cluster, "workload:*:bert", 5)
+    wait_for_reload(cluster)
+    before = json.loads(cluster.hook_stats_file.read_text())
+    args = ["--gpus-per-node=1", "--comment=coda:workload=bert", "--job-name=repeat-me"]
+    answers = [submit(cluster, args) for _ in range(3)]
+    assert [cpus_per_tres(fields) for _, fields, _ in answers] == ["gres:gpu:5"] * 3
+    assert len({fields["AdminComment"] for _, fields, _ in answers}) == 1
+    assert len({said for _, _, said in answers}) == 1
+    assert 'coda: --cpus-per-gpu=5 for workload "bert"' in answers[0][2]
+    wait_for_reload(cluster)
+    after = json.loads(cluster.hook_stats_file.read_text())
+    assert after["replayed"] - before.get("replayed", 0) >= 2
+    assert after["changed"] - before["changed"] == 3
+    assert after["gpu_jobs"] - before["gpu_jobs"] == 3
+    deadline = time.monotonic() + 10
+    while True:  # the journal is flushed once a second
+        lines = cluster.decision_journal.read_text().splitlines()
+        mine = [e for e in map(json.loads, lines) if e.get("job") == "repeat-me"]
+        if len(mine) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [(e["action"], e["cpg"]) for e in mine] == [("set", 5)] * 3
+
+
 def test_gres_and_gpus_forms_are_all_right_sized(cluster: DevCluster) -> None:
     put_profile(cluster, "workload:*:bert", 2)
     wait_for_reload(cluster)

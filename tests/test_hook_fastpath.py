@@ -1,0 +1,299 @@
+"""The plugin's C replay table (HookFastPath, issue 2): a repeated job is answered in C
+exactly as Python answered it, and everything Python keeps about it still happens.
+
+These tests run the compiled plugin module in this process through its real entry
+points (``init``, ``job_submit``, ``fini``), with a stand-in for the few slurmctld
+functions it needs (tests/compiled_hook.py).  Whether a call reached Python is seen by
+wrapping ``hook.job_submit``, which the C side calls on a miss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_plugin import hook
+from slurm_plugin.store import ProfileStore
+from tests import compiled_hook
+from tests.test_hook_cache import CASES, WRITTEN, _profile
+
+GPU = "gres:gpu:2"
+BASE: dict[str, Any] = {
+    "tres_per_node": GPU,
+    "comment": "coda:workload=resnet50",
+    "script": "#!/bin/sh\n#SBATCH -N 1\npython train.py --epochs 90\n",
+    "name": "train.sh",
+}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    try:
+        return compiled_hook.load(tmp_path_factory.mktemp("standin"))
+    except compiled_hook.Unavailable as exc:
+        if os.environ.get("CODA_REQUIRE_SLURM") == "1":  # CI builds the plugin: never skip
+            raise
+        pytest.skip(str(exc))
+
+
+@dataclass
+class Plugin:
+    ffi: Any
+    lib: Any
+    root: Path
+    log: Path
+    python_calls: list[int] = field(default_factory=lambda: [0])
+
+    def desc(self, case: dict[str, Any]) -> Any:
+        fields = {k: v for k, v in case.items() if k != "submit_uid"}
+        return compiled_hook.new_desc(self.ffi, self.lib, **fields)
+
+    def submit(self, case: dict[str, Any], err_first: str | None = None) -> tuple:
+        """What a user and an admin see of one submission (as tests/test_hook_cache.py)."""
+        ffi = self.ffi
+        desc = self.desc(case)
+        err = compiled_hook.new_err(ffi, self.lib, err_first)
+        before = self.lines()
+        rc = self.lib.job_submit(desc, case.get("submit_uid", 1000), err)
+        said = None if err[0] == ffi.NULL else ffi.string(err[0]).decode("utf-8", "replace")
+        fields = tuple(
+            None
+            if getattr(desc, name) == ffi.NULL
+            else ffi.string(getattr(desc, name)).decode("utf-8", "replace")
+            for name in WRITTEN
+        )
+        return rc, fields, desc.cpus_per_task, said, self.lines()[len(before) :]
+
+    def lines(self) -> list[str]:
+        try:
+            return self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+
+    @property
+    def calls(self) -> int:
+        return self.python_calls[0]
+
+
+def _start(
+    compiled: tuple[Any, Any], root: Path, monkeypatch: pytest.MonkeyPatch, extra: str = ""
+) -> Iterator[Plugin]:
+    ffi, lib = compiled
+    store = ProfileStore(root / "profiles")
+    store.ensure_root()
+    store.write(_profile("resnet50", 6))
+    store.write(_profile("weak", 3, confidence=0.2))
+    conf = root / "coda.conf"
+    conf.write_text(
+        f"ProfileStore={store.root}\nHookStatsFile={root / 'stats.json'}\n"
+        f"DecisionJournal={root / 'decisions.jsonl'}\nExcludePartitions=debug\n"
+        f"ReloadIntervalS=3600\n{extra}"
+    )
+    (root / "slurm.conf").write_text("NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n")
+    monkeypatch.setenv("CODA_CONF", str(conf))
+    log = root / "slurmctld.log"
+    monkeypatch.setenv("CODA_STANDIN_LOG", str(log))
+    plugin = Plugin(ffi, lib, root, log)
+    real = hook.job_submit
+
+    def counting(desc: Any, submit_uid: int, err_msg: Any) -> int:
+        plugin.python_calls[0] += 1
+        return real(desc, submit_uid, err_msg)
+
+    monkeypatch.setattr(hook, "job_submit", counting)
+    compiled_hook.start(ffi, lib)
+    try:
+        yield plugin
+    finally:
+        lib.fini()
+
+
+@pytest.fixture
+def plugin(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Plugin]:
+    yield from _start(compiled, tmp_path, monkeypatch)
+
+
+def _reload_tick() -> None:
+    """What the reloader thread does every ReloadIntervalS (3600 s here: done by hand)."""
+    state = hook.current_state()
+    assert state is not None
+    state.cache.refresh()
+    hook._on_reload_tick()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_a_repeated_job_is_answered_in_c_as_python_answered_it(plugin: Plugin, case: dict) -> None:
+    first = plugin.submit(case)
+    rejected = first[0] != 0
+    gpu = any(k.startswith("tres_per_") for k in case)
+    # A job asking for no GPU never reaches Python (nothing to write or say at LogLevel=info).
+    assert plugin.calls == (1 if gpu else 0)
+    second = plugin.submit(case)
+    assert second == first
+    # A rejected job (a bad coda: directive) is always decided in Python.
+    assert plugin.calls == ((2 if rejected else 1) if gpu else 0)
+
+
+def test_an_answer_from_c_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> None:
+    case = {**CASES[0], "admin_comment": "from-lua"}
+    plugin.submit(case)
+    rc, fields, _cpt, said, _lines = plugin.submit(case, err_first="lua: hello")
+    assert plugin.calls == 1 and rc == 0
+    assert fields[WRITTEN.index("admin_comment")].startswith("from-lua coda:sig=")
+    assert said is not None
+    first, second = said.split("\n")
+    assert first == "lua: hello" and second.startswith("coda: --cpus-per-gpu=6")
+
+
+# One field of BASE changed at a time: each is a job C has not seen.
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("user_id", {"user_id": 1001}),
+    ("submit_uid", {"user_id": 0xFFFFFFFE, "submit_uid": 1002}),
+    ("cpus_per_task", {"cpus_per_task": 4}),
+    ("min_nodes", {"min_nodes": 1}),
+    ("num_tasks", {"num_tasks": 2}),
+    ("ntasks_per_node", {"ntasks_per_node": 2}),
+    ("name", {"name": "train2.sh"}),
+    ("partition", {"partition": "gpu"}),
+    ("tres_per_node", {"tres_per_node": "gres:gpu:1"}),
+    ("tres_per_job", {"tres_per_job": "gres:gpu:1"}),
+    ("tres_per_task", {"tres_per_task": "gres:gpu:1"}),
+    ("tres_per_socket", {"tres_per_socket": "gres:gpu:1"}),
+    ("cpus_per_tres", {"cpus_per_tres": "gres:gpu:3"}),
+    ("comment", {"comment": "coda:workload=weak"}),
+    # the same length, one byte different in the middle: a different signature
+    ("script", {"script": BASE["script"].replace("90", "91")}),
+    ("prefer", {"prefer": "nvme"}),
+    ("empty prefer", {"prefer": ""}),
+]
+
+
+def test_every_field_the_decision_reads_is_in_the_c_key(plugin: Plugin) -> None:
+    base = plugin.submit(BASE)
+    assert plugin.calls == 1
+    for label, change in VARIANTS:
+        before = plugin.calls
+        answer = plugin.submit({**BASE, **change})
+        assert plugin.calls == before + 1, f"{label}: answered from another job's plan"
+        again = plugin.submit({**BASE, **change})
+        assert again == answer, label
+        assert plugin.calls == before + 1 + (answer[0] != 0), label
+    # And the first job is still answered as it was.
+    calls = plugin.calls
+    assert plugin.submit(BASE) == base
+    assert plugin.calls == calls
+
+
+def test_a_script_changed_in_the_middle_gets_its_own_signature(plugin: Plugin) -> None:
+    a = plugin.submit({**BASE, "comment": ""})
+    b = plugin.submit({**BASE, "comment": "", "script": BASE["script"].replace("90", "91")})
+    assert plugin.calls == 2
+    sig_a = a[1][WRITTEN.index("admin_comment")].split()[0]
+    sig_b = b[1][WRITTEN.index("admin_comment")].split()[0]
+    assert sig_a != sig_b
+
+
+def test_a_store_change_stops_c_answering_with_the_old_profile(
+    plugin: Plugin, tmp_path: Path
+) -> None:
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
+    assert plugin.calls == 1
+    ProfileStore(tmp_path / "profiles").write(_profile("resnet50", 4))
+    _reload_tick()
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:4"
+    assert plugin.calls == 2
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:4"
+    assert plugin.calls == 2
+
+
+def test_a_conf_change_stops_c_answering_with_the_old_conf(plugin: Plugin, tmp_path: Path) -> None:
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
+    conf = tmp_path / "coda.conf"
+    conf.write_text(conf.read_text() + "MaxCpusPerGpu=3\n")
+    os.utime(conf, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    _reload_tick()
+    rc, fields, _cpt, said, _lines = plugin.submit(BASE)
+    assert rc == 0 and fields[0] == "gres:gpu:3"
+    assert said is not None and "capped at MaxCpusPerGpu=3" in said
+    assert plugin.calls == 2
+    assert plugin.submit(BASE)[1][0] == "gres:gpu:3"
+    assert plugin.calls == 2
+
+
+def test_jobs_answered_in_c_are_counted_and_journaled(plugin: Plugin, tmp_path: Path) -> None:
+    for job_id in (11, 12, 13):
+        assert plugin.submit({**BASE, "job_id": job_id})[1][0] == "gres:gpu:6"
+    plugin.submit({"num_tasks": 4})  # a CPU job: counted as a call, not a decision
+    assert plugin.calls == 1
+    # Nothing reaches the counters until the reloader drains C's records.
+    assert hook.drain_replays() == 3
+    stats = hook.current_state().stats
+    assert (stats.calls, stats.replayed, stats.gpu_jobs, stats.changed) == (4, 3, 3, 3)
+    assert len(stats.durations_ns) == 4 and all(d > 0 for d in stats.durations_ns)
+    hook._on_reload_tick()  # writes the stats file
+    written = json.loads((tmp_path / "stats.json").read_text())
+    assert (written["calls"], written["replayed"], written["changed"]) == (4, 3, 3)
+    plugin.lib.fini()  # flushes the journal
+    entries = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert [e["job_id"] for e in entries] == [11, 12, 13]
+    assert {e["action"] for e in entries} == {"set"}
+    assert {e["cpg"] for e in entries} == {6}
+    assert all(e["hook_us"] > 0 and e["fail_open"] is False for e in entries)
+    compiled_hook.start(plugin.ffi, plugin.lib)  # the fixture's fini() needs a live plugin
+
+
+def test_fast_path_off_sends_every_job_to_python(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = _start(compiled, tmp_path, monkeypatch, "HookFastPath=no\n")
+    plugin = next(gen)
+    try:
+        first = plugin.submit(BASE)
+        assert plugin.submit(BASE) == first
+        plugin.submit({"num_tasks": 4})
+        assert plugin.calls == 3
+    finally:
+        gen.close()
+
+
+def test_cpu_jobs_reach_python_when_their_skip_is_logged(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = _start(compiled, tmp_path, monkeypatch, "LogLevel=verbose\n")
+    plugin = next(gen)
+    try:
+        cpu = {"num_tasks": 4, "name": "cpu.sh"}
+        first = plugin.submit(cpu)
+        assert plugin.calls == 1
+        assert any("skip" in line for line in first[4]), first[4]
+        # From the second time on C answers it, with the same verbose line.
+        assert plugin.submit(cpu) == first
+        assert plugin.calls == 1
+    finally:
+        gen.close()
+
+
+def test_the_c_table_is_bounded_and_keeps_answering(plugin: Plugin) -> None:
+    jobs = [{**BASE, "name": f"j{i}.sh"} for i in range(4100)]
+    for job in jobs:
+        plugin.submit(job)
+    assert plugin.calls == 4100
+    # Emptied once when full (4,096 plans), as the Python memo is: the newest jobs are
+    # answered in C, the oldest are decided again, and the plans Python keeps for C's
+    # records do not grow past what C holds.
+    assert len(hook._c_plans) <= 8
+    plugin.submit(jobs[-1])
+    assert plugin.calls == 4100
+    plugin.submit(jobs[0])
+    assert plugin.calls == 4101
