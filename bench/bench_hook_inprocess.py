@@ -1,29 +1,29 @@
-"""In-process cost of slurm_plugin.hook.job_submit(): hot loop vs one call every 8 ms.
+"""In-process cost of job_submit/coda's job_submit(): hot loop vs one call every 8 ms.
 
 Two ways to reach the hook (``--ffi``):
 
 * ``compiled`` (default): the plugin's own cffi module (``slurm_plugin._job_submit``, built by
-  setup.py) with its C helpers, called through its C entry point ``coda_py_submit`` as
-  slurmctld calls it.  The few slurmctld functions the module needs (``slurm_info``,
-  ``slurm_xstrdup``, ...) come from a small stand-in library compiled here with ``cc``.
+  setup.py), started with its ``init()`` and called through its ``job_submit()`` as slurmctld
+  calls them.  The few slurmctld functions the module needs (``slurm_info``,
+  ``slurm_xstrdup``, ...) come from a small stand-in library (tests/compiled_hook.py,
+  compiled with ``cc``).  It runs twice per round, alternately: ``HookFastPath=yes`` (a
+  repeated job is answered by the C side) and ``HookFastPath=no`` (every job enters Python).
 * ``double``: the struct double and Python helpers of tests/test_hook.py (no compiler
   needed; its cffi FFI and Python ``coda_replace_str`` cost more than the compiled ones).
 
 ``--sections`` adds, for the cold pattern, the time of each step of a repeated GPU job
-(the memo hits), timed one by one from outside the hook.
+(the memo hits, in Python), timed one by one from outside the hook.
 
-    .venv/bin/python bench/bench_hook_inprocess.py [--calls 2000] [--ffi double] [--sections]
+    .venv/bin/python bench/bench_hook_inprocess.py [--calls 2000] [--rounds 2] [--ffi double]
+        [--sections]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import itertools
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,28 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurm_plugin import hook
 from slurm_plugin.store import Profile, ProfileStore
-
-# What job_submit_coda.so takes from slurmctld, for a process that is not slurmctld.
-_SLURMCTLD_STANDIN = r"""
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-static FILE *sink;
-static void out(const char *fmt, va_list ap)
-{
-	if (!sink)
-		sink = fopen("/dev/null", "w");
-	vfprintf(sink, fmt, ap);
-	fputc('\n', sink);
-}
-void slurm_xfree(void **item) { free(*item); *item = NULL; }
-char *slurm_xstrdup(const char *s) { return s ? strdup(s) : NULL; }
-void slurm_error(const char *f, ...) { va_list ap; va_start(ap, f); out(f, ap); va_end(ap); }
-void slurm_info(const char *f, ...) { va_list ap; va_start(ap, f); out(f, ap); va_end(ap); }
-void slurm_verbose(const char *f, ...) { va_list ap; va_start(ap, f); out(f, ap); va_end(ap); }
-void slurm_debug(const char *f, ...) { va_list ap; va_start(ap, f); out(f, ap); va_end(ap); }
-"""
+from tests import compiled_hook
 
 
 class Harness:
@@ -66,24 +45,12 @@ class Harness:
         self.kind = kind
         self.keep: list[Any] = []
         if kind == "compiled":
-            cc = shutil.which("cc")
-            if cc is None:
-                raise SystemExit("bench: no C compiler (cc) for --ffi compiled; use --ffi double")
-            standin = tmp / "slurmctld_standin.so"
-            (tmp / "standin.c").write_text(_SLURMCTLD_STANDIN)
-            subprocess.run(
-                [cc, "-O2", "-shared", "-fPIC", "-o", str(standin), str(tmp / "standin.c")],
-                check=True,
-            )
-            ctypes.CDLL(str(standin), mode=os.RTLD_GLOBAL)
             try:
-                from slurm_plugin._job_submit import ffi, lib
-            except ImportError as exc:
+                self.ffi, self.lib = compiled_hook.load(tmp / "standin")
+            except compiled_hook.Unavailable as exc:
                 raise SystemExit(
-                    f"bench: cannot load the compiled plugin module ({exc}); build it with "
-                    "scripts/setup, or use --ffi double"
+                    f"bench: {exc}; build it with scripts/setup, or use --ffi double"
                 ) from exc
-            self.ffi, self.lib = ffi, lib
         else:
             from tests.test_hook import FakeLib, ffi
 
@@ -91,21 +58,23 @@ class Harness:
 
     def init(self) -> int:
         if self.kind == "compiled":
-            # The module's embedding init code binds the hook to this ffi/lib.
-            return int(self.lib.coda_py_init())
+            compiled_hook.start(self.ffi, self.lib)  # raises if the plugin did not start
+            return 1
         hook.bind(self.ffi, self.lib)
         return hook.plugin_init()
 
     def fini(self) -> None:
         if self.kind == "compiled":
-            self.lib.coda_py_fini()
+            self.lib.fini()
         else:
             hook.plugin_fini()
 
     def submit_fn(self) -> Callable[[Any, int, Any], int]:
-        return self.lib.coda_py_submit if self.kind == "compiled" else hook.job_submit
+        return self.lib.job_submit if self.kind == "compiled" else hook.job_submit
 
     def desc(self, **strings: str) -> Any:
+        if self.kind == "compiled":  # strings from the stand-in's allocator, as slurmctld's
+            return compiled_hook.new_desc(self.ffi, self.lib, **strings)
         ffi, lib = self.ffi, self.lib
         desc = ffi.new("job_desc_msg_t *")
         desc.cpus_per_task = lib.NO_VAL16
@@ -192,6 +161,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profiles", type=int, default=10_000)
     parser.add_argument("--ffi", choices=("compiled", "double"), default="compiled")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sections", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="coda-bench-"))
@@ -212,13 +182,48 @@ def main() -> int:
                 source="bench",
             )
         )
-    # The decision journal is on, as in production (a local file, flushed once a second).
-    (root / "coda.conf").write_text(
-        f"ProfileStore={store.root}\nHookStatsFile=\nDecisionJournal={root / 'decisions.jsonl'}\n"
-    )
     (root / "slurm.conf").write_text("NodeName=g1 CPUs=32 Gres=gpu:4\n")
     os.environ["CODA_CONF"] = str(root / "coda.conf")
-    assert h.init() == 1
+    # compiled: HookFastPath=yes and =no alternately; double: the Python hook only.
+    configs = ["yes", "no"] if args.ffi == "compiled" else ["-"]
+    samples: dict[tuple[str, str], list[float]] = {}
+    round_p50: dict[tuple[str, str], list[float]] = {}
+    steps: list[tuple[str, float]] = []
+    for rnd in range(args.rounds):
+        for fast in configs:
+            # The decision journal is on, as in production (a local file, flushed once a
+            # second).
+            (root / "coda.conf").write_text(
+                f"ProfileStore={store.root}\nHookStatsFile=\n"
+                f"DecisionJournal={root / 'decisions.jsonl'}\n"
+                + (f"HookFastPath={fast}\n" if fast != "-" else "")
+            )
+            assert h.init() == 1
+            for pattern, times in measure(h, args.calls, f"r{rnd}").items():
+                samples.setdefault((fast, pattern), []).extend(times)
+                round_p50.setdefault((fast, pattern), []).append(statistics.median(times))
+            if args.sections and fast in ("no", "-") and not steps:
+                steps = sections(h, args.calls // 10)
+            h.fini()
+    q = statistics.quantiles
+    out = f"ffi: {args.ffi}, {args.rounds} rounds\n"
+    out += "| HookFastPath | call pattern | calls | p50 µs | p99 µs | p50 of each round |\n"
+    out += "|---|---|--:|--:|--:|---|\n"
+    for (fast, pattern), times in samples.items():
+        rounds = ", ".join(f"{v:.1f}" for v in round_p50[(fast, pattern)])
+        out += (
+            f"| {fast} | {pattern} | {len(times)} | {statistics.median(times):.1f} | "
+            f"{q(times, n=100)[98]:.1f} | {rounds} |\n"
+        )
+    if steps:
+        out += "\n| step of a memo hit in Python, cold | p50 µs |\n|---|--:|\n"
+        out += "".join(f"| {name} | {us:.1f} |\n" for name, us in steps)
+    sys.stdout.write(out)
+    return 0
+
+
+def measure(h: Harness, calls: int, tag: str) -> dict[str, list[float]]:
+    """µs per call: back to back, cold, and cold with a name never seen (memo miss)."""
     submit = h.submit_fn()
 
     def one(name: str = JOB["name"]) -> float:
@@ -230,35 +235,22 @@ def main() -> int:
         assert h.ffi.string(desc.cpus_per_tres) == b"gres:gpu:6"
         return elapsed
 
-    hot = [one() for _ in range(args.calls)]
+    hot = [one() for _ in range(calls)]
     cold = []
-    for _ in range(args.calls // 10):
+    for _ in range(calls // 10):
         evict()
         cold.append(one())
     # A job name never seen before: the memo misses and decide() runs (the first job of
     # each workload, or every job where each submission differs).
     miss = []
-    for i in range(args.calls // 10):
+    for i in range(calls // 10):
         evict()
-        miss.append(one(f"new{i}.sh"))
-    steps = sections(h, args.calls // 10) if args.sections else []
-    h.fini()
-    q = statistics.quantiles
-    out = (
-        f"ffi: {args.ffi}\n"
-        f"| call pattern | calls | p50 µs | p99 µs |\n|---|--:|--:|--:|\n"
-        f"| back to back (hot) | {len(hot)} | {statistics.median(hot):.1f} | "
-        f"{q(hot, n=100)[98]:.1f} |\n"
-        f"| one every 8 ms, caches evicted (cold) | {len(cold)} | "
-        f"{statistics.median(cold):.1f} | {q(cold, n=100)[98]:.1f} |\n"
-        f"| one every 8 ms, caches evicted, new job name each time (cold, memo miss) | "
-        f"{len(miss)} | {statistics.median(miss):.1f} | {q(miss, n=100)[98]:.1f} |\n"
-    )
-    if steps:
-        out += "\n| step of a memo hit, cold | p50 µs |\n|---|--:|\n"
-        out += "".join(f"| {name} | {us:.1f} |\n" for name, us in steps)
-    sys.stdout.write(out)
-    return 0
+        miss.append(one(f"new-{tag}-{i}.sh"))
+    return {
+        "back to back (hot)": hot,
+        "one every 8 ms, caches evicted (cold)": cold,
+        "cold, new job name each time (memo miss)": miss,
+    }
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Benchmark of submission latency: no job_submit plugin vs job_submit/lua vs job_submit/coda.
 
 Run as root: ``.venv/bin/python bench/bench_submit.py [--jobs 200] [--parallel 16]
-[--profiles 10000] [--out results.json]``
+[--profiles 10000] [--unique] [--out results.json]``
 
-Three private one-node clusters (:class:`slurm_plugin.devcluster.DevCluster`) run side by
-side, identical except for ``JobSubmitPlugins``:
+Four private one-node clusters (:class:`slurm_plugin.devcluster.DevCluster`) run side by
+side, identical except for ``JobSubmitPlugins`` (and coda.conf's ``HookFastPath``):
 
 * ``none``: no job_submit plugin;
 * ``lua``: job_submit/lua running ``bench/job_submit.lua`` (copied beside slurm.conf, where
@@ -12,13 +12,20 @@ side, identical except for ``JobSubmitPlugins``:
   does: set ``cpus_per_tres``, append to ``admin_comment``, one log line, one user message;
 * ``coda``: job_submit/coda with ``--profiles`` profiles in its store (one of them the
   ``resnet50`` profile the jobs use), ``HookStatsFile=`` set so the hook writes its own
-  in-hook timings (p50/p99) at every reload tick.
+  in-hook timings (p50/p99) at every reload tick; ``HookFastPath=yes`` (the default), so
+  a job identical to one already decided is answered by the plugin's C side;
+* ``coda-b``: the same with ``HookFastPath=no`` (every GPU job enters Python), or with the
+  coda.conf lines given by ``--coda-b-conf`` (``;``-separated), for other A/B comparisons.
+
+With ``--unique`` every job has a script of its own (``--wrap`` with a job number), so no
+job repeats an earlier one: coda's first-submission cost.  Without it every job is the
+same, as resubmissions of one script are.
 
 Every job is ``sbatch --hold --gpus=1 --comment=coda:workload=resnet50 script`` (held, so
 nothing runs and only submission is measured). Phase 1 submits ``--jobs`` jobs per cluster
 one at a time, round-robin across the clusters (the order rotates every round, so machine
-noise and position effects hit all three equally); phase 2 submits ``--jobs`` more per
-cluster from ``--parallel`` worker threads per cluster, the three queues filled interleaved.
+noise and position effects hit all four equally); phase 2 submits ``--jobs`` more per
+cluster from ``--parallel`` worker threads per cluster, the four queues filled interleaved.
 The time of one job is the wall clock of its ``sbatch`` client process (fork/exec, munge
 credential, RPC, slurmctld's job_submit and job creation, reply). Jobs are checked after
 each phase (``scontrol -o show job``: ``CpusPerTres=gres:gpu:N`` on the lua and coda
@@ -27,7 +34,7 @@ clusters, not on the plain one) and then cancelled, so the queue stays small.
 Besides the client wall clock, each phase reports slurmctld's own mean time for
 REQUEST_SUBMIT_BATCH_JOB (``sdiag``, reset before the phase): the server side only, without
 the client's fork/exec and munge noise. The bootstrap intervals of the ratios resample
-rounds in pairs and assume independent rounds; ``--aa`` (all three clusters without a
+rounds in pairs and assume independent rounds; ``--aa`` (all four clusters without a
 plugin) shows how far identical clusters disagree on this machine.
 
 The clusters are always torn down (also on Ctrl-C or SIGTERM); ``--keep`` keeps the
@@ -37,6 +44,7 @@ directory with the configs and logs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -52,7 +60,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -61,8 +69,18 @@ from slurm_plugin.conf import load_config
 from slurm_plugin.devcluster import DevCluster, DevClusterError, parse_scontrol_line
 from slurm_plugin.store import Profile, ProfileStore, Sample
 
-CONFIGS = ("none", "lua", "coda")
-PLUGINS = {"none": "", "lua": "lua", "coda": "coda"}
+CONFIGS = ("none", "lua", "coda", "coda-b")
+PLUGINS = {"none": "", "lua": "lua", "coda": "coda", "coda-b": "coda"}
+CODA_B_CONF = "HookFastPath=no"
+"""coda.conf lines of the ``coda-b`` cluster unless ``--coda-b-conf`` says otherwise."""
+CODA_CONFIGS = ("coda", "coda-b")
+RATIOS = (
+    ("coda", "none"),
+    ("lua", "none"),
+    ("coda", "lua"),
+    ("coda-b", "none"),
+    ("coda", "coda-b"),
+)
 WORKLOAD = "resnet50"
 LUA_TEMPLATE = Path(__file__).resolve().parent / "job_submit.lua"
 LUA_MARKER = "--@@CPUS_PER_GPU_ENTRIES@@"
@@ -92,9 +110,16 @@ class BenchCluster:
     name: str
     cluster: DevCluster
     script: Path = Path()
+    unique: bool = False
+    """Every job a script of its own (``--wrap`` with a number never used before)."""
+    submitted: itertools.count = field(default_factory=itertools.count)
 
     def submit(self, index: int, extra_args: Sequence[str]) -> Submission:
-        argv = ["sbatch", "--parsable", *extra_args, str(self.script)]
+        if self.unique:
+            job = ["--wrap", f"sleep 1 # coda bench job {next(self.submitted)}"]
+        else:
+            job = [str(self.script)]
+        argv = ["sbatch", "--parsable", *extra_args, *job]
         start = time.perf_counter()
         proc = self.cluster.run(argv, check=False, timeout_s=SBATCH_TIMEOUT_S)
         elapsed = time.perf_counter() - start
@@ -364,7 +389,7 @@ def ctld_log_facts(bc: BenchCluster) -> dict[str, Any]:
             ln for ln in text.splitlines() if "job_submit" in ln and "error" in ln.lower()
         ][:10],
     }
-    if bc.name == "coda":
+    if bc.name in CODA_CONFIGS:
         for line in text.splitlines():
             m = _ACTIVE_RE.search(line)
             if m:
@@ -416,7 +441,7 @@ def analyse(phases: dict[str, list[Submission]], seed: int) -> dict[str, Any]:
                 failed[s.config] += 1
         stats = {c: {**summarize(by[c]), "failed": failed[c]} for c in CONFIGS if by[c]}
         ratios: dict[str, Any] = {}
-        for num, den in (("coda", "none"), ("lua", "none"), ("coda", "lua")):
+        for num, den in RATIOS:
             if num not in stats or den not in stats:
                 continue
             med = stats[num]["median_ms"] / stats[den]["median_ms"]
@@ -447,7 +472,7 @@ def markdown(report: dict[str, Any]) -> str:
     )
     if report["args"].get("aa"):
         lines.append(
-            "**A/A calibration**: no job_submit plugin on any of the three clusters; the "
+            "**A/A calibration**: no job_submit plugin on any of the four clusters; the "
             "names only label the clusters.\n"
         )
     for phase, data in report["phases"].items():
@@ -476,14 +501,23 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             "**server side** (slurmctld's sdiag: mean time of REQUEST_SUBMIT_BATCH_JOB, µs)\n"
         )
-        lines.append("| phase | none | lua | coda | coda/none | lua/none | coda/lua |")
-        lines.append("|---|--:|--:|--:|--:|--:|--:|")
+        lines.append(
+            "| phase | "
+            + " | ".join(CONFIGS)
+            + " | "
+            + " | ".join(f"{a}/{b}" for a, b in RATIOS)
+            + " | "
+            + " | ".join(f"{c} - none" for c in CONFIGS[1:])
+            + " |"
+        )
+        lines.append("|---|" + "--:|" * (2 * len(CONFIGS) - 1 + len(RATIOS)))
         for phase, per in rpc.items():
             ave = {c: (per.get(c) or {}).get("ave_us") for c in CONFIGS}
             cells = [f"{ave[c]} (n={(per.get(c) or {}).get('count')})" for c in CONFIGS]
-            ratios = [
-                f"{ave[a] / ave[b]:.3f}" if ave[a] and ave[b] else "-"
-                for a, b in (("coda", "none"), ("lua", "none"), ("coda", "lua"))
+            ratios = [f"{ave[a] / ave[b]:.3f}" if ave[a] and ave[b] else "-" for a, b in RATIOS]
+            ratios += [
+                f"{ave[c] - ave['none']:+.0f}" if ave[c] and ave["none"] else "-"
+                for c in CONFIGS[1:]
             ]
             lines.append(f"| {phase} | {' | '.join(cells)} | {' | '.join(ratios)} |")
         lines.append("")
@@ -493,14 +527,16 @@ def markdown(report: dict[str, Any]) -> str:
             "**in-hook time** (job_submit/coda's own counters, HookStatsFile; cumulative)\n"
         )
         lines.append(
-            "| counters up to the end of | profiles | calls | changed | fail_open | over_budget "
-            "| p50 | p99 | max |"
+            "| cluster | counters up to the end of | profiles | calls | answered in C | changed "
+            "| fail_open | over_budget | p50 | p99 | max |"
         )
-        lines.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
-        for phase, hook in by_phase.items():
+        lines.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for key, hook in by_phase.items():
+            name, phase = key.split(" ", 1)
             label = "warm-up + sequential" if phase == "sequential" else f"all ({phase})"
             lines.append(
-                f"| {label} | {hook.get('profiles')} | {hook.get('calls')} | "
+                f"| {name} | {label} | {hook.get('profiles')} | {hook.get('calls')} | "
+                f"{hook.get('replayed', '-')} | "
                 f"{hook.get('changed')} | {hook.get('fail_open')} | {hook.get('over_budget')} | "
                 f"{_us(hook.get('p50_us'))} | {_us(hook.get('p99_us'))} | "
                 f"{_us(hook.get('max_us'))} |"
@@ -564,8 +600,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--aa",
         action="store_true",
-        help="A/A calibration: start all three clusters without a job_submit plugin; the "
+        help="A/A calibration: start all four clusters without a job_submit plugin; the "
         "ratios then show the bias and noise between identical clusters",
+    )
+    p.add_argument(
+        "--coda-b-conf",
+        default=CODA_B_CONF,
+        help=f"coda.conf lines (;-separated) of the coda-b cluster (default: {CODA_B_CONF})",
+    )
+    p.add_argument(
+        "--unique",
+        action="store_true",
+        help="give every job a script of its own, so none repeats an earlier one (coda's "
+        "first-submission cost; without it every job is the same)",
     )
     p.add_argument("--keep", action="store_true", help="keep the cluster directory")
     p.add_argument("--out", type=Path, default=None, help="also write JSON results here")
@@ -594,13 +641,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             cl = DevCluster(
                 root / name,
                 job_submit_plugins="" if args.aa else PLUGINS[name],
+                coda_conf_extra=(
+                    "".join(f"{line.strip()}\n" for line in args.coda_b_conf.split(";"))
+                    if name == "coda-b"
+                    else ""
+                ),
             )
-            clusters.append(BenchCluster(name, cl))
-        coda = clusters[2].cluster
-        print(f"writing {len(names)} profiles into {coda.profile_store} ...", file=sys.stderr)
-        write_s = write_profiles(coda.profile_store, names, values)
-        print(f"  done in {write_s:.1f} s", file=sys.stderr)
-        lua = clusters[1].cluster
+            clusters.append(BenchCluster(name, cl, unique=args.unique))
+        by_name = {bc.name: bc.cluster for bc in clusters}
+        coda = by_name["coda"]
+        write_s = 0.0
+        for name in CODA_CONFIGS:
+            store = by_name[name].profile_store
+            print(f"writing {len(names)} profiles into {store} ...", file=sys.stderr)
+            write_s = write_profiles(store, names, values)
+            print(f"  done in {write_s:.1f} s", file=sys.stderr)
+        lua = by_name["lua"]
         lua.etc.mkdir(parents=True, exist_ok=True)
         write_lua_script(lua.etc / "job_submit.lua", names, values)
 
@@ -611,7 +667,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             bc.script = bc.cluster.root / "tmp" / "bench-job.sh"
             bc.script.write_text(JOB_SCRIPT)
         coda_cfg = load_config(coda.coda_conf)  # what the plugin itself read
-        stats_file: Path | None = None if args.aa else coda_cfg.hook_stats_file
+        stats_files: dict[str, Path] = (
+            {}
+            if args.aa or coda_cfg.hook_stats_file is None
+            else {
+                name: path
+                for name in CODA_CONFIGS
+                if (path := load_config(by_name[name].coda_conf).hook_stats_file) is not None
+            }
+        )
         if coda_cfg.reload_interval_s != 1.0:
             print(
                 f"warning: coda.conf has ReloadIntervalS={coda_cfg.reload_interval_s:g}",
@@ -657,14 +721,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     bc, mine, args.cpus_per_gpu, rewritten=bc.name != "none" and not args.aa
                 )
                 cancel_all(bc, mine)
-            if stats_file is not None:
-                # Cumulative counters: after the sequential phase they cover the warm-up and
-                # that phase only; after the parallel phase, everything.
-                calls = args.warmup + len(phases) * args.jobs
-                hook_by_phase[phase] = read_hook_stats(stats_file, calls)
+            # Cumulative counters: after the sequential phase they cover the warm-up and
+            # that phase only; after the parallel phase, everything.
+            calls = args.warmup + len(phases) * args.jobs
+            for name, stats_file in stats_files.items():
+                hook_by_phase[f"{name} {phase}"] = read_hook_stats(stats_file, calls)
             time.sleep(2.0)  # let the controllers write their state before the next phase
 
-        hook = hook_by_phase.get(f"parallel x{args.parallel}")
+        hook = hook_by_phase.get(f"coda parallel x{args.parallel}")
         report: dict[str, Any] = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -676,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_rpc": server_rpc,
             "hook_stats": hook,
             "hook_stats_by_phase": hook_by_phase,
-            "hook_stats_file": str(stats_file) if stats_file is not None else None,
+            "hook_stats_files": {name: str(path) for name, path in stats_files.items()},
             "checks": checks,
             "ctld_log": {bc.name: ctld_log_facts(bc) for bc in clusters},
         }
