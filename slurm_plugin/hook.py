@@ -1,7 +1,7 @@
 """job_submit/coda: the Python side of the plugin, running inside slurmctld.
 
-slurmctld calls ``job_submit()`` for every new job while it holds the job write
-lock, so this path does no I/O: the profile store and coda.conf are reloaded by a
+slurmctld calls ``job_submit()`` for every new job while it holds its job locks, so
+this path does no I/O: the profile store and coda.conf are reloaded by a
 background thread (:class:`slurm_plugin.store.Reloader`) and the hook reads an
 immutable snapshot. The decision itself is :func:`slurm_plugin.policy.decide`, a
 pure function tested by tables; this module only moves data between the C struct
@@ -77,6 +77,9 @@ _c_plans: dict[int, tuple[Plan, bool]] = {}
 """plan id -> (plan, whether the call counts as a GPU decision) for C's records."""
 _c_ids = itertools.count(1)
 _C_DRAIN_BATCH = 1024
+_C_PLANS_MAX = 4 * MEMO_MAX_ENTRIES
+"""Plans kept for C's records before the table is emptied and they are forgotten (C empties
+its full table on its own, leaving the plans it dropped here until then)."""
 _c_buf: Any = None
 
 
@@ -317,10 +320,12 @@ def _c_reset_locked(state: HookState) -> int:
     return gen
 
 
-def _c_put(desc: Any, submit_uid: int, gen: int, plan: Plan, log_level: int) -> None:
+def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: HookState) -> None:
     """Hand ``plan`` to the C table for jobs with ``desc``'s key (before it is applied:
     the key is what the user submitted).  C then does what :func:`job_submit` does for
     this plan: a GPU decision writes and counts; a skip writes only a route."""
+    gen = memo.c_gen
+    log_level = state.log_level
     decision = plan.decision
     counted = not (decision.action == "skip" and decision.admin_comment is None)
     writes = counted or plan.partition is not None
@@ -344,11 +349,13 @@ def _c_put(desc: Any, submit_uid: int, gen: int, plan: Plan, log_level: int) -> 
     )
     if rc == 0 or rc == 3:  # refused, or a plan for this key is there already
         _c_plans.pop(plan_id, None)
-    elif rc == 2:  # C emptied its full table: only this plan is left there
+    elif len(_c_plans) > _C_PLANS_MAX:
+        # C emptied its full table (rc 2) often enough that the plans it dropped pile up
+        # here: start a new generation, which forgets them all safely (submissions may run
+        # concurrently, so the plans of one emptying cannot be told apart here).
         with _c_lock:
-            _drain_locked(_state)
-            for old_id in [i for i in _c_plans if i < plan_id]:
-                del _c_plans[old_id]
+            if state is _state and memo is state.memo and memo.c_gen == gen:
+                memo.c_gen = _c_reset_locked(state)
 
 
 def drain_replays() -> int:
@@ -826,7 +833,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             # so neither counted nor journaled (coda-slurm status is about GPU jobs' cores).
             # Only the route is written and said at info (make_plan set the level).
             if memo.c_gen:
-                _c_put(desc, submit_uid, memo.c_gen, plan, state.log_level)
+                _c_put(desc, submit_uid, memo, plan, state)
             if plan.partition is not None:
                 _apply(desc, plan, err_msg)
             if plan.log_level <= state.log_level:
@@ -843,7 +850,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
             return _SUCCESS
         if memo.c_gen:
-            _c_put(desc, submit_uid, memo.c_gen, plan, state.log_level)
+            _c_put(desc, submit_uid, memo, plan, state)
         _apply(desc, plan, err_msg)
         if plan.cpus_per_tres is not None:
             stats.changed += 1

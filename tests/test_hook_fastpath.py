@@ -290,10 +290,26 @@ def test_the_c_table_is_bounded_and_keeps_answering(plugin: Plugin) -> None:
         plugin.submit(job)
     assert plugin.calls == 4100
     # Emptied once when full (4,096 plans), as the Python memo is: the newest jobs are
-    # answered in C, the oldest are decided again, and the plans Python keeps for C's
-    # records do not grow past what C holds.
-    assert len(hook._c_plans) <= 8
+    # answered in C, the oldest are decided again.
     plugin.submit(jobs[-1])
     assert plugin.calls == 4100
     plugin.submit(jobs[0])
     assert plugin.calls == 4101
+    assert len(hook._c_plans) <= hook._C_PLANS_MAX + 1
+
+
+def test_plans_kept_for_c_records_stay_bounded(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hook, "_C_PLANS_MAX", 10)
+    jobs = [{**BASE, "name": f"k{i}.sh"} for i in range(25)]
+    for job in jobs:
+        plugin.submit(job)
+    assert len(hook._c_plans) <= 11
+    # Still correct and still answered in C once handed over again.
+    first = plugin.submit(jobs[-1])
+    calls = plugin.calls
+    assert plugin.submit(jobs[-1]) == first
+    assert plugin.calls == calls
+    assert hook.drain_replays() >= 1
+    assert hook.current_state().stats.changed == plugin.calls + hook.current_state().stats.replayed
