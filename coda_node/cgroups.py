@@ -24,6 +24,7 @@ Steps are named ``batch``, ``extern``, ``interactive``, ``<n>``, or ``<n>+<het c
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import re
@@ -378,10 +379,12 @@ class SubdirCache:
     while another starts between two ticks leaves the count unchanged; the ended step's
     directory is then gone when stat'ed or read, and :func:`list_jobs` reads that job again
     without the cache. A file rewritten in a directory that stayed (someone narrowed a
-    step's cpuset behind the daemon's back) is seen when the whole cache is dropped, every
-    ``refresh_every`` passes; the enforcer reads a settled job's cpusets in full on the same
-    period (``enforce.VERIFY_EVERY_TICKS``), whatever the sample showed. Directories not
-    seen in a pass are forgotten. It also keeps the Path of each directory (:meth:`path`).
+    step's cpuset behind the daemon's back) is seen when the job is read afresh, once
+    every ``refresh_every`` passes (:meth:`fresh`); the enforcer reads a settled job's
+    cpusets in full on the same period (``enforce.VERIFY_EVERY_TICKS``), whatever the
+    sample showed. Each job has its own pass in the period, so the jobs' fresh reads are
+    spread over it rather than all made in one pass. Directories not seen in a pass are
+    forgotten. It also keeps the Path of each directory (:meth:`path`).
     """
 
     def __init__(self, refresh_every: int = 10) -> None:
@@ -392,21 +395,46 @@ class SubdirCache:
         """This pass's (st_ino, st_nlink) of each directory looked at."""
         self._passes = 0
         self._paths: dict[str, Path] = {}
+        self._old_paths: dict[str, Path] = {}
+        """The previous period's Paths: one not asked for in a whole period is let go."""
+        self._phase: dict[str, int] = {}
+        """Job directory -> the pass, modulo ``refresh_every``, that reads it afresh."""
+        self._tops: set[str] = set()
+        """The job directories :meth:`fresh` was asked about in this pass."""
 
     def new_pass(self) -> None:
         """Called once per tick before the jobs are read."""
         self._passes += 1
+        seen = self._stats
+        for path in [p for p in self._entries if p not in seen]:
+            del self._entries[path]
+        for key in [k for k in self._values if k[0] not in seen]:
+            del self._values[key]
+        for top in [t for t in self._phase if t not in self._tops]:
+            del self._phase[top]
         if self._passes % self.refresh_every == 0:
-            self._entries.clear()
-            self._values.clear()
-            self._paths.clear()
-        else:
-            seen = self._stats
-            for path in [p for p in self._entries if p not in seen]:
-                del self._entries[path]
-            for key in [k for k in self._values if k[0] not in seen]:
-                del self._values[key]
+            self._old_paths, self._paths = self._paths, {}
         self._stats = {}
+        self._tops = set()
+
+    def fresh(self, top: str) -> bool:
+        """Whether this pass reads job directory ``top`` afresh (lists and reads it
+        without what is kept, and keeps the new readings): on one pass in every
+        ``refresh_every``, the job's own. A job seen for the first time gets the pass
+        fewest jobs have, so jobs that start together, or that the daemon starts
+        limiting together, are spread evenly whatever their ids."""
+        self._tops.add(top)
+        phase = self._phase.get(top)
+        if phase is None:
+            load = [0] * self.refresh_every
+            for other in self._phase.values():
+                load[other] += 1
+            now = self._passes % self.refresh_every
+            # On a tie, the latest pass: a job just listed in full is not read afresh at
+            # once (its first pass is this one, a full period before the next).
+            order = [(now - k) % self.refresh_every for k in range(self.refresh_every)]
+            phase = self._phase[top] = min(order, key=load.__getitem__)
+        return self._passes % self.refresh_every == phase
 
     def forget(self, top: str) -> None:
         """Drop ``top`` and everything below it."""
@@ -424,7 +452,10 @@ class SubdirCache:
         key = f"{os.fspath(parent)}/{name}"
         hit = self._paths.get(key)
         if hit is None:
-            hit = self._paths[key] = parent / name
+            hit = self._old_paths.get(key)
+            if hit is None:
+                hit = parent / name
+            self._paths[key] = hit
         return hit
 
     def _stat(self, path: str) -> tuple[int, int]:
@@ -434,7 +465,9 @@ class SubdirCache:
         hit = self._stats[path] = (st.st_ino, st.st_nlink)
         return hit
 
-    def subdirs(self, path: str) -> list[str]:
+    def subdirs(self, path: str, *, fresh: bool = False) -> list[str]:
+        """The subdirectories of ``path``, listed again when its link count changed (or
+        with ``fresh``)."""
         try:
             _, nlink = self._stat(path)
         except OSError as exc:
@@ -443,19 +476,19 @@ class SubdirCache:
                 return []
             raise CgroupReadError(Path(path), exc.errno or 0, exc.strerror or str(exc)) from exc
         hit = self._entries.get(path)
-        if hit is not None and hit[0] == nlink:
+        if hit is not None and hit[0] == nlink and not fresh:
             return hit[1]
         names = _subdirs(path)
         self._entries[path] = (nlink, names)
         return names
 
-    def value(self, path: str, what: str, read: Callable[[str], _V]) -> _V:
-        """``read(path)``, kept as ``what`` while ``path`` is the same directory; raises
-        the OSError of the stat or the read when it is gone. The directory's stat from
-        :meth:`subdirs` in this pass is used when there is one."""
+    def value(self, path: str, what: str, read: Callable[[str], _V], *, fresh: bool = False) -> _V:
+        """``read(path)``, kept as ``what`` while ``path`` is the same directory (read
+        again with ``fresh``); raises the OSError of the stat or the read when it is gone.
+        The directory's stat from :meth:`subdirs` in this pass is used when there is one."""
         ino, _ = self._stats.get(path) or self._stat(path)
         hit = self._values.get((path, what))
-        if hit is not None and hit[0] == ino:
+        if hit is not None and hit[0] == ino and not fresh:
             return hit[1]  # type: ignore[return-value]
         value = read(path)
         self._values[(path, what)] = (ino, value)
@@ -662,7 +695,14 @@ def list_jobs(
         if cache is None or want == "cpus":
             job = _read_job(layout, job_id, uid, job_dir, detail=want)
         else:
-            walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
+            if cache.fresh(os.fspath(job_dir)):
+                walk = _Walk(
+                    listing=functools.partial(cache.subdirs, fresh=True),
+                    join=cache.path,
+                    value=functools.partial(cache.value, fresh=True),
+                )
+            else:
+                walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
             job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
             if walk.gone:
                 # Something listed from the cache had gone: a step ended, and another may
@@ -679,6 +719,19 @@ def read_job(layout: CgroupLayout, job: CgroupJob, detail: Detail = "tasks") -> 
     """``job`` read again to ``detail`` (a job listed with less); None when it ended
     meanwhile."""
     return _read_job(layout, job.job_id, job.uid, job.path, detail=detail)
+
+
+def job_tasks(layout: CgroupLayout, job: CgroupJob) -> tuple[int, ...] | None:
+    """The tasks of ``job``'s whole subtree now, as :func:`read_job` gives them (v1: thread
+    ids from ``tasks``; v2: process ids from ``cgroup.procs``; deduplicated, sorted), but
+    without reading any directory's CPUs or mems; None when the job ended. For a caller that
+    needs only the tasks of a job listed with less (the bandwidth monitor's thread re-read):
+    5 reads of the fixture's 10 for a job with three steps."""
+    version = 2 if layout.version == 2 else 1
+    pids = _subtree_pids(job.path, _PIDS_FILE[version])
+    if not os.path.isdir(job.path):
+        return None
+    return pids
 
 
 def _thread_cpu_ticks(root: SystemRoot, tid: int) -> int | None:

@@ -354,11 +354,13 @@ class Daemon:
             return (ch.rdt_group or "") if ch is not None else ""
 
         def tids(job_id: int) -> list[int] | None:
-            cg: CgroupJob | None = cg_jobs[job_id]
-            if cg is not None and cg.detail != "tasks":  # listed without its tasks this tick
-                cg = cgroups.read_job(self.layout, cg)
+            cg = cg_jobs[job_id]
+            pids: tuple[int, ...] | None = cg.pids
+            if cg.detail != "tasks":  # listed without its tasks this tick
+                # Only the tasks files: the monitor needs no CPUs or mems of the job.
+                pids = cgroups.job_tasks(self.layout, cg)
             # The same thread ids the enforcer moves into its MB groups.
-            return self.enforcer.tids(cg) if cg is not None else None
+            return self.enforcer.thread_ids(pids) if pids is not None else None
 
         monitor.sync(self._clock(), cpu_jobs, ctrl_group_of, tids)
 

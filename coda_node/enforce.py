@@ -37,14 +37,15 @@ MECHANISMS = ("cpuset", "quota", "rdt")
 _RDT_CLASS = re.compile(r"coda_(?:mb(\d+)(?:_l3w(\d+))?|l3w(\d+))")
 
 VERIFY_EVERY_TICKS = 10
-"""A job's cpuset or CPU quota found exactly as wanted is read again in full only every
-this many ticks while the sampler sees the job unchanged (same CPUs, steps and, for a
-quota, tasks); in between, its steady state costs no cgroup reads. Anything the sampler
+"""A job's cpuset or CPU quota found exactly as wanted is read again in full at least once
+every this many ticks while the sampler sees the job unchanged (same CPUs, steps and, for
+a quota, tasks); in between, its steady state costs no cgroup reads. Anything the sampler
 sees change (the job's own cpuset, which Slurm rewrites for a new step; a new step; a new
 task of a job whose tasks are read) and any new target is checked at once. The sampler
 keeps a step's CPUs while the step's directory stays (coda_node.cgroups.SubdirCache), so
 a step's or a task's cpuset rewritten in place is put right by the full check, within
-this many ticks."""
+this many ticks. Each settled job has its own tick in the period (its phase), so the full
+checks of many limited jobs are spread over the period, not all done on one tick."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,24 +142,52 @@ class Enforcer:
         self.mechanisms = frozenset(mechanisms)
         self._settled: dict[tuple[int, str], tuple[object, int]] = {}
         """(job, mechanism) -> (what the sampler showed and the target, when a full check
-        found nothing to write; full checks skipped since)."""
+        found nothing to write; the tick of the next full check)."""
+        self._phase: dict[int, int] = {}
+        """Settled job -> its full checks' tick modulo VERIFY_EVERY_TICKS."""
+        self._ticks = 0
+        """Calls of :meth:`reconcile` so far."""
 
     def _is_settled(self, job_id: int, what: str, seen: object) -> bool:
         """Whether a full check of ``what`` may be skipped this tick: the last one wrote
-        nothing under the same target and sampled job, fewer than VERIFY_EVERY_TICKS ago."""
+        nothing under the same target and sampled job, and the job's next one is not due."""
         entry = self._settled.get((job_id, what))
-        if entry is None or entry[0] != seen or entry[1] >= VERIFY_EVERY_TICKS:
-            return False
-        self._settled[(job_id, what)] = (seen, entry[1] + 1)
-        return True
+        return entry is not None and entry[0] == seen and self._ticks < entry[1]
 
     def _checked(self, job_id: int, what: str, seen: object, written: int) -> None:
         """Record a full check: settled when it wrote nothing (a write is seen by the next
         tick's sample, which is then checked in full once more)."""
         if written or seen is None:
-            self._settled.pop((job_id, what), None)
-        else:
-            self._settled[(job_id, what)] = (seen, 1)
+            self._unsettle(job_id, what)
+            return
+        phase = self._phase.get(job_id)
+        if phase is None:
+            phase = self._phase[job_id] = self._quietest_phase()
+        # The first tick after this one that is the job's phase: at most a period away.
+        due = self._ticks + 1 + (phase - self._ticks - 1) % VERIFY_EVERY_TICKS
+        self._settled[(job_id, what)] = (seen, due)
+
+    def _quietest_phase(self) -> int:
+        """The phase fewest settled jobs have, for a job that settles now: many jobs
+        settle on one tick (a limit set on all of them), and would otherwise all be read in
+        full again on one tick. Job ids do not spread evenly (a node's jobs may all end in
+        the same digit). On a tie, the phase that comes latest (a full period from now,
+        then one tick sooner, ...), so a job just checked is not checked again at once."""
+        load = [0] * VERIFY_EVERY_TICKS
+        for phase in self._phase.values():
+            load[phase] += 1
+        now = self._ticks % VERIFY_EVERY_TICKS
+        order = [(now - k) % VERIFY_EVERY_TICKS for k in range(VERIFY_EVERY_TICKS)]
+        return min(order, key=load.__getitem__)
+
+    def _unsettle(self, job_id: int, what: str) -> None:
+        """``what`` of the job is checked in full at every tick from now until it settles
+        again; a job with nothing settled gives up its phase."""
+        self._settled.pop((job_id, what), None)
+        if job_id in self._phase and not any(
+            (job_id, other) in self._settled for other in ("cpuset", "quota")
+        ):
+            del self._phase[job_id]
 
     # -- one tick -------------------------------------------------------------
     def reconcile(
@@ -166,6 +195,7 @@ class Enforcer:
     ) -> dict[int, JobResult]:
         """Bring every job in ``jobs`` to its target (absent = as Slurm set it), and
         forget jobs that ended. ``jobs`` are the cgroups seen this tick."""
+        self._ticks += 1
         results: dict[int, JobResult] = {}
         with self._rdt_lock():
             for job_id in sorted(set(targets) | set(self.state.changes)):
@@ -264,7 +294,7 @@ class Enforcer:
                 self._checked(cg.job_id, "cpuset", seen, written)
             ch.cpuset_applied = sorted(target.cpus)
         elif ch.cpuset_original is not None:
-            self._settled.pop((cg.job_id, "cpuset"), None)
+            self._unsettle(cg.job_id, "cpuset")
             snap = snapshot_from_dict(ch.cpuset_original)
             self.cpuset.restore(cg, snap)
             r.applied.append(f"cpuset restored to {snap.cpus.get('.', '?')}")
@@ -291,7 +321,7 @@ class Enforcer:
                 r.applied.append(f"cpu quota {target.quota_cores:g} cores")
             ch.quota_applied = target.quota_cores
         elif ch.quota_active:
-            self._settled.pop((cg.job_id, "quota"), None)
+            self._unsettle(cg.job_id, "quota")
             self.quota.set_quota(cg, ch.quota_original)
             r.applied.append("cpu quota released")
             ch.quota_active = False
@@ -430,13 +460,17 @@ class Enforcer:
         return best[1] if best else None
 
     def tids(self, cg: CgroupJob) -> list[int]:
-        """Thread ids of the job: resctrl moves threads, one id per write. On v1 the
+        """Thread ids of the job: resctrl moves threads, one id per write."""
+        return self.thread_ids(cg.pids)
+
+    def thread_ids(self, pids: Iterable[int]) -> list[int]:
+        """Thread ids of a job's tasks ``pids`` (a :class:`CgroupJob`'s ``pids``). On v1 the
         cgroup ``tasks`` files already list threads; on v2 ``cgroup.procs`` lists
         processes, whose threads are under /proc/<pid>/task."""
         if self.cgroup_version == 1:
-            return list(cg.pids)
+            return list(pids)
         tids: list[int] = []
-        for pid in cg.pids:
+        for pid in pids:
             try:
                 tids += sorted(
                     int(t.name) for t in self.root.proc.joinpath(str(pid), "task").iterdir()
@@ -464,7 +498,7 @@ class Enforcer:
     def _forget(self, job_id: int) -> None:
         self.state.changes.pop(job_id, None)
         for what in ("cpuset", "quota"):
-            self._settled.pop((job_id, what), None)
+            self._unsettle(job_id, what)
         self._save()
 
 
