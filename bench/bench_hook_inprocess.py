@@ -75,17 +75,9 @@ class Harness:
     def desc(self, **strings: str) -> Any:
         if self.kind == "compiled":  # strings from the stand-in's allocator, as slurmctld's
             return compiled_hook.new_desc(self.ffi, self.lib, **strings)
-        ffi, lib = self.ffi, self.lib
-        desc = ffi.new("job_desc_msg_t *")
-        desc.cpus_per_task = lib.NO_VAL16
-        desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.job_id = lib.NO_VAL
-        desc.ntasks_per_node = lib.NO_VAL16
-        desc.user_id = 1000
-        for name, value in strings.items():
-            buf = ffi.new("char[]", value.encode())
-            self.keep.append(buf)
-            setattr(desc, name, buf)
-        return desc
+        from tests.test_hook import make_desc
+
+        return make_desc(self.lib, **strings)
 
 
 JOB = {

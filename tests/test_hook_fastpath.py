@@ -9,6 +9,7 @@ wrapping ``hook.job_submit``, which the C side calls on a miss.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -82,7 +83,8 @@ class Plugin:
         return self.python_calls[0]
 
 
-def _start(
+@contextlib.contextmanager
+def _started(
     compiled: tuple[Any, Any], root: Path, monkeypatch: pytest.MonkeyPatch, extra: str = ""
 ) -> Iterator[Plugin]:
     ffi, lib = compiled
@@ -119,7 +121,8 @@ def _start(
 def plugin(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Plugin]:
-    yield from _start(compiled, tmp_path, monkeypatch)
+    with _started(compiled, tmp_path, monkeypatch) as started:
+        yield started
 
 
 def _reload_tick() -> None:
@@ -256,23 +259,17 @@ def test_jobs_answered_in_c_are_counted_and_journaled(plugin: Plugin, tmp_path: 
 def test_fast_path_off_sends_every_job_to_python(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = _start(compiled, tmp_path, monkeypatch, "HookFastPath=no\n")
-    plugin = next(gen)
-    try:
+    with _started(compiled, tmp_path, monkeypatch, "HookFastPath=no\n") as plugin:
         first = plugin.submit(BASE)
         assert plugin.submit(BASE) == first
         plugin.submit({"num_tasks": 4})
         assert plugin.calls == 3
-    finally:
-        gen.close()
 
 
 def test_cpu_jobs_reach_python_when_their_skip_is_logged(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = _start(compiled, tmp_path, monkeypatch, "LogLevel=verbose\n")
-    plugin = next(gen)
-    try:
+    with _started(compiled, tmp_path, monkeypatch, "LogLevel=verbose\n") as plugin:
         cpu = {"num_tasks": 4, "name": "cpu.sh"}
         first = plugin.submit(cpu)
         assert plugin.calls == 1
@@ -280,8 +277,6 @@ def test_cpu_jobs_reach_python_when_their_skip_is_logged(
         # From the second time on C answers it, with the same verbose line.
         assert plugin.submit(cpu) == first
         assert plugin.calls == 1
-    finally:
-        gen.close()
 
 
 def test_the_c_table_is_bounded_and_keeps_answering(plugin: Plugin) -> None:
