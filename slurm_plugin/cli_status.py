@@ -622,7 +622,7 @@ def render(doc: dict[str, Any]) -> str:
             f"         in-hook p50 {_us(stats.get('p50_us'))}, p99 {_us(stats.get('p99_us'))} "
             f"(budget {conf['hook_budget_ms']:g} ms); fail-open {stats.get('fail_open', 0)} "
             f"({stats.get('over_budget', 0)} over budget)"
-            + ("" if replayed is None else f"; {replayed} calls answered in C (HookFastPath)")
+            + (f"; {replayed} calls answered in C (HookFastPath)" if replayed else "")
         )
         lines.append(
             f"         stats written {_ago(now, stats.get('written_unix_s'))}; coda.conf loaded "
