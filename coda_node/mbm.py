@@ -38,13 +38,13 @@ from typing import Any
 from coda_node.cgroups import CgroupError
 from coda_node.paths import SystemRoot
 from coda_node.resctrl import (
+    MbmCounters,
     MbmReading,
     OutOfIds,
     ResctrlControl,
     ResctrlError,
     group_mem_bw_bytes_per_s,
     group_rel,
-    read_mbm,
 )
 
 log = logging.getLogger("coda-node")
@@ -71,6 +71,8 @@ class _Group:
 
     ctrl: str
     """The parent control group: "" (root) or e.g. "coda_mb50"."""
+    counters: MbmCounters
+    """The group's counter files, paths joined once (they hold while ``ctrl`` does)."""
     fresh: bool = True
     """Made or adopted and not yet given the job's threads and a first reading."""
     tids_s: float | None = None
@@ -104,6 +106,7 @@ class JobMonitor:
         # mbm_total_bytes counts traffic to every memory controller; use mbm_local_bytes
         # (this socket's only) just where the CPU has no total event.
         self.event = "mbm_total_bytes" if info.mon.mbm_total else "mbm_local_bytes"
+        self._local = self.event == "mbm_local_bytes"
         self._groups: dict[int, _Group] = {}
         self.unmonitored: dict[int, str] = {}
         """Jobs that should have a group but have none (or no threads in it), and why."""
@@ -116,19 +119,10 @@ class JobMonitor:
         the bytes between this reading and the previous one, per second. A group with no
         earlier reading, re-created in between (new inode) or whose counter went back (an
         RMID reset) has no rate this time."""
-        for job_id, g in self._groups.items():
-            cur = read_mbm(
-                self.root,
-                self.info,
-                g.ctrl,
-                mon_group_name(job_id),
-                clock=lambda: now_s,
-                events=(self.event,),
-            )
+        for g in self._groups.values():
+            cur = g.counters.read(now_s)
             g.rate_bytes_per_s = (
-                group_mem_bw_bytes_per_s(g.readings, cur, local=self.event == "mbm_local_bytes")
-                if g.readings
-                else None
+                group_mem_bw_bytes_per_s(g.readings, cur, local=self._local) if g.readings else None
             )
             g.readings = cur
 
@@ -227,7 +221,7 @@ class JobMonitor:
                 self._unmonitor(job_id, no_rmid)
                 return
             self.control.ensure_mon_group(ctrl, name)
-            g = self._groups[job_id] = _Group(ctrl)
+            g = self._groups[job_id] = self._new_group(ctrl, job_id)
         if g.fresh or g.tids_s is None or now_s - g.tids_s >= self.sync_every_s:
             first = g.tids_s is None
             ids = tids(job_id)
@@ -248,9 +242,7 @@ class JobMonitor:
         if g.fresh:
             # The first reading now, right after the threads moved in, so that the next
             # sample already gives a rate.
-            g.readings = read_mbm(
-                self.root, self.info, ctrl, name, clock=lambda: now_s, events=(self.event,)
-            )
+            g.readings = g.counters.read(now_s)
             g.rate_bytes_per_s = None
             g.fresh = False
         if job_id in self.unmonitored:
@@ -282,6 +274,14 @@ class JobMonitor:
             return
         del self._groups[job_id]
 
+    def _new_group(self, ctrl: str, job_id: int) -> _Group:
+        # The paths of a group under another parent differ: a job that moves gets a new
+        # _Group (see _sync_job), so they are joined here and nowhere else.
+        counters = MbmCounters(
+            self.root, self.info, ctrl, mon_group_name(job_id), events=(self.event,)
+        )
+        return _Group(ctrl, counters)
+
     def _dir(self, ctrl: str, job_id: int) -> str:
         # A string, not a Path: sync looks at every group each tick, and a Path join costs
         # more than the stat.
@@ -297,7 +297,7 @@ class JobMonitor:
             job_id = job_of_mon_group(name)
             assert job_id is not None
             if job_id in wanted and job_id not in self._groups and ctrl == ctrl_group_of(job_id):
-                self._groups[job_id] = _Group(ctrl)
+                self._groups[job_id] = self._new_group(ctrl, job_id)
                 continue
             try:
                 self.control.remove_mon_group(ctrl, name)

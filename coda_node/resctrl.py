@@ -5,7 +5,8 @@ Three parts, kept apart on purpose (STYLE.md, "three layers"):
 * **Discovery** (read-only): :func:`discover` reads ``info/`` and the mount options once at
   start-up and returns a :class:`ResctrlInfo`. A missing piece is a state with a reason in
   plain words, never an exception.
-* **Monitoring** (read-only): :func:`read_mbm` reads a group's ``mon_data`` counters;
+* **Monitoring** (read-only): :func:`read_mbm` reads a group's ``mon_data`` counters
+  (:class:`MbmCounters` the same, with its paths joined once, for reads every tick);
   :meth:`MbmRate.between` turns two readings into bytes per second.
 * **Control** (write-only): :class:`ResctrlControl` creates and removes groups and writes
   ``schemata`` and ``tasks``. Each call writes only what differs from what is already there
@@ -429,6 +430,113 @@ def read_mbm(
         occupancy = counts.get("llc_occupancy")
         readings.append(MbmReading(rel, domain_id, total, local, occupancy, clock(), ino))
     return tuple(readings)
+
+
+# A counter file holds at most "18446744073709551615\n" or one of _NOT_A_COUNT; one read()
+# of this size gets it whole (a longer file is read to its end all the same).
+_COUNT_READ_BYTES = 4096
+
+
+def _read_count_at(path: str) -> int | None:
+    """:func:`_read_count` for a string path, with os.open/os.read: no Path, no TextIOWrapper.
+
+    ``int`` takes the bytes as they are (surrounding whitespace and the newline included),
+    so a number reads as :func:`_read_count` reads it; "Unavailable", "Error" and
+    "Unassigned" (``_NOT_A_COUNT``) and anything else that is not a number read as None.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # absent event, or the group vanished under us (job ended)
+    try:
+        data = os.read(fd, _COUNT_READ_BYTES)
+        if len(data) == _COUNT_READ_BYTES:  # never for a counter; read on as read_text does
+            while more := os.read(fd, _COUNT_READ_BYTES):
+                data += more
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return int(data)
+    except ValueError:
+        return None
+
+
+class MbmCounters:
+    """One group's counter files, their paths joined once, read as :func:`read_mbm` with
+    ``events`` reads them, reading for reading.
+
+    :class:`coda_node.mbm.JobMonitor` reads every job's group on every tick (16 groups x 2
+    L3 domains on the bench's node). Joining ``Path`` objects cost more than the reads,
+    and ``Path.read_text`` about twice an os.open/os.read (docs/benchmarks.md, "coda-node:
+    cost of one tick"), so the paths are strings made here, from the one root, once.
+
+    They stay right as long as the group keeps its name and parent: a group that moves to
+    another control group is another group (another path, another ``MbmCounters``). A
+    group removed and made again under the same name has the same paths and a new inode,
+    which every reading carries (see :class:`MbmReading`). The domains are those found at
+    discovery, as in :func:`read_mbm` with ``events``: a domain whose ``mon_L3_<id>`` is
+    missing reads as None, like a missing event.
+    """
+
+    __slots__ = ("_dir", "_files", "group")
+
+    def __init__(
+        self,
+        root: SystemRoot,
+        info: ResctrlInfo,
+        ctrl_group: str = "",
+        mon_group: str | None = None,
+        *,
+        events: Collection[str],
+    ) -> None:
+        self.group = group_rel(ctrl_group, mon_group)
+        """The group's path relative to the resctrl root, as :attr:`MbmReading.group`."""
+        self._dir: str | None = None
+        self._files: tuple[tuple[int, str | None, str | None, str | None], ...] = ()
+        if not info.usable or info.mon is None or info.mount_point is None:
+            return  # reads as () like read_mbm
+        base = root.path(info.mount_point)
+        self._dir = os.fspath(base / self.group if self.group else base)
+
+        def file(domain_id: int, event: str) -> str | None:
+            if event not in events:
+                return None
+            return f"{self._dir}/mon_data/mon_L3_{domain_id:02d}/{event}"
+
+        self._files = tuple(
+            (
+                domain_id,
+                file(domain_id, "mbm_total_bytes"),
+                file(domain_id, "mbm_local_bytes"),
+                file(domain_id, "llc_occupancy"),
+            )
+            for domain_id in info.mon.domain_ids
+        )
+
+    def read(self, monotonic_s: float) -> tuple[MbmReading, ...]:
+        """One reading per L3 domain, each stamped ``monotonic_s``; ``()`` when the group
+        does not exist (any more)."""
+        if self._dir is None:
+            return ()
+        try:
+            ino = os.stat(self._dir).st_ino
+        except OSError:
+            return ()
+        group = self.group
+        return tuple(
+            MbmReading(
+                group,
+                domain_id,
+                None if total is None else _read_count_at(total),
+                None if local is None else _read_count_at(local),
+                None if occupancy is None else _read_count_at(occupancy),
+                monotonic_s,
+                ino,
+            )
+            for domain_id, total, local, occupancy in self._files
+        )
 
 
 def _per_s(prev: int | None, cur: int | None, interval_s: float) -> float | None:
