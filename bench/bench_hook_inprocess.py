@@ -43,7 +43,6 @@ class Harness:
 
     def __init__(self, kind: str, tmp: Path) -> None:
         self.kind = kind
-        self.keep: list[Any] = []
         if kind == "compiled":
             try:
                 self.ffi, self.lib = compiled_hook.load(tmp / "standin")
