@@ -49,6 +49,7 @@ from coda_node.sampling import JobView, NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.state import JobChanges, Limit, NodeState, StateError, StateFile, load_limits
 from coda_node.status import event_action
+from coda_node.topology import GpuLocality
 from coda_node.usage import UsageAccumulator, UsageFlush, UsageTick
 from slurm_plugin.conf import CodaConfig
 from slurm_plugin.store import ProfileStore, StoreError
@@ -94,6 +95,7 @@ class Daemon:
     ) -> None:
         self.cfg = cfg
         self.root = SystemRoot(cfg.node_root)
+        self.locality = GpuLocality(self.root)
         self.node_name = node_name or cfg.node_name or socket.gethostname().split(".")[0]
         env = dict(os.environ)
         if cfg.slurm_conf is not None:
@@ -528,6 +530,7 @@ class Daemon:
             self.mem_bw_monitor.sample(self._clock())
         snap = self.sampler.sample()
         facts = {}
+        bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
         for job_id, view in snap.jobs.items():
             if view.cgroup is None:
                 continue
@@ -535,6 +538,9 @@ class Daemon:
                 job_id=job_id,
                 allocated_cpus=self._allocated(job_id, view.cgroup),
                 is_dnn=view.kind == "dnn",
+                near_cpus=self.locality.near_cpus(
+                    tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
+                ),
             )
         targets, problems = plan(facts, limits, mba=self.mba_unavailable)
         loop = self.loop.step(
@@ -544,7 +550,7 @@ class Daemon:
         )
         for job_id, cores in loop.cores.items():
             if job_id in facts and job_id not in targets:
-                cpus = choose_cpus(facts[job_id].allocated_cpus, cores)
+                cpus = choose_cpus(facts[job_id].allocated_cpus, cores, facts[job_id].near_cpus)
                 targets[job_id] = JobTarget(cpus=cpus, reason=f"probe: {cores} cores")
         for job_id, th in loop.throttles.items():
             if job_id in facts and job_id not in targets:

@@ -23,6 +23,9 @@ class JobFacts:
     allocated_cpus: frozenset[int]
     """The CPUs Slurm gave the job on this node (before any change of ours)."""
     is_dnn: bool
+    near_cpus: frozenset[int] = frozenset()
+    """The CPUs local to the job's GPUs (sysfs ``local_cpulist``); empty when unknown. A
+    job slimmed to fewer cores keeps these first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +56,14 @@ class PlanProblem:
     message: str
 
 
-def choose_cpus(allocated: frozenset[int], cores: int) -> frozenset[int]:
-    """``cores`` CPUs of the allocation: the lowest-numbered ones, so that repeated plans
-    pick the same CPUs and a tick never moves a job back and forth."""
-    return frozenset(sorted(allocated)[:cores])
+def choose_cpus(
+    allocated: frozenset[int], cores: int, near: frozenset[int] = frozenset()
+) -> frozenset[int]:
+    """``cores`` CPUs of the allocation: first those in ``near`` (the CPUs local to the
+    job's GPUs, :mod:`coda_node.topology`), then the rest; lowest-numbered first within
+    each, so that repeated plans pick the same CPUs and a tick never moves a job back and
+    forth."""
+    return frozenset(sorted(allocated, key=lambda cpu: (cpu not in near, cpu))[:cores])
 
 
 def plan(
@@ -96,7 +103,7 @@ def plan(
             if limit.cores < 1:
                 problems.append(PlanProblem(job_id, "a job keeps at least 1 core"))
             elif limit.cores < len(allocated):
-                cpus = choose_cpus(allocated, limit.cores)
+                cpus = choose_cpus(allocated, limit.cores, facts.near_cpus)
         quota = limit.quota_cores
         if quota is not None and quota <= 0:
             problems.append(PlanProblem(job_id, "a CPU quota must be more than 0 cores"))
