@@ -2,8 +2,10 @@
 
 Reads the usage records coda-node writes into the profiles (NVML GPU and memory
 utilisation, :class:`slurm_plugin.store.UsageRecord`) and judges every pair with
-:func:`slurm_plugin.colocate.judge_pairs`. Read-only: it changes no profile and no job; it is
-for admins who run MPS or Slurm's ``shard`` GRES and choose which workloads to let share.
+:func:`slurm_plugin.colocate.judge_pairs`, then names the set of workloads that may all share
+with each other (:func:`slurm_plugin.colocate.shareable_workloads`): what an admin can give
+``shard`` GRES. Read-only: it changes no profile and no job; it is for admins who run MPS or
+Slurm's ``shard`` GRES and choose which workloads to let share.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from slurm_plugin.cli_profiles import (
     format_table,
     resolve_store,
 )
-from slurm_plugin.colocate import PairVerdict, ShareCandidate, judge_pairs
+from slurm_plugin.colocate import (
+    PairVerdict,
+    ShareCandidate,
+    judge_pairs,
+    shareable_workloads,
+)
 from slurm_plugin.conf import CodaConfig, load_config
 from slurm_plugin.paths import default_conf_path
 from slurm_plugin.store import Profile, ProfileStore, UsageRecord, usage_for_model
@@ -167,6 +174,7 @@ def colocate_cmd(
         if r.usage is not None
     ]
     pairs = judge_pairs(cands, margin=margin)
+    shareable = shareable_workloads(cands, margin=margin)
 
     if as_json:
         emit_json(
@@ -192,6 +200,7 @@ def colocate_cmd(
                     }
                     for v in pairs
                 ],
+                "shareable": shareable,
                 "no_usage": [
                     {"workload": r.label, "signature": r.profile.signature} for r in missing
                 ],
@@ -226,6 +235,12 @@ def colocate_cmd(
     if not pairs:
         click.echo("")
         click.echo("No workload has usage data yet: nothing to judge.")
+    else:
+        # The set an admin can give shard GRES: every pair inside it is predicted to gain
+        # (slurm_plugin.colocate.shareable_workloads).
+        click.echo("")
+        names = ", ".join(shareable) if shareable else "none"
+        click.echo(f"May share a GPU with each other (every pair among them gains): {names}")
     if missing:
         click.echo("")
         what = (

@@ -52,9 +52,12 @@ that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
            in the baseline too)
   prefer   --prefer the GPU type a job gains most on (GPU generations modelled in the
            baseline too)
+  share    a single-node job that would wait may share the GPUs of one job of as many
+           GPUs (shard GRES) when coda-slurm colocate names both workloads shareable
+  share-any  the same for any two jobs (shard GRES without advice)
 """
 
-PLACEMENTS = ("reserve", "reserve-node", "pcie", "prefer")
+PLACEMENTS = ("reserve", "reserve-node", "pcie", "prefer", "share", "share-any")
 """Placement mechanisms of issue 7, in table order."""
 
 
@@ -89,6 +92,10 @@ def placement_runs(base: SimParams, mechanisms: list[str]) -> list[tuple[str, Si
             runs.append(("+reserve-node", replace(common, reserve=True, reserve_per_node=True)))
         elif m == "pcie":
             runs.append(("+pcie", replace(common, pcie_spread=True)))
+        elif m == "share":
+            runs.append(("+share", replace(common, gpu_share="advised")))
+        elif m == "share-any":
+            runs.append(("+share-any", replace(common, gpu_share="any")))
         else:
             runs.append(("+prefer", replace(common, gpu_prefer=True)))
     return runs
@@ -266,11 +273,20 @@ def simulate_cmd(
     if cpu_load > 0:
         trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=_donor())
     named = None
+    stage_ms: list[tuple[str, int, float, float, float]] = []
     if trace.name.startswith("muri"):
         path = trace_data_dir() / "muri" / "cluster_trace.csv"
         if trace_spec.startswith("muri:"):
             path = Path(trace_spec.split(":", 1)[1])
         named = muri_classes(muri_stage_times(path), model)
+        if any(m.startswith("share") for m in mechanisms):
+            # GPU sharing reads each model's GPU and communication stages per job size.
+            for gpus in sorted({int(g) for g in trace.gpus if g > 0}):
+                try:
+                    by_model = muri_stage_times(path, num_gpu=gpus)
+                except TraceError:
+                    continue
+                stage_ms += [(name, gpus, *st) for name, st in by_model.items()]
     wl = assign_workloads(
         trace,
         model,
@@ -282,7 +298,8 @@ def simulate_cmd(
         parse_config("\n".join(coda_conf), source="--coda-conf")
     except ConfigError as exc:
         raise CliError("bad --coda-conf", str(exc)) from exc
-    runs = placement_runs(SimParams(rdt=rdt, coda_conf=coda_conf), mechanisms)
+    base = SimParams(rdt=rdt, coda_conf=coda_conf, share_stage_ms=tuple(stage_ms))
+    runs = placement_runs(base, mechanisms)
     chosen = list(policies) or list(POLICIES)
     results = []
     baseline_of: dict[str, str] = {}

@@ -52,6 +52,7 @@ __all__ = [
     "ShareCandidate",
     "judge_pairs",
     "predict_speedup",
+    "shareable_workloads",
 ]
 
 VERDICTS = ("share", "neutral", "avoid")
@@ -144,3 +145,20 @@ def judge_pairs(cands: Sequence[ShareCandidate], *, margin: float = 0.05) -> lis
             )
     out.sort(key=lambda v: (-v.speedup, v.a, v.b))
     return out
+
+
+def shareable_workloads(cands: Sequence[ShareCandidate], *, margin: float) -> list[str]:
+    """The workloads of ``cands`` whose verdict with *themselves* (two of their jobs on one
+    GPU) is ``share``, in the order given: a set of workloads that may all share GPUs with
+    each other.
+
+    This is what Slurm can act on. It cannot pair jobs; it can only let a set of jobs use
+    ``shard`` GRES (or an MPS partition), and any two of them may then meet on a GPU. Every
+    such pair is predicted to gain too: with ``x = (u, m)`` per workload,
+    ``delta(a, b) = 2 / (1 + x_a . x_b)`` and, by Cauchy-Schwarz,
+    ``x_a . x_b <= |x_a| |x_b| <= max(|x_a|^2, |x_b|^2)``, so
+    ``delta(a, b) >= min(delta(a, a), delta(b, b)) >= 1 + margin``.
+    """
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a number >= 0, got {margin!r}")
+    return [c.workload for c in cands if _verdict(predict_speedup(c, c), margin) == "share"]

@@ -15,7 +15,12 @@ from click.testing import CliRunner
 
 from slurm_plugin.cli_colocate import colocate_cmd
 from slurm_plugin.cli_common import run_cli
-from slurm_plugin.colocate import ShareCandidate, judge_pairs, predict_speedup
+from slurm_plugin.colocate import (
+    ShareCandidate,
+    judge_pairs,
+    predict_speedup,
+    shareable_workloads,
+)
 from slurm_plugin.store import Profile, ProfileStore, UsageRecord
 
 THESIS_CSV = Path(__file__).parent / "data" / "colocate_thesis.csv"
@@ -100,6 +105,59 @@ def test_margin_sets_the_share_threshold(margin: float, expected: str) -> None:
 def test_negative_margin_is_refused() -> None:
     with pytest.raises(ValueError, match="margin"):
         judge_pairs([cand("x", 0.1, 0.1)], margin=-0.1)
+
+
+# ------------------------------------------------------- the set Slurm can act on (shard)
+
+
+@pytest.mark.parametrize(
+    ("cands", "margin", "expected"),
+    [
+        # light with itself: 2 / 1.1 = 1.82; heavy: 2 / 2.25; mid: 1.0499, under 1.05.
+        (
+            [cand("light", 0.3, 0.1), cand("heavy", 1.0, 0.5), cand("mid", 0.95, 0.05)],
+            0.05,
+            ["light"],
+        ),
+        # With no margin, mid (1.0499) gains too; the input's order is kept.
+        (
+            [cand("mid", 0.95, 0.05), cand("heavy", 1.0, 0.5), cand("light", 0.3, 0.1)],
+            0.0,
+            ["mid", "light"],
+        ),
+        ([cand("x", 0.9486833, 0.0)], 0.05, ["x"]),  # 2 / 1.9 = 1.0526
+        ([cand("x", 0.9486833, 0.0)], 0.06, []),
+        ([cand("a", 0.6, 0.3), cand("b", 0.7, 0.1)], 0.5, []),  # 1.38, 1.32: under 1.5
+        ([], 0.05, []),
+    ],
+)
+def test_shareable_workloads_are_those_that_gain_beside_themselves(
+    cands: list[ShareCandidate], margin: float, expected: list[str]
+) -> None:
+    assert shareable_workloads(cands, margin=margin) == expected
+
+
+def test_every_pair_inside_the_shareable_set_is_judged_share() -> None:
+    # The property an admin relies on when giving the whole set shard GRES: Slurm may put
+    # any two of them on one GPU. Over a grid of (u, m) and margins, every pair of the set
+    # is "share", and every workload outside it is not "share" beside itself.
+    grid = [i / 10 for i in range(11)]
+    cands = [cand(f"w{u}-{m}", u, m) for u, m in itertools.product(grid, grid)]
+    for margin in (0.0, 0.05, 0.2, 0.6):
+        chosen = set(shareable_workloads(cands, margin=margin))
+        assert chosen  # the grid has idle workloads: (0, 0) gains 2x
+        assert len(chosen) < len(cands)  # and saturating ones
+        verdicts = {(p.a, p.b): p.verdict for p in judge_pairs(cands, margin=margin)}
+        for (a, b), verdict in verdicts.items():
+            if a in chosen and b in chosen:
+                assert verdict == "share", (a, b, margin)
+            if a == b:
+                assert (verdict == "share") == (a in chosen)
+
+
+def test_shareable_workloads_refuses_a_negative_margin() -> None:
+    with pytest.raises(ValueError, match="margin"):
+        shareable_workloads([cand("x", 0.1, 0.1)], margin=-0.01)
 
 
 # ------------------------------------------------------------------- against the thesis
@@ -314,6 +372,22 @@ def test_report_groups_pairs_and_names_workloads_without_usage(store: ProfileSto
     assert not any("bert" in x for x in avoid[1:])
     assert section(res.out, "Not judged") == ["  newcomer"]
     assert "run once under coda-node" in res.out
+
+
+def test_report_names_the_workloads_that_may_share_with_each_other(store: ProfileStore) -> None:
+    res = run("--store", str(store.root))
+    assert res.rc == 0, res.err
+    line = next(x for x in res.out.splitlines() if x.startswith("May share a GPU"))
+    # bert beside itself gains (1.77); resnet50 (0.85) and gpt (0.87) beside themselves lose.
+    assert line == "May share a GPU with each other (every pair among them gains): bert"
+    doc = json.loads(run("--store", str(store.root), "--json").out)
+    assert doc["shareable"] == ["bert"]
+    # Only the two that lose: the line says so rather than naming nobody.
+    res = run("--store", str(store.root), "--workload", "gpt", "--workload", "resnet50")
+    assert "May share a GPU with each other (every pair among them gains): none" in res.out
+    # A lower bar admits more: resnet50 on the H100 (0.70, 0.30) gains 2 / 1.58 = 1.27.
+    doc = json.loads(run("--store", str(store.root), "--gpu-model", "NVIDIA H100", "--json").out)
+    assert doc["shareable"] == ["resnet50"]
 
 
 def test_json_lists_every_pair_and_the_workloads_without_usage(store: ProfileStore) -> None:

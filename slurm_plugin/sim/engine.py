@@ -32,6 +32,11 @@ partition's MaxCPUsPerNode, re-planned every ``reserve_interval_s``; ``pcie_spre
 the jobs the hook marks PCIe-heavy one unit of a per-node count; ``gpu_prefer`` tries the
 hook's preferred GPU type first. ``pcie_interference`` and ``gpu_speed`` model what the
 last two act on (PCIe contention, GPU generations) and are on in their baselines too.
+``gpu_share`` lets a single-node job that would wait start on GPUs one other job of as
+many GPUs holds (Slurm's ``shard`` GRES), for the workloads the product's
+:func:`slurm_plugin.colocate.shareable_workloads` names (``advised``) or for any
+(``any``); both jobs then progress at the rates of a time-sliced GPU
+(:func:`slurm_plugin.sim.mechanisms.shared_iteration_s`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -52,7 +57,7 @@ from slurm_plugin.curves import throughput_at
 from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.policy import JobRequest, ProfileView, decide
 from slurm_plugin.sim.cluster import busy_window
-from slurm_plugin.sim.mechanisms import PlacementModel, spare_cpus_by_shape
+from slurm_plugin.sim.mechanisms import PlacementModel, ShareModel, spare_cpus_by_shape
 from slurm_plugin.sim.profiling import ProbeRun, probe_run
 from slurm_plugin.sim.shield import NodeMix, Shield, slowdowns
 from slurm_plugin.sim.traces import NodeSpec, Trace
@@ -159,6 +164,18 @@ class SimParams:
     nodes of that type are tried first, any other after (Slurm's --prefer)."""
     prefer_margin: float = 0.05
     """``prefer_gpu_type``'s margin: the gain below which no type is preferred."""
+    gpu_share: str = ""
+    """GPU sharing through ``shard`` GRES: ``""`` off; ``"advised"``: jobs of the workloads
+    :func:`slurm_plugin.colocate.shareable_workloads` names (at the job's cores) may share;
+    ``"any"``: every single-node GPU job may (``shard`` without advice). A job shares only
+    when it would otherwise wait, on GPUs one other job of as many GPUs holds."""
+    share_margin: float = _CONF.colocate_margin
+    """coda.conf ``ColocateMargin`` (default 0.05): the predicted gain a workload needs
+    beside itself to be named shareable."""
+    share_stage_ms: tuple[tuple[str, int, float, float, float], ...] = ()
+    """Measured stage times per (model, GPUs): ``(model, gpus, data_ms, gpu_ms, comm_ms)``
+    (Muri's trace); a model listed here takes its GPU busy share and iteration time from
+    them (:class:`slurm_plugin.sim.mechanisms.ShareModel`)."""
 
 
 @dataclass(slots=True)
@@ -212,6 +229,14 @@ class _Run:
     """Holds one unit of the ``pcie`` GRES on each of its nodes."""
     pcie_heavy: bool = False
     """Truly PCIe-heavy with >= 2 GPUs per node: slows beside another such job."""
+    partner: int = -1
+    """The job it shares its GPUs with (``gpu_share``), or -1."""
+    owner: bool = True
+    """Holds its GPUs in the books (false for the second job on shared GPUs until the
+    first ends): a shared GPU counts once in free GPUs and allocated utilisation."""
+    share_factor: float = 1.0
+    """Progress rate while shared over the rate alone (``T / T'``)."""
+    pair_since_s: float = 0.0
 
 
 class _Sim:
@@ -360,6 +385,31 @@ class _Sim:
             for nd in nodes
         )
         self.last_submit_s = float(self.t.submit_s[-1]) if n else 0.0
+        self._init_share()
+
+    def _init_share(self) -> None:
+        p = self.p
+        if p.gpu_share not in ("", "advised", "any"):
+            raise ValueError(f"gpu_share must be '', 'advised' or 'any', got {p.gpu_share!r}")
+        self.sharing = bool(p.gpu_share)
+        self.share_model: ShareModel | None = None
+        if self.sharing:
+            stages = {(name, gpus): (d, g, c) for name, gpus, d, g, c in p.share_stage_ms}
+            self.share_model = ShareModel(
+                self.wl, self.m, stages, margin=p.share_margin, advised=p.gpu_share == "advised"
+            )
+        self.share_ok = np.zeros(len(self.t), dtype=bool)
+        """Single-node GPU jobs allowed ``shard`` GRES (the hook's advice, or all)."""
+        self.hosts: dict[int, set[int]] = {}
+        """GPUs per node -> running jobs that may take a second job on their GPUs."""
+        self.share_host = -1
+        """The job whose GPUs the last successful :meth:`_find_share` chose."""
+        self.share_new_nodes: set[int] = set()
+        """Nodes where a job that may host started since the last scheduling pass."""
+        self.shared_jobs: set[int] = set()
+        self.share_gpu_s = 0.0
+        self.share_job_s = 0.0
+        self.share_slow_job_s = 0.0
 
     # -- time and utilisation ------------------------------------------------------------
     def _advance(self, t: float) -> None:
@@ -444,11 +494,23 @@ class _Sim:
         if self.place is not None:
             self._mark(j, gpn)
         if self.pol.cores == "even":
+            if self.sharing and k == 1:
+                self._mark_share(j, gpn, self.max_cores // self.max_gpn * gpn)
             return True, gpn, k, -1
         c = self._cores(j, gpn, k, None)
         if c > self.max_cores:
             c = self.max_cores
+        if self.sharing and k == 1:
+            self._mark_share(j, gpn, c)
         return True, gpn, k, c
+
+    def _mark_share(self, j: int, gpn: int, cores: int) -> None:
+        """Whether the hook lets single-node GPU job ``j`` use ``shard`` GRES: with advice,
+        whether its workload's usage at these cores (what coda-node would have recorded:
+        an upper bound, as for the other mechanisms) gains beside itself."""
+        assert self.share_model is not None
+        thr = throughput_at(self._theta(j, gpn, 1), cores, log_share=self.m.log_share)
+        self.share_ok[j] = self.share_model.may_share(int(self.wl.workload[j]), gpn, thr)
 
     def _mark(self, j: int, gpn: int) -> None:
         """What the hook adds to GPU job ``j`` at submission: ``pcie:1`` and ``--prefer``.
@@ -554,9 +616,26 @@ class _Sim:
         if fg >= gpn and fc >= c:
             return now
         ends = sorted((self.running[r].limit_end_s, r) for r in self.on_node[i])
+        if self.sharing:
+            return self._availability_shared(ends, fg, fc, gpn, c, now)
         for end, r in ends:
             run = self.running[r]
             fg += run.gpn
+            fc += run.cores
+            if fg >= gpn and fc >= c:
+                return max(now, end)
+        return math.inf
+
+    def _availability_shared(
+        self, ends: list[tuple[float, int]], fg: int, fc: int, gpn: int, c: int, now: float
+    ) -> float:
+        """:meth:`_availability` where two jobs may share GPUs: those free when both end."""
+        ended: set[int] = set()
+        for end, r in ends:
+            run = self.running[r]
+            ended.add(r)
+            if run.partner < 0 or run.partner in ended:
+                fg += run.gpn
             fc += run.cores
             if fg >= gpn and fc >= c:
                 return max(now, end)
@@ -589,8 +668,12 @@ class _Sim:
         gpu, gpn, k, c = need
         if c < 0:
             c = min(max(1, int(self.node_cores[i] // self.node_gpus[i]) * gpn) for i in nodes)
+        host = -1
+        if self.sharing:
+            host, self.share_host = self.share_host, -1
+        take = gpn if host < 0 else 0  # a second job on shared GPUs takes none of the free
         for i in nodes:
-            self.free_gpus[i] -= gpn
+            self.free_gpus[i] -= take
             self.free_cores[i] -= c
             self.on_node[i].add(j)
             self.dirty_nodes.add(i)
@@ -629,6 +712,8 @@ class _Sim:
             if self.pol.profile:
                 self._maybe_probe(run, now)
         self.running[j] = run
+        if self.sharing and gpu and k == 1:
+            self._share_start(run, host, now)
         self.start_s[j] = now
         self.cores_per_node[j] = c
         self.nodes_used[j] = k
@@ -672,6 +757,119 @@ class _Sim:
             for i in nodes:
                 self.heavy_on[i] += 1
         return speed, unit, heavy
+
+    # -- GPU sharing (shard GRES) ---------------------------------------------------------
+    def _find_share(
+        self, j: int, need: tuple[bool, int, int, int], only: set[int] | None, avoid: frozenset[int]
+    ) -> list[int] | None:
+        """The node of a running job whose GPUs single-node job ``j`` may share now, or None:
+        a job of as many GPUs on one node, sharing with no one, that may use ``shard`` too;
+        ``j`` still needs its own cores there. Best fit as :meth:`_find`; the chosen job is
+        left in :attr:`share_host` for :meth:`_start`."""
+        _gpu, gpn, k, c = need
+        hosts = self.hosts.get(gpn)
+        if k != 1 or not hosts:
+            return None
+        spec = int(self.t.gpu_model[j])
+        allowed = self.allowed[spec] if spec >= 0 else None
+        best: tuple[int, int, int, int] | None = None
+        cands: Iterable[int] = hosts
+        if only is not None and len(only) < len(hosts):
+            # Only a few nodes changed: look at their jobs rather than at every host.
+            cands = sorted(r for i in only for r in self.on_node[i] if r in hosts)
+        for h in cands:
+            i = self.running[h].nodes[0]
+            if (only is not None and i not in only) or i in avoid:
+                continue
+            if allowed is not None and not allowed[i]:
+                continue
+            want = c if c >= 0 else max(1, int(self.node_cores[i] // self.node_gpus[i]) * gpn)
+            if self.free_cores[i] < want:
+                continue
+            key = (int(self.free_gpus[i]), int(self.free_cores[i]), i, h)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            return None
+        self.share_host = best[3]
+        return [best[2]]
+
+    def _alone(self, run: _Run) -> tuple[float, float]:
+        """(GPU busy share, iteration time) of ``run`` alone at its cores."""
+        assert self.share_model is not None
+        thr = throughput_at(self._theta(run.job, run.gpn, 1), run.cores, log_share=self.m.log_share)
+        return self.share_model.alone(int(self.wl.workload[run.job]), run.gpn, thr)
+
+    def _share_start(self, run: _Run, host: int, now: float) -> None:
+        """Book single-node GPU job ``run``: paired with ``host`` (>= 0) on its GPUs, or, if
+        it may share, offered as a host to later jobs."""
+        assert self.share_model is not None
+        j = run.job
+        if host < 0:
+            if self.share_ok[j]:
+                self.hosts.setdefault(run.gpn, set()).add(j)
+                self.share_new_nodes.add(run.nodes[0])
+            if self.p.check:
+                self._check_gpus(run.nodes[0])
+            return
+        h = self.running[host]
+        if self.p.check and (
+            h.partner >= 0 or h.gpn != run.gpn or h.nodes != run.nodes or not h.owner
+        ):
+            raise RuntimeError(
+                f"job {j} shares the GPUs of job {host}, which is not a lone job of "
+                f"{run.gpn} GPUs on node {run.nodes[0]}"
+            )
+        self.hosts[run.gpn].discard(host)
+        h.partner, run.partner = j, host
+        run.owner = False
+        fh, fj = self.share_model.rate_factors(self._alone(h), self._alone(run))
+        h.share_factor, run.share_factor = fh, fj
+        h.pair_since_s = run.pair_since_s = now
+        self.shared_jobs.update((host, j))
+        self.dirty_nodes.add(run.nodes[0])  # the host's rate changes too
+        if self.p.check:
+            self._check_gpus(run.nodes[0])
+
+    def _share_end(self, run: _Run, now: float) -> int:
+        """Unbook ending single-node GPU job ``run`` from sharing; the GPUs it gives back
+        (none while a partner still runs on them)."""
+        self.hosts.get(run.gpn, set()).discard(run.job)
+        if run.partner < 0:
+            return run.gpn
+        p = self.running[run.partner]
+        dt = now - run.pair_since_s
+        self.share_gpu_s += run.gpn * dt
+        self.share_job_s += 2 * dt
+        self.share_slow_job_s += (1.0 / run.share_factor + 1.0 / p.share_factor) * dt
+        p.partner, p.share_factor = -1, 1.0  # back to its rate alone (node re-solved)
+        if not p.owner:
+            p.owner = True
+            if p.version > 0:
+                self.now_alloc += p.gpn
+        if self.share_ok[p.job]:
+            self.hosts.setdefault(p.gpn, set()).add(p.job)
+        return 0
+
+    def _check_gpus(self, i: int) -> None:
+        """At most two jobs per GPU on node ``i``: each second job on the GPUs of a lone
+        job of as many GPUs there, and the GPUs booked once."""
+        held = 0
+        for r in self.on_node[i]:
+            run = self.running.get(r)
+            if run is None or not run.gpu:
+                continue
+            if run.owner:
+                held += run.gpn
+                continue
+            p = self.running.get(run.partner)
+            if p is None or p.partner != r or not p.owner or p.gpn != run.gpn:
+                raise RuntimeError(f"node {i}: job {r} shares GPUs with no lone owner")
+        if held + int(self.free_gpus[i]) != int(self.node_gpus[i]):
+            raise RuntimeError(
+                f"node {i}: jobs hold {held} GPUs and {self.free_gpus[i]} are free, "
+                f"of {self.node_gpus[i]}"
+            )
 
     def _maybe_probe(self, run: _Run, now: float) -> None:
         j = run.job
@@ -743,8 +941,12 @@ class _Sim:
 
     def _finish(self, j: int, now: float) -> None:
         run = self.running.pop(j)
+        # Shared GPUs stay with the partner: they are freed when both jobs have ended.
+        gpus_back = run.gpn
+        if self.sharing and run.gpu and len(run.nodes) == 1:
+            gpus_back = self._share_end(run, now)
         for i in run.nodes:
-            self.free_gpus[i] += run.gpn
+            self.free_gpus[i] += gpus_back
             self.free_cores[i] += run.cores
             self.on_node[i].discard(j)
             self.dirty_nodes.add(i)
@@ -762,7 +964,8 @@ class _Sim:
         self.end_s[j] = now
         self.now_cores -= run.cores * len(run.nodes)
         if run.gpu:
-            self.now_alloc -= run.gpn * len(run.nodes)
+            if run.owner:
+                self.now_alloc -= run.gpn * len(run.nodes)
             self.now_eff -= run.gpn * len(run.nodes) * run.rate
 
     # -- rates -------------------------------------------------------------------------------
@@ -825,7 +1028,7 @@ class _Sim:
             run = self.running[j]
             if run.gpu:
                 slow = max(self._node_slow[i].get(j, 0.0) for i in run.nodes)
-                rate = self._base_rate(run) * (1.0 - slow)
+                rate = self._base_rate(run) * (1.0 - slow) * run.share_factor
             else:
                 rate = run.share
             if rate != run.rate or run.version == 0:
@@ -834,7 +1037,7 @@ class _Sim:
                 if run.gpu:
                     w = run.gpn * len(run.nodes)
                     self.now_eff += w * (rate - run.rate)
-                    if run.version == 0:
+                    if run.version == 0 and run.owner:
                         self.now_alloc += w
                 run.rate = rate
                 run.version += 1
@@ -868,6 +1071,10 @@ class _Sim:
     def _schedule(self, now: float, freed: set[int]) -> None:
         gpu_resv_before = self.resv[True]
         find = self._find_placed if self.constrained else self._find
+        if self.sharing and self.share_new_nodes:
+            # A job that may host started there: a waiting job may share its GPUs now.
+            freed = freed | self.share_new_nodes
+            self.share_new_nodes = set()
         for gpu in (True, False):
             q = self.q[gpu]
             if not q:
@@ -898,6 +1105,15 @@ class _Sim:
                     nodes = find(j, need, only, resv[1] | avoid)
                     if nodes is None and now + limit_s <= resv[2]:
                         nodes = find(j, need, only, avoid)
+                if nodes is None and self.sharing and self.share_ok[j]:
+                    # Only a job that would otherwise wait shares, under the same
+                    # reservation rule as any other placement.
+                    if resv is None or is_head:
+                        nodes = self._find_share(j, need, only, avoid)
+                    else:
+                        nodes = self._find_share(j, need, only, resv[1] | avoid)
+                        if nodes is None and now + limit_s <= resv[2]:
+                            nodes = self._find_share(j, need, only, avoid)
                 if nodes is not None:
                     self._start(j, need, nodes, now)
                     self.tried.discard(j)
@@ -1044,6 +1260,13 @@ def simulate(
         sim.counters["pcie_slowed_jobs"] = len(sim.pcie_slowed)
     if p.gpu_prefer:
         sim.counters["prefer_jobs"] = int(np.count_nonzero(sim.prefer >= 0))
+    if p.gpu_share:
+        sim.counters["share_eligible_jobs"] = int(sim.share_ok.sum())
+        sim.counters["share_jobs"] = len(sim.shared_jobs)
+        sim.counters["share_gpu_s"] = round(sim.share_gpu_s)
+        # Mean over the time jobs spent shared of T'/T (iteration time shared over alone).
+        mean = sim.share_slow_job_s / sim.share_job_s if sim.share_job_s else 0.0
+        sim.counters["share_slowdown_x1000"] = round(1000 * mean)
     return RunResult(
         policy=policy.name,
         start_s=sim.start_s,

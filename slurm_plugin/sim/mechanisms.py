@@ -1,6 +1,6 @@
 """Issue 7's placement mechanisms in the simulator, decided by the product's own code.
 
-Three mechanisms, each off by default (:class:`slurm_plugin.sim.engine.SimParams`):
+Four mechanisms, each off by default (:class:`slurm_plugin.sim.engine.SimParams`):
 
 - **reserve**: a CPU partition over each node shape whose ``MaxCPUsPerNode`` follows
   :func:`slurm_plugin.reserve.spare_cpus_per_node`, the function ``coda-slurm reserve``
@@ -9,6 +9,10 @@ Three mechanisms, each off by default (:class:`slurm_plugin.sim.engine.SimParams
   unit of a node's count-only ``pcie`` GRES;
 - **GPU generation prefer**: :func:`slurm_plugin.placement.prefer_gpu_type` over a
   :func:`slurm_plugin.placement.gpu_ranking` sets a soft ``--prefer`` GPU type.
+- **GPU sharing** (``shard`` GRES): the workloads
+  :func:`slurm_plugin.colocate.shareable_workloads` names may put a second job on GPUs
+  another one holds; what sharing then does to both is :func:`shared_iteration_s`, a model
+  of time-slicing that is not the predictor (:class:`ShareModel`).
 
 This module holds what the simulator must assume to evaluate them (which models draw PCIe
 bandwidth, how much a newer GPU speeds each up; the sources are beside each number) and the
@@ -18,11 +22,13 @@ it only when a mechanism or its physical model is switched on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from slurm_plugin.colocate import ShareCandidate, shareable_workloads
 from slurm_plugin.placement import GpuRanking, gpu_ranking, is_pcie_heavy, prefer_gpu_type
 from slurm_plugin.policy import ProfileView
 from slurm_plugin.reserve import NodeLoad, expected_cpus_per_gpu, spare_cpus_per_node
@@ -33,6 +39,8 @@ __all__ = [
     "TRAITS",
     "PlacementModel",
     "PlacementTraits",
+    "ShareModel",
+    "shared_iteration_s",
     "spare_cpus_by_shape",
     "traits_for",
 ]
@@ -284,3 +292,198 @@ def spare_cpus_by_shape(
         spare = spare_cpus_per_node(loads, cpg, min_cpus=min_cpus)
         out.append(0 if spare is None else int(spare))
     return out
+
+
+# -- GPU sharing (issue 7, mechanism 4) ---------------------------------------------------------
+
+
+def shared_iteration_s(
+    gpu_a_s: float, private_a_s: float, gpu_b_s: float, private_b_s: float
+) -> tuple[float, float]:
+    """Steady-state iteration times of two jobs that time-slice one GPU (no MPS).
+
+    Each job loops: a GPU phase (``gpu_*_s``, already stretched by the context-switch
+    overhead), then a private phase (``private_*_s``: CPU, data loading, communication)
+    that needs no GPU. The GPU serves one GPU phase at a time, first come first served
+    (work of two CUDA contexts never overlaps without MPS: Tabrizian 2020, fig. 2.4); both
+    jobs ask for it at time 0, ``a`` first. This is the ground truth the simulator charges
+    a shared pair; it is not :func:`slurm_plugin.colocate.predict_speedup` (that would make
+    the evaluation circular): it follows each job's phases exactly, so two jobs whose GPU
+    phases fit into each other's private time lose only the overhead, and a short-iteration
+    job beside a long one waits out the long one's GPU phases.
+
+    The system is deterministic and its state at each grant of the GPU is the two jobs'
+    times to their next request, so it is stepped until that state repeats (exact, up to
+    float rounding); where the times are incommensurate and it never repeats exactly, the
+    mean over the last half of 4,000 grants is returned.
+    """
+    for name, value in (
+        ("gpu_a_s", gpu_a_s),
+        ("private_a_s", private_a_s),
+        ("gpu_b_s", gpu_b_s),
+        ("private_b_s", private_b_s),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if gpu_a_s + private_a_s <= 0 or gpu_b_s + private_b_s <= 0:
+        raise ValueError("each job's iteration must take some time")
+    phase = ((gpu_a_s, private_a_s), (gpu_b_s, private_b_s))
+    scale = max(gpu_a_s + private_a_s, gpu_b_s + private_b_s)
+    tol = 1e-9 * scale
+    ask = [0.0, 0.0]  # when each job next asks for the GPU
+    free = 0.0  # when the GPU is next free
+    done = [0, 0]  # GPU phases granted so far
+    seen: dict[tuple[int, int, int], tuple[int, float, int, int]] = {}
+    grants = 4000
+    half: tuple[float, int, int] | None = None
+    for step in range(grants):
+        # FCFS: the earlier request; a tie goes to a (it asked first at time 0).
+        who = 0 if ask[0] <= ask[1] else 1
+        key = (
+            round(max(ask[0] - free, 0.0) / tol),
+            round(max(ask[1] - free, 0.0) / tol),
+            who,
+        )
+        prev = seen.get(key)
+        if prev is not None:
+            _, t0, d0a, d0b = prev
+            period = free - t0
+            na, nb = done[0] - d0a, done[1] - d0b
+            if na > 0 and nb > 0:
+                return period / na, period / nb
+        seen[key] = (step, free, done[0], done[1])
+        if step == grants // 2:
+            half = (free, done[0], done[1])
+        start = max(free, ask[who])
+        g, z = phase[who]
+        free = start + g
+        ask[who] = free + z
+        done[who] += 1
+    assert half is not None
+    t0, d0a, d0b = half
+    span = free - t0
+    return span / max(done[0] - d0a, 1), span / max(done[1] - d0b, 1)
+
+
+def _sig(x: float, digits: int = 3) -> float:
+    """``x`` rounded to ``digits`` significant digits (a cache key that keeps ratios)."""
+    return float(f"{x:.{digits - 1}e}")
+
+
+class ShareModel:
+    """What the simulator assumes about GPU sharing, and the product's advice over it.
+
+    Per workload and GPUs per node, alone at its sweet spot: the GPU busy share
+    ``u_plateau`` and the iteration time. Muri's models take both from the trace's stage
+    times (ms per iteration: data, GPU, communication), ``u_plateau = GPU / (GPU + comm)``
+    and iteration ``GPU + comm`` (at the sweet spot the data stage is hidden behind them,
+    which is how the simulator's throughput curve treats it); the SoCC'18 classes
+    (Philly, Alibaba) take ``JobModel.share_gpu_busy`` and one iteration time for all
+    (only the two jobs' ratio matters). Below its sweet spot a job's GPU work per
+    iteration stays the same and the iteration takes ``1 / throughput`` as long, so its
+    GPU busy share is ``throughput × u_plateau``: what coda-node would measure for it.
+    """
+
+    def __init__(
+        self,
+        wl: Workloads,
+        model: JobModel,
+        stage_ms: Mapping[tuple[str, int], tuple[float, float, float]],
+        *,
+        margin: float,
+        advised: bool,
+    ) -> None:
+        if not 0.0 <= model.share_switch_overhead <= 1.0:
+            raise ValueError(
+                f"share_switch_overhead must be within 0..1, got {model.share_switch_overhead}"
+            )
+        if not 0.0 < model.share_gpu_busy <= 1.0:
+            raise ValueError(f"share_gpu_busy must be within (0, 1], got {model.share_gpu_busy}")
+        weights = dict(model.share_mem_weight)
+        for name, value in [*weights.items(), ("default", model.share_mem_weight_default)]:
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"share_mem_weight of {name} must be within 0..1, got {value}")
+        self.wl = wl
+        self.m = model
+        self.margin = margin
+        self.advised = advised
+        self.overhead = model.share_switch_overhead
+        by_model: dict[str, dict[int, tuple[float, float, float]]] = {}
+        for (name, gpus), stages in stage_ms.items():
+            by_model.setdefault(name, {})[gpus] = stages
+        self._stages = by_model
+        self._names = [
+            (CLASSES[k].name if k < len(CLASSES) else wl.names[w]).lower()
+            for w, k in enumerate(wl.klass.tolist())
+        ]
+        self._weights = weights
+        self._plateau: dict[tuple[int, int], tuple[float, float]] = {}
+        self._may: dict[tuple[int, int, float], bool] = {}
+        self._factors: dict[tuple[float, float, float], tuple[float, float]] = {}
+
+    def mem_weight(self, workload: int) -> float:
+        """The thesis's M of ``workload``'s model (``JobModel.share_mem_weight``)."""
+        return self._weights.get(self._names[workload], self.m.share_mem_weight_default)
+
+    def plateau(self, workload: int, gpus: int) -> tuple[float, float]:
+        """(GPU busy share, iteration time in s) of ``workload`` alone at its sweet spot."""
+        key = (workload, gpus)
+        got = self._plateau.get(key)
+        if got is None:
+            sizes = self._stages.get(self.wl.names[workload])
+            if sizes:
+                # The stages of this job size, else of the nearest size measured.
+                near = min(sizes, key=lambda g: (abs(g - gpus), g))
+                _data_ms, gpu_ms, comm_ms = sizes[near]
+                busy_ms = max(gpu_ms + comm_ms, 1e-6)
+                got = (min(1.0, max(0.0, gpu_ms / busy_ms)), busy_ms / 1000.0)
+            else:
+                got = (self.m.share_gpu_busy, 1.0)
+            self._plateau[key] = got
+        return got
+
+    def alone(self, workload: int, gpus: int, throughput: float) -> tuple[float, float]:
+        """(GPU busy share, iteration time in s) alone at a throughput (1 = sweet spot)."""
+        u, iteration_s = self.plateau(workload, gpus)
+        rate = max(throughput, 1e-6)
+        return u * min(1.0, rate), iteration_s / rate
+
+    def candidate(self, workload: int, gpus: int, throughput: float) -> ShareCandidate:
+        """What coda-node would record for a job of ``workload`` at this throughput."""
+        u, _ = self.alone(workload, gpus, throughput)
+        return ShareCandidate(self.wl.names[workload], u, u * self.mem_weight(workload))
+
+    def may_share(self, workload: int, gpus: int, throughput: float) -> bool:
+        """Whether a job of ``workload`` may use ``shard`` GRES: always for blind sharing;
+        with advice, whether the product's :func:`shareable_workloads` names it."""
+        if not self.advised:
+            return True
+        key = (workload, gpus, round(throughput, 3))
+        got = self._may.get(key)
+        if got is None:
+            cand = self.candidate(workload, gpus, key[2])
+            got = self._may[key] = bool(shareable_workloads([cand], margin=self.margin))
+        return got
+
+    def rate_factors(self, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        """Each job's progress rate while shared over its rate alone (``T / T'``), for two
+        jobs given as (GPU busy share, iteration time) alone; cached on u to 0.01 and the
+        iteration times' ratio to 3 significant digits."""
+        (ua, ta), (ub, tb) = a, b
+        flip = (ub, -tb) < (ua, -ta)
+        if flip:
+            (ua, ta), (ub, tb) = (ub, tb), (ua, ta)
+        key = (round(ua, 2), round(ub, 2), _sig(tb / ta))
+        got = self._factors.get(key)
+        if got is None:
+            ua_r, ub_r, ratio = key
+            stretch = 1.0 + self.overhead
+            ta_s, tb_s = 1.0, ratio
+            shared_a, shared_b = shared_iteration_s(
+                ua_r * ta_s * stretch,
+                (1.0 - ua_r) * ta_s,
+                ub_r * tb_s * stretch,
+                (1.0 - ub_r) * tb_s,
+            )
+            got = self._factors[key] = (ta_s / shared_a, tb_s / shared_b)
+        return (got[1], got[0]) if flip else got

@@ -176,6 +176,43 @@ class JobModel:
     V100 are measured; T4 (8.1 FP32 TFLOPS, 320 GB/s: below a P100's 9.3 and 720 GB/s) is
     assumed P100-like; A10 and Alibaba's undisclosed G1-G3 (8-GPU 96-core nodes like the
     V100M32 ones) are assumed no faster than a V100. Models not listed run at trace speed."""
+    # -- GPU sharing (issue 7, mechanism 4; slurm_plugin/sim/mechanisms.py, ShareModel) -----
+    share_switch_overhead: float = 0.05
+    """ε: each GPU phase of a job that shares its GPU (time-slicing, no MPS) takes this much
+    longer for the context switches. Tabrizian (MASc thesis, Toronto 2020) measured a small
+    slowdown for every pair of saturating jobs at batch size 512 (fig. 4.3, sec. 4.2)."""
+    share_gpu_busy: float = 1.0
+    """GPU busy share (NVML ``utilization.gpu``) at the sweet spot of the SoCC'18 classes
+    (Philly, Alibaba), each alone. Assumed: at its sweet spot a job is GPU-bound (the
+    throughput curve is flat there: more cores do not help). Muri's models take theirs
+    from the trace's stage times instead."""
+    share_mem_weight: tuple[tuple[str, float], ...] = (
+        ("lenet", 0.35),
+        ("alexnet", 0.35),
+        ("overfeat", 0.35),
+        ("googlenet", 0.55),
+        ("languagemodel", 0.45),
+        ("bi-att-flow", 0.45),
+        ("deepspeech", 0.45),
+        ("wavenet", 0.45),
+        ("resnet18", 0.40),
+        ("shufflenet_v2_x1_0", 0.55),
+        ("vgg16", 0.25),
+        ("vgg19", 0.25),
+        ("bert", 0.45),
+        ("gpt2", 0.45),
+        ("a2c", 0.30),
+        ("dqn", 0.30),
+    )
+    """The thesis's M (eq. 4.2: kernel-time-weighted memory-bandwidth utilisation) per model
+    (lower-case name); NVML's memory busy share is ``u × M``. Assumed, keeping only the
+    orderings the thesis states: ResNet-50 highest, VGG lowest (sec. 4.2, figs. 4.5-4.8),
+    and M growing with the batch size (fig. 4.8). GoogLeNet and ShuffleNet as ResNet-50
+    (deep nets of small kernels); AlexNet, LeNet, OverFeat near VGG (few large layers);
+    ResNet-18 between; the RNN, speech and Transformer models in the middle (the thesis
+    did not measure them); the RL models (small networks) low."""
+    share_mem_weight_default: float = 0.45
+    """M of a model not in ``share_mem_weight`` (the middle of its range)."""
 
     def with_params(self, overrides: dict[str, str]) -> JobModel:
         """A copy with ``NAME=VALUE`` overrides; ValueError naming the bad one."""
@@ -204,6 +241,15 @@ class JobModel:
                             )
                         gens.append((gpu.strip(), gen))
                     changes[name] = tuple(gens)
+                elif name == "share_mem_weight":
+                    weights = []
+                    for part in text.split(","):
+                        model_name, _, value = part.partition(":")
+                        if not model_name.strip() or not value:
+                            raise ValueError("expected MODEL:M pairs, e.g. vgg16:0.25")
+                        weights.append((model_name.strip().lower(), float(value)))
+                    # The models named replace theirs; the others keep the table's.
+                    changes[name] = tuple({**dict(current), **dict(weights)}.items())
                 elif isinstance(current, tuple) and name == "class_weights":
                     vals = tuple(float(v) for v in text.split(","))
                     if len(vals) != len(CLASSES):
