@@ -67,7 +67,7 @@ from coda_node.enforce import VERIFY_EVERY_TICKS
 from coda_node.mbm import mon_group_name
 from coda_node.nvml import Nvml
 from coda_node.policy import JobFacts, plan
-from coda_node.state import Limit, load_limits
+from coda_node.state import Limit
 from slurm_plugin.conf import load_config
 from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node, mknod_reason
@@ -138,7 +138,7 @@ def _breakdown_ms(daemon: Daemon, ticks: int) -> tuple[dict[str, list[float]], i
             t0 = time.process_time()
             snap = daemon.sampler.sample()
             t1 = time.process_time()
-            limits = load_limits(daemon.cfg.node_state_dir)
+            limits = daemon.limits_file.load()
             facts = {
                 job_id: JobFacts(
                     job_id=job_id,

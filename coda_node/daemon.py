@@ -47,7 +47,14 @@ from coda_node.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
 from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import JobView, NodeSnapshot, Sampler
 from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
-from coda_node.state import JobChanges, Limit, NodeState, StateError, StateFile, load_limits
+from coda_node.state import (
+    JobChanges,
+    Limit,
+    LimitsFile,
+    NodeState,
+    StateError,
+    StateFile,
+)
 from coda_node.status import event_action
 from coda_node.topology import GpuLocality
 from coda_node.usage import UsageAccumulator, UsageFlush, UsageTick
@@ -105,6 +112,7 @@ class Daemon:
         self.runner = runner or make_runner(env)
         self.nvml = nvml or Nvml()
         self.state_file = StateFile(cfg.node_state_dir)
+        self.limits_file = LimitsFile(cfg.node_state_dir)
         self.state = NodeState()
         self.layout: CgroupLayout = cgroups.discover_layout(self.root)
         self._make_cpuset = cpuset_writer or CpusetWriter
@@ -510,7 +518,7 @@ class Daemon:
             self._rediscover()
         limits = {}
         try:
-            limits = load_limits(self.cfg.node_state_dir)
+            limits = self.limits_file.load()
             self._limits_error = None
         except StateError as exc:
             if str(exc) != self._limits_error:

@@ -229,11 +229,17 @@ class JobMonitor:
                 self._drop(job_id)
                 self.unmonitored.pop(job_id, None)
                 return
-            if ctrl not in parents:
-                parents[ctrl] = self.control.read_tasks(ctrl)
-            # Only threads already in the parent can join ("tasks", kernel doc); any other
-            # (moved elsewhere since the enforcer's pass) would fail with EINVAL.
-            self.control.assign_mon_tasks(ctrl, name, [t for t in ids if t in parents[ctrl]])
+            # The group's own list first: in the steady state every thread is already in
+            # it, and the parent's list (the default group's is every thread on the node
+            # outside CODA's groups) is read only when one is not.
+            listed = self.control.read_tasks(ctrl, name)
+            new = [t for t in ids if t not in listed]
+            if new:
+                if ctrl not in parents:
+                    parents[ctrl] = self.control.read_tasks(ctrl)
+                # Only threads already in the parent can join ("tasks", kernel doc); any
+                # other (moved elsewhere since the enforcer's pass) would fail with EINVAL.
+                self.control.assign_mon_tasks(ctrl, name, [t for t in new if t in parents[ctrl]])
             g.tids_s = now_s
             if first:
                 # Jobs found together would all re-read their threads on one tick: spread

@@ -13,10 +13,11 @@ newer coda-node is refused with what to do, never overwritten.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,22 +171,32 @@ class StateFile:
         write_bytes_atomic(self.path, self._encode(data).encode(), durable=durable)
 
     def _encode(self, data: dict[str, Any]) -> str:
-        """``data`` as JSON, its view part by part (:attr:`KEPT_PARTS` reused)."""
+        """``data`` as JSON, its view part by part (:attr:`KEPT_PARTS` reused), and the
+        records of changes reused while they are equal to the ones encoded: they change
+        only when the daemon writes to a job, and with 16 changed jobs their encoding was
+        ~55 µs of every tick (docs/benchmarks.md, the tick's sixth pass)."""
         view = data.pop("view")
+        # The enforcer adds to a record's nested dicts in place (a new step's original
+        # cpuset): the kept value is a deep copy, so an addition never compares equal.
+        changes = self._kept_text("\0changes", data.pop("changes"), copy_value=True)
         parts = []
         for key, value in view.items():
-            text = None
-            if key in self.KEPT_PARTS:
-                kept = self._kept.get(key)
-                # Equal lists of the same event dicts compare by identity, element by element.
-                if kept is not None and kept[0] == value:
-                    text = kept[1]
-                else:
-                    text = _encode_state(value)
-                    self._kept[key] = (value, text)
+            text = self._kept_text(key, value) if key in self.KEPT_PARTS else None
             parts.append(f"{_encode_state(key)}: {text or _encode_state(value)}")
         head = _encode_state(data)
-        return f'{head[:-1]}, "view": {{{", ".join(parts)}}}}}'
+        return f'{head[:-1]}, "changes": {changes}, "view": {{{", ".join(parts)}}}}}'
+
+    def _kept_text(self, key: str, value: Any, *, copy_value: bool = False) -> str:
+        """``value`` encoded, or the kept encoding of an equal value. Without
+        ``copy_value`` the value itself is kept: right for events, dicts never changed once
+        made (equal lists of the same event dicts compare by identity, element by
+        element); with it a deep copy, for values that may change in place."""
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] == value:
+            return kept[1]
+        text = _encode_state(value)
+        self._kept[key] = (copy.deepcopy(value) if copy_value else value, text)
+        return text
 
 
 def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644, durable: bool = True) -> None:
@@ -273,6 +284,56 @@ def load_limits(state_dir: Path) -> dict[int, Limit]:
     if not isinstance(data, dict) or data.get("format") != "coda-node-limits":
         raise StateError(f"{path} is not a coda-node limits file; limits ignored")
     return {int(k): Limit.from_dict(v) for k, v in (data.get("limits") or {}).items()}
+
+
+LIMITS_SETTLED_S = 1.0
+"""A limits file whose mtime is at least this old is kept and not read again while its
+stat stays the same. A younger one is read every time: a rewrite within the filesystem's
+timestamp granularity could keep size and mtime (and reuse the freed inode), the "racy"
+case git's index guards against the same way (Documentation/technical/racy-git.txt).
+Any later rewrite then gets a later mtime on a filesystem whose timestamps are at least
+this fine (ext4, xfs, btrfs, tmpfs: a jiffy; ext3's small inodes: 1 s)."""
+
+
+class LimitsFile:
+    """The operator's limits (:func:`load_limits`), read by the daemon on every tick and
+    parsed again only when the file changed: one stat instead of an open, a read, a JSON
+    parse and the Limit objects (docs/benchmarks.md, the tick's sixth pass). A change by
+    ``coda-node limit`` (an atomic rename: a new inode, size, mtime and ctime) is seen on
+    the next tick as before."""
+
+    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.dir = state_dir
+        self._path = os.fspath(state_dir / LIMITS_FILE)
+        self._clock = clock
+        self._kept: tuple[tuple[int, ...], dict[int, Limit]] | None = None
+        self.reads = 0
+        """How many times the file was read and parsed (tests count them)."""
+
+    def load(self) -> dict[int, Limit]:
+        """As :func:`load_limits`; raises :class:`StateError` the same way, every time."""
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            self._kept = None
+            return {}
+        except OSError:
+            st = None  # load_limits says what is wrong
+        key = (
+            (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if st is not None
+            else None
+        )
+        if key is not None and self._kept is not None and self._kept[0] == key:
+            return dict(self._kept[1])
+        self._kept = None
+        self.reads += 1
+        limits = load_limits(self.dir)
+        # Read after the stat: a file replaced in between is read again next time (its
+        # stat differs), never kept under a newer stat than what was read.
+        if key is not None and self._clock() - max(st.st_mtime, st.st_ctime) >= LIMITS_SETTLED_S:
+            self._kept = (key, limits)
+        return dict(limits)
 
 
 def save_limits(state_dir: Path, limits: Mapping[int, Limit]) -> None:
