@@ -31,6 +31,7 @@ from coda_node.paths import SystemRoot
 from coda_node.perf import cpu_socket
 from coda_node.progress import ProgressFiles
 from coda_node.sampling import JobView, NodeSnapshot
+from coda_node.topology import pci_address
 from slurm_plugin.conf import CodaConfig
 from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.store import ProfileStore, Sample, StoreError
@@ -282,11 +283,8 @@ class AdaptiveLoop:
             return None
         if pci_bus_id not in self._switch:
             key = None
-            m = re.fullmatch(
-                r"(?:[0-9A-Fa-f]*([0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)", pci_bus_id
-            )
-            if m:
-                addr = f"{(m.group(1) or '0000').lower()}:{m.group(2).lower()}"
+            addr = pci_address(pci_bus_id)
+            if addr is not None:
                 link = self.root.path(f"/sys/bus/pci/devices/{addr}")
                 chain = [p for p in os.path.realpath(link).split("/") if _PCI_ADDR.fullmatch(p)]
                 if len(chain) >= 3:
