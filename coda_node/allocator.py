@@ -25,7 +25,11 @@ Cost bounds, all per job unless said otherwise:
 Units: core counts are the job's cores on this node; rates are whatever
 :class:`coda_node.observe.Progress` gives (iterations/s or GPU %). Published samples are
 normalised to the job's own plateau (100 = the plateau of this run), so runs with other
-batch sizes, data sets or GPU proxies of the same workload merge into one curve.
+batch sizes, data sets or GPU proxies of the same workload merge into one curve; a run
+given too few cores calls its top 100 too, and :func:`slurm_plugin.model.refit_profile`
+puts the runs on one scale. It finds them by the order published here
+(:func:`slurm_plugin.model.run_labels`): the whole allocation first, then the floor of one
+core per GPU, each count in one block, never revisited within a run. Keep that order.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # the store imports nothing from here, but keep the model numpy-only at runtime
-    from slurm_plugin.store import Profile
+    from slurm_plugin.store import Profile, Sample
 
 __all__ = [
     "Fit",
@@ -70,6 +70,7 @@ __all__ = [
     "next_probe",
     "normalise_samples",
     "refit_profile",
+    "run_labels",
 ]
 
 
@@ -120,6 +121,10 @@ _N_PARAMS = 3
 # 79 %, 87 %, 98 %). With rounded knees and adaptive probing (the benchmark) fits reporting
 # 0.9-0.99 are right about 90 % of the time. Below 0.8 the tempered value is pessimistic.
 _POSTERIOR_TEMPERATURE = 3.0
+
+# Alternating least-squares rounds for the runs' scale factors (_run_scales); each is one
+# profile over the θ grid (~0.3 ms for 64 samples). They settle in a few rounds in practice.
+_SCALE_ITERATIONS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,12 +562,14 @@ def refit_profile(
 ) -> Profile:
     """Re-estimate a stored profile from its samples; a ``refit`` for ``merge_samples``.
 
-    Uses the single-node samples (``nodes == 1``), scaled to the most common GPU count
-    among them (:func:`normalise_samples`, then times that count: the fit is not
-    scale-free), and :func:`estimate_sweet_spot` over their core range, with confidence
-    judged ±1 core per GPU; the answer is divided back per GPU. Sets ``cpus_per_gpu``,
-    ``confidence`` and ``fit`` (JSON: ``method``, ``fit_gpus``,
-    ``sweet_spot_cores_per_gpu``, ``plateau_throughput`` per GPU, ``n_used``, plus
+    Uses the single-node samples (``nodes == 1``) of one GPU count, the one whose runs
+    measured the most cores per GPU, in that count's own cores (the fit is not
+    scale-free), with the runs among them (:func:`run_labels`) put on one scale (each run's
+    samples are relative to that run's own top), and :func:`estimate_sweet_spot` over
+    their core range, with confidence judged ±1 core per GPU; the answer is divided back
+    per GPU (see :func:`_spot_of_widest_gpu_count`). Sets ``cpus_per_gpu``, ``confidence``
+    and ``fit`` (JSON: ``method``, ``fit_gpus``, ``sweet_spot_cores_per_gpu``,
+    ``plateau_throughput`` per GPU in the widest run's units, ``n_used``, ``runs``, plus
     :meth:`Fit.to_dict`'s keys for the ``"fit"`` method). Never raises for unusable
     samples: a merge must still store them, so the profile comes back with ``confidence``
     0, ``cpus_per_gpu`` unchanged and ``fit={"error": <why>}``.
@@ -573,9 +580,9 @@ def refit_profile(
     ``CENSOR_MARGIN`` of it if more), the fit is marked ``censored`` with
     ``measured_top_cores_per_gpu``, and ``cpus_per_gpu`` asks for ``explore_factor`` times
     that, so the next run has room to show where the curve flattens (coda-node probes it
-    again). Each run's samples are normalised to that run's own top, so when a later run
-    measures above a censored top, the samples before that run are dropped from the
-    profile: they were relative to a plateau that was not one.
+    again). When a later run measures above a censored top, the samples before that run
+    are dropped from the profile: they were relative to a plateau that was not one (they
+    would be rescaled, but the wider run alone says more about where the curve flattens).
     """
     if not 0.0 < plateau_fraction <= 1.0:
         raise ValueError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
@@ -595,22 +602,8 @@ def refit_profile(
     try:
         if not used:
             raise InsufficientSamples("no single-node samples")
-        c, y = normalise_samples((s.cores, s.throughput, s.gpus) for s in used)
-        # Fit in the units of the most common GPU count: the curve's log term is not
-        # scale-free (log(C/8) = log C - log 8 and the model has no intercept), so an
-        # 8-GPU job's curve fitted per GPU (1..4 cores) comes out wrong.
-        counts: dict[int, int] = {}
-        for smp in used:
-            counts[smp.gpus] = counts.get(smp.gpus, 0) + 1
-        gpus = max(counts, key=lambda g: (counts[g], g))
-        try:
-            spot, lo, hi = _spot_in_units(c * gpus, y * gpus, plateau_fraction, gpus)
-        except InsufficientSamples:
-            if gpus == 1:
-                raise
-            # Too few counts for a fit, but per GPU they may cover a table's range.
-            gpus = 1
-            spot, lo, hi = _spot_in_units(c, y, plateau_fraction)
+        normalise_samples((s.cores, s.throughput, s.gpus) for s in used)  # validates
+        spot, lo, hi, gpus, n_used, n_runs = _spot_of_widest_gpu_count(used, plateau_fraction)
     except ModelError as exc:
         return replace(profile, samples=samples, confidence=0.0, fit={"error": str(exc)})
     fit: dict[str, Any] = {} if spot.fit is None else spot.fit.to_dict()
@@ -619,7 +612,8 @@ def refit_profile(
         fit_gpus=gpus,
         sweet_spot_cores_per_gpu=math.ceil(spot.cores / gpus),
         plateau_throughput=float(spot.plateau_throughput) / gpus,
-        n_used=len(used),
+        n_used=n_used,
+        runs=n_runs,
     )
     cpus_per_gpu = max(1, math.ceil(spot.cores / gpus))
     # A plateau is only seen if something was measured clearly past the knee: a core, or
@@ -635,6 +629,182 @@ def refit_profile(
         confidence=float(spot.confidence),
         fit=fit,
     )
+
+
+def _spot_of_widest_gpu_count(
+    used: Sequence[Sample], plateau_fraction: float
+) -> tuple[SweetSpot, int, int, int, int, int]:
+    """The sweet spot of the single-node samples of one GPU count: ``(spot, lo, hi, units,
+    samples used, runs used)``, cores in ``units``-GPU units (``units`` is that GPU count,
+    or 1 when only a per-GPU table fits).
+
+    The GPU count is the one whose runs measured the most cores per GPU (then the one with
+    more samples, then more GPUs): the runs that had the most cores saw the most of the
+    curve, and runs on other GPU counts are not pooled with them, because the curve's log
+    term is not scale-free (log(C/8) = log C - log 8 and the model has no intercept), so an
+    8-GPU job's curve in per-GPU cores has another shape than a 1-GPU job's: in the
+    simulator, 1- and 8-GPU runs of one workload pooled per GPU gave a knee at half the true
+    one. If that count's samples cannot be fitted, the next count is tried. Within the
+    count, runs are put on one scale (:func:`_run_scales`); samples are fitted in the job's
+    own cores (an 8-GPU job's probes at 8..96 cores, not 1..12 per GPU).
+    """
+    by_gpus: dict[int, list[Sample]] = {}
+    for smp in used:
+        by_gpus.setdefault(int(smp.gpus), []).append(smp)
+    order = sorted(
+        by_gpus,
+        key=lambda g: (max(s.cores for s in by_gpus[g]) / g, len(by_gpus[g]), g),
+        reverse=True,
+    )
+    first_error: ModelError | None = None
+    for gpus in order:
+        group = by_gpus[gpus]
+        c = np.array([s.cores for s in group], dtype=float)
+        y = np.array([s.throughput for s in group], dtype=float)
+        labels = _informative(run_labels(group), c)
+        keep = labels >= 0
+        c, y, labels = c[keep], y[keep], labels[keep]
+        n_runs = int(labels.max()) + 1
+        try:
+            if n_runs > 1:
+                y = y / _run_scales(c, y, labels)
+            try:
+                spot, lo, hi = _spot_in_units(c, y, plateau_fraction, gpus)
+                units = gpus
+            except InsufficientSamples:
+                if gpus == 1:
+                    raise
+                # Too few counts for a fit, but per GPU they may cover a table's range.
+                units = 1
+                spot, lo, hi = _spot_in_units(c / gpus, y / gpus, plateau_fraction)
+        except ModelError as exc:
+            first_error = first_error or exc
+            continue
+        return spot, lo, hi, units, int(c.size), n_runs
+    assert first_error is not None
+    raise first_error
+
+
+def run_labels(samples: Sequence[Sample]) -> np.ndarray:
+    """Which probing run each of a profile's samples came from (0, 1, ... in order).
+
+    Samples carry no run id, but coda-node's allocator publishes each run's samples
+    together and in the order it measured them (:mod:`coda_node.allocator`): first its
+    whole allocation, then the fewest cores, one per GPU (the floor), then counts below the
+    allocation, each count in one contiguous block and never revisited within the run. So a
+    new run starts where the GPU or node count changes, or where a count of the current run
+    comes back after other counts. It starts at the block before that one (the new run's
+    allocation) when the returning count is the floor, which every run probes second, or
+    when that block is above every earlier count of the current run; else at the returning
+    count itself. Samples without repeats (written by hand, in any order) are one run. A run
+    these rules miss merges into the one before it, which costs nothing when both ran on the
+    same allocation: their samples share a scale.
+    """
+    labels = np.zeros(len(samples), dtype=np.int64)
+    run = 0
+    blocks: list[tuple[int, float]] = []
+    """(first index, cores) of each block of the current run."""
+    for i, smp in enumerate(samples):
+        prev = samples[i - 1] if i else None
+        if prev is None:
+            blocks = [(i, smp.cores)]
+        elif (smp.gpus, smp.nodes) != (prev.gpus, prev.nodes):
+            run, blocks = run + 1, [(i, smp.cores)]
+        elif smp.cores != prev.cores:
+            if any(c == smp.cores for _, c in blocks):
+                last_start, last_cores = blocks[-1]
+                earlier = [c for _, c in blocks[:-1]]
+                back = len(blocks) >= 2 and (smp.cores == smp.gpus or last_cores > max(earlier))
+                run += 1
+                if back:
+                    labels[last_start:i] = run
+                    blocks = [(last_start, last_cores), (i, smp.cores)]
+                else:
+                    blocks = [(i, smp.cores)]
+            else:
+                blocks.append((i, smp.cores))
+        labels[i] = run
+    return labels
+
+
+def _informative(labels: np.ndarray, cores: np.ndarray) -> np.ndarray:
+    """``labels`` renumbered 0.. over the runs that say something about the curve's shape;
+    -1 for the others. Each run's samples are relative to that run's own top, an unknown
+    scale, so a run measured at one core count only says nothing once there are other
+    runs (its one level fits any curve). With a single run, every sample counts."""
+    runs = np.unique(labels)
+    if runs.size == 1:
+        return np.zeros_like(labels)
+    out = np.full_like(labels, -1)
+    k = 0
+    for r in runs:
+        mask = labels == r
+        if np.unique(cores[mask]).size >= 2:
+            out[mask] = k
+            k += 1
+    if k == 0:  # no run measured two counts: nothing to scale against, keep the pool
+        return np.zeros_like(labels)
+    return out
+
+
+def _run_scales(cores: np.ndarray, y: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-sample divisor putting every run on one scale: the run measured up to the most
+    cores (the likeliest to have seen the plateau; the latest of equals) keeps its scale,
+    each other run gets the least-squares factor onto the curve fitted to all of them.
+
+    Alternating least squares: fit one curve (:func:`_solve`, no refusals) to the scaled
+    samples, re-fit each run's factor to it, until the factors settle. A run normalised to a
+    top that was still rising (a censored run) then lines up under the runs that saw more,
+    and runs on different GPU counts (relative throughputs divided by different counts)
+    line up too.
+    """
+    runs = int(labels.max()) + 1
+    tops = np.array([cores[labels == r].max() for r in range(runs)])
+    ref = max(range(runs), key=lambda r: (tops[r], r))
+    # Start from the reference run's own samples, joined by straight lines (no model): each
+    # run's factor onto them where the two overlap. Every allocator run measures one core
+    # per GPU, so they overlap at least there. Starting from the runs' own tops instead
+    # lets a run normalised at a top that was still rising pull the knee down to that top,
+    # a local optimum the alternation does not leave.
+    ref_mask = labels == ref
+    ks, inverse = np.unique(cores[ref_mask], return_inverse=True)
+    means = np.bincount(inverse, weights=y[ref_mask]) / np.bincount(inverse)
+    scale = np.ones(runs)
+    for r in range(runs):
+        mask = labels == r
+        inside = mask & (cores >= ks[0]) & (cores <= ks[-1])
+        if r == ref or not np.any(inside):
+            continue
+        guide = np.interp(cores[inside], ks, means)
+        den, num = float(guide @ guide), float(y[inside] @ guide)
+        if den > 0.0 and num > 0.0:
+            scale[r] = num / den
+    grid = _theta_grid(float(cores.min()), float(cores.max()))
+    for _ in range(_SCALE_ITERATIONS):
+        ya = y / scale[labels]
+        mean = float(ya.mean())
+        if mean <= 0.0:
+            break
+        prof = _solve(cores, ya / mean, grid)
+        best = int(np.argmin(prof.sse))
+        point = _solve(cores, ya / mean, grid[best : best + 1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rising = point.p0[0] * np.log(cores) + point.p1[0] * cores
+        pred = mean * np.where(cores < grid[best], rising, point.p2[0])
+        new = scale.copy()
+        for r in range(runs):
+            if r == ref:
+                continue
+            mask = labels == r
+            den = float(pred[mask] @ pred[mask])
+            num = float(y[mask] @ pred[mask])
+            if den > 0.0 and num > 0.0:
+                new[r] = num / den
+        done = bool(np.allclose(new, scale, rtol=1e-6, atol=0.0))
+        scale = new
+        if done:
+            break
+    return scale[labels]
 
 
 def _spot_in_units(

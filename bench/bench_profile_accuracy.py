@@ -1,0 +1,304 @@
+"""Where CODA's DNN jobs lose time against the oracle in the simulator, and why.
+
+Runs the simulator's own code (``slurm_plugin.sim.engine``: the submit hook's
+``decide()``, coda-node's allocator through ``probe_run``, ``refit_profile``, the
+eliminator) on a trace prefix under the ``coda`` and ``oracle`` policies, with the same
+setup as ``coda-slurm simulate``. The engine is subclassed only to *record*: the profile
+each GPU job's decision saw at submission, which jobs were probed, and every interval of
+each DNN job's progress rate. Nothing it decides is changed. A third run, ``coda`` with
+perfect profiles (every GPU job given its true sweet spot, no probing, the eliminator as
+in ``coda``), bounds what better profiles could gain.
+
+It reports, for the ``coda`` run:
+
+* published cores per GPU over the true sweet spot per GPU (θ), per workload class and GPU
+  count, at each job's submission (the profile the hook used);
+* the share of GPU-job run time (GPU-hours) spent below 90 % of the job's plateau rate, by
+  cause: ``first run`` (no profile: the node's share), ``unconfident`` (a profile under
+  MinConfidence), ``censored``, ``low fit`` (a confident profile below θ), ``multi-node``,
+  ``node cap`` (θ above the node: the oracle is capped too), ``throttled`` (memory
+  contention with enough cores);
+* the mean-JCT gap to the oracle split into waiting and running, and the running part by
+  cause (cores below θ by the cause above, probes, contention and the rest);
+* core-hours GPU jobs held above their sweet spot (they can keep other jobs waiting).
+
+    .venv/bin/python bench/bench_profile_accuracy.py philly --jobs 5000 --load 0.8 --cpu-load 0.3
+    .venv/bin/python bench/bench_profile_accuracy.py muri --load 0.8 --cpu-load 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from slurm_plugin.curves import throughput_at
+from slurm_plugin.model import is_censored
+from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
+from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, _Sim
+from slurm_plugin.sim.traces import (
+    TraceError,
+    load_alibaba,
+    load_trace,
+    muri_stage_times,
+    trace_data_dir,
+)
+from slurm_plugin.sim.workloads import CLASSES, JobModel, assign_workloads, muri_classes
+
+_SLOW = 0.9
+"""A job runs "slow" below this share of its plateau rate."""
+
+
+class _Recorder(_Sim):
+    """The engine, recording what each GPU job saw and how fast it ran."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.seen: dict[int, tuple[str, float | None]] = {}
+        """job -> (profile state at submission, published cores per GPU or None)."""
+        self.slow_s: dict[int, float] = defaultdict(float)
+        """job -> seconds run below _SLOW of its plateau rate."""
+        self.mark: dict[int, tuple[float, float]] = {}
+        """job -> (since, rate) of its current interval."""
+        self.probed: set[int] = set()
+        """Jobs coda-node's allocator probed."""
+
+    def _need(self, j: int) -> tuple[bool, int, int, int]:
+        need = super()._need(j)
+        if need[0] and self.pol.cores == "coda":
+            wid = int(self.wl.workload[j])
+            prof = self.profiles.get(f"workload:{1000 + wid}:{self.wl.names[wid]}")
+            if prof is None:
+                self.seen[j] = ("none", None)
+            elif prof.confidence < self.cfg.min_confidence:
+                self.seen[j] = ("unconfident", float(prof.cpus_per_gpu))
+            elif is_censored(prof):
+                self.seen[j] = ("censored", float(prof.cpus_per_gpu))
+            else:
+                self.seen[j] = ("confident", float(prof.cpus_per_gpu))
+        return need
+
+    def _maybe_probe(self, run: Any, now: float) -> None:
+        before = self.counters["probed_jobs"]
+        super()._maybe_probe(run, now)
+        if self.counters["probed_jobs"] > before:
+            self.probed.add(run.job)
+
+    def _close(self, j: int, now: float) -> None:
+        since, rate = self.mark.get(j, (now, 1.0))
+        if rate < _SLOW:
+            self.slow_s[j] += now - since
+
+    def _resolve(self, now: float) -> None:
+        touched = [j for i in self.dirty_nodes for j in self.on_node[i] if self.running[j].gpu]
+        super()._resolve(now)
+        for j in touched:
+            run = self.running[j]
+            old = self.mark.get(j)
+            if old is None or old[1] != run.rate:
+                self._close(j, now)
+                self.mark[j] = (now, run.rate)
+
+    def _finish(self, j: int, now: float) -> None:
+        if j in self.mark:
+            self._close(j, now)
+            del self.mark[j]
+        super()._finish(j, now)
+
+
+class _PerfectProfiles(_Recorder):
+    """``coda`` with every GPU job given its true sweet spot (the oracle's cores) and no
+    probing: the eliminator and everything else as in ``coda``. The JCT it reaches is what
+    perfect profiles could give; the rest of the gap to the oracle is not the profiles'."""
+
+    def _coda_cores(self, j: int, gpn: int, k: int) -> int:
+        return max(1, math.ceil(self._theta(j, gpn, k)))
+
+    def _maybe_probe(self, run: Any, now: float) -> None:
+        return
+
+
+def _setup(spec: str, jobs: int | None, load: float, cpu_load: float, seed: int):
+    """The trace, nodes, workloads and model exactly as ``coda-slurm simulate`` builds them."""
+    model = JobModel()
+    trace = load_trace(spec)
+    if jobs is not None:
+        trace = trace.head(jobs)
+    nodes = size_for_load(trace, load)
+    if cpu_load > 0:
+        try:
+            donor = load_alibaba(
+                trace_data_dir() / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+            )
+        except (OSError, TraceError):
+            donor = None
+        trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=donor)
+    named = None
+    if trace.name.startswith("muri"):
+        named = muri_classes(
+            muri_stage_times(trace_data_dir() / "muri" / "cluster_trace.csv"), model
+        )
+    wl = assign_workloads(trace, model, seed, named_classes=named)
+    return trace, nodes, wl, model
+
+
+def _class_name(wl: object, wid: int) -> str:
+    k = int(wl.klass[wid])  # type: ignore[attr-defined]
+    if k < len(CLASSES):
+        return CLASSES[k].name
+    return wl.names[wid]  # type: ignore[attr-defined]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--jobs", type=int)
+    ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--cpu-load", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--coda-conf", action="append", default=[])
+    a = ap.parse_args()
+
+    trace, nodes, wl, model = _setup(a.trace, a.jobs, a.load, a.cpu_load, a.seed)
+    params = SimParams(coda_conf=tuple(CODA_CONF) + tuple(a.coda_conf))
+    sims = {}
+    for name, cls in (("coda", _Recorder), ("oracle", _Recorder), ("perfect", _PerfectProfiles)):
+        pol = POLICIES["oracle" if name == "oracle" else "coda"]
+        sim = cls(trace, nodes, wl, model, pol, params, None)
+        sim.run()
+        sims[name] = sim
+    coda, oracle, perfect = sims["coda"], sims["oracle"], sims["perfect"]
+    gpu = np.flatnonzero(trace.gpus > 0)
+    done = [j for j in gpu if not math.isnan(coda.end_s[j]) and not math.isnan(oracle.end_s[j])]
+    print(
+        f"{trace.name}: {len(gpu):,} GPU jobs, {len(done):,} finished under both; "
+        f"{len(nodes)} nodes; probed {coda.counters['probed_jobs']:,}, "
+        f"published {coda.counters['profiles_published']:,}"
+    )
+
+    # -- published cores per GPU vs the true sweet spot, per class and GPU count -------------
+    ratios: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for j in done:
+        state, cpg = coda.seen.get(j, ("none", None))
+        gpn, k = coda._gpn_nodes(j)
+        if cpg is None or k > 1:
+            continue
+        theta_per_gpu = coda._theta(j, gpn, 1) / gpn
+        ratios[(_class_name(wl, int(wl.workload[j])), gpn)].append(cpg / theta_per_gpu)
+    print("\npublished cores per GPU / true θ per GPU, single-node jobs that saw a profile")
+    print(f"{'class':<14} {'GPUs':>4} {'jobs':>6} {'p10':>6} {'p50':>6} {'p90':>6} {'<0.9':>6}")
+    for (cls, gpn), vals in sorted(ratios.items()):
+        v = np.asarray(vals)
+        p10, p50, p90 = np.percentile(v, [10, 50, 90])
+        low = _pct(float(np.mean(v < 0.9)))
+        print(f"{cls:<14} {gpn:>4} {v.size:>6} {p10:6.2f} {p50:6.2f} {p90:6.2f} {low}")
+
+    # -- GPU-hours below 90 % of plateau, by cause ------------------------------------------
+    total_gpu_s = 0.0
+    slow_by: dict[str, float] = defaultdict(float)
+    gap_run: dict[str, float] = defaultdict(float)
+    for j in done:
+        gpn, k = coda._gpn_nodes(j)
+        g = gpn * k
+        run_s = float(coda.end_s[j] - coda.start_s[j])
+        total_gpu_s += g * run_s
+        theta = coda._theta(j, gpn, k)
+        cores = int(coda.cores_per_node[j])
+        base = throughput_at(theta, cores, log_share=model.log_share)
+        asked = min(coda._user_cores(j, gpn), coda.max_cores)
+        work = float(trace.duration_s[j]) * throughput_at(theta, asked, log_share=model.log_share)
+        state, cpg = coda.seen.get(j, ("none", None))
+        if base < _SLOW:
+            if theta > coda.max_cores:
+                cause = "node cap"
+            elif k > 1:
+                cause = "multi-node"
+            elif state == "none":
+                cause = "first run"
+            elif state == "unconfident":
+                cause = "unconfident"
+            elif state == "censored":
+                cause = "censored"
+            else:
+                cause = "low fit"
+        else:
+            cause = "throttled"
+        slow_by[cause] += g * coda.slow_s.get(j, 0.0)
+        # Running-time gap to the oracle's run: cores, probes, contention (the rest).
+        o_cores = int(oracle.cores_per_node[j])
+        o_run = work / max(throughput_at(theta, o_cores, log_share=model.log_share), 1e-9)
+        by_cores = work / max(base, 1e-9) - o_run
+        by_probe = 0.0
+        if j in coda.probed:
+            pr = coda.probe_memo[(int(wl.workload[j]), cores, gpn)]
+            by_probe = pr.lost_work_s / max(base, 1e-9)
+        core_cause = cause if base < _SLOW else "cores >= 90 %"
+        gap_run[f"cores: {core_cause}"] += by_cores
+        gap_run["probing"] += by_probe
+        gap_run["contention and rest"] += run_s - o_run - by_cores - by_probe
+    print(f"\nGPU-job run time below {_SLOW:.0%} of plateau (share of all GPU-job GPU-hours)")
+    for cause, s in sorted(slow_by.items(), key=lambda kv: -kv[1]):
+        print(f"  {cause:<14} {_pct(s / total_gpu_s)}")
+    print(f"  {'total':<14} {_pct(sum(slow_by.values()) / total_gpu_s)}")
+
+    # -- mean JCT gap ---------------------------------------------------------------------
+    n = len(done)
+    idx = np.asarray(done)
+    sub = trace.submit_s[idx]
+    c_wait = float(np.mean(coda.start_s[idx] - sub))
+    o_wait = float(np.mean(oracle.start_s[idx] - sub))
+    c_run = float(np.mean(coda.end_s[idx] - coda.start_s[idx]))
+    o_run = float(np.mean(oracle.end_s[idx] - oracle.start_s[idx]))
+    p_jct = float(np.mean(perfect.end_s[idx] - sub))
+    print(
+        f"\nmean JCT: coda {(c_wait + c_run) / 3600:.2f} h, "
+        f"oracle {(o_wait + o_run) / 3600:.2f} h, "
+        f"coda with perfect profiles {p_jct / 3600:.2f} h"
+    )
+    print(f"  waiting  coda {c_wait / 3600:6.2f} h  oracle {o_wait / 3600:6.2f} h")
+    print(f"  running  coda {c_run / 3600:6.2f} h  oracle {o_run / 3600:6.2f} h")
+    print("  running gap by cause (mean hours per job):")
+    for cause, s in sorted(gap_run.items(), key=lambda kv: -kv[1]):
+        print(f"    {cause:<26} {s / n / 3600:7.3f}")
+    p_wait = float(np.mean(perfect.start_s[idx] - sub))
+    print(
+        f"  perfect profiles: waiting {p_wait / 3600:6.2f} h, "
+        f"running {(p_jct - p_wait) / 3600:6.2f} h"
+    )
+    # Cores held above the sweet spot (they can keep other jobs waiting), by profile state.
+    over: dict[str, float] = defaultdict(float)
+    for j in done:
+        gpn, k = coda._gpn_nodes(j)
+        want = min(coda.max_cores, max(1, math.ceil(coda._theta(j, gpn, k))))
+        extra = max(0, int(coda.cores_per_node[j]) - want) * k
+        state = "multi-node" if k > 1 else coda.seen.get(j, ("none", None))[0]
+        over[state] += extra * float(coda.end_s[j] - coda.start_s[j]) / 3600
+    total_core_h = (
+        sum(
+            int(coda.cores_per_node[j])
+            * coda._gpn_nodes(j)[1]
+            * float(coda.end_s[j] - coda.start_s[j])
+            for j in done
+        )
+        / 3600
+    )
+    print(f"\ncore-hours held above the sweet spot (of {total_core_h:,.0f} held by GPU jobs):")
+    for state, h in sorted(over.items(), key=lambda kv: -kv[1]):
+        print(f"  {state:<12} {h:12,.0f}")
+    states: dict[str, int] = defaultdict(int)
+    for j in done:
+        states[coda.seen.get(j, ("none", None))[0]] += 1
+    print(
+        "\nprofile seen at submission: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+    )
+
+
+if __name__ == "__main__":
+    main()
