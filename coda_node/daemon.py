@@ -539,6 +539,12 @@ class Daemon:
         snap = self.sampler.sample()
         facts = {}
         bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
+
+        def near_cpus(view: JobView) -> frozenset[int]:
+            """The CPUs local to the job's GPUs; asked only where CPUs are to be chosen."""
+            gpus = tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
+            return self.locality.near_cpus(gpus)
+
         for job_id, view in snap.jobs.items():
             if view.cgroup is None:
                 continue
@@ -546,9 +552,7 @@ class Daemon:
                 job_id=job_id,
                 allocated_cpus=self._allocated(job_id, view.cgroup),
                 is_dnn=view.kind == "dnn",
-                near_cpus=self.locality.near_cpus(
-                    tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
-                ),
+                near_cpus=near_cpus(view) if job_id in limits else frozenset(),
             )
         targets, problems = plan(facts, limits, mba=self.mba_unavailable)
         loop = self.loop.step(
@@ -558,7 +562,8 @@ class Daemon:
         )
         for job_id, cores in loop.cores.items():
             if job_id in facts and job_id not in targets:
-                cpus = choose_cpus(facts[job_id].allocated_cpus, cores, facts[job_id].near_cpus)
+                near = near_cpus(snap.jobs[job_id])
+                cpus = choose_cpus(facts[job_id].allocated_cpus, cores, near)
                 targets[job_id] = JobTarget(cpus=cpus, reason=f"probe: {cores} cores")
         for job_id, th in loop.throttles.items():
             if job_id in facts and job_id not in targets:
