@@ -111,6 +111,14 @@ def _started(
 
     monkeypatch.setattr(hook, "job_submit", counting)
     compiled_hook.start(ffi, lib)
+    # The reloader thread ticks once at start (then every 3600 s), and a tick drains C's
+    # records. Wait for that first tick to end (it writes the stats file last), so the
+    # tests' own drains and ticks are the only ones, however late the thread runs.
+    stats = root / "stats.json"
+    deadline_s = time.monotonic() + 60.0
+    while not stats.exists() and time.monotonic() < deadline_s:
+        time.sleep(0.005)
+    assert stats.exists(), "the reloader's first tick did not run within 60 s"
     try:
         yield plugin
     finally:
