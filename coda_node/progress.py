@@ -89,7 +89,12 @@ class ProgressFiles:
 
     def path_for(self, job_id: int) -> Path:
         """The real path of the job's file on this root: ``<dir>/job_<id>``."""
-        return self.directory / f"job_{int(job_id)}"
+        return Path(self._path_text(job_id))
+
+    def _path_text(self, job_id: int) -> str:
+        """:meth:`path_for` as a string: the loop reads every DNN job's file each tick, and
+        building the ``Path`` cost more than the read (docs/benchmarks.md)."""
+        return f"{os.fspath(self.directory)}/job_{int(job_id)}"
 
     def ensure(self, job_id: int, uid: int, gid: int | None = None) -> Path | None:
         """Create the job's file (empty, 0644, owned by ``uid``) unless a good one exists."""
@@ -113,9 +118,7 @@ class ProgressFiles:
         uid = self._owners.get(job_id)
         if uid is None:
             return None
-        # A string join, not path_for's Path: the loop reads every DNN job's file each
-        # tick, and building the Path cost more than the read (docs/benchmarks.md).
-        path = f"{os.fspath(self.directory)}/job_{int(job_id)}"
+        path = self._path_text(job_id)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
