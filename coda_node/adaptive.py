@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -34,7 +35,7 @@ from coda_node.sampling import JobView, NodeSnapshot
 from coda_node.topology import pci_address
 from slurm_plugin.conf import CodaConfig
 from slurm_plugin.model import is_censored, refit_profile
-from slurm_plugin.store import ProfileStore, Sample, StoreError
+from slurm_plugin.store import ProfileStore, Sample, StoreError, run_id_problem
 
 log = logging.getLogger("coda-node")
 
@@ -363,9 +364,23 @@ class AdaptiveLoop:
         return "confident" if confident else "probed"
 
     # -- publishing ---------------------------------------------------------------------------
-    def publish(self, pub: Publish, gpu_model: str | None = None) -> str:
+    def publish(
+        self, pub: Publish, gpu_model: str | None = None, *, now_unix_s: float | None = None
+    ) -> str:
         """Merge a probed job's samples into the profile store; one line saying what
-        happened (for the event log). Never raises."""
+        happened (for the event log). Never raises.
+
+        The samples share one run id, ``<node>:<job id>:<unix s>`` (``now_unix_s``, default
+        now): they are relative to this run's own top, and ``refit_profile`` puts runs on one
+        scale by it (:func:`slurm_plugin.model.run_labels`).
+        """
+        now = time.time() if now_unix_s is None else now_unix_s
+        run: str | None = f"{self.node_name}:{pub.job_id}:{int(now)}"
+        if run_id_problem(run) is not None:
+            # A node name the store cannot hold in an id (whitespace, non-ASCII, very long):
+            # publish without one, as before version 3 (refit then infers the runs), rather
+            # than lose the samples.
+            run = None
         samples = [
             Sample(
                 cores=float(cores),
@@ -374,6 +389,7 @@ class AdaptiveLoop:
                 nodes=1,
                 gpu_model=gpu_model,
                 node=self.node_name,
+                run=run,
             )
             for cores, throughput in pub.samples
         ]
@@ -384,6 +400,7 @@ class AdaptiveLoop:
                 samples,
                 refit=refit_profile,
                 source=f"coda-node:{self.node_name}",
+                now_unix_s=now,
             )
         except (StoreError, OSError, ValueError) as exc:
             return f"cannot publish to {self.store.root}: {exc}"

@@ -686,19 +686,55 @@ def _spot_of_widest_gpu_count(
 
 
 def run_labels(samples: Sequence[Sample]) -> np.ndarray:
-    """Which probing run each of a profile's samples came from (0, 1, ... in order).
+    """Which probing run each of a profile's samples came from (0, 1, ... in order of each
+    run's first sample).
 
-    Samples carry no run id, but coda-node's allocator publishes each run's samples
-    together and in the order it measured them (:mod:`coda_node.allocator`): first its
-    whole allocation, then the fewest cores, one per GPU (the floor), then counts below the
-    allocation, each count in one contiguous block and never revisited within the run. So a
-    new run starts where the GPU or node count changes, or where a count of the current run
-    comes back after other counts. It starts at the block before that one (the new run's
-    allocation) when the returning count is the floor, which every run probes second, or
-    when that block is above every earlier count of the current run; else at the returning
-    count itself. Samples without repeats (written by hand, in any order) are one run. A run
-    these rules miss merges into the one before it, which costs nothing when both ran on the
-    same allocation: their samples share a scale.
+    Samples that carry a run id (``Sample.run``, store format version 3: coda-node gives
+    each publish one) are grouped by it, wherever they are in the list. Each maximal
+    stretch of consecutive samples without one (written by hand, or by a coda before
+    version 3) is inferred on its own (:func:`_inferred_run_labels`) and gets fresh
+    numbers: it never joins a run that has an id, nor a stretch on the other side of one.
+    """
+    labels = np.zeros(len(samples), dtype=np.int64)
+    by_id: dict[str, int] = {}
+    n_runs = 0
+    i = 0
+    while i < len(samples):
+        run = samples[i].run
+        if run is not None:
+            if run not in by_id:
+                by_id[run] = n_runs
+                n_runs += 1
+            labels[i] = by_id[run]
+            i += 1
+            continue
+        end = i
+        while end < len(samples) and samples[end].run is None:
+            end += 1
+        inferred = _inferred_run_labels(samples[i:end])
+        labels[i:end] = inferred + n_runs
+        n_runs += int(inferred.max()) + 1
+        i = end
+    return labels
+
+
+def _inferred_run_labels(samples: Sequence[Sample]) -> np.ndarray:
+    """Which run each sample without a run id came from (0, 1, ... in order), inferred
+    from the order in which they were published.
+
+    coda-node's allocator publishes each run's samples together and in the order it
+    measured them (:mod:`coda_node.allocator`): first its whole allocation, then the fewest
+    cores, one per GPU (the floor), then counts below the allocation, each count in one
+    contiguous block and never revisited within the run. So a new run starts where the GPU
+    or node count changes, or where a count of the current run comes back after other
+    counts. It starts at the block before that one (the new run's allocation) when the
+    returning count is the floor, which every run probes second, or when that block is
+    above every earlier count of the current run; else at the returning count itself.
+    Samples without repeats (written by hand, in any order) are one run. A run these rules
+    miss merges into the one before it, which costs nothing when both ran on the same
+    allocation: their samples share a scale. A run whose allocation is the previous run's
+    last count continues that block, and the whole block goes to the new run (a refit can
+    then be several cores off): run ids exist so that coda-node's runs need no inference.
     """
     labels = np.zeros(len(samples), dtype=np.int64)
     run = 0

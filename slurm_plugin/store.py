@@ -58,8 +58,11 @@ from slurm_plugin.usage import usage_for_model as usage_for_model
 
 FORMAT = "coda-profile"
 #: Version 2 added ``usage`` (issue 7: per-GPU-model utilisation, PCIe traffic, progress).
-#: Version 1 files (no ``usage`` key) are still read, as ``usage=()``; writers write 2.
-FORMAT_VERSION = 2
+#: Version 1 files (no ``usage`` key) are still read, as ``usage=()``.
+#: Version 3 added ``run`` to every sample (which probing run measured it: samples of one run
+#: share a scale, see slurm_plugin.model.run_labels). Version 1 and 2 samples are read with
+#: ``run=None``. Writers write 3.
+FORMAT_VERSION = 3
 
 #: Name of the lock file (dot-prefixed, so readers skip it).
 LOCK_FILE_NAME = ".lock"
@@ -86,6 +89,9 @@ _SIGNATURE_RE = re.compile(
     r"(?:workload:(?:[0-9]+|\*):(?P<name>.+)|script:[0-9]+:[0-9a-f]{16})", re.ASCII | re.DOTALL
 )
 _CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f]")
+#: A sample's run id: printable ASCII without whitespace (it is shown in tables and logs).
+MAX_RUN_ID_CHARS = 128
+_RUN_ID_RE = re.compile(r"[\x21-\x7e]+", re.ASCII)
 
 # A directory whose mtime is closer to "now" than this may still change within the same
 # timestamp tick (ext4 and NFS servers store coarse-grained times), so it is not trusted as
@@ -158,9 +164,27 @@ def workload_of_signature(signature: str) -> str | None:
     return m.group("name") if m else None
 
 
+def run_id_problem(run: object) -> str | None:
+    """Why ``run`` is not a valid sample run id (None is valid), or None when it is: the
+    end of a sentence starting with the field's name (``samples[3].run must be ...``)."""
+    if run is None:
+        return None
+    if not isinstance(run, str):
+        return f"must be a string or null, got {_json_type(run)}"
+    if not 1 <= len(run) <= MAX_RUN_ID_CHARS:
+        return f"must be 1 to {MAX_RUN_ID_CHARS} characters, got {len(run)}"
+    if not _RUN_ID_RE.fullmatch(run):
+        return f"must be printable ASCII without whitespace, got {_json_type(run)}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One measured job step: ``throughput`` achieved with ``cores`` CPU cores per GPU."""
+    """One measured job step: ``throughput`` achieved with ``cores`` CPU cores per GPU.
+
+    ``run``: which probing run measured this sample; samples of one run share a scale.
+    None: unknown (written by hand, or by a version before 3).
+    """
 
     cores: float
     throughput: float
@@ -168,8 +192,10 @@ class Sample:
     nodes: int
     gpu_model: str | None = None
     node: str | None = None
+    run: str | None = None
 
-    _KEYS = ("cores", "throughput", "gpus", "nodes", "gpu_model", "node")
+    _KEYS_V2 = ("cores", "throughput", "gpus", "nodes", "gpu_model", "node")
+    _KEYS = (*_KEYS_V2, "run")
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -179,14 +205,19 @@ class Sample:
             "nodes": self.nodes,
             "gpu_model": self.gpu_model,
             "node": self.node,
+            "run": self.run,
         }
 
     @classmethod
-    def from_json_dict(cls, d: object, where: str, key: str = "sample") -> Sample:
-        """Validate one sample object; ``key`` (e.g. ``samples[3]``) prefixes problems."""
+    def from_json_dict(
+        cls, d: object, where: str, key: str = "sample", version: int = FORMAT_VERSION
+    ) -> Sample:
+        """Validate one sample object of a ``version`` file; ``key`` (e.g. ``samples[3]``)
+        prefixes problems."""
         if not isinstance(d, dict):
             raise ProfileFormatError(where, f"{key} must be an object, got {_json_type(d)}")
-        _check_keys(d, cls._KEYS, where, key)
+        # Versions 1 and 2 had no run ids; version 3 samples must carry the key (maybe null).
+        _check_keys(d, cls._KEYS_V2 if version < 3 else cls._KEYS, where, key)
         return cls(
             cores=_get_number(d, "cores", where, key, lo=0.0),
             throughput=_get_number(d, "throughput", where, key, lo=0.0),
@@ -194,6 +225,7 @@ class Sample:
             nodes=_get_int(d, "nodes", where, key, lo=1),
             gpu_model=_get_str(d, "gpu_model", where, key, nullable=True),
             node=_get_str(d, "node", where, key, nullable=True),
+            run=_get_run(d, where, key),
         )
 
 
@@ -361,7 +393,8 @@ class Profile:
                 where, f"samples must be a list, got {_json_type(samples_raw)}"
             )
         samples = tuple(
-            Sample.from_json_dict(s, where, f"samples[{i}]") for i, s in enumerate(samples_raw)
+            Sample.from_json_dict(s, where, f"samples[{i}]", version)
+            for i, s in enumerate(samples_raw)
         )
         fit = d["fit"]
         if fit is not None and not isinstance(fit, dict):
@@ -527,6 +560,15 @@ def _get_number(
             f"{_field(prefix, key)} must be a number {bounds}{null}, got {_json_type(value)}",
         )
     return float(value)
+
+
+def _get_run(d: dict[str, Any], where: str, prefix: str) -> str | None:
+    """A sample's ``run`` (absent before version 3: None)."""
+    value = d.get("run")
+    problem = run_id_problem(value)
+    if problem:
+        raise ProfileFormatError(where, f"{_field(prefix, 'run')} {problem}")
+    return value
 
 
 def _get_str(

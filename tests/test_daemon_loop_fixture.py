@@ -412,6 +412,9 @@ def test_online_profiling_publishes_the_curves_95_percent_point(
     assert prof.confidence >= sim.cfg.min_confidence
     assert {s.gpus for s in prof.samples} == {gpus}
     assert {s.node for s in prof.samples} == {"gpu01"}
+    # One publish, one run id, <node>:<job id>:<unix s> (store format version 3).
+    (run,) = {s.run for s in prof.samples}
+    assert re.fullmatch(rf"gpu01:{DNN}:\d+", run or ""), run
     # Probed below its allocation, then given all of it back.
     assert min(seen_cores) < len(job.cpus)
     assert sim.node.cpuset_texts(DNN)["."] == allocation + "\n"

@@ -908,6 +908,8 @@ def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
     d = make_profile().to_json_dict()
     d["format_version"] = 1
     del d["usage"]
+    for sample in d["samples"]:
+        del sample["run"]  # version 3 added it
     path = store.path_for(SIG)
     path.write_text(json.dumps(d))
     p = read_profile_file(path, store.trusted_uids)
@@ -919,16 +921,16 @@ def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
     # Rewriting it (any merge) upgrades it to the current version.
     store.merge_usage(SIG, _usage())
     on_disk = json.loads(path.read_bytes())
-    assert on_disk["format_version"] == FORMAT_VERSION == 2
+    assert on_disk["format_version"] == FORMAT_VERSION == 3
     assert len(on_disk["usage"]) == 1
 
 
-def test_version_2_round_trip_with_usage(store: ProfileStore) -> None:
+def test_usage_round_trip(store: ProfileStore) -> None:
     usage = (_usage("A100"), _usage("V100", pcie_bytes_per_s_per_gpu=None, iter_per_s_per_gpu=None))
     p = make_profile(usage=usage)
     path = store.write(p)
     d = json.loads(path.read_bytes())
-    assert d["format_version"] == 2
+    assert d["format_version"] == FORMAT_VERSION
     assert d["usage"][1] == {
         "gpu_model": "V100",
         "gpu_util": 0.8,

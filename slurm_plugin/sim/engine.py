@@ -926,7 +926,7 @@ class _Sim:
             updated_unix_s=now,
             source="coda-node",
         )
-        added = tuple(Sample(float(c), float(y), run.gpn, 1) for c, y in pr.samples)
+        added = tuple(Sample(float(c), float(y), run.gpn, 1, run=f"sim:{j}") for c, y in pr.samples)
         merged = replace(
             cur,
             samples=(cur.samples + added)[-64:],
