@@ -257,7 +257,8 @@ class AdaptiveLoop:
                 why = self._throttled_near(sockets_of_job[job_id], sockets_of_job)
                 if why:
                     probe_jobs[job_id] = replace(pj, blocked=why)
-        alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs)
+        ended = set(self.allocator.records) - live
+        alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs, ended=ended)
         for job_id, pj in probe_jobs.items():
             rec = self.allocator.records.get(job_id)
             dnn[job_id] = DnnJob(

@@ -22,6 +22,14 @@ Cost bounds, all per job unless said otherwise:
   later, its partial window thrown away);
 * ``max_jobs`` probed at once on a node.
 
+A job that ends while it is still being profiled publishes what it measured, if that is
+two core counts or more (its allocation and at least one count below): the next run of
+the workload starts from it instead of from nothing. Short jobs often end before their
+probes do (in the simulator, about half of the probed jobs on the Alibaba trace), and
+without this every one of their runs would be a first run. The caller says which jobs
+ended (``step(..., ended=...)``); a job that is only missing from one tick's jobs (its
+record dropped, as before) publishes nothing.
+
 Units: core counts are the job's cores on this node; rates are whatever
 :class:`coda_node.observe.Progress` gives (iterations/s or GPU %). Published samples are
 normalised to the job's own plateau (100 = the plateau of this run), so runs with other
@@ -35,7 +43,7 @@ core per GPU, each count in one block, never revisited within a run. Keep that o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from coda_node.observe import Progress
@@ -151,6 +159,8 @@ class Allocator:
         self.records: dict[int, ProbeRecord] = {}
         self._readmit: set[int] = set()
         """Adopted jobs whose admission this run has not checked yet (at their first step)."""
+        self._last: dict[int, ProbeJob] = {}
+        """Each job as the last step saw it: what an ended job's publication needs."""
 
     def adopt(
         self, job_id: int, record: Mapping[str, object], *, extra_below_s: float = 0.0
@@ -193,10 +203,21 @@ class Allocator:
         self._readmit.add(job_id)
         return True
 
-    def step(self, now_s: float, jobs: Mapping[int, ProbeJob]) -> AllocatorOutput:
+    def step(
+        self, now_s: float, jobs: Mapping[int, ProbeJob], *, ended: Collection[int] = ()
+    ) -> AllocatorOutput:
+        """One tick over the node's DNN jobs. ``ended``: jobs that have ended since the last
+        step (gone from the node); those still being profiled publish what they measured
+        (see the module). Other jobs missing from ``jobs`` are forgotten silently."""
         out = AllocatorOutput()
         for gone in set(self.records) - set(jobs):
-            del self.records[gone]
+            rec = self.records.pop(gone)
+            last = self._last.get(gone)
+            if gone in ended and last is not None and rec.state in ("probing", "waiting"):
+                self._ended(last, rec, out)
+        for gone in set(self._last) - set(jobs):
+            del self._last[gone]
+        self._last.update(jobs)
         self._readmit &= set(jobs)
         for job_id in sorted(jobs):
             job = jobs[job_id]
@@ -377,20 +398,7 @@ class Allocator:
         rec.window_start_s, rec.window_rates, rec.windows_done = None, [], 0
 
     def _estimate(self, job: ProbeJob, rec: ProbeRecord) -> SweetSpot | None:
-        if len({c for c, _ in rec.samples}) < 2:
-            return None
-        try:
-            return estimate_sweet_spot(
-                [c for c, _ in rec.samples],
-                [r for _, r in rec.samples],
-                plateau_fraction=self.params.plateau_fraction,
-                min_cores=min(c for c, _ in rec.samples),
-                max_cores=job.allocated_cores,
-            )
-        except InconsistentSamples:
-            return None
-        except ModelError:
-            return None
+        return _estimate_samples(rec.samples, job.allocated_cores, self.params)
 
     def _finish(self, job: ProbeJob, rec: ProbeRecord, why: str, out: AllocatorOutput) -> None:
         rec.state, rec.why, rec.current = "done", why, None
@@ -408,15 +416,71 @@ class Allocator:
                 },
             )
         )
-        if job.signature is None or not rec.samples:
+        pub = publication(job, rec.samples, result)
+        if pub is not None:
+            out.publish.append(pub)
+
+    def _ended(self, job: ProbeJob, rec: ProbeRecord, out: AllocatorOutput) -> None:
+        """``job`` ended while it was being profiled: publish what it measured."""
+        if not rec.samples:
             return
-        plateau = (
-            result.plateau_throughput if result is not None else max(r for _, r in rec.samples)
+        pub = ended_publication(job, rec, self.params)
+        out.events.append(
+            Event(
+                job.job_id,
+                "probe-ended",
+                f"the job ended after {rec.probes} probe(s), "
+                + (
+                    f"publishing the {len(pub.samples)} samples it measured"
+                    if pub is not None
+                    else "too early to publish: fewer than two core counts measured"
+                ),
+                {"probes": rec.probes, "samples": len(rec.samples)},
+            )
         )
-        if plateau <= 0:
-            return
-        samples = tuple((c, 100.0 * r / plateau) for c, r in rec.samples)
-        out.publish.append(Publish(job.job_id, job.signature, job.gpus, samples, result))
+        if pub is not None:
+            out.publish.append(pub)
+
+
+def publication(
+    job: ProbeJob, samples: list[tuple[int, float]], result: SweetSpot | None
+) -> Publish | None:
+    """What a run that measured ``samples`` (rates) publishes: each as % of the run's plateau
+    (``result``'s, else its fastest sample); None without a signature or samples."""
+    if job.signature is None or not samples:
+        return None
+    plateau = result.plateau_throughput if result is not None else max(r for _, r in samples)
+    if plateau <= 0:
+        return None
+    scaled = tuple((c, 100.0 * r / plateau) for c, r in samples)
+    return Publish(job.job_id, job.signature, job.gpus, scaled, result)
+
+
+def ended_publication(job: ProbeJob, rec: ProbeRecord, params: ProbeParams) -> Publish | None:
+    """What a job that ended while being profiled publishes: the samples of its finished
+    windows (the unfinished one is dropped), when they cover two core counts or more; one
+    count alone says nothing about the curve. Pure: the simulator asks it at every sample."""
+    if job.signature is None or len({c for c, _ in rec.samples}) < 2:
+        return None
+    result = _estimate_samples(rec.samples, job.allocated_cores, params)
+    return publication(job, rec.samples, result)
+
+
+def _estimate_samples(
+    samples: list[tuple[int, float]], allocated_cores: int, params: ProbeParams
+) -> SweetSpot | None:
+    if len({c for c, _ in samples}) < 2:
+        return None
+    try:
+        return estimate_sweet_spot(
+            [c for c, _ in samples],
+            [r for _, r in samples],
+            plateau_fraction=params.plateau_fraction,
+            min_cores=min(c for c, _ in samples),
+            max_cores=allocated_cores,
+        )
+    except (InconsistentSamples, ModelError):
+        return None
 
 
 def _record_from_dict(d: Mapping[str, object]) -> ProbeRecord:

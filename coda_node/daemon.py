@@ -158,6 +158,8 @@ class Daemon:
         self.capabilities: list[dict[str, object]] = []
         self.started_unix_s = time.time()
         self._limits_error: str | None = None
+        self._prev_snap: NodeSnapshot | None = None
+        """The last tick's snapshot: a job that ended since still has its GPUs there."""
         self.ticks_total = 0
         self.tick_errors_total = 0
         self.events_total: Counter[str] = Counter()
@@ -618,7 +620,8 @@ class Daemon:
             for what in res.failed:
                 self._event(job_id, f"failed: {what}", reason)
         for pub in loop.publish:
-            gpu_model = self._gpu_model(snap, pub.job_id)
+            seen = snap if pub.job_id in snap.jobs or self._prev_snap is None else self._prev_snap
+            gpu_model = self._gpu_model(seen, pub.job_id)
             line = self.loop.publish(pub, gpu_model)
             self._event(pub.job_id, "profile-publish", line)
         self._collect_usage(snap, facts, targets, loop)
@@ -632,6 +635,7 @@ class Daemon:
             allocated={j: f.allocated_cpus for j, f in facts.items()},
         )
         self.state.view = self._view(report, limits)
+        self._prev_snap = snap
         report.cpu_time_s = time.process_time() - cpu0
         self.state.view["tick_cpu_s"] = report.cpu_time_s
         # Changes were saved durably before each write; the view needs no fsync.

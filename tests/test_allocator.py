@@ -419,6 +419,60 @@ def test_a_job_that_disappears_is_forgotten() -> None:
     assert al.records[1].samples == [] and al.records[1].probes == 0
 
 
+def _end_job_1(sim: Sim) -> AllocatorOutput:
+    """Job 1 ends: the next step sees no job 1 and is told it ended."""
+    out = sim.allocator.step(sim.t, {}, ended={1})
+    sim.outs.append((sim.t, out))
+    return out
+
+
+def test_a_job_that_ends_mid_probe_publishes_what_it_measured() -> None:
+    sim = sim1(11)
+    _run_until_mid_probe(sim, probes=2)
+    rec = sim.allocator.records[1]
+    measured = list(rec.samples)
+    assert len({c for c, _ in measured}) >= 2
+    out = _end_job_1(sim)
+    assert 1 not in sim.allocator.records
+    [pub] = out.publish
+    # Every finished window, as % of this run's plateau, in the order measured; the
+    # allocation first, as refit_profile's run_labels expects.
+    assert [c for c, _ in pub.samples] == [c for c, _ in measured]
+    assert pub.samples[0][0] == 24
+    assert max(r for _, r in pub.samples) == pytest.approx(100.0, abs=8.0)
+    fast, slow = pub.samples[0][1], min(r for _, r in pub.samples)
+    assert slow < 0.8 * fast  # the floor's probe (1 core of an 11-core job) shows the curve
+    [(_, ev)] = [(t, e) for t, e in sim.events("probe-ended")]
+    assert "publishing the" in ev.rule and ev.job_id == 1
+
+
+def test_a_job_that_ends_after_one_count_publishes_nothing() -> None:
+    sim = sim1(11)
+    while not sim.allocator.records.get(1) or not sim.allocator.records[1].samples:
+        sim.tick()
+    assert {c for c, _ in sim.allocator.records[1].samples} == {24}
+    out = _end_job_1(sim)
+    assert out.publish == []
+    [(_, ev)] = sim.events("probe-ended")
+    assert "too early" in ev.rule
+
+
+def test_a_job_missing_from_one_step_but_not_ended_publishes_nothing() -> None:
+    sim = sim1(11)
+    _run_until_mid_probe(sim, probes=2)
+    out = sim.allocator.step(sim.t, {})
+    assert out.publish == [] and out.events == []
+    assert 1 not in sim.allocator.records
+
+
+def test_a_job_that_ended_after_publishing_does_not_publish_again() -> None:
+    sim = sim1(11)
+    sim.run_until_done()
+    assert len(sim.publishes()) == 1
+    out = _end_job_1(sim)
+    assert out.publish == [] and out.events == []
+
+
 def test_record_view_is_plain_json() -> None:
     sim = sim1(8)
     sim.run_until_done()

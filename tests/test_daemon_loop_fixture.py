@@ -432,6 +432,37 @@ def test_online_profiling_publishes_the_curves_95_percent_point(
     assert sim.node.cpuset_texts(DNN)["."] == allocation + "\n"
 
 
+def test_a_job_that_ends_mid_probe_publishes_what_it_measured(tmp_path: Path) -> None:
+    """Short jobs often end before their probes do; their samples still reach the store,
+    and the next run of the workload starts from them."""
+    sim = Sim(tmp_path, dnn_src="none")
+    gpus = len(sim.node.jobs[DNN].gpus)
+    for _ in range(200):
+        sim.advance()
+        sim.write_progress(DNN, _curve_rate(len(sim.cpuset(DNN)), gpus))
+        sim.tick()
+        rec = sim.daemon.loop.allocator.records[DNN]
+        if rec.state == "probing" and len({c for c, _ in rec.samples}) >= 2:
+            break
+    else:
+        raise AssertionError(f"never probed two counts: {sim.timeline}")
+    measured = [c for c, _ in sim.daemon.loop.allocator.records[DNN].samples]
+    assert sim.store.read(sim.signature) is None
+    assert len(sim.cpuset(DNN)) < 48  # still slimmed by the probe when it ends
+
+    sim.node.remove_job(DNN)
+    sim.advance()
+    sim.tick()
+    assert sim.events("probe-ended", DNN) and sim.events("profile-publish", DNN)
+    prof = sim.store.read(sim.signature)
+    assert prof is not None and prof.source == "coda-node:gpu01"
+    assert [s.cores for s in prof.samples] == measured
+    assert measured[0] == 48 and max(s.throughput for s in prof.samples) > 90
+    # The GPU model of a job that is gone, from the tick before it ended.
+    assert {s.gpu_model for s in prof.samples} == {"NVIDIA A100-SXM4-80GB"}
+    assert DNN not in sim.daemon.state.changes
+
+
 # --------------------------------------------------------------------------------------------
 # Progress files: only the job's own
 
