@@ -181,6 +181,7 @@ def main() -> None:
         f"{trace.name}: {len(gpu):,} GPU jobs, {len(done):,} finished under both; "
         f"{len(nodes)} nodes; probed {coda.counters['probed_jobs']:,}, "
         f"published {coda.counters['profiles_published']:,}"
+        f" ({coda.counters['profiles_published_ended']:,} of them by jobs that ended first)"
     )
 
     # -- published cores per GPU vs the true sweet spot, per class and GPU count -------------

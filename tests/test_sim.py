@@ -306,6 +306,49 @@ def test_coda_cores_are_what_the_submit_hook_decides_from_the_published_profile(
     assert abs(view.cpus_per_gpu - cores_for_fraction(6, max_cores=24)) <= 1
 
 
+def test_a_job_still_warming_up_does_not_hold_the_nodes_probe_slot() -> None:
+    # Job 0 (200 s, shorter than coda-node's warm-up) starts first; job 1 (an hour) starts
+    # a minute later on the same node. coda-node probes only after a job's warm-up, one job
+    # at a time: job 0 ends before it would be probed, so job 1 is probed and publishes.
+    rows = [(0.0, 200.0, 1, 12, 0), (60.0, 3600.0, 1, 12, 1)]  # 12: the node's share
+    trace = make_trace(rows, names=["short", "long"])
+    wl = assign_workloads(
+        trace, MODEL, 1, named_classes={n: (6.0, (0.0,) * 3) for n in ("short", "long")}
+    )
+    sim = engine._Sim(trace, uniform_nodes(1, 24, 2), wl, MODEL, POLICIES["coda"], CHECK, None)
+    sim.run()
+    assert sim.counters["probed_jobs"] == 1
+    assert set(sim.profiles) == {"workload:1001:long"}
+    # The short job lost no work to probes it never ran: it took its trace time.
+    assert sim.end_s[0] - sim.start_s[0] == pytest.approx(200.0, rel=0.01)
+
+
+def test_a_job_that_ends_mid_probe_publishes_what_it_measured() -> None:
+    # A run that ends after its allocation and a probe below it were measured but before
+    # the allocator is done publishes those samples (coda_node.allocator.ended_publication):
+    # the workload's profile exists after it, unconfident, and the next run is probed again.
+    probe = engine.probe_run(
+        theta_cores=6.0, allocated_cores=24, gpus=1, params=SimParams().probe, seed=1
+    )
+    assert probe.partial, "a probe run that never measured two core counts"
+    first_s, first = probe.partial[0]
+    assert first_s < probe.done_after_s and len({c for c, _ in first}) >= 2
+    # The job's run is its trace time at its 24 cores plus the work its probes cost.
+    ends_s = (first_s + probe.done_after_s) / 2
+    rows = [(0.0, ends_s - probe.lost_work_s, 1, 24, 0)]
+    trace = make_trace(rows)
+    wl = workloads_for(trace, theta=6)
+    sim = engine._Sim(trace, uniform_nodes(1, 24, 1), wl, MODEL, POLICIES["coda"], CHECK, None)
+    sim.run()
+    assert sim.counters["profiles_published_ended"] == 1
+    prof = sim.profiles["workload:1000:w"]
+    assert prof.samples[0].cores == 24 and {s.run for s in prof.samples} == {"sim:0"}
+    assert sim.end_s[0] == pytest.approx(ends_s, abs=1.0)
+    [*_, (_, published)] = [x for x in probe.partial if x[0] <= ends_s]
+    assert [s.cores for s in prof.samples] == [float(c) for c, _ in published]
+    assert len(published) < len(probe.samples)  # fewer than a finished run publishes
+
+
 def test_the_share_lifts_first_runs_and_shortens_them() -> None:
     # Eight different workloads, each run once, each needing 6 cores, users asking 2: the
     # hook knows none of them, so only UnprofiledUserValue=raise changes their cores.

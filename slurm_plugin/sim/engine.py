@@ -58,7 +58,7 @@ from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.policy import JobRequest, ProfileView, decide
 from slurm_plugin.sim.cluster import busy_window
 from slurm_plugin.sim.mechanisms import PlacementModel, ShareModel, spare_cpus_by_shape
-from slurm_plugin.sim.profiling import ProbeRun, probe_run
+from slurm_plugin.sim.profiling import WARMUP_S, ProbeRun, probe_run
 from slurm_plugin.sim.shield import NodeMix, Shield, slowdowns
 from slurm_plugin.sim.traces import NodeSpec, Trace
 from slurm_plugin.sim.workloads import JobModel, Workloads
@@ -223,6 +223,8 @@ class _Run:
     has_baseline: bool = False
     """DNN jobs: ran uncontended on its node for a while (the eliminator has a baseline)."""
     probing: bool = False
+    probe_from_s: float = 0.0
+    """When the job started (and its probing run began)."""
     speed: float = 1.0
     """DNN jobs: progress rate of its slowest GPU's generation (1 = trace speed)."""
     pcie_unit: bool = False
@@ -290,6 +292,8 @@ class _Sim:
             "rate_changes": 0,
             "probed_jobs": 0,
             "profiles_published": 0,
+            "profiles_published_ended": 0,
+            "probe_slot_busy": 0,
             "shield_lookups": 0,
             "decide_calls": 0,
             "capped_requests": 0,
@@ -885,9 +889,23 @@ class _Sim:
             return
         if len(run.nodes) != 1 or run.cores <= run.gpn or not self.p.probe.enabled:
             return
+        # Admitted at its start, as coda-node admits a job at its first tick; it takes the
+        # node's probe slot only when its warm-up is over, as coda-node's allocator does
+        # (a job still warming up, or one that ends first, keeps no other job from it).
+        run.probe_from_s = now
+        self._push(now + WARMUP_S, 4, run.job, 0)
+
+    def _probe_begin(self, j: int, now: float) -> None:
+        """Job ``j``'s warm-up is over: it is probed if its node's probe slot is free then
+        (coda-node would let it wait for the slot; here it is not probed)."""
+        run = self.running.get(j)
+        if run is None:
+            return
         node = run.nodes[0]
         if self.probing_on[node] >= self.p.probe.max_jobs:
+            self.counters["probe_slot_busy"] += 1
             return
+        wid = int(self.wl.workload[j])
         key = (wid, run.cores, run.gpn)
         pr = self.probe_memo.get(key)
         if pr is None:
@@ -902,8 +920,13 @@ class _Sim:
         self.counters["probed_jobs"] += 1
         run.probing = True
         self.probing_on[node] += 1
+        # The work the probes cost: the job's end moves later by it.
+        run.work_left -= run.rate * (now - run.last_s)
+        run.last_s = now
         run.work_left += pr.lost_work_s
-        self._push(now + pr.done_after_s, 2, j, 0)
+        run.version += 1
+        self._push(now + max(0.0, run.work_left) / max(run.rate, 1e-9), 0, j, run.version)
+        self._push(run.probe_from_s + pr.done_after_s, 2, j, 0)
 
     def _publish(self, j: int, now: float) -> None:
         run = self.running.get(j)
@@ -913,8 +936,27 @@ class _Sim:
         self.probing_on[run.nodes[0]] -= 1
         wid = int(self.wl.workload[j])
         pr = self.probe_memo[(wid, run.cores, run.gpn)]
-        if not pr.samples:
+        self._merge(j, run.gpn, pr.samples, now)
+
+    def _publish_ended(self, j: int, run: _Run, now: float) -> None:
+        """``run`` ended while probed: what coda-node publishes for a job that ends then
+        (the allocator's own ``ended_publication`` at the last sample before ``now``)."""
+        wid = int(self.wl.workload[j])
+        pr = self.probe_memo[(wid, run.cores, run.gpn)]
+        since_s = now - run.probe_from_s
+        samples: tuple[tuple[int, float], ...] = ()
+        for at_s, partial in pr.partial:
+            if at_s > since_s:
+                break
+            samples = partial
+        if samples:
+            self.counters["profiles_published_ended"] += 1
+        self._merge(j, run.gpn, samples, now)
+
+    def _merge(self, j: int, gpn: int, samples: tuple[tuple[int, float], ...], now: float) -> None:
+        if not samples:
             return
+        wid = int(self.wl.workload[j])
         name = self.wl.names[wid]
         sig = f"workload:{1000 + wid}:{name}"
         cur = self.profiles.get(sig) or Profile(
@@ -926,7 +968,7 @@ class _Sim:
             updated_unix_s=now,
             source="coda-node",
         )
-        added = tuple(Sample(float(c), float(y), run.gpn, 1, run=f"sim:{j}") for c, y in pr.samples)
+        added = tuple(Sample(float(c), float(y), gpn, 1, run=f"sim:{j}") for c, y in samples)
         merged = replace(
             cur,
             samples=(cur.samples + added)[-64:],
@@ -941,6 +983,8 @@ class _Sim:
 
     def _finish(self, j: int, now: float) -> None:
         run = self.running.pop(j)
+        if run.probing:
+            self._publish_ended(j, run, now)
         # Shared GPUs stay with the partner: they are freed when both jobs have ended.
         gpus_back = run.gpn
         if self.sharing and run.gpu and len(run.nodes) == 1:
@@ -1214,6 +1258,8 @@ class _Sim:
                         self.progress(1)
                 elif kind == 3:
                     self._reserve_tick(now)
+                elif kind == 4:
+                    self._probe_begin(j, now)
                 else:
                     self._publish(j, now)
             while ptr < n and float(submit[ptr]) <= now:

@@ -3,7 +3,9 @@
 :func:`probe_run` drives :class:`coda_node.allocator.Allocator` over one job whose true
 throughput curve is known, from the end of its warm-up until the allocator publishes (or
 gives up), with a small measurement noise. It returns what the daemon would publish and what
-probing cost the job: the work it did not do while running below its allocation.
+probing cost the job: the work it did not do while running below its allocation; and, for
+a job that ends before the allocator is done, what it would publish when it ends at each
+moment (:func:`coda_node.allocator.ended_publication`, asked after every new sample).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coda_node.allocator import Allocator, ProbeJob, ProbeParams
+from coda_node.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
 from coda_node.observe import Progress, SignalParams
 from slurm_plugin.curves import throughput_at
+
+WARMUP_S = SignalParams().warmup_s
+"""coda-node probes a job only after its warm-up: the probe slot is taken from then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,9 @@ class ProbeRun:
     probes: int
     sweet_spot_cores: int | None
     confidence: float | None
+    partial: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] = ()
+    """(seconds from the job's start, samples): what the job publishes if it ends from then
+    on, before ``done_after_s``; in time order. Empty before two core counts are measured."""
 
 
 def probe_run(
@@ -41,7 +49,7 @@ def probe_run(
     log_share: float = 0.3,
     noise_rel: float = 0.02,
     tick_s: float = 10.0,
-    warmup_s: float = SignalParams().warmup_s,
+    warmup_s: float = WARMUP_S,
     max_s: float = 4 * 3600.0,
 ) -> ProbeRun:
     """Profile a job with sweet spot ``theta_cores`` on ``allocated_cores`` (see module)."""
@@ -51,6 +59,8 @@ def probe_run(
     now = warmup_s
     lost = 0.0
     cores = allocated_cores
+    partial: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+    measured = 0
     while now < warmup_s + max_s:
         true = throughput_at(theta_cores, cores, log_share=log_share)
         rate = 100.0 * true * (1.0 + noise_rel * float(rng.standard_normal()))
@@ -76,6 +86,12 @@ def probe_run(
                 probes=rec.probes,
                 sweet_spot_cores=rec.result.cores if rec.result else None,
                 confidence=rec.result.confidence if rec.result else None,
+                partial=tuple(partial),
             )
+        if len(rec.samples) != measured:
+            measured = len(rec.samples)
+            ended = ended_publication(job, rec, params)
+            if ended is not None:
+                partial.append((now, ended.samples))
         now += tick_s
-    return ProbeRun((), now, lost, alloc.records[1].probes, None, None)
+    return ProbeRun((), now, lost, alloc.records[1].probes, None, None, tuple(partial))
