@@ -35,9 +35,11 @@ Units: core counts are the job's cores on this node; rates are whatever
 normalised to the job's own plateau (100 = the plateau of this run), so runs with other
 batch sizes, data sets or GPU proxies of the same workload merge into one curve; a run
 given too few cores calls its top 100 too, and :func:`slurm_plugin.model.refit_profile`
-puts the runs on one scale. It finds them by the order published here
-(:func:`slurm_plugin.model.run_labels`): the whole allocation first, then the floor of one
-core per GPU, each count in one block, never revisited within a run. Keep that order.
+puts the runs on one scale. It finds them by the run id the daemon gives each publish
+(store format 3); samples from older files have none and are told apart by the order
+published here (:func:`slurm_plugin.model.run_labels`): the whole allocation first, then
+the floor of one core per GPU, each count in one block, never revisited within a run.
+Keep that order.
 """
 
 from __future__ import annotations
