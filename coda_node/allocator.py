@@ -217,9 +217,7 @@ class Allocator:
             last = self._last.get(gone)
             if gone in ended and last is not None and rec.state in ("probing", "waiting"):
                 self._ended(last, rec, out)
-        for gone in set(self._last) - set(jobs):
-            del self._last[gone]
-        self._last.update(jobs)
+        self._last = dict(jobs)
         self._readmit &= set(jobs)
         for job_id in sorted(jobs):
             job = jobs[job_id]
