@@ -323,6 +323,44 @@ def test_a_job_still_warming_up_does_not_hold_the_nodes_probe_slot() -> None:
     assert sim.end_s[0] - sim.start_s[0] == pytest.approx(200.0, rel=0.01)
 
 
+def _two_jobs_on_one_node(second_s: float) -> engine._Sim:
+    """Jobs 0 (long) and 1 (``second_s``), two workloads that need 6 cores, started
+    together on one node with the node's share of 12 cores each."""
+    rows = [(0.0, 20000.0, 1, 12, 0), (0.0, second_s, 1, 12, 1)]
+    trace = make_trace(rows, names=["a", "b"])
+    wl = assign_workloads(
+        trace, MODEL, 1, named_classes={n: (6.0, (0.0,) * 3) for n in ("a", "b")}
+    )
+    sim = engine._Sim(trace, uniform_nodes(1, 24, 2), wl, MODEL, POLICIES["coda"], CHECK, None)
+    sim.run()
+    return sim
+
+
+def test_a_job_waits_for_the_nodes_probe_slot_and_is_probed_when_it_frees() -> None:
+    # coda-node probes one job of a node at a time: job 1's warm-up ends while job 0 holds
+    # the slot, so it waits, and the allocator gives it the slot when job 0's probes are
+    # done. Its probes then run as they would have from the end of its warm-up.
+    sim = _two_jobs_on_one_node(20000.0)
+    assert sim.counters["probe_slot_busy"] == 1 and sim.counters["probe_slot_waited"] == 1
+    assert sim.counters["probed_jobs"] == 2
+    first = sim.probe_memo[(0, 12, 1)]
+    second = sim.probe_memo[(1, 12, 1)]
+    assert sim.profiles["workload:1000:a"].updated_unix_s == pytest.approx(first.done_after_s)
+    second_done_s = first.done_after_s + (second.done_after_s - engine.WARMUP_S)
+    assert sim.profiles["workload:1001:b"].updated_unix_s == pytest.approx(second_done_s)
+
+
+def test_a_job_that_ends_while_it_waits_for_the_probe_slot_is_not_probed() -> None:
+    # Job 1 ends after its warm-up but long before job 0's probes are done.
+    sim = _two_jobs_on_one_node(engine.WARMUP_S + 60.0)
+    assert sim.probe_memo[(0, 12, 1)].done_after_s > engine.WARMUP_S + 120.0
+    assert sim.counters["probe_slot_busy"] == 1 and sim.counters["probe_slot_waited"] == 0
+    assert sim.counters["probed_jobs"] == 1
+    assert set(sim.profiles) == {"workload:1000:a"}
+    # It lost no work to probes it never ran.
+    assert sim.end_s[1] - sim.start_s[1] == pytest.approx(engine.WARMUP_S + 60.0, rel=0.01)
+
+
 def test_a_job_that_ends_mid_probe_publishes_what_it_measured() -> None:
     # A run that ends after its allocation and a probe below it were measured but before
     # the allocator is done publishes those samples (coda_node.allocator.ended_publication):

@@ -270,6 +270,8 @@ class _Sim:
         self.max_cores = int(self.node_cores.max())
         self.on_node: list[set[int]] = [set() for _ in range(n_nodes)]
         self.probing_on: list[int] = [0] * n_nodes
+        self.probe_waiting: list[list[int]] = [[] for _ in range(n_nodes)]
+        """Per node, a heap of the jobs past their warm-up that wait for its probe slot."""
         n = len(trace)
         self.start_s = np.full(n, np.nan)
         self.end_s = np.full(n, np.nan)
@@ -294,6 +296,7 @@ class _Sim:
             "profiles_published": 0,
             "profiles_published_ended": 0,
             "probe_slot_busy": 0,
+            "probe_slot_waited": 0,
             "shield_lookups": 0,
             "decide_calls": 0,
             "capped_requests": 0,
@@ -896,15 +899,35 @@ class _Sim:
         self._push(now + WARMUP_S, 4, run.job, 0)
 
     def _probe_begin(self, j: int, now: float) -> None:
-        """Job ``j``'s warm-up is over: it is probed if its node's probe slot is free then
-        (coda-node would let it wait for the slot; here it is not probed)."""
+        """Job ``j``'s warm-up is over: it is probed if its node's probe slot is free, or
+        else waits for it, as coda-node's allocator lets it."""
         run = self.running.get(j)
         if run is None:
             return
         node = run.nodes[0]
         if self.probing_on[node] >= self.p.probe.max_jobs:
             self.counters["probe_slot_busy"] += 1
+            heapq.heappush(self.probe_waiting[node], j)
             return
+        self._start_probe(j, run, now)
+
+    def _slot_freed(self, node: int, now: float) -> None:
+        """A probe on ``node`` is over: the waiting jobs take the slot by job order, as the
+        allocator, which looks at a node's waiting jobs by job id, gives it."""
+        waiting = self.probe_waiting[node]
+        while waiting and self.probing_on[node] < self.p.probe.max_jobs:
+            j = heapq.heappop(waiting)
+            run = self.running.get(j)
+            if run is None:
+                continue  # ended while it waited
+            # The probe's times count from the job's start with its warm-up first; this
+            # job's warm-up ended when it began to wait, its probes begin now.
+            run.probe_from_s = now - WARMUP_S
+            self.counters["probe_slot_waited"] += 1
+            self._start_probe(j, run, now)
+
+    def _start_probe(self, j: int, run: _Run, now: float) -> None:
+        node = run.nodes[0]
         wid = int(self.wl.workload[j])
         key = (wid, run.cores, run.gpn)
         pr = self.probe_memo.get(key)
@@ -937,6 +960,7 @@ class _Sim:
         wid = int(self.wl.workload[j])
         pr = self.probe_memo[(wid, run.cores, run.gpn)]
         self._merge(j, run.gpn, pr.samples, now)
+        self._slot_freed(run.nodes[0], now)
 
     def _publish_ended(self, j: int, run: _Run, now: float) -> None:
         """``run`` ended while probed: what coda-node publishes for a job that ends then
@@ -1011,6 +1035,8 @@ class _Sim:
             if run.owner:
                 self.now_alloc -= run.gpn * len(run.nodes)
             self.now_eff -= run.gpn * len(run.nodes) * run.rate
+        if run.probing:
+            self._slot_freed(run.nodes[0], now)
 
     # -- rates -------------------------------------------------------------------------------
     def _resolve(self, now: float) -> None:
