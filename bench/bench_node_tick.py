@@ -7,14 +7,24 @@ jobs, 16 CPU jobs) in a cgroup v1 tree, scontrol answered in-process. Root is ne
 the /dev/nvidia* character devices. ``--dir`` puts the fixture (and so the state file,
 which is fsynced on every save) on another filesystem; the default is the temp directory.
 
-Measured with time.process_time (this process's CPU time, user + system), per tick:
+Measured with time.process_time (this process's CPU time, user + system), per tick. The
+daemons run on a simulated monotonic clock moved on by ``--tick-s`` before each tick (the
+NodeIntervalS default, 1 s), so what they do every so many seconds comes as often per tick
+as on a node, however fast the ticks run here:
 
 1. ``Daemon.tick()`` with no limits;
 2. ``Daemon.tick()`` with 8 GPU jobs held to 2 of their 3 CPUs (cpuset) and 8 CPU jobs
-   capped at 0.5 cores (quota), in steady state: the first tick, which applies them, is
-   shown on its own, and the median of each tick of the enforcer's check period
-   (``VERIFY_EVERY_TICKS``): its periodic work is spread over the period, so no tick of
-   it should stand out;
+   capped at 0.5 cores (quota), in steady state: the first tick, which applies them, and
+   the tick after it, which checks every changed job in full, are shown on their own; the
+   steady ticks start one second later (a limits file younger than that is re-read every
+   tick) and one check period after; and the median of each tick of the enforcer's check
+   period (``VERIFY_EVERY_TICKS``) is shown: its periodic work is spread over the period,
+   so no tick of it should stand out.
+
+   After each tick of 1 and 2 the same fixed work is timed (``_Reference``: Python
+   arithmetic of the ticks' median CPU time, calibrated on ``CALIBRATION_TICKS`` ticks
+   before), so the tick's p99 can be read beside what the machine's own noise does to a
+   job of the same size measured the same way;
 3. the parts of a tick, timed by calling them directly as ``tick()`` does: sampling
    (cgroups, scontrol cache, NVML), limits file + plan, the adaptive loop's step (progress
    files, profiling, contention; the run fails if it would act), reconcile (cgroup reads
@@ -67,7 +77,7 @@ from coda_node.enforce import VERIFY_EVERY_TICKS
 from coda_node.mbm import mon_group_name
 from coda_node.nvml import Nvml
 from coda_node.policy import JobFacts, plan
-from coda_node.state import Limit
+from coda_node.state import LIMITS_SETTLED_S, Limit
 from slurm_plugin.conf import load_config
 from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node, mknod_reason
@@ -75,6 +85,7 @@ from tests.test_daemon_loop_fixture import mount_resctrl
 
 TARGET_TICK_MS = 5.0
 TARGET_RSS_MB = 60.0
+CALIBRATION_TICKS = 50
 MB = 1024 * 1024
 
 
@@ -95,13 +106,68 @@ def _verdict(ms: list[float]) -> str:
     return f"<{TARGET_TICK_MS:g} {'ok' if p99 < TARGET_TICK_MS else 'OVER'}"
 
 
-def _tick_times_ms(daemon: Daemon, ticks: int) -> list[float]:
+class _Clock:
+    """The daemons' monotonic clock, advanced by hand: one tick every ``step_s``."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now_s = 1000.0
+        self.step_s = step_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _tick_times_ms(daemon: Daemon, ticks: int, clock: _Clock) -> list[float]:
+    """CPU time of ``ticks`` ticks, ``clock`` moved on by its step before each."""
     out = []
     for _ in range(ticks):
+        clock.now_s += clock.step_s
         t0 = time.process_time()
         daemon.tick()
         out.append((time.process_time() - t0) * 1e3)
     return out
+
+
+class _Reference:
+    """Fixed work of a tick's median CPU time, timed the same way between ticks.
+
+    It does the same thing every time (Python arithmetic and small allocations, no system
+    calls), so what its times spread by is the machine's: other processes' cache and
+    memory traffic, interrupts charged to this process, the VM's CPU. A tick's p99 beside
+    this one's says how much of it is the tick and how much is the machine."""
+
+    def __init__(self, target_ms: float) -> None:
+        self.rounds = 1
+        per_round_ms = min(self._time_ms(200) for _ in range(5)) / 200
+        self.rounds = max(1, round(target_ms / max(per_round_ms, 1e-6)))
+
+    @staticmethod
+    def _work(rounds: int) -> int:
+        acc = 0
+        for k in range(rounds):
+            row = [k * j for j in range(40)]
+            acc ^= sum(row) & 0xFFFF
+        return acc
+
+    def _time_ms(self, rounds: int) -> float:
+        t0 = time.process_time()
+        self._work(rounds)
+        return (time.process_time() - t0) * 1e3
+
+    def __call__(self) -> float:
+        return self._time_ms(self.rounds)
+
+
+def _steady_ms(daemon: Daemon, ticks: int, clock: _Clock) -> tuple[list[float], list[float]]:
+    """``ticks`` ticks, each followed by the reference work of the ticks' median (calibrated
+    on ``CALIBRATION_TICKS`` ticks before them, not counted): the tick's times and the
+    reference's."""
+    ref = _Reference(statistics.median(_tick_times_ms(daemon, CALIBRATION_TICKS, clock)))
+    tick_ms, ref_ms = [], []
+    for _ in range(ticks):
+        tick_ms += _tick_times_ms(daemon, 1, clock)
+        ref_ms.append(ref())
+    return tick_ms, ref_ms
 
 
 class _TimedSave:
@@ -119,7 +185,7 @@ class _TimedSave:
         self.calls += 1
 
 
-def _breakdown_ms(daemon: Daemon, ticks: int) -> tuple[dict[str, list[float]], int]:
+def _breakdown_ms(daemon: Daemon, ticks: int, clock: _Clock) -> tuple[dict[str, list[float]], int]:
     """Daemon.tick()'s steps, each timed, in its order; and the state saves per tick."""
     names = (
         "sample",
@@ -135,6 +201,7 @@ def _breakdown_ms(daemon: Daemon, ticks: int) -> tuple[dict[str, list[float]], i
     try:
         for _ in range(ticks):
             timed.cpu_s, timed.calls = 0.0, 0
+            clock.now_s += clock.step_s
             t0 = time.process_time()
             snap = daemon.sampler.sample()
             t1 = time.process_time()
@@ -230,17 +297,6 @@ MBM_DOMAIN0_SHARE = 0.75
 """Of a CPU job's traffic, the part counted in L3 domain 0 (socket 0); the rest in 1."""
 MBM_LOCAL_SHARE = 0.9
 """Of each domain's count, the part that went to that socket's own memory."""
-
-
-class _Clock:
-    """The daemons' monotonic clock, advanced by hand: one tick every ``step_s``."""
-
-    def __init__(self, step_s: float) -> None:
-        self.now_s = 1000.0
-        self.step_s = step_s
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def _mbm_daemon(
@@ -539,7 +595,7 @@ def main() -> int:
         "--tick-s",
         type=float,
         default=1.0,
-        help="simulated seconds per tick in the monitor comparison (NodeIntervalS; default 1)",
+        help="simulated seconds per tick (NodeIntervalS; default 1)",
     )
     args = parser.parse_args()
     reason = mknod_reason()
@@ -549,21 +605,31 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="coda-node-bench-") as tmp:
         node = build_node(Path(tmp), version=1, cpus=64, gpus=8, jobs=32)
-        daemon = node.daemon()
+        clock = _Clock(args.tick_s)
+        daemon = node.daemon(clock=clock)
         daemon.tick()  # first tick: every job's scontrol, NVML init
 
-        idle = _tick_times_ms(daemon, args.ticks)
-        idle_parts, idle_saves = _breakdown_ms(daemon, args.ticks)
+        idle, idle_ref = _steady_ms(daemon, args.ticks, clock)
+        idle_parts, idle_saves = _breakdown_ms(daemon, args.ticks, clock)
 
         node.set_limits(_limits(node))
+        clock.now_s += clock.step_s
         t0 = time.process_time()
         first = daemon.tick()
         first_ms = (time.process_time() - t0) * 1e3
         applied = sum(1 for r in first.results.values() if r.applied)
         writes_first = len(node.journal)
-        limited = _tick_times_ms(daemon, args.ticks)
+        clock.now_s += clock.step_s
+        t0 = time.process_time()
+        daemon.tick()  # checks every job it changed in full, once
+        after_ms = (time.process_time() - t0) * 1e3
+        # Steady state: the limits file a second old (a younger one is re-read every tick),
+        # and one whole check period gone by.
+        time.sleep(LIMITS_SETTLED_S)
+        _tick_times_ms(daemon, VERIFY_EVERY_TICKS, clock)
+        limited, limited_ref = _steady_ms(daemon, args.ticks, clock)
         writes_steady = len(node.journal) - writes_first
-        lim_parts, lim_saves = _breakdown_ms(daemon, args.ticks)
+        lim_parts, lim_saves = _breakdown_ms(daemon, args.ticks, clock)
 
         gc.collect()
         rss_mb = psutil.Process().memory_info().rss / MB
@@ -586,10 +652,20 @@ def main() -> int:
     print(f"CPU time per tick, ms ({args.ticks} ticks each)")
     print(f"{'':<36} {'p50':>7} {'p99':>7} {'mean':>7}  target")
     print(_row("no limits", idle, _verdict(idle)))
+    print(_row("  reference work of its median", idle_ref))
     print(_row("8 cpuset + 8 quota limits, steady", limited, _verdict(limited)))
+    print(_row("  reference work of its median", limited_ref))
     print(
         f"{'first tick applying the 16 limits':<36} {first_ms:>7.3f}  (one tick: "
         f"{applied} jobs changed, {writes_first} cgroup writes)"
+    )
+    print(f"{'the tick after it':<36} {after_ms:>7.3f}  (checks the 16 changed jobs in full)")
+    print(
+        "p99/p50, the machine's noise on fixed work against the tick's: "
+        f"no limits {_pct(idle_ref, 99) / _pct(idle_ref, 50):.2f} vs "
+        f"{_pct(idle, 99) / _pct(idle, 50):.2f}, limited "
+        f"{_pct(limited_ref, 99) / _pct(limited_ref, 50):.2f} vs "
+        f"{_pct(limited, 99) / _pct(limited, 50):.2f}"
     )
     print(f"cgroup writes in the {args.ticks} steady ticks: {writes_steady}")
     if args.ticks >= VERIFY_EVERY_TICKS:
@@ -602,7 +678,8 @@ def main() -> int:
             f"limited, median ms by tick of the {VERIFY_EVERY_TICKS}-tick check period: "
             + " ".join(f"{ms:.2f}" for ms in by_tick)
         )
-    print(f"scontrol calls in all {4 * args.ticks + 2} ticks: {scontrol} for {jobs} jobs")
+    all_ticks = 4 * args.ticks + 3 + 2 * CALIBRATION_TICKS + VERIFY_EVERY_TICKS
+    print(f"scontrol calls in all {all_ticks} ticks: {scontrol} for {jobs} jobs")
     for title, parts, saves in (
         ("no limits", idle_parts, idle_saves),
         ("8 cpuset + 8 quota limits, steady", lim_parts, lim_saves),
