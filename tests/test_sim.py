@@ -328,9 +328,7 @@ def _two_jobs_on_one_node(second_s: float) -> engine._Sim:
     together on one node with the node's share of 12 cores each."""
     rows = [(0.0, 20000.0, 1, 12, 0), (0.0, second_s, 1, 12, 1)]
     trace = make_trace(rows, names=["a", "b"])
-    wl = assign_workloads(
-        trace, MODEL, 1, named_classes={n: (6.0, (0.0,) * 3) for n in ("a", "b")}
-    )
+    wl = assign_workloads(trace, MODEL, 1, named_classes={n: (6.0, (0.0,) * 3) for n in ("a", "b")})
     sim = engine._Sim(trace, uniform_nodes(1, 24, 2), wl, MODEL, POLICIES["coda"], CHECK, None)
     sim.run()
     return sim
