@@ -1,11 +1,14 @@
 """CPU time per tick and resident memory of coda-node's daemon on a fixture GPU node.
 
-    .venv/bin/python bench/bench_node_tick.py [--ticks 200] [--dir DIR] [--tick-s 1]  (as root)
+    .venv/bin/python bench/bench_node_tick.py [--ticks 200] [--dir DIR] [--run-dir DIR] [--tick-s 1]
 
 The node is tests/node_fixtures.py's: 64 CPUs, 8 GPUs (NVML double), 32 Slurm jobs (16 GPU
 jobs, 16 CPU jobs) in a cgroup v1 tree, scontrol answered in-process. Root is needed for
 the /dev/nvidia* character devices. ``--dir`` puts the fixture (and so the state file,
-which is fsynced on every save) on another filesystem; the default is the temp directory.
+written and fsynced when the daemon changes a job) on another filesystem; the default is
+the temp directory. ``--run-dir`` is NodeRuntimeDir, where the view is written every tick:
+on a node ``/run/coda-node``, tmpfs; the default here is a new directory in /dev/shm
+(tmpfs) where there is one, else in the fixture's directory.
 
 Measured with time.process_time (this process's CPU time, user + system), per tick. The
 daemons run on a simulated monotonic clock moved on by ``--tick-s`` before each tick (the
@@ -28,9 +31,9 @@ as on a node, however fast the ticks run here:
 3. the parts of a tick, timed by calling them directly as ``tick()`` does: sampling
    (cgroups, scontrol cache, NVML), limits file + plan, the adaptive loop's step (progress
    files, profiling, contention; the run fails if it would act), reconcile (cgroup reads
-   and writes), the status view, and state saves (the enforcer saves before a change,
-   fsynced, and ``tick()`` once more, the view, without fsync; each is a JSON encoding, a
-   write and a rename).
+   and writes), the status view, and state saves (the enforcer saves the record of changes
+   before a change, fsynced; ``tick()`` saves the view, without fsync, and the record only
+   if it changed; each file is a JSON encoding, a write and a rename).
 
 Then the per-job memory-bandwidth monitor (``NodeJobMemBw``, coda_node/mbm.py), side by
 side: two more fixture nodes built alike, each with the fake resctrl mount of
@@ -55,6 +58,7 @@ Targets: < 5 ms CPU per tick, < 60 MB resident.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -232,7 +236,9 @@ def _breakdown_ms(daemon: Daemon, ticks: int, clock: _Clock) -> tuple[dict[str, 
             report = TickReport(snapshot=snap, targets=targets, results=results)
             daemon.state.view = daemon._view(report, limits)
             t4 = time.process_time()
-            timed()  # tick()'s own save, after the view
+            # tick()'s own save, after the view: the view, and the record if it changed.
+            daemon.state_file.save(daemon.state, durable=False)
+            tick_save_s = time.process_time() - t4
             if problems:
                 raise AssertionError(f"the plan refused a limit: {problems}")
             parts["sample"].append((t1 - t0) * 1e3)
@@ -240,10 +246,10 @@ def _breakdown_ms(daemon: Daemon, ticks: int, clock: _Clock) -> tuple[dict[str, 
             parts["adaptive loop"].append((t2b - t2) * 1e3)
             parts["reconcile (without saves)"].append((t3 - t2b - saves_in_reconcile_s) * 1e3)
             parts["status view"].append((t4 - t3) * 1e3)
-            parts["state saves"].append(timed.cpu_s * 1e3)
+            parts["state saves"].append((timed.cpu_s + tick_save_s) * 1e3)
     finally:
         daemon.enforcer._save = timed.inner
-    return parts, timed.calls
+    return parts, timed.calls + 1
 
 
 def _fresh_import_rss_mb() -> float:
@@ -275,6 +281,15 @@ def _filesystem_of(path: Path) -> str:
     return f"{best[0]} ({best[1]} on {best[2]})"
 
 
+def _tmpfs() -> str | None:
+    """/dev/shm where it is a tmpfs (NodeRuntimeDir's /run is one on a systemd node)."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fs_type = line.split()[:3]
+        if point == "/dev/shm" and fs_type == "tmpfs":
+            return point
+    return None
+
+
 def _cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -300,7 +315,7 @@ MBM_LOCAL_SHARE = 0.9
 
 
 def _mbm_daemon(
-    tmp: Path, clock: _Clock, *, monitor: bool
+    tmp: Path, clock: _Clock, run_dir: Path, *, monitor: bool
 ) -> tuple[FakeNode, resctrl_fixtures.FakeResctrl, Daemon]:
     """The bench's fixture node with resctrl mounted and a daemon built as test_mbm.py's
     ``_sim`` builds it: the fake kernel as ``rdt_control``, no ``mbm`` injected."""
@@ -312,7 +327,7 @@ def _mbm_daemon(
     conf = conf.replace("NodeIntervalS=5\n", f"NodeIntervalS={clock.step_s:g}\n")
     node.coda_conf.write_text(conf + f"NodeJobMemBw={'yes' if monitor else 'no'}\n")
     daemon = Daemon(
-        load_config(node.coda_conf),
+        dataclasses.replace(load_config(node.coda_conf), node_runtime_dir=run_dir),
         runner=node.slurm,
         nvml=Nvml(lib=node.nvml_lib),
         cpuset_writer=node.cpuset_writer,
@@ -427,10 +442,10 @@ class MbmRun:
     """Events (throttles, probes, ...) the two daemons logged in the measured ticks."""
 
 
-def _mbm_side_by_side(tmp: Path, ticks: int, tick_s: float) -> MbmRun:
+def _mbm_side_by_side(tmp: Path, ticks: int, tick_s: float, run_dir: Path) -> MbmRun:
     clock = _Clock(tick_s)
-    off_node, off_fake, off = _mbm_daemon(tmp / "mbm-off", clock, monitor=False)
-    on_node, on_fake, on = _mbm_daemon(tmp / "mbm-on", clock, monitor=True)
+    off_node, off_fake, off = _mbm_daemon(tmp / "mbm-off", clock, run_dir / "off", monitor=False)
+    on_node, on_fake, on = _mbm_daemon(tmp / "mbm-on", clock, run_dir / "on", monitor=True)
     draws = _cpu_job_bytes_per_s(on_node)
     if draws != _cpu_job_bytes_per_s(off_node):
         raise AssertionError("the two fixture nodes differ")
@@ -592,6 +607,13 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=200, help="ticks per measurement")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the node")
     parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="NodeRuntimeDir's parent, where the view is written every tick (default: "
+        "/dev/shm, a tmpfs as /run is on a node)",
+    )
+    parser.add_argument(
         "--tick-s",
         type=float,
         default=1.0,
@@ -603,10 +625,20 @@ def main() -> int:
         print(f"bench_node_tick: cannot build the fixture node ({reason})", file=sys.stderr)
         return 2
 
-    with tempfile.TemporaryDirectory(dir=args.dir, prefix="coda-node-bench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(
+            tempfile.TemporaryDirectory(dir=args.dir, prefix="coda-node-bench-")
+        )
+        run_dir = Path(
+            stack.enter_context(
+                tempfile.TemporaryDirectory(dir=args.run_dir or _tmpfs() or tmp, prefix="run-")
+            )
+        )
         node = build_node(Path(tmp), version=1, cpus=64, gpus=8, jobs=32)
         clock = _Clock(args.tick_s)
-        daemon = node.daemon(clock=clock)
+        daemon = node.daemon(
+            dataclasses.replace(node.cfg, node_runtime_dir=run_dir / "node"), clock=clock
+        )
         daemon.tick()  # first tick: every job's scontrol, NVML init
 
         idle, idle_ref = _steady_ms(daemon, args.ticks, clock)
@@ -637,8 +669,10 @@ def main() -> int:
         jobs = len(node.jobs)
         where = _filesystem_of(Path(tmp))
         state_kib = node.state_file.stat().st_size / 1024
+        view_where = _filesystem_of(daemon.state_file.view_path)
+        view_kib = daemon.state_file.view_path.stat().st_size / 1024
 
-        mbm = _mbm_side_by_side(Path(tmp), args.ticks, args.tick_s)
+        mbm = _mbm_side_by_side(Path(tmp), args.ticks, args.tick_s, run_dir)
         gc.collect()
         rss_mbm_mb = psutil.Process().memory_info().rss / MB
 
@@ -648,6 +682,7 @@ def main() -> int:
     print(f"command: {shlex.join(sys.orig_argv)}")
     print(f"python {sys.version.split()[0]} on {_cpu_model()}, {os.cpu_count()} CPUs")
     print(f"fixture and state file on {where}; state file {state_kib:.0f} KiB")
+    print(f"view file (NodeRuntimeDir) on {view_where}; view file {view_kib:.0f} KiB")
     print()
     print(f"CPU time per tick, ms ({args.ticks} ticks each)")
     print(f"{'':<36} {'p50':>7} {'p99':>7} {'mean':>7}  target")

@@ -8,14 +8,16 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
 from coda_node import __version__
 from coda_node.check import probe_all
 from coda_node.paths import SystemRoot
-from coda_node.state import STATE_FILE, Limit, StateError, load_limits, save_limits
+from coda_node.state import STATE_FILE, VIEW_FILE, Limit, StateError, load_limits, save_limits
 from coda_node.status import load_status
 from coda_node.status_text import render
 from slurm_plugin.cli_common import CliError, conf_option, emit_json, run_cli
@@ -99,9 +101,10 @@ def run(conf_path: Path | None, root: Path | None, once: bool, verbose: bool) ->
         format="coda-node: %(levelname)s %(message)s",
     )
     cfg = load_node_config(conf_path, root)
-    problem = default_state_dir_ok(cfg.node_state_dir)
-    if problem:
-        raise CliError("cannot keep state", problem)
+    for where in (cfg.node_state_dir, cfg.node_runtime_dir):
+        problem = default_state_dir_ok(where)
+        if problem:
+            raise CliError("cannot keep state", problem)
     daemon = Daemon(cfg)
     try:
         daemon.start()
@@ -267,18 +270,19 @@ def status(
 ) -> None:
     """Jobs, cores, GPUs, throttles, probes and recent decisions on this node.
 
-    Reads the daemon's state file (works as any user who can read it). Exit status 0 when
-    the daemon is running, 1 when it is not (or its state is stale), 2 on a usage error.
+    Reads the daemon's view file, NodeRuntimeDir/view.json (works as any user who can read
+    it). Exit status 0 when the daemon is running, 1 when it is not (or its view is stale),
+    2 on a usage error.
     """
     if as_json and watch_s is not None:
         raise click.UsageError("--json and --watch do not go together")
     cfg = load_node_config(conf_path)
-    path = cfg.node_state_dir / STATE_FILE
+    paths = _StatusPaths(cfg.node_runtime_dir / VIEW_FILE, cfg.node_state_dir / STATE_FILE)
     color = _use_color(color_mode)
     if watch_s is not None:
-        _watch(path, cfg.node_interval_s, watch_s, color)
+        _watch(paths, cfg.node_interval_s, watch_s, color)
         ctx.exit(0)
-    doc = load_status(path, interval_s=cfg.node_interval_s)
+    doc = paths.load(cfg.node_interval_s)
     ok = doc["daemon"]["status"] == "running"
     if as_json:
         emit_json(doc)
@@ -305,7 +309,19 @@ def _use_color(mode: str) -> bool:
     return sys.stdout.isatty()
 
 
-def _watch(path: Path, interval_s: float, every_s: float, color: bool) -> None:
+@dataclass(frozen=True, slots=True)
+class _StatusPaths:
+    """Where ``coda-node status`` reads the daemon's view: its view file, else its state
+    file (a daemon from before the view had its own file)."""
+
+    view: Path
+    state: Path
+
+    def load(self, interval_s: float) -> dict[str, Any]:
+        return load_status(self.view, state_path=self.state, interval_s=interval_s)
+
+
+def _watch(paths: _StatusPaths, interval_s: float, every_s: float, color: bool) -> None:
     """Redraw in place on a terminal (frames separated by a blank line elsewhere) until
     Ctrl-C; the cursor is shown again whatever ends the loop."""
     tty = sys.stdout.isatty()
@@ -315,7 +331,7 @@ def _watch(path: Path, interval_s: float, every_s: float, color: bool) -> None:
             click.echo(HIDE_CURSOR, nl=False)
         while True:
             size = shutil.get_terminal_size(TERMINAL_FALLBACK)
-            doc = load_status(path, interval_s=interval_s)
+            doc = paths.load(interval_s)
             title = f"every {every_s:g} s: coda-node status    {time.strftime('%H:%M:%S')}"
             body = render(doc, width=size.columns, color=color, max_events=5)
             if tty and doc["jobs"]:

@@ -111,7 +111,7 @@ class Daemon:
         self._real_runner = runner is None
         self.runner = runner or make_runner(env)
         self.nvml = nvml or Nvml()
-        self.state_file = StateFile(cfg.node_state_dir)
+        self.state_file = StateFile(cfg.node_state_dir, cfg.node_runtime_dir)
         self.limits_file = LimitsFile(cfg.node_state_dir)
         self.state = NodeState()
         self.layout: CgroupLayout = cgroups.discover_layout(self.root)
@@ -508,7 +508,9 @@ class Daemon:
             log.info("online profiles from the last run: %s", ", ".join(adopted))
 
     def _save(self) -> None:
-        self.state_file.save(self.state)
+        """The enforcer's write-ahead: the record of changes, fsynced (the view waits for
+        the tick's end)."""
+        self.state_file.save(self.state, view=False)
 
     def _cgroup_jobs(self) -> dict[int, CgroupJob]:
         return cgroups.list_jobs(self.layout) if self.layout.has_slurm else {}
@@ -638,7 +640,8 @@ class Daemon:
         self._prev_snap = snap
         report.cpu_time_s = time.process_time() - cpu0
         self.state.view["tick_cpu_s"] = report.cpu_time_s
-        # Changes were saved durably before each write; the view needs no fsync.
+        # Changes were saved durably before each write; the view needs no fsync, and the
+        # record of changes is written only if something (a prune) changed it since.
         self.state_file.save(self.state, durable=False)
         return report
 
@@ -758,7 +761,7 @@ class Daemon:
         except Exception:  # the jobs are restored; only the view is stale
             log.exception("cannot refresh the status view after restoring")
         self.state.view.setdefault("daemon", {})["running"] = False
-        self._save()
+        self.state_file.save(self.state)
         return results
 
     def run(self, stop: threading.Event) -> None:

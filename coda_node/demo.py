@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from coda_node.daemon import Daemon
-from coda_node.state import STATE_FILE, Limit, save_limits
+from coda_node.state import Limit, save_limits
 from coda_node.status import load_status
 from coda_node.status_text import render
 from slurm_plugin.conf import load_config
@@ -59,7 +59,7 @@ def run() -> int:
         time.sleep(1.0)
         daemon.tick()
         out("\n$ coda-node status\n")
-        doc = load_status(daemon.cfg.node_state_dir / STATE_FILE, interval_s=1.0)
+        doc = load_status(daemon.state_file.view_path, interval_s=1.0)
         out(render(doc, width=100) + "\n")
 
         out(f"\n$ coda-node limit {gpu_job} --cores 1      # slim the GPU job to one core\n")

@@ -4,10 +4,17 @@ Before coda-node touches a job it records here how Slurm had set it (the cpuset 
 job and of each step, each task's affinity, the CPU quota), fsyncs, and only then writes.
 After a crash, a restart (or ``coda-node restore``) finds the record and puts the job back;
 a job that ended needs nothing but the clean-up of coda's own cgroup/resctrl groups. The
-same file carries the last tick's view of the node for ``coda-node status``.
+record is written only when it changes.
 
-Format: JSON, ``{"format": "coda-node-state", "format_version": 1, ...}``. A file from a
-newer coda-node is refused with what to do, never overwritten.
+The last tick's view of the node (for ``coda-node status``, and for a restarted daemon to
+go on with each job's profiling) is another file, ``view.json`` in NodeRuntimeDir
+(``/run/coda-node``, tmpfs), rewritten every tick. It used to be part of ``state.json``,
+which made a node write its state file to disk every second (docs/benchmarks.md, the
+tick's eighth pass); a state file that still holds a view is read as before.
+
+Format: JSON, ``{"format": "coda-node-state", "format_version": 1, ...}`` and
+``{"format": "coda-node-view", "format_version": 1, ...}``. A state file from a newer
+coda-node is refused with what to do, never overwritten.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +34,11 @@ FORMAT = "coda-node-state"
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
 LIMITS_FILE = "limits.json"
+VIEW_FORMAT = "coda-node-view"
+VIEW_FORMAT_VERSION = 1
+VIEW_FILE = "view.json"
+
+log = logging.getLogger("coda_node.state")
 
 
 class StateError(RuntimeError):
@@ -106,26 +119,34 @@ off (the view is built afresh from plain values): together ~25 % less time than
 
 
 class StateFile:
-    """``<NodeStateDir>/state.json``, written atomically (temp file, fsync, rename)."""
+    """``<NodeStateDir>/state.json``, what coda-node changed, written atomically (temp file,
+    fsync, rename) and only when it changed; and ``<view_dir>/view.json``, the last tick's
+    view, written atomically every tick without fsync. ``view_dir`` is NodeRuntimeDir
+    (default: beside the state file)."""
 
     KEPT_PARTS = ("events",)
     """Parts of the view whose encoding is kept and written again while the part is equal
     to the one encoded: the last 200 events are most of a busy node's view (~30 KB) and
     change only when an event is added. The daemon never changes an event once made."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, view_dir: Path | None = None) -> None:
         self.dir = state_dir
         self.path = state_dir / STATE_FILE
+        self.view_path = (view_dir or state_dir) / VIEW_FILE
         self._kept: dict[str, tuple[Any, str]] = {}
+        self._written: tuple[str, bool] | None = None
+        """(the changes' encoding, whether fsynced) as this process last wrote them."""
 
     def load(self) -> NodeState:
         """The recorded state; empty when there is none. A corrupt file is moved aside
         (kept for the operator) and an empty state returned, since the cgroups themselves
-        still hold Slurm's allocation; a newer format raises :class:`StateError`."""
+        still hold Slurm's allocation; a newer format raises :class:`StateError`. The view
+        is the view file's, or the state file's where that is newer (written by a
+        coda-node from before the view had its own file); {} when neither can be read."""
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return NodeState()
+            return NodeState(view=self._load_view(None))
         except OSError as exc:
             raise StateError(f"cannot read {self.path} ({exc.strerror})") from None
         try:
@@ -134,12 +155,13 @@ class StateFile:
                 raise ValueError("not a coda-node state file")
             version = int(data.get("format_version", 0))
             changes: dict[int, JobChanges] = {}
-            view: dict[str, Any] = {}
+            legacy: tuple[float, dict[str, Any]] | None = None
             if version <= FORMAT_VERSION:
                 changes = {
                     int(k): JobChanges.from_dict(v) for k, v in (data.get("changes") or {}).items()
                 }
-                view = dict(data.get("view") or {})
+                if isinstance(data.get("view"), dict):
+                    legacy = (_unix_s(data.get("written_unix_s")), dict(data["view"]))
         except (ValueError, TypeError, AttributeError) as exc:
             aside = self.path.with_name(f"{STATE_FILE}.corrupt.{int(time.time())}")
             with contextlib.suppress(OSError):
@@ -154,49 +176,95 @@ class StateFile:
                 f"reads {FORMAT_VERSION}). Run `coda-node restore` with the newer version "
                 "first, or upgrade this one; the file is left untouched"
             )
-        return NodeState(changes=changes, view=view)
+        return NodeState(changes=changes, view=self._load_view(legacy))
 
-    def save(self, state: NodeState, *, durable: bool = True) -> None:
-        """Write the state. ``durable`` fsyncs before the rename: needed for the record
-        made before a change (the write-ahead), not for the per-tick status view."""
+    def _load_view(self, legacy: tuple[float, dict[str, Any]] | None) -> dict[str, Any]:
+        """The view file's view, or ``legacy`` (the state file's) where that is newer or the
+        view file cannot be used. A view is only what the last run saw: one that cannot be
+        read is logged and measured again, never fatal."""
+        try:
+            data = json.loads(self.view_path.read_text())
+            if not isinstance(data, dict) or data.get("format") != VIEW_FORMAT:
+                raise ValueError("not a coda-node view file")
+            view = data.get("view")
+            if not isinstance(view, dict):
+                raise ValueError("no view in it")
+        except FileNotFoundError:
+            return legacy[1] if legacy else {}
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "cannot use %s (%s): the last run's view is not adopted", self.view_path, exc
+            )
+            return legacy[1] if legacy else {}
+        if legacy and legacy[0] > _unix_s(data.get("written_unix_s")):
+            return legacy[1]
+        return view
+
+    def save(self, state: NodeState, *, durable: bool = True, view: bool = True) -> None:
+        """Write the record of changes where it differs from the one last written (or was
+        written without fsync and ``durable`` asks for it), then, with ``view``, the view.
+        ``durable`` fsyncs the record before its rename: needed for the record made before
+        a change (the write-ahead); the view is never fsynced."""
         state.prune()
-        data = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "pid": os.getpid(),
-            "written_unix_s": time.time(),
-            "changes": {str(k): v.to_dict() for k, v in sorted(state.changes.items())},
-            "view": state.view,
-        }
-        write_bytes_atomic(self.path, self._encode(data).encode(), durable=durable)
+        changes = self._kept_text(
+            "\0changes",
+            {str(k): v.to_dict() for k, v in sorted(state.changes.items())},
+            copy_value=True,
+        )
+        written = self._written
+        if written is None or written[0] != changes or (durable and not written[1]):
+            head = self._head(FORMAT, FORMAT_VERSION)
+            write_bytes_atomic(
+                self.path, f'{head[:-1]}, "changes": {changes}}}'.encode(), durable=durable
+            )
+            self._written = (changes, durable)
+        if view:
+            head = self._head(VIEW_FORMAT, VIEW_FORMAT_VERSION)
+            text = f'{head[:-1]}, "view": {self._encode_view(state.view)}}}'
+            write_bytes_atomic(self.view_path, text.encode(), durable=False)
 
-    def _encode(self, data: dict[str, Any]) -> str:
-        """``data`` as JSON, its view part by part (:attr:`KEPT_PARTS` reused), and the
-        records of changes reused while they are equal to the ones encoded: they change
-        only when the daemon writes to a job, and with 16 changed jobs their encoding was
-        ~55 µs of every tick (docs/benchmarks.md, the tick's sixth pass)."""
-        view = data.pop("view")
-        # The enforcer adds to a record's nested dicts in place (a new step's original
-        # cpuset): the kept value is a deep copy, so an addition never compares equal.
-        changes = self._kept_text("\0changes", data.pop("changes"), copy_value=True)
+    @staticmethod
+    def _head(fmt: str, version: int) -> str:
+        return _encode_state(
+            {
+                "format": fmt,
+                "format_version": version,
+                "pid": os.getpid(),
+                "written_unix_s": time.time(),
+            }
+        )
+
+    def _encode_view(self, view: dict[str, Any]) -> str:
+        """``view`` as JSON, part by part, :attr:`KEPT_PARTS` reused."""
         parts = []
         for key, value in view.items():
             text = self._kept_text(key, value) if key in self.KEPT_PARTS else None
             parts.append(f"{_encode_state(key)}: {text or _encode_state(value)}")
-        head = _encode_state(data)
-        return f'{head[:-1]}, "changes": {changes}, "view": {{{", ".join(parts)}}}}}'
+        return f"{{{', '.join(parts)}}}"
 
     def _kept_text(self, key: str, value: Any, *, copy_value: bool = False) -> str:
         """``value`` encoded, or the kept encoding of an equal value. Without
         ``copy_value`` the value itself is kept: right for events, dicts never changed once
         made (equal lists of the same event dicts compare by identity, element by
-        element); with it a deep copy, for values that may change in place."""
+        element); with it a deep copy, for values that may change in place (the enforcer
+        adds a new step's original cpuset to a record's nested dict), so that such an
+        addition never compares equal. The records of changes are encoded afresh only when
+        the daemon writes to a job: with 16 changed jobs that was ~55 µs of every tick
+        (docs/benchmarks.md, the tick's sixth pass)."""
         kept = self._kept.get(key)
         if kept is not None and kept[0] == value:
             return kept[1]
         text = _encode_state(value)
         self._kept[key] = (copy.deepcopy(value) if copy_value else value, text)
         return text
+
+
+def _unix_s(value: object) -> float:
+    """A file's ``written_unix_s``; 0 when it has none that can be read."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def write_json_atomic(path: Path, data: Any, *, mode: int = 0o644, durable: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""What ``coda-node status`` shows: the daemon's view, read from its state file and put in
+"""What ``coda-node status`` shows: the daemon's view, read from its view file and put in
 one documented shape (``docs/status.schema.json``) for the screen, ``--json`` and the
 Prometheus exporter (:mod:`coda_node.metrics`) alike.
 
@@ -20,7 +20,8 @@ from typing import Any
 
 from coda_node.cpulist import parse_cpulist
 from coda_node.state import FORMAT as STATE_FORMAT
-from coda_node.state import FORMAT_VERSION
+from coda_node.state import VIEW_FORMAT
+from coda_node.state import VIEW_FORMAT_VERSION as FORMAT_VERSION
 
 STATUS_SCHEMA_VERSION = 1
 """Version of the ``--json`` document; bumped on any change that is not an addition."""
@@ -38,7 +39,7 @@ DAEMON_STATES = ("running", "stale", "stopped", "absent")
 
 
 class StatusUnavailable(RuntimeError):
-    """The state file cannot be read; ``str()`` is a sentence an admin can act on."""
+    """The daemon's view cannot be read; ``str()`` is a sentence an admin can act on."""
 
 
 # -- the event vocabulary ---------------------------------------------------------------
@@ -86,46 +87,71 @@ def event_action(what: str) -> str:
     return what if what and " " not in what else "other"
 
 
-# -- reading the state file ---------------------------------------------------------------
+# -- reading the view file ----------------------------------------------------------------
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    """The state file's JSON. Raises :class:`StatusUnavailable` saying what to do."""
+def _read_json(path: Path, fmt: str, what: str) -> dict[str, Any]:
+    """The JSON of the coda-node file at ``path`` (``format`` ``fmt``); raises
+    :class:`StatusUnavailable` saying what to do (FileNotFoundError propagates)."""
     try:
         text = path.read_text()
-    except FileNotFoundError:
-        raise StatusUnavailable(
-            f"coda-node daemon is not running on this node (no state at {path})"
-        ) from None
     except PermissionError:
         raise StatusUnavailable(
-            f"cannot read {path} (permission denied): run as root, or make the state file "
+            f"cannot read {path} (permission denied): run as root, or make the {what} "
             "readable (chmod a+r)"
         ) from None
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         raise StatusUnavailable(f"cannot read {path} ({exc.strerror})") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise StatusUnavailable(f"{path} is not a coda-node state file ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
-        raise StatusUnavailable(f"{path} is not a coda-node state file (no format={STATE_FORMAT})")
+        raise StatusUnavailable(f"{path} is not a coda-node {what} ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise StatusUnavailable(f"{path} is not a coda-node {what} (no format={fmt})")
     return data
 
 
+def read_view(view_path: Path, state_path: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """(the file read, its JSON): the daemon's view file; where there is none, the state
+    file at ``state_path`` when it holds a view (a coda-node from before the view had its
+    own file still runs). Raises :class:`StatusUnavailable` saying what to do."""
+    try:
+        return view_path, _read_json(view_path, VIEW_FORMAT, "view file")
+    except FileNotFoundError:
+        pass
+    if state_path is not None:
+        try:
+            data = _read_json(state_path, STATE_FORMAT, "state file")
+        except FileNotFoundError:
+            pass
+        else:
+            if "view" in data:
+                return state_path, data
+    raise StatusUnavailable(
+        f"coda-node daemon is not running on this node (no view at {view_path})"
+    )
+
+
 def load_status(
-    path: Path, *, interval_s: float, now_unix_s: float | None = None
+    view_path: Path,
+    *,
+    interval_s: float,
+    state_path: Path | None = None,
+    now_unix_s: float | None = None,
 ) -> dict[str, Any]:
-    """The status document of the state file at ``path``; never raises: a file that cannot
+    """The status document of the daemon's view file at ``view_path`` (NodeRuntimeDir/
+    view.json; see :func:`read_view` for ``state_path``); never raises: a file that cannot
     be read gives a document with ``daemon.status`` ``absent`` and the reason in
     ``problems``. ``interval_s``: NodeIntervalS, for a view that does not carry it."""
     now = time.time() if now_unix_s is None else now_unix_s
     try:
-        data = read_state(path)
+        path, data = read_view(view_path, state_path)
     except StatusUnavailable as exc:
         return build_status(
             None,
-            state_path=path,
+            state_path=view_path,
             written_unix_s=None,
             format_version=None,
             now_unix_s=now,
@@ -137,7 +163,9 @@ def load_status(
         view if view is not None else {},
         state_path=path,
         written_unix_s=data.get("written_unix_s"),
-        format_version=data.get("format_version"),
+        # A state file's format is that of its record of changes; its view is as the first
+        # view file's.
+        format_version=data.get("format_version") if path == view_path else FORMAT_VERSION,
         now_unix_s=now,
         interval_s=interval_s,
     )
@@ -223,7 +251,7 @@ def build_status(
     f = _Fields()
     problems: list[str] = [problem] if problem else []
     if view is not None and not isinstance(view, Mapping):
-        problems.append("the state file's view is not an object")
+        problems.append("the daemon's view is not an object")
         view = None
     daemon_in = f.get(view, "daemon", dict, "") if view is not None else None
     node_in = f.get(view, "node", dict, "") if view is not None else None
@@ -246,16 +274,16 @@ def build_status(
     elif age_s is None or age_s > stale_after_s:
         status = "stale"
         problems.append(
-            f"state at {state_path} is {age_s:.0f} s old: the daemon seems stopped (last tick "
+            f"view at {state_path} is {age_s:.0f} s old: the daemon seems stopped (last tick "
             f"at {_clock(written_unix_s)}; it ticks every {used_interval_s:g} s)"
             if age_s is not None
-            else f"state at {state_path} has no time: the daemon seems stopped"
+            else f"view at {state_path} has no time: the daemon seems stopped"
         )
     else:
         status = "running"
     if format_version is not None and format_version != FORMAT_VERSION:
         problems.append(
-            f"state format {format_version} (this coda-node reads {FORMAT_VERSION}): shown as "
+            f"view format {format_version} (this coda-node reads {FORMAT_VERSION}): shown as "
             "far as it goes"
         )
 

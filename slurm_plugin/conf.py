@@ -240,7 +240,16 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "path",
         "/var/lib/coda-node",
         "coda-node: directory of its state file (everything it changed, so that a restart or "
-        "coda-node restore can put jobs back) and of admin limits.",
+        "coda-node restore can put jobs back) and of admin limits. Written only when what "
+        "it changed changes.",
+    ),
+    "NodeRuntimeDir": KeySpec(
+        "path",
+        "/run/coda-node",
+        "coda-node: directory of view.json, the last tick's view that coda-node status "
+        "reads, rewritten every tick: keep it on tmpfs (/run) so that a node does not write "
+        "it to disk every second. A restart of the daemon reads it back (what each job's "
+        "profiling had reached); a reboot may clear it.",
     ),
     "NodeIntervalS": KeySpec(
         "float", "1", "coda-node: seconds between two sample-plan-enforce passes (> 0)."
@@ -368,6 +377,11 @@ CONFIG_KEYS: dict[str, KeySpec] = {
 
 _MODES = ("enforce", "advise", "off")
 _NODE_MECHANISMS = ("cpuset", "quota", "rdt")
+_NODE_DIRS = {
+    "NodeStateDir": "node_state_dir",
+    "NodeRuntimeDir": "node_runtime_dir",
+    "NodeRoot": "node_root",
+}
 _USER_VALUES = ("keep", "lower", "replace")
 _UNPROFILED_USER_VALUES = ("keep", "raise")
 _LOG_LEVELS = ("error", "info", "verbose", "debug")
@@ -423,6 +437,7 @@ class CodaConfig:
     node_name: str | None = None
     """None = the short host name."""
     node_state_dir: Path = Path("/var/lib/coda-node")
+    node_runtime_dir: Path = Path("/run/coda-node")
     node_interval_s: float = 1.0
     node_root: Path = Path("/")
     node_enforce: tuple[str, ...] = ("cpuset", "quota", "rdt")
@@ -699,11 +714,11 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
             raise ValueError(f"NodeName {value!r} is not a Slurm node name")
         return "node_name", value or None
-    if key in ("NodeStateDir", "NodeRoot"):
+    if key in _NODE_DIRS:
         path = Path(value)
         if not value or not path.is_absolute():
             raise ValueError(f"{key} must be an absolute path, got {value!r}")
-        return ("node_state_dir" if key == "NodeStateDir" else "node_root"), path
+        return _NODE_DIRS[key], path
     if key == "NodeIntervalS":
         return "node_interval_s", _positive_float(key, value)
     if key == "NodeEnforce":

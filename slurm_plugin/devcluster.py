@@ -95,6 +95,10 @@ class DevCluster:
         return self.root / "coda-node"
 
     @property
+    def node_runtime_dir(self) -> Path:
+        return self.root / "coda-node-run"
+
+    @property
     def progress_dir(self) -> Path:
         return self.root / "progress"
 
@@ -337,7 +341,8 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
             f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
             f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
             f"DecisionJournal={self.decision_journal}\n"
-            f"NodeName={NODE_NAME}\nNodeStateDir={self.node_state_dir}\nNodeIntervalS=1\n"
+            f"NodeName={NODE_NAME}\nNodeStateDir={self.node_state_dir}\n"
+            f"NodeRuntimeDir={self.node_runtime_dir}\nNodeIntervalS=1\n"
             f"NodeProgressDir={self.progress_dir}\n"
             f"{self.coda_conf_extra}"
         )

@@ -31,6 +31,7 @@ it like every other system path (:func:`coda_node.slurmjobs.gres_gpu_devices`).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
@@ -50,7 +51,7 @@ from coda_node.cgroups import (
 from coda_node.daemon import Daemon
 from coda_node.nvml import Nvml
 from coda_node.slurmjobs import SlurmQueryError
-from coda_node.state import STATE_FILE, Limit, save_limits
+from coda_node.state import STATE_FILE, VIEW_FILE, Limit, save_limits
 from slurm_plugin.conf import CodaConfig, load_config
 from tests.cgroup_fixtures import (
     CGROUP,
@@ -332,6 +333,15 @@ class FakeNode:
     @property
     def state_file(self) -> Path:
         return self.state_dir / STATE_FILE
+
+    @property
+    def view_file(self) -> Path:
+        """The daemon's last tick's view (NodeRuntimeDir/view.json)."""
+        return self.cfg.node_runtime_dir / VIEW_FILE
+
+    def view(self) -> dict[str, Any]:
+        """The view in the view file, as ``coda-node status`` reads it."""
+        return json.loads(self.view_file.read_text())["view"]
 
     @property
     def cg(self) -> Path:
@@ -852,7 +862,8 @@ def build_node(
     root = tmp / "root"
     etc = tmp / "etc"
     state_dir = tmp / "state"
-    for d in (root, etc, state_dir):
+    run_dir = tmp / "run"
+    for d in (root, etc, state_dir, run_dir):
         d.mkdir(parents=True)
 
     # /dev: the GPUs' device nodes, as the driver makes them (crw-rw-rw-, major 195).
@@ -881,6 +892,7 @@ def build_node(
         f"NodeName={NODE_NAME}\n"
         f"NodeRoot={root}\n"
         f"NodeStateDir={state_dir}\n"
+        f"NodeRuntimeDir={run_dir}\n"
         "NodeIntervalS=5\n"
         f"{enforce_line}"
     )

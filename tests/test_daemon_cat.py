@@ -106,7 +106,7 @@ def test_cat_limits_the_cpu_job_to_the_low_ways_then_releases_them(tmp_path: Pat
     status = elim.cpu_status(CPU)
     assert status is not None
     assert (status["mechanism"], status["l3_ways"], status["l3_ways_total"]) == ("l3", 5, WAYS)
-    doc = load_status(sim.daemon.state_file.path, interval_s=1.0)
+    doc = load_status(sim.daemon.state_file.view_path, interval_s=1.0)
     schema = Path(__file__).parent.parent / "docs" / "status.schema.json"
     jsonschema.validate(doc, json.loads(schema.read_text()))
     [cpu_row] = [j for j in doc["jobs"] if j["job_id"] == CPU]

@@ -74,7 +74,7 @@ def test_one_tick_lists_every_job_with_kind_cpus_and_gpus(
 
     # What `coda-node status` prints comes from the state file: the GPU's utilisation shown
     # for the job is that of the NVML device with the job's minor.
-    view = {j["job_id"]: j for j in _on_disk(node)["view"]["jobs"]}
+    view = {j["job_id"]: j for j in node.view()["jobs"]}
     util_by_nvml = {i: g.util_pct for i, g in enumerate(node.nvml_lib.gpus)}
     assert [g["util_pct"] for g in view[GPU_JOB]["gpus"]] == [
         float(util_by_nvml[nvml]) for _, _, nvml in gpu_job_refs
@@ -125,7 +125,7 @@ def test_scontrol_once_per_job_again_for_a_new_one_and_a_vanished_job_is_dropped
     assert [(r.slurm_index, r.nvml_index) for r in report.snapshot.jobs[new.job_id].gpus] == [
         (7, node.expected_gpu_refs(new.job_id)[0][2])
     ]
-    listed = [j["job_id"] for j in _on_disk(node)["view"]["jobs"]]
+    listed = [j["job_id"] for j in node.view()["jobs"]]
     assert CPU_JOB not in listed and new.job_id in listed and len(listed) == 32
 
 
@@ -141,7 +141,7 @@ def test_tick_survives_slurmctld_being_unreachable(node: FakeNode) -> None:
     assert all(jobs[j].cpus_now == node.jobs[j].cpus for j in node.jobs)
     assert len(report.snapshot.errors) == 1
     assert "Unable to contact slurm controller" in report.snapshot.errors[0]
-    assert "Unable to contact" in _on_disk(node)["view"]["node"]["errors"][0]
+    assert "Unable to contact" in node.view()["node"]["errors"][0]
     # Limits come from the cgroups, not from slurmctld: they still hold.
     assert report.results[GPU_JOB].applied == ["cpuset 0"]
 
@@ -220,7 +220,7 @@ def test_cpuset_limit_shrinks_once_and_release_restores_slurms_values(
     report = daemon.tick()
     assert len(node.journal) == len(written)  # steady state: nothing written
     assert report.results[GPU_JOB].applied == []
-    status = {j["job_id"]: j for j in _on_disk(node)["view"]["jobs"]}[GPU_JOB]
+    status = {j["job_id"]: j for j in node.view()["jobs"]}[GPU_JOB]
     assert (status["cpus_now"], status["cpus_allocated"]) == (wanted, "0-1,32")
 
     node.set_limits({})
@@ -502,9 +502,9 @@ def test_a_write_refused_on_one_job_names_the_file_and_the_other_job_is_limited(
     assert report.results[GPU_JOB].applied == []
     assert report.results[GPU_JOB_2].applied == ["cpuset 2"]
     assert node.cpuset_texts(GPU_JOB_2)["."] == "2\n"
-    status = {j["job_id"]: j for j in _on_disk(node)["view"]["jobs"]}
+    status = {j["job_id"]: j for j in node.view()["jobs"]}
     assert status[GPU_JOB]["last_failed"] == report.results[GPU_JOB].failed
-    assert any(e["what"].startswith("failed: cpuset: ") for e in _on_disk(node)["view"]["events"])
+    assert any(e["what"].startswith("failed: cpuset: ") for e in node.view()["events"])
 
     del node.cgroups.kernel.fail[refused]  # the operator fixes the permission
     assert daemon.tick().results[GPU_JOB].applied == ["cpuset 0"]

@@ -573,18 +573,26 @@ def test_every_decision_and_change_is_logged_once_with_the_job_id_first(
 # Restart: the DNN jobs' baselines carry over
 
 
-@pytest.mark.parametrize("state_kept", [True, False])
+@pytest.mark.parametrize("last_view", ["view file", "older state file", "none"])
 def test_a_restarted_daemon_shields_at_once_with_the_baselines_of_its_last_run(
-    tmp_path: Path, state_kept: bool
+    tmp_path: Path, last_view: str
 ) -> None:
     """coda-node is restarted (an upgrade, or it was killed) while a DNN job trains: the job's
-    baseline comes back from the state file, so a CPU job that starts drawing is throttled
-    within two ticks, as before the restart. Without the state file the job has no
-    baseline and nothing can be done for it until one is measured."""
+    baseline comes back from the last tick's view (NodeRuntimeDir/view.json), so a CPU job
+    that starts drawing is throttled within two ticks, as before the restart. Without the
+    view (a reboot cleared /run) the job has no baseline and nothing can be done for it
+    until one is measured. An upgrade from a coda-node that kept its view in state.json
+    adopts the view from there."""
     sim = Sim(tmp_path, rdt=True)
     _run_until_onset(sim)
-    if not state_kept:
-        sim.daemon.state_file.path.unlink()
+    files = sim.daemon.state_file
+    if last_view == "older state file":
+        record = json.loads(files.path.read_text())
+        record["view"] = json.loads(files.view_path.read_text())["view"]
+        files.path.write_text(json.dumps(record))
+    if last_view != "view file":
+        files.view_path.unlink()
+    state_kept = last_view != "none"
     sim.new_daemon(mbm_given=True)
     assert sim.baseline(DNN) == (pytest.approx(R0) if state_kept else None)
     start = sim.ticks
@@ -595,3 +603,7 @@ def test_a_restarted_daemon_shields_at_once_with_the_baselines_of_its_last_run(
         assert throttled and throttled[0] - start <= 2
     else:
         assert throttled == []
+    # The new daemon's view is in the view file only; the record keeps what it changed.
+    record = json.loads(files.path.read_text())
+    assert "view" not in record and bool(record["changes"]) == state_kept  # the throttle
+    assert json.loads(files.view_path.read_text())["view"]["jobs"]

@@ -264,6 +264,6 @@ def test_counters_the_daemon_opened_are_closed_when_it_stops(
     stop.set()
     daemon.run(stop)  # restores, then closes the counters
     assert backend.live == {} and len(backend.closed) == 96 + 24
-    on_disk = json.loads(node.state_file.read_text())["view"]
+    on_disk = node.view()
     assert on_disk["daemon"]["running"] is False
     assert [s["socket"] for s in on_disk["node"]["pcie_bw"]] == [0, 1]  # read before closing

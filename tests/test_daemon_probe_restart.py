@@ -73,7 +73,7 @@ class Run:
 
     def garble_profiles_in_state_file(self) -> None:
         """The last view's profiles replaced by what this version cannot read."""
-        path = self.sim.daemon.state_file.path
+        path = self.sim.daemon.state_file.view_path
         data = json.loads(path.read_text())
         for job in data["view"]["jobs"]:
             job["profiling"] = {"state": "probing", "samples": "not a list"}
@@ -189,7 +189,7 @@ def test_a_probe_a_dead_daemon_left_applied_counts_until_the_restart(
     if stop == "clean":
         run.sim.daemon.restore()
         assert len(run.sim.cpuset(DNN)) == ALLOCATION
-    path = run.sim.daemon.state_file.path
+    path = run.sim.daemon.state_file.view_path
     data = json.loads(path.read_text())
     data["view"]["sampled_unix_s"] -= 30.0
     path.write_text(json.dumps(data))

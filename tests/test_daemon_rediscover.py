@@ -43,7 +43,7 @@ def test_probes_and_baselines_adopted_at_start_survive_the_slurm_tree_appearing(
     assert probes_before >= 2 and samples_before
 
     # The last run's view also holds a baseline for the job (as after quiet ticks).
-    path = sim.daemon.state_file.path
+    path = sim.daemon.state_file.view_path
     data = json.loads(path.read_text())
     (job,) = [j for j in data["view"]["jobs"] if j["job_id"] == DNN]
     job["contention"] = {"baseline": BASELINE, "baseline_ticks": 20, "slowdown": None}

@@ -26,7 +26,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 from coda_node.cli import cli
-from coda_node.state import FORMAT, FORMAT_VERSION, STATE_FILE, Limit
+from coda_node.state import (
+    FORMAT,
+    STATE_FILE,
+    VIEW_FILE,
+    VIEW_FORMAT,
+    VIEW_FORMAT_VERSION,
+    Limit,
+)
 from tests.node_fixtures import FakeNode, build_node
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -86,25 +93,27 @@ def _hand_written(
     *,
     age_s: float = 0.0,
     interval_s: float = 1.0,
-    format_version: int = FORMAT_VERSION,
+    format_version: int = VIEW_FORMAT_VERSION,
+    in_state_file: bool = False,
 ) -> Path:
-    """coda.conf and a state file holding ``view``, written ``age_s`` ago."""
-    state_dir = tmp / "state"
+    """coda.conf and a view file holding ``view``, written ``age_s`` ago; with
+    ``in_state_file``, a state file holding it instead, as coda-node wrote it before the
+    view had its own file."""
+    state_dir, run_dir = tmp / "state", tmp / "run"
     state_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     if view is not None:
-        (state_dir / STATE_FILE).write_text(
-            json.dumps(
-                {
-                    "format": FORMAT,
-                    "format_version": format_version,
-                    "written_unix_s": time.time() - age_s,
-                    "changes": {},
-                    "view": view,
-                }
-            )
-        )
+        head = {"format_version": format_version, "written_unix_s": time.time() - age_s}
+        if in_state_file:
+            doc = {"format": FORMAT, **head, "changes": {}, "view": view}
+            (state_dir / STATE_FILE).write_text(json.dumps(doc))
+        else:
+            doc = {"format": VIEW_FORMAT, **head, "view": view}
+            (run_dir / VIEW_FILE).write_text(json.dumps(doc))
     conf = tmp / "coda.conf"
-    conf.write_text(f"NodeStateDir={state_dir}\nNodeIntervalS={interval_s:g}\n")
+    conf.write_text(
+        f"NodeStateDir={state_dir}\nNodeRuntimeDir={run_dir}\nNodeIntervalS={interval_s:g}\n"
+    )
     return conf
 
 
@@ -287,14 +296,14 @@ def test_subprocess_prints_what_the_in_process_cli_prints(tmp_path: Path) -> Non
 # A daemon that is down, stale, stopped or of another version
 
 
-def test_no_state_file_says_the_daemon_is_not_running(tmp_path: Path) -> None:
+def test_no_view_file_says_the_daemon_is_not_running(tmp_path: Path) -> None:
     conf = _hand_written(tmp_path, None)
-    path = tmp_path / "state" / STATE_FILE
+    path = tmp_path / "run" / VIEW_FILE
     result = _status(conf)
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr == (
-        f"coda-node: coda-node daemon is not running on this node (no state at {path})\n"
+        f"coda-node: coda-node daemon is not running on this node (no view at {path})\n"
     )
     result = _status(conf, "--json")
     assert result.exit_code == 1
@@ -303,14 +312,14 @@ def test_no_state_file_says_the_daemon_is_not_running(tmp_path: Path) -> None:
     assert doc["daemon"]["status"] == "absent" and doc["jobs"] == []
 
 
-def test_a_stale_state_says_the_daemon_seems_stopped(tmp_path: Path) -> None:
+def test_a_stale_view_says_the_daemon_seems_stopped(tmp_path: Path) -> None:
     conf = _hand_written(tmp_path, _minimal_view(interval_s=5.0), age_s=100)
-    path = tmp_path / "state" / STATE_FILE
+    path = tmp_path / "run" / VIEW_FILE
     result = _status(conf)
     assert result.exit_code == 1, result.output
     first = result.stdout.splitlines()[0]
     assert first.startswith(
-        f"! state at {path} is 100 s old: the daemon seems stopped (last tick at "
+        f"! view at {path} is 100 s old: the daemon seems stopped (last tick at "
     )
     assert first.endswith("; it ticks every 5 s)")
     assert _rows(result.stdout)[77][:3] == ["77", "erin", "CPU"]  # the last view still shown
@@ -342,12 +351,12 @@ def test_a_state_from_another_version_is_shown_as_far_as_it_goes(tmp_path: Path)
     view = _minimal_view(interval_s=1.0)
     del view["jobs"][0]["cpus_now"], view["jobs"][0]["profiling"], view["node"]["cpus_online"]
     view["jobs"][0]["user"] = {"name": "erin"}  # a shape this version does not know
-    conf = _hand_written(tmp_path, view, format_version=FORMAT_VERSION + 1)
+    conf = _hand_written(tmp_path, view, format_version=VIEW_FORMAT_VERSION + 1)
     result = _status(conf)
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     out = result.stdout
-    assert "! state format 2 (this coda-node reads 1): shown as far as it goes" in out
+    assert "! view format 2 (this coda-node reads 1): shown as far as it goes" in out
     assert (
         "! state from another coda-node version: no jobs[].cpus_now, "
         "jobs[].profiling, jobs[].user, node.cpus_online" in out
@@ -358,12 +367,40 @@ def test_a_state_from_another_version_is_shown_as_far_as_it_goes(tmp_path: Path)
     assert "jobs[].cpus_now" in doc["missing"] and doc["jobs"][0]["cores_now"] is None
 
 
-def test_a_file_that_is_not_a_state_file(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_view_file(tmp_path: Path) -> None:
     conf = _hand_written(tmp_path, None)
-    (tmp_path / "state" / STATE_FILE).write_text("{not json")
+    (tmp_path / "run" / VIEW_FILE).write_text("{not json")
     result = _status(conf)
     assert result.exit_code == 1
-    assert "is not a coda-node state file" in result.stderr and "Traceback" not in result.output
+    assert "is not a coda-node view file" in result.stderr and "Traceback" not in result.output
+
+
+def test_the_view_in_the_state_file_of_a_daemon_not_yet_restarted_after_an_upgrade(
+    tmp_path: Path,
+) -> None:
+    """An older coda-node kept its view in state.json. Until the daemon is restarted on
+    the new version there is no view file, and status shows the old daemon's view from the
+    state file; once a view file is there, it is what status reads."""
+    conf = _hand_written(tmp_path, _minimal_view(interval_s=1.0), in_state_file=True)
+    state = tmp_path / "state" / STATE_FILE
+    result = _status(conf)
+    assert result.exit_code == 0, result.output
+    assert _rows(result.stdout)[77][:3] == ["77", "erin", "CPU"]
+    doc = json.loads(_status(conf, "--json").stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["daemon"]["status"] == "running" and doc["state"]["path"] == str(state)
+    assert doc["problems"] == []
+    # Stale in the state file is stale too.
+    conf = _hand_written(tmp_path, _minimal_view(interval_s=1.0), age_s=60, in_state_file=True)
+    assert f"! view at {state} is 60 s old" in _status(conf).stdout
+    # The new daemon's first tick writes the view file: status reads it, not the old view.
+    newer = _minimal_view(interval_s=1.0)
+    newer["daemon"]["pid"] = 4242
+    _hand_written(tmp_path, newer)
+    doc = json.loads(_status(conf, "--json").stdout)
+    assert doc["daemon"]["pid"] == 4242 and doc["state"]["path"] == str(
+        tmp_path / "run" / VIEW_FILE
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,8 +424,8 @@ def test_a_non_root_user_reads_a_readable_state_and_is_told_what_to_do_otherwise
     world_readable_tmp: Path,
 ) -> None:
     conf = _hand_written(world_readable_tmp, _minimal_view(interval_s=1.0))
-    state = world_readable_tmp / "state" / STATE_FILE
-    (world_readable_tmp / "state").chmod(0o755)
+    state = world_readable_tmp / "run" / VIEW_FILE
+    (world_readable_tmp / "run").chmod(0o755)
     state.chmod(0o644)
 
     def as_nobody() -> subprocess.CompletedProcess[str]:
@@ -409,7 +446,7 @@ def test_a_non_root_user_reads_a_readable_state_and_is_told_what_to_do_otherwise
     assert proc.returncode == 1
     assert proc.stderr == (
         f"coda-node: cannot read {state} (permission denied): run as root, or make the "
-        "state file readable (chmod a+r)\n"
+        "view file readable (chmod a+r)\n"
     )
 
 

@@ -162,7 +162,7 @@ def test_fields_of_the_wrong_type_are_reported_not_raised() -> None:
     assert {"jobs[].cpus_now", "jobs[].gpus", "jobs[].user", "node.cpus_online"} <= set(
         doc["missing"]
     )
-    assert "state format 2 (this coda-node reads 1): shown as far as it goes" in text
+    assert "view format 2 (this coda-node reads 1): shown as far as it goes" in text
     assert _row(text, 5).split()[:3] == ["5", "?", "DNN"]
 
 

@@ -171,7 +171,7 @@ def test_status_shows_each_ticks_readings_of_settled_limited_jobs(node: FakeNode
         node.advance_cpu(CPU_JOB, k * 100_000_000)
         node.advance_cpu(CPU_JOB_2, 500_000_000)
         daemon.tick()
-        doc = load_status(node.state_file, interval_s=node.cfg.node_interval_s)
+        doc = load_status(node.view_file, interval_s=node.cfg.node_interval_s)
         assert doc["daemon"]["status"] == "running"
         assert doc["state"]["age_s"] < 5.0
         assert doc["daemon"]["ticks_total"] == SETTLE_TICKS + k

@@ -6,6 +6,7 @@ group's tasks read only when a thread is not yet in the job's group)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -219,3 +220,86 @@ def test_a_new_thread_is_still_moved_in_at_the_jobs_next_re_read(tmp_path: Path)
     assert rig.tasks("mon_groups/coda_j1") == set(JOBS[1])
     assert parent_reads == ["", ""]  # once for each of the two jobs' re-read
     assert rig.monitor.unmonitored == {}
+
+
+# -- the record of changes and the view ------------------------------------------------------
+
+
+def test_steady_ticks_rewrite_the_view_and_leave_the_record_of_changes_on_disk_alone(
+    tmp_path: Path,
+) -> None:
+    """The view (for coda-node status) changes every tick and goes to NodeRuntimeDir; the
+    record of what the daemon changed goes to disk only when that changes. Before, every
+    tick replaced state.json on disk (docs/benchmarks.md, the tick's eighth pass)."""
+    reason = mknod_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    node = build_node(tmp_path, jobs=8)
+    daemon = node.daemon()
+    daemon.tick()
+    cpu_job = next(j for j, job in node.jobs.items() if not job.gpus)
+    node.set_limits({cpu_job: Limit(quota_cores=0.5, reason="test")})
+    daemon.tick()
+    assert node.journal, "the limit was applied"
+    record = node.state_file.stat()
+    views = []
+    for _ in range(3):
+        daemon.tick()
+        views.append(node.view()["sampled_unix_s"])
+        assert node.state_file.stat().st_ino == record.st_ino  # not replaced
+    assert views == sorted(set(views))  # a new view every tick
+    on_disk = StateFile(node.state_dir).load()
+    assert on_disk.changes[cpu_job].quota_active and on_disk.view == {}
+    node.set_limits({})
+    daemon.tick()
+    assert node.state_file.stat().st_ino != record.st_ino
+    assert StateFile(node.state_dir).load().changes == {}
+
+
+def test_the_write_ahead_is_fsynced_after_a_tick_wrote_the_same_record_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick's save writes the record without fsync when a prune changed it; the next
+    change's write-ahead must not take that copy for a durable one."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    st = NodeState()
+    st.job(5001).quota_active, st.job(5001).quota_applied = True, 0.5
+    sf = StateFile(tmp_path, tmp_path / "run")
+    sf.save(st, durable=False)
+    assert synced == [] and sf.view_path.exists()
+    sf.view_path.unlink()
+    sf.save(st, view=False)  # the write-ahead: the same record, now fsynced
+    assert len(synced) == 1 and not sf.view_path.exists()
+    sf.save(st, view=False)  # on disk and synced already: nothing to write
+    assert len(synced) == 1
+
+
+def _write(path: Path, doc: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def test_the_view_of_an_older_coda_node_in_the_state_file_is_read_where_it_is_the_newer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgrade: the last run kept its view in state.json, and a restart goes on from
+    it. Where both files hold a view the newer is read (a downgrade and back); a view file
+    that cannot be read is logged and the state file's view used, never fatal."""
+    sf = StateFile(tmp_path / "state", tmp_path / "run")
+    old = {"jobs": [{"job_id": 7, "kind": "dnn"}], "sampled_unix_s": 100.0}
+    record = {"format": state.FORMAT, "format_version": state.FORMAT_VERSION, "changes": {}}
+    _write(sf.path, {**record, "written_unix_s": 100.0, "view": old})
+    assert sf.load().view == old
+    new = {"jobs": [], "sampled_unix_s": 200.0}
+    view_file = {"format": state.VIEW_FORMAT, "format_version": state.VIEW_FORMAT_VERSION}
+    _write(sf.view_path, {**view_file, "written_unix_s": 200.0, "view": new})
+    assert sf.load().view == new
+    _write(sf.path, {**record, "written_unix_s": 300.0, "view": old})
+    assert sf.load().view == old
+    sf.view_path.write_text("{half a fi")
+    assert sf.load().view == old
+    assert f"cannot use {sf.view_path}" in caplog.text
+    sf.path.unlink()
+    assert sf.load().view == {}
