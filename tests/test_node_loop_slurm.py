@@ -139,7 +139,7 @@ def _train_script(cluster: DevCluster, loaders: int, work: int, gpu_ms: float) -
 
 
 def _view(cluster: DevCluster) -> dict:
-    return StateFile(cluster.node_state_dir).load().view
+    return StateFile(cluster.node_state_dir, cluster.node_runtime_dir).load().view
 
 
 def _job_view(cluster: DevCluster, job_id: int) -> dict | None:
