@@ -141,8 +141,11 @@ class DevCluster:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.profile_store.mkdir(mode=0o755, exist_ok=True)
         if self.cgroups:
-            # One confined dev cluster per host: its tree is /sys/fs/cgroup/*/slurm_gpu01.
-            # Jobs left there by a cluster that was never stopped would be mistaken for ours.
+            # One confined dev cluster per host: its tree is /sys/fs/cgroup/*/slurm_gpu01,
+            # shared with clusters in the test roots (tests/slurm-root).  Wait for the
+            # host's confined cluster slot, then clear what a cluster that was never
+            # stopped left there, which would otherwise be mistaken for ours.
+            _take_cgroup_slot(self.root)
             _kill_cgroup_jobs()
         install_plugin(self.plugin_dir)
         self._make_gpu_devices()
@@ -157,6 +160,8 @@ class DevCluster:
             extra_env=self.ctld_env,
         )
         self._save_state(pids)
+        if self.cgroups:  # the slot lives as long as this cluster's slurmctld
+            CGROUP_SLOT.write_text(f"{pids['slurmctld']} {self.root}")
         self._wait_for(lambda: self._scontrol_ok(), "slurmctld to answer")
         pids["slurmd"] = self._spawn(
             ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", NODE_NAME],
@@ -181,6 +186,7 @@ class DevCluster:
                 _stop_pid(int(pid))
         if confined:
             _kill_cgroup_jobs()
+            _release_cgroup_slot(self.root)
         state_path = self.root / STATE_FILE
         if state_path.exists():
             state_path.unlink()
@@ -464,6 +470,47 @@ def _kill_cgroup_jobs() -> None:
                 d.rmdir()
         with contextlib.suppress(OSError):
             tree.rmdir()
+
+
+CGROUP_SLOT = Path(os.environ.get("CODA_CGROUP_SLOT", "/dev/shm/coda-dev-cluster-cgroups"))
+"""Who holds the host's one confined-cluster slot: ``<pid> <root>``.  /dev/shm is shared
+with the test roots (their /dev is the host's), so a cluster there waits for ours."""
+CGROUP_SLOT_WAIT_S = float(os.environ.get("CODA_CGROUP_SLOT_WAIT_S", "900"))
+
+
+def _take_cgroup_slot(root: Path) -> None:
+    """Claim the confined-cluster slot for ``root``; wait while a live process holds it."""
+    deadline = time.monotonic() + CGROUP_SLOT_WAIT_S
+    mine = f"{os.getpid()} {root}"
+    while True:
+        try:
+            fd = os.open(CGROUP_SLOT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                holder = CGROUP_SLOT.read_text()
+            except FileNotFoundError:
+                continue
+            pid_text, _, held_root = holder.partition(" ")
+            if held_root == str(root) or not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+                with contextlib.suppress(FileNotFoundError):
+                    CGROUP_SLOT.unlink()  # ours from before, or its holder is gone
+                continue
+            if time.monotonic() > deadline:
+                raise DevClusterError(
+                    f"another confined dev cluster holds {CGROUP_SLOT}",
+                    f"pid {pid_text}, cluster {held_root}; stop it or remove the file",
+                ) from None
+            time.sleep(1.0)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(mine)
+        return
+
+
+def _release_cgroup_slot(root: Path) -> None:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if CGROUP_SLOT.read_text().partition(" ")[2] == str(root):
+            CGROUP_SLOT.unlink()
 
 
 def _free_ports(n: int) -> list[int]:
