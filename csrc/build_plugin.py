@@ -5,15 +5,22 @@ setup.py names this in ``cffi_modules``; it can also be run by hand::
     python csrc/build_plugin.py OUTDIR
 
 The module is built in cffi's *embedding* mode: the shared object starts its own
-interpreter (Debian's libpython3.11) inside slurmctld and runs ``slurm_plugin.hook``.
-Only the fields of ``job_desc_msg_t`` the hook reads or writes are declared; the
-``...;`` lets cffi take their offsets from Slurm's own ``slurm/slurm.h`` at compile
-time, so the build follows whatever Slurm headers are installed.
+interpreter (the Python this script runs on, e.g. Debian's libpython3.11) inside slurmctld
+and runs ``slurm_plugin.hook``.  Only the fields of ``job_desc_msg_t`` the hook reads or
+writes are declared; the ``...;`` lets cffi take their offsets from Slurm's own
+``slurm/slurm.h`` at compile time, so the build follows the Slurm headers installed, and
+a field that moved is a compile error, never a wrong offset.
+
+The Slurm release is read from ``slurm/slurm_version.h`` (:data:`TESTED_RELEASES` are the
+ones the test suite runs against); the declaration follows it: Slurm 25.11 moved the job
+id into ``step_id.job_id``.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -22,6 +29,55 @@ import cffi
 
 HERE = Path(__file__).resolve().parent
 MODULE_NAME = "slurm_plugin._job_submit"
+
+TESTED_RELEASES = ((22, 5), (24, 11), (26, 5))
+"""Slurm releases (major, minor) the version matrix of the test suite builds and runs."""
+STEP_ID_RELEASE = (25, 11)
+"""From this release on ``job_desc_msg_t`` has ``slurm_step_id_t step_id`` for ``job_id``."""
+INCLUDE_DIRS = tuple(
+    Path(d)
+    for d in os.environ.get("CODA_SLURM_INCLUDE", "/usr/include:/usr/local/include").split(":")
+    if d
+)
+
+
+class SlurmHeadersMissing(RuntimeError):
+    """No ``slurm/slurm_version.h`` where the build looks."""
+
+
+def slurm_version(include_dirs: tuple[Path, ...] = INCLUDE_DIRS) -> tuple[int, int, int]:
+    """``(major, minor, micro)`` of the Slurm whose headers the plugin is built against."""
+    for d in include_dirs:
+        header = d / "slurm" / "slurm_version.h"
+        try:
+            text = header.read_text(encoding="ascii", errors="replace")
+        except FileNotFoundError:
+            continue
+        m = re.search(r"^#define\s+SLURM_VERSION_NUMBER\s+(0x[0-9a-fA-F]+)", text, re.M)
+        if m is None:
+            raise SlurmHeadersMissing(f"{header} has no SLURM_VERSION_NUMBER")
+        n = int(m.group(1), 16)
+        return (n >> 16) & 0xFF, (n >> 8) & 0xFF, n & 0xFF
+    dirs = ", ".join(str(d) for d in include_dirs)
+    raise SlurmHeadersMissing(
+        f"slurm/slurm_version.h not found in {dirs}: install Slurm's development headers "
+        "(Debian: libslurm-dev) of the Slurm this plugin will run in"
+    )
+
+
+def job_id_cdef(version: tuple[int, int, int]) -> str:
+    """The declaration of the job id field for this release."""
+    if version[:2] >= STEP_ID_RELEASE:
+        return "slurm_step_id_t step_id;"
+    return "uint32_t job_id;"
+
+
+STEP_ID_CDEF = r"""
+typedef struct {
+    uint32_t job_id;
+    ...;
+} slurm_step_id_t;
+"""
 
 CDEF = r"""
 #define NO_VAL ...
@@ -34,13 +90,15 @@ typedef struct job_descriptor {
     char *comment;
     char *cpus_per_tres;
     uint16_t cpus_per_task;
-    uint32_t job_id;
+    @JOB_ID@
     uint32_t max_nodes;
+    uint32_t min_cpus;
     uint32_t min_nodes;
     char *name;
     uint32_t num_tasks;
     uint16_t ntasks_per_node;
     char *partition;
+    uint16_t pn_min_cpus;
     char *prefer;
     char *script;
     char *tres_per_job;
@@ -53,6 +111,9 @@ typedef struct job_descriptor {
 
 static void coda_log(int level, const char *msg);
 static void coda_replace_str(char **slot, const char *value);
+static uint32_t coda_job_id(const job_desc_msg_t *d);
+static void coda_set_job_id(job_desc_msg_t *d, uint32_t job_id);
+static void coda_clear_cpus_per_task(job_desc_msg_t *d);
 
 /* The replay table (job_submit_coda.c, "Replay"). */
 typedef struct {
@@ -146,9 +207,27 @@ def _bootstrap_code() -> str:
     )
 
 
-def make_builder() -> cffi.FFI:
+def describe(version: tuple[int, int, int]) -> str:
+    """One line on the release the plugin is built for, and whether it is tested."""
+    release = f"{version[0]}.{version[1]:02d}"
+    tested = ", ".join(f"{a}.{b:02d}" for a, b in TESTED_RELEASES)
+    if version[:2] in TESTED_RELEASES:
+        return f"job_submit_coda: building for Slurm {release}.{version[2]} (tested: {tested})"
+    return (
+        f"job_submit_coda: building for Slurm {release}.{version[2]}, which the test suite "
+        f"does not cover (tested: {tested}); every job_desc field the plugin uses is still "
+        "checked against this slurm.h"
+    )
+
+
+def make_builder(version: tuple[int, int, int] | None = None) -> cffi.FFI:
+    version = version or slurm_version()
+    sys.stderr.write(describe(version) + "\n")
+    cdef = CDEF.replace("@JOB_ID@", job_id_cdef(version))
+    if version[:2] >= STEP_ID_RELEASE:
+        cdef = STEP_ID_CDEF + cdef
     ffibuilder = cffi.FFI()
-    ffibuilder.cdef(CDEF)
+    ffibuilder.cdef(cdef)
     ffibuilder.embedding_api(EMBEDDING_API)
     ffibuilder.embedding_init_code(EMBEDDING_INIT_CODE)
     libpython = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
@@ -183,14 +262,43 @@ def make_builder() -> cffi.FFI:
 ffibuilder = make_builder()
 
 
+def compile_plugin(out_dir: Path) -> Path:
+    """Build ``out_dir/job_submit_coda.so`` with the C compiler Python was built with.
+
+    cffi's own ``compile()`` goes through setuptools, which venvs on Python 3.12 and later
+    do not have; the plugin needs no more than one compiler call.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gen = out_dir / "_gen"
+    gen.mkdir(exist_ok=True)
+    c_file = gen / "job_submit_coda.c"
+    ffibuilder.emit_c_code(str(c_file))
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    tmp = out_dir / f".job_submit_coda.so.{os.getpid()}"
+    argv = [
+        *cc,
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-Wall",
+        "-Wno-unused-function",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(c_file),
+        "-o",
+        str(tmp),
+        f"-L{sysconfig.get_config_var('LIBDIR')}",
+        f"-lpython{sysconfig.get_config_var('LDVERSION')}",
+        "-ldl",
+    ]
+    subprocess.run(argv, check=True)
+    final = out_dir / "job_submit_coda.so"
+    os.replace(tmp, final)
+    return final
+
+
 def main(argv: list[str]) -> int:
     out_dir = Path(argv[1]) if len(argv) > 1 else Path.cwd()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_dir = out_dir / "_gen"
-    target = ffibuilder.compile(tmpdir=str(tmp_dir), target="job_submit_coda.so", verbose=False)
-    final = out_dir / "job_submit_coda.so"
-    os.replace(target, final)
-    sys.stdout.write(f"{final}\n")
+    sys.stdout.write(f"{compile_plugin(out_dir)}\n")
     return 0
 
 

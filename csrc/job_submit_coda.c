@@ -81,6 +81,77 @@ static void coda_replace_str(char **slot, const char *value)
 	*slot = value ? slurm_xstrdup(value) : NULL;
 }
 
+/* Slurm 25.11 moved the job id of job_desc_msg_t into step_id. */
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 11, 0)
+#define CODA_JOB_ID(d) ((d)->step_id.job_id)
+#else
+#define CODA_JOB_ID(d) ((d)->job_id)
+#endif
+
+/* Called from Python: the job id (NO_VAL until slurmctld assigns one). */
+static uint32_t coda_job_id(const job_desc_msg_t *d)
+{
+	return CODA_JOB_ID(d);
+}
+
+/* For in-process tests: set the job id as slurmctld would. */
+static void coda_set_job_id(job_desc_msg_t *d, uint32_t job_id)
+{
+	CODA_JOB_ID(d) = job_id;
+}
+
+/* Drop the "cpu=N" items of a tres_per_task list ("cpu=9,gres/gpu=1" becomes
+ * "gres/gpu=1"; NULL when nothing is left).  Slurm 23.11 and later keep -c there
+ * too.  Left alone when memory runs out: the caller's job then keeps its -c in
+ * this field, which Slurm refuses beside --cpus-per-gpu, so nothing wrong runs. */
+static void coda_drop_task_cpus(char **slot)
+{
+	const char *p = *slot;
+	char *out, *o;
+	size_t n;
+
+	if (!p || !strstr(p, "cpu="))
+		return;
+	out = malloc(strlen(p) + 1);
+	if (!out)
+		return;
+	o = out;
+	while (*p) {
+		n = strcspn(p, ",");
+		if (!(n >= 4 && strncmp(p, "cpu=", 4) == 0)) {
+			if (o != out)
+				*o++ = ',';
+			memcpy(o, p, n);
+			o += n;
+		}
+		p += n;
+		if (*p == ',')
+			p++;
+	}
+	*o = '\0';
+	coda_replace_str(slot, o == out ? NULL : out);
+	free(out);
+}
+
+/* Called from Python and by the replay table when --cpus-per-gpu replaces the
+ * user's -c: undo all that sbatch derived from -c (src/sbatch/opt.c raises
+ * pn_min_cpus to it; min_cpus is tasks x -c; from 23.11 tres_per_task carries
+ * cpu=N).  Left as they were, Slurm still gives the job -c CPUs per task (22.05)
+ * or refuses it (24.11).  A larger --mincpus of the user's own is kept. */
+static void coda_clear_cpus_per_task(job_desc_msg_t *d)
+{
+	uint16_t cpt = d->cpus_per_task;
+
+	if (cpt == 0 || cpt >= NO_VAL16)
+		return;
+	if (d->pn_min_cpus == cpt)
+		d->pn_min_cpus = NO_VAL16;
+	if (d->min_cpus != NO_VAL && d->min_cpus >= cpt && d->min_cpus % cpt == 0)
+		d->min_cpus /= cpt;
+	coda_drop_task_cpus(&d->tres_per_task);
+	d->cpus_per_task = NO_VAL16;
+}
+
 /*
  * Replay: repeated jobs answered without entering Python.
  *
@@ -296,7 +367,7 @@ static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
 	if (e->cpus_per_tres)
 		coda_replace_str(&d->cpus_per_tres, e->cpus_per_tres);
 	if (e->clear_cpus_per_task)
-		d->cpus_per_task = NO_VAL16;
+		coda_clear_cpus_per_task(d);
 	if (e->tres_per_node)
 		coda_replace_str(&d->tres_per_node, e->tres_per_node);
 	if (e->prefer)
@@ -343,7 +414,7 @@ static int coda_replay(job_desc_msg_t *d, uint32_t submit_uid, char **err_msg)
 	r = &coda_memo.ring[(coda_memo.ring_head + coda_memo.ring_count) %
 			    CODA_RING_RECORDS];
 	r->plan_id = plan_id;
-	r->job_id = d->job_id;
+	r->job_id = CODA_JOB_ID(d);
 	r->unix_ns = coda_ns(CLOCK_REALTIME);
 	r->elapsed_ns = coda_ns(CLOCK_MONOTONIC) - t0;
 	coda_memo.ring_count++;

@@ -748,8 +748,8 @@ def _apply(desc: Any, plan: Plan, err_msg: Any) -> None:
     if plan.cpus_per_tres is not None:
         replace(_ffi.addressof(desc, "cpus_per_tres"), plan.cpus_per_tres)
     if plan.decision.clear_cpus_per_task:
-        desc.cpus_per_task = _lib.NO_VAL16
-    # Placement (issue 7): Slurm validates these after job_submit, like cpus_per_tres.
+        _lib.coda_clear_cpus_per_task(desc)  # -c and all sbatch derived from it
+    # Placement: Slurm validates these after job_submit, like cpus_per_tres.
     if plan.tres_per_node is not None:
         replace(_ffi.addressof(desc, "tres_per_node"), plan.tres_per_node)
     if plan.prefer is not None:
@@ -875,7 +875,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             journal.record(
                 (
                     now_unix_s,
-                    desc.job_id,
+                    _lib.coda_job_id(desc),
                     who.uid,
                     who.job_name,
                     who.ntasks_per_node,
@@ -911,11 +911,16 @@ def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
         return _lib.SLURM_SUCCESS
     except DirectiveError as exc:
         _append_user_msg(err_msg, _encode(str(exc)))
-        log(LOG_INFO, f"job_id={desc.job_id} uid={submit_uid}: update rejected: {exc}")
+        log(
+            LOG_INFO,
+            f"job_id={_lib.coda_job_id(desc)} uid={submit_uid}: update rejected: {exc}",
+        )
         return _lib.SLURM_ERROR
     except Exception as exc:
         log(
-            LOG_ERROR, f"job_id={desc.job_id}: {type(exc).__name__}: {exc}; update passes unchanged"
+            LOG_ERROR,
+            f"job_id={_lib.coda_job_id(desc)}: {type(exc).__name__}: {exc}; "
+            "update passes unchanged",
         )
         return _lib.SLURM_SUCCESS
 

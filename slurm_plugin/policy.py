@@ -36,7 +36,7 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 200 chara
     would   only with action=advise: the action enforce mode would have taken
     gpn     GPUs per node as CODA computed it;  nodes: node count assumed
 
-Placement fields (issue 7), appended only when the hook changed the job that way::
+Placement fields, appended only when the hook changed the job that way::
 
     pcie    1: PCIe-heavy, one unit of the PcieSpreadGres GRES added per node
     prefer  the node feature set as --prefer (PreferGpuTypes)
@@ -51,8 +51,9 @@ to profile): its log line says ``part=<list>``, and ``scontrol show job`` shows 
 Placement (:mod:`slurm_plugin.placement`, each off until its coda.conf key is set; only
 in Mode=enforce, for jobs CODA manages and that did not say ``coda:off``):
 
-* ``PcieSpreadGres``: a PCIe-heavy multi-GPU job gets ``gres:<name>:1`` appended to its
-  ``tres_per_node`` (unless it already asks for that GRES);
+* ``PcieSpreadGres``: a PCIe-heavy multi-GPU job gets ``gres:<name>:1`` (``gres/<name>:1``
+  where the job's request is spelled so) appended to its ``tres_per_node`` (unless it
+  already asks for that GRES);
 * ``PreferGpuTypes``: a GPU job that names no GPU type and set no ``--prefer`` gets
   ``--prefer=<feature>`` of the GPU type it gains most (or least) from;
 * ``CpuJobPartitions``: a CPU-only job without ``--partition`` gets that list.
@@ -94,6 +95,7 @@ from slurm_plugin.tres import (
     cpus_per_gpu,
     gpu_count,
     gpu_types,
+    gres_separator,
     parse_tres,
     set_gpu_count,
 )
@@ -172,7 +174,7 @@ class ProfileView:
     multi_node_cpus_per_gpu: int | None
     """Measured multi-node value when known; else the CODA rule applies."""
     usage: tuple[UsageRecord, ...] = ()
-    """What the workload did with its GPUs, at most one record per GPU model (issue 7)."""
+    """What the workload did with its GPUs, at most one record per GPU model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,12 +347,18 @@ def decide(
         per_job = gpu_count(req.tres_per_job)
         per_task = gpu_count(req.tres_per_task)
         per_socket = gpu_count(req.tres_per_socket)
+        sep = gres_separator(
+            req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket
+        )
     except TresError as exc:
         return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
     if not (per_node or per_job or per_task or per_socket):
         if cfg.cpu_job_partitions and not req.partition:
             return _route_cpu_job(req, cfg)
         return _skip(req, "no GPUs requested")
+    if not (_set16(req.cpus_per_task) or req.cpus_per_task == NO_VAL16):
+        # 0 or INFINITE16: no --cpus-per-task sbatch sends; Slurm decides what it means.
+        return _skip(req, f"cpus_per_task={req.cpus_per_task} not understood, job left unchanged")
     try:
         user_cpg = cpus_per_gpu(req.cpus_per_tres) or None
     except TresError as exc:
@@ -395,7 +403,7 @@ def decide(
 
     sig = workload_signature(req.uid, req.job_name, req.script, directives)
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
-    place = _placement(req, cfg, sig, profiles, gpn, node_features)
+    place = _placement(req, cfg, sig, profiles, gpn, node_features, sep)
     pred: int | None = None
     note = ""
     if profile is not None:
@@ -428,7 +436,7 @@ def decide(
         if pred is None:
             reason = weak or "no profile for this workload yet"
             return _finish(
-                req, cfg, sig, "skip", None, was, src, gpn, nodes, reason, None, False, place
+                req, cfg, sig, "skip", None, was, src, gpn, nodes, reason, None, False, place, sep
             )
         if profile is not None:
             action, reason = "set", "confident profile"
@@ -436,7 +444,9 @@ def decide(
             action = "default"
             reason = f"{weak or 'no profile for this workload yet'}; DefaultCpusPerGpu"
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
-        return _finish(req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False, place)
+        return _finish(
+            req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False, place, sep
+        )
 
     if (
         profile is None
@@ -446,17 +456,19 @@ def decide(
     ):
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (raises {user_flag}; {basis})"
         reason = f"{weak or 'no profile for this workload yet'}; UnprofiledUserValue=raise"
-        return _finish(req, cfg, sig, "raise", pred, was, src, gpn, nodes, reason, msg, True, place)
+        return _finish(
+            req, cfg, sig, "raise", pred, was, src, gpn, nodes, reason, msg, True, place, sep
+        )
     if profile is None or pred is None:
         reason = f"{weak or 'no profile for this workload yet'}; user value kept"
         return _finish(
-            req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, None, False, place
+            req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, None, False, place, sep
         )
     if cfg.user_value == "replace":
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (replaces {user_flag}; {basis})"
         reason = "UserValue=replace"
         return _finish(
-            req, cfg, sig, "replace", pred, was, src, gpn, nodes, reason, msg, True, place
+            req, cfg, sig, "replace", pred, was, src, gpn, nodes, reason, msg, True, place, sep
         )
     if cfg.user_value == "lower":
         # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
@@ -464,7 +476,7 @@ def decide(
             msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
             reason = "UserValue=lower, prediction below the user value"
             return _finish(
-                req, cfg, sig, "lower", pred, was, src, gpn, nodes, reason, msg, True, place
+                req, cfg, sig, "lower", pred, was, src, gpn, nodes, reason, msg, True, place, sep
             )
         reason = "UserValue=lower, prediction not below the user value"
     else:
@@ -475,7 +487,9 @@ def decide(
             f"coda: kept your {user_flag}; the profile of workload {label} suggests "
             f"--cpus-per-gpu={pred} ({basis})"
         )
-    return _finish(req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, msg, False, place)
+    return _finish(
+        req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, msg, False, place, sep
+    )
 
 
 def _lookup(
@@ -531,8 +545,10 @@ def _finish(
     user_msg: str | None,
     clear: bool,
     place: _Placement | None,
+    sep: str,
 ) -> Decision:
-    """Build the Decision of a job that has a signature (and hence an admin record)."""
+    """Build the Decision of a job that has a signature (and hence an admin record).
+    ``sep``: how the job's Slurm spells a GRES (:func:`~slurm_plugin.tres.gres_separator`)."""
     cpg = "" if pred is None else str(pred)
     would = ""
     new_tres: str | None = None
@@ -546,7 +562,7 @@ def _finish(
         else:
             # pred is set for every writing action; set_gpu_count cannot fail on a string
             # cpus_per_gpu() already parsed.
-            new_tres = set_gpu_count(req.cpus_per_tres, pred or 1)
+            new_tres = set_gpu_count(req.cpus_per_tres, pred or 1, sep)
     clear = clear and _set16(req.cpus_per_task)
     admin = (
         f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
@@ -576,7 +592,7 @@ def _finish(
     )
 
 
-# -- placement (issue 7) ----------------------------------------------------------------------
+# -- placement ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,6 +629,7 @@ def _placement(
     profiles: Mapping[str, ProfileView],
     gpn: int,
     node_features: Collection[str] | None,
+    sep: str,
 ) -> _Placement | None:
     """PCIe spread and GPU-type preference for a managed GPU job; None when neither applies.
 
@@ -636,7 +653,7 @@ def _placement(
     # parse_tres cannot fail here: decide() already parsed tres_per_node.  A job that asked
     # for the GRES itself keeps its request.
     if heavy and not any(item.name == gres for item in parse_tres(req.tres_per_node)):
-        item = f"gres:{gres}:1"
+        item = f"gres{sep}{gres}:1"
         new_tres = f"{req.tres_per_node},{item}" if req.tres_per_node else item
         tokens.append("pcie=1")
         notes.append(f"{item} per node (PCIe-heavy workload: one per PCIe domain)")

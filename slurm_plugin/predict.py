@@ -11,7 +11,7 @@ from slurm_plugin.conf import ConfigError, load_config
 from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.paths import default_conf_path, slurm_conf_for
 from slurm_plugin.policy import JobRequest, decide, parse_admin_record
-from slurm_plugin.sbatchopts import SbatchOptionError, request_from_sbatch
+from slurm_plugin.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch
 from slurm_plugin.signature import (
     DirectiveError,
     Directives,
@@ -43,7 +43,7 @@ def predict_submission(
     except OSError as exc:
         raise CliError(f"cannot read {script_path}", exc.strerror or str(exc)) from exc
     try:
-        req = request_from_sbatch(argv, script, uid=uid)
+        req = request_from_sbatch(argv, script, uid=uid, sep=local_gres_separator())
     except SbatchOptionError as exc:
         raise CliError("bad sbatch options", str(exc)) from exc
     if req.job_name is None:

@@ -1,18 +1,22 @@
 """Turn sbatch options and a batch script into the job_desc fields the hook reads.
 
 Used by ``coda-slurm predict`` to show what job_submit/coda would do without
-submitting. The mapping mirrors what sbatch 22.05 sends (measured on a real
-slurmctld): ``--gpus-per-node``/``--gres=gpu`` -> ``tres_per_node``, ``--gpus`` ->
-``tres_per_job``, ``--gpus-per-task`` -> ``tres_per_task``, ``--cpus-per-gpu`` ->
-``cpus_per_tres``. Only the options that matter to the decision are read; any other
-option must be written ``--name=value`` (or be a flag) so it can be skipped safely.
+submitting. The mapping mirrors what sbatch sends (measured on a real slurmctld):
+``--gpus-per-node``/``--gres=gpu`` -> ``tres_per_node``, ``--gpus`` -> ``tres_per_job``,
+``--gpus-per-task`` -> ``tres_per_task``, ``--cpus-per-gpu`` -> ``cpus_per_tres``, in the
+spelling of the installed Slurm: ``gres:gpu:2`` up to 23.02, ``gres/gpu:2`` from 23.11 on,
+where ``tres_per_task`` is ``gres/gpu=1`` and also carries ``-c`` as ``cpu=N``
+(:func:`local_gres_separator`). Only the options that matter to the decision are read; any
+other option must be written ``--name=value`` (or be a flag) so it can be skipped safely.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import replace
+from functools import cache
 
 from slurm_plugin.policy import JobRequest
 
@@ -102,20 +106,56 @@ class SbatchOptionError(ValueError):
     """An option this tool needs to read has a missing or unparsable value."""
 
 
-def _tres(value: str) -> str:
-    """``a100:2`` / ``2`` / ``gpu:2,shard:1`` -> Slurm's ``gres:gpu:...`` list."""
+SLASH_RELEASE = (23, 11)
+"""From this Slurm release on, sbatch spells a GRES ``gres/gpu`` (before: ``gres:gpu``)."""
+
+
+def gres_separator_of(version_text: str) -> str:
+    """The GRES separator of the Slurm that printed ``version_text`` (``slurm 24.11.5``,
+    ``slurm-wlm 22.05.8``); ``"/"``, the current spelling, when it cannot be read."""
+    m = re.search(r"(\d+)\.(\d+)", version_text)
+    if m is None:
+        return "/"
+    return "/" if (int(m.group(1)), int(m.group(2))) >= SLASH_RELEASE else ":"
+
+
+@cache
+def local_gres_separator() -> str:
+    """How this host's Slurm spells a GRES: from ``slurmctld -V`` (a controller), else
+    ``sbatch --version`` (a configured client); the current spelling when neither answers."""
+    for argv in (["slurmctld", "-V"], ["sbatch", "--version"]):
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if proc.returncode == 0 and re.search(r"\d+\.\d+", proc.stdout):
+            return gres_separator_of(proc.stdout)
+    return "/"
+
+
+def _tres(value: str, sep: str) -> str:
+    """``a100:2`` / ``2`` / ``gpu:2,shard:1`` -> Slurm's ``gres<sep>gpu...`` list."""
     items = []
     for item in value.split(","):
         item = item.strip()
         if not item:
             continue
-        items.append(item if item.startswith("gres:") else f"gres:{item}")
+        items.append(item if item.startswith(("gres:", "gres/")) else f"gres{sep}{item}")
     return ",".join(items)
 
 
-def _gpu_tres(value: str) -> str:
+def _gpu_tres(value: str, sep: str) -> str:
     # --gpus=2 and --gpus=a100:2 name the GPU implicitly.
-    return "gres:gpu:" + value if not value.startswith(("gpu", "gres:")) else _tres(value)
+    if value.startswith(("gpu", "gres:", "gres/")):
+        return _tres(value, sep)
+    return f"gres{sep}gpu:{value}"
+
+
+def _task_tres(value: str, sep: str) -> str:
+    # From 23.11 on, --gpus-per-task=1 arrives as gres/gpu=1 (the count after "=").
+    tres = _gpu_tres(value, sep)
+    head, _, count = tres.rpartition(":")
+    return f"{head}={count}" if sep == "/" and head and count.isdigit() else tres
 
 
 def _int(option: str, value: str) -> int:
@@ -188,8 +228,11 @@ def script_options(script: str) -> list[str]:
     return args
 
 
-def request_from_sbatch(argv: list[str], script: str, *, uid: int | None = None) -> JobRequest:
-    """Build the JobRequest sbatch would send for ``sbatch ARGV SCRIPT``."""
+def request_from_sbatch(
+    argv: list[str], script: str, *, uid: int | None = None, sep: str = ":"
+) -> JobRequest:
+    """Build the JobRequest sbatch would send for ``sbatch ARGV SCRIPT``; ``sep`` is the
+    GRES separator of the Slurm to mirror (:func:`local_gres_separator`)."""
     req = JobRequest(
         uid=os.getuid() if uid is None else uid,
         job_name=None,
@@ -214,17 +257,17 @@ def request_from_sbatch(argv: list[str], script: str, *, uid: int | None = None)
         if value is None:
             raise SbatchOptionError(f"{name} needs a value")
         if name == "--gpus":
-            req = replace(req, tres_per_job=_gpu_tres(value))
+            req = replace(req, tres_per_job=_gpu_tres(value, sep))
         elif name == "--gpus-per-node":
-            req = replace(req, tres_per_node=_gpu_tres(value))
+            req = replace(req, tres_per_node=_gpu_tres(value, sep))
         elif name == "--gres":
-            req = replace(req, tres_per_node=_tres(value))
+            req = replace(req, tres_per_node=_tres(value, sep))
         elif name == "--gpus-per-task":
-            req = replace(req, tres_per_task=_gpu_tres(value))
+            req = replace(req, tres_per_task=_task_tres(value, sep))
         elif name == "--gpus-per-socket":
-            req = replace(req, tres_per_socket=_gpu_tres(value))
+            req = replace(req, tres_per_socket=_gpu_tres(value, sep))
         elif name == "--cpus-per-gpu":
-            req = replace(req, cpus_per_tres=f"gres:gpu:{_int(name, value)}")
+            req = replace(req, cpus_per_tres=f"gres{sep}gpu:{_int(name, value)}")
         elif name == "--cpus-per-task":
             req = replace(req, cpus_per_task=_int(name, value))
         elif name == "--nodes":
@@ -242,4 +285,10 @@ def request_from_sbatch(argv: list[str], script: str, *, uid: int | None = None)
             req = replace(req, comment=value)
         elif name == "--prefer":
             req = replace(req, prefer=value)
+    if sep == "/" and req.cpus_per_task != NO_VAL16:
+        # sbatch from 23.11 on puts -c into tres_per_task too, first.
+        task = f"cpu={req.cpus_per_task}"
+        req = replace(
+            req, tres_per_task=f"{task},{req.tres_per_task}" if req.tres_per_task else task
+        )
     return req

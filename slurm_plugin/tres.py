@@ -1,32 +1,38 @@
 """Parse and edit Slurm TRES request strings (``tres_per_node``, ``cpus_per_tres`` ...).
 
-Slurm 22.05 hands the job_submit hook strings such as::
+The job_submit hook sees these strings as sbatch sent them.  Slurm 22.05 spells a GRES with
+colons; Slurm 23.11 and later (24.11, 26.05) with a slash, and ``tres_per_task`` there also
+carries ``-c`` as ``cpu=N`` and counts after ``=``::
 
-    tres_per_node  = "gres:gpu:2"                 # --gpus-per-node=2 / --gres=gpu:2
-    tres_per_job   = "gres:gpu:a100:4"            # --gpus=a100:4
-    cpus_per_tres  = "gres:gpu:3"                 # --cpus-per-gpu=3
-    tres_per_node  = "gres:gpu:1g.10gb:3,gres:shard:4,license:foo:1"
+    option                     22.05 (tres_per_* field)     24.11 / 26.05
+    --gpus-per-node=2          node:  gres:gpu:2            node:  gres/gpu:2
+    --gpus=a100:4              job:   gres:gpu:a100:4       job:   gres/gpu:a100:4
+    --gpus-per-task=1 -c 9     task:  gres:gpu:1            task:  cpu=9,gres/gpu=1
+    --cpus-per-gpu=3           cpus_per_tres: gres:gpu:3    cpus_per_tres: gres/gpu:3
 
 Grammar accepted here (one *item*; items are separated by ``,`` or ``;``)::
 
-    item  = [KIND (":" | "/")] NAME [":" TYPE] [":" COUNT]
+    item  = [KIND (":" | "/")] NAME [":" TYPE] [(":" | "=") COUNT]
     KIND  = "gres" | "license" | "bb"           (absent: kind "")
     COUNT = DIGITS [k|m|g|t|p]                  (suffix is a binary multiplier, k = 1024)
 
 A missing COUNT means 1 (``gres:gpu`` is one GPU).  With two fields after the kind the
 second is the COUNT when it looks like one, else it is the TYPE (``gpu:a100`` = one A100,
-``gpu:1g.10gb`` = one MIG slice).  ``gres/gpu:2`` (the separator used by later Slurm
-releases) is accepted too.  Blank items (``"gres:gpu:1,"``) are skipped like Slurm's
-tokenizer does.
+``gpu:1g.10gb`` = one MIG slice).  Blank items (``"gres:gpu:1,"``) are skipped like
+Slurm's tokenizer does.
+
+What the hook writes follows the spelling of the job's own GPU request
+(:func:`gres_separator`): a Slurm that sent ``gres/gpu`` refuses ``gres:gpu`` in
+``cpus_per_tres`` ("Invalid Trackable RESource (TRES) specification").
 
 Everything here is pure and runs on slurmctld's submit path: parsing is cached because the
-same few strings (``gres:gpu:1``, ``gres:gpu:4`` ...) arrive over and over.
+same few strings (``gres:gpu:1``, ``gres/gpu:4`` ...) arrive over and over.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 __all__ = [
@@ -37,8 +43,11 @@ __all__ = [
     "cpus_per_gpu",
     "gpu_count",
     "gpu_types",
+    "gres_separator",
     "parse_tres",
     "set_gpu_count",
+    "task_cpus",
+    "without_task_cpus",
 ]
 
 MAX_TRES_CHARS = 4096
@@ -75,6 +84,8 @@ class TresItem:
     name: str
     type: str | None
     count: int
+    kind_sep: str = field(default="", compare=False)
+    """How the kind was joined to the name: ``":"`` (22.05), ``"/"`` (23.11 on), ``""``."""
 
     @property
     def is_gpu(self) -> bool:
@@ -105,17 +116,27 @@ def _is_type(field: str) -> bool:
 
 
 def _parse_item(raw: str) -> TresItem:
-    fields = raw.split(":")
+    body, eq, count_text = raw.partition("=")
+    fields = body.split(":")
     head = fields[0]
-    kind = ""
+    kind = kind_sep = ""
     if "/" in head:
         kind, _, head = head.partition("/")
         if kind not in _KINDS:
             raise TresError(f"unknown TRES kind in item {_show(raw)}")
         fields[0] = head
+        kind_sep = "/"
     elif head in _KINDS and len(fields) > 1:
         kind = head
+        kind_sep = ":"
         del fields[0]
+    if eq:
+        # NAME[:TYPE]=COUNT (tres_per_task from 23.11 on: cpu=3, gres/gpu:a100=1)
+        if len(fields) > 2:
+            raise TresError(f"too many fields in TRES item {_show(raw)}")
+        fields.append(count_text)
+        if len(fields) == 2:
+            fields.insert(1, "")
     if len(fields) > 3:
         raise TresError(f"too many fields in TRES item {_show(raw)}")
     name = fields[0]
@@ -134,16 +155,17 @@ def _parse_item(raw: str) -> TresItem:
         else:
             raise TresError(f"invalid count or type in TRES item {_show(raw)}")
     elif len(fields) == 3:
-        type_ = fields[1]
-        if not _is_type(type_):
-            raise TresError(f"invalid type in TRES item {_show(raw)}")
+        if fields[1] or not eq:
+            type_ = fields[1]
+            if not _is_type(type_):
+                raise TresError(f"invalid type in TRES item {_show(raw)}")
         parsed = _parse_count(fields[2])
         if parsed is None:
             raise TresError(f"invalid count in TRES item {_show(raw)}")
         count = parsed
     if count > MAX_TRES_COUNT:
         raise TresError(f"count too large in TRES item {_show(raw)} (limit {MAX_TRES_COUNT})")
-    return TresItem(kind, name, type_, count)
+    return TresItem(kind, name, type_, count, kind_sep)
 
 
 @lru_cache(maxsize=512)
@@ -204,25 +226,40 @@ def cpus_per_gpu(s: str | None) -> int | None:
     return None
 
 
-def set_gpu_count(s: str | None, count_per_gpu: int) -> str:
-    """``cpus_per_tres`` string ``s`` with its GPU entry set to ``gres:gpu:<count_per_gpu>``.
+def gres_separator(*strings: str | None) -> str:
+    """How this Slurm spells a GRES: ``"/"`` when the first GPU item among ``strings`` that
+    names its kind says ``gres/gpu`` (23.11 and later), else ``":"`` (22.05).
 
-    The new entry takes the place of the first GPU entry (typed or not); further GPU entries
-    are dropped; every other entry is kept verbatim and in order.  Without a GPU entry the
-    new one is appended.  Items are joined with ``,``.  Raises :class:`TresError` when ``s``
-    is malformed and :class:`ValueError` when ``count_per_gpu`` is not in
-    ``1..MAX_TRES_COUNT``.
+    The job's own request comes from the running Slurm's sbatch, so its spelling is the one
+    that Slurm accepts back.  Raises :class:`TresError` when a string is malformed.
+    """
+    for s in strings:
+        for item in parse_tres(s):
+            if item.is_gpu and item.kind_sep:
+                return item.kind_sep
+    return ":"
+
+
+def set_gpu_count(s: str | None, count_per_gpu: int, sep: str = ":") -> str:
+    """``cpus_per_tres`` string ``s`` with its GPU entry set to ``gres<sep>gpu:<count>``.
+
+    ``sep`` is :func:`gres_separator` of the job's request.  The new entry takes the place
+    of the first GPU entry (typed or not); further GPU entries are dropped; every other
+    entry is kept verbatim and in order.  Without a GPU entry the new one is appended.
+    Items are joined with ``,``.  Raises :class:`TresError` when ``s`` is malformed and
+    :class:`ValueError` when ``count_per_gpu`` is not in ``1..MAX_TRES_COUNT`` or ``sep`` is
+    neither ``":"`` nor ``"/"``.
     """
     if count_per_gpu < 1 or count_per_gpu > MAX_TRES_COUNT:
         raise ValueError(f"cpus per GPU must be 1..{MAX_TRES_COUNT}, got {count_per_gpu}")
-    entry = f"gres:gpu:{count_per_gpu}"
+    if sep not in (":", "/"):
+        raise ValueError(f"GRES separator must be ':' or '/', got {sep!r}")
+    entry = f"gres{sep}gpu:{count_per_gpu}"
     if not s:
         return entry
-    items = _parse_cached(s)  # validates s
     out: list[str] = []
     placed = False
-    raws = [raw.strip(" ") for raw in _SPLIT.split(s)]
-    for raw, item in zip((r for r in raws if r), items, strict=True):
+    for raw, item in _raw_items(s):
         if item.is_gpu:
             if not placed:
                 out.append(entry)
@@ -232,3 +269,31 @@ def set_gpu_count(s: str | None, count_per_gpu: int) -> str:
     if not placed:
         out.append(entry)
     return ",".join(out)
+
+
+def task_cpus(s: str | None) -> int | None:
+    """The ``cpu=N`` count in a ``tres_per_task`` string (``-c`` from 23.11 on), or None."""
+    for item in parse_tres(s):
+        if item.name == "cpu" and not item.kind:
+            return item.count
+    return None
+
+
+def without_task_cpus(s: str | None) -> str | None:
+    """``tres_per_task`` string ``s`` without its ``cpu=N`` item; None when nothing is left.
+
+    Slurm 23.11 and later keep ``-c`` in ``tres_per_task`` as well as in ``cpus_per_task``:
+    a job whose ``-c`` is replaced by ``--cpus-per-gpu`` must lose both, or Slurm still asks
+    the node for the old count.  Other items are kept verbatim and in order.
+    """
+    if not s:
+        return None
+    kept = [raw for raw, item in _raw_items(s) if not (item.name == "cpu" and not item.kind)]
+    return ",".join(kept) or None
+
+
+def _raw_items(s: str) -> list[tuple[str, TresItem]]:
+    """Each non-blank item of ``s`` as written, with its parse (validates ``s``)."""
+    items = _parse_cached(s)
+    raws = [raw.strip(" ") for raw in _SPLIT.split(s)]
+    return list(zip((r for r in raws if r), items, strict=True))

@@ -109,11 +109,14 @@ def new_desc(ffi: Any, lib: Any, **fields: Any) -> Any:
     few bytes per job)."""
     desc = ffi.new("job_desc_msg_t *")
     desc.cpus_per_task = lib.NO_VAL16
-    desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.job_id = lib.NO_VAL
-    desc.ntasks_per_node = lib.NO_VAL16
+    desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.min_cpus = lib.NO_VAL
+    desc.ntasks_per_node = desc.pn_min_cpus = lib.NO_VAL16
+    lib.coda_set_job_id(desc, lib.NO_VAL)
     desc.user_id = 1000
     for name, value in fields.items():
-        if isinstance(value, str):
+        if name == "job_id":  # step_id.job_id from Slurm 25.11 on
+            lib.coda_set_job_id(desc, value)
+        elif isinstance(value, str):
             lib.coda_replace_str(
                 ffi.addressof(desc, name), value.encode("utf-8", "surrogateescape")
             )

@@ -84,3 +84,13 @@ def started(c: DevCluster) -> Iterator[DevCluster]:
 @pytest.fixture
 def ctld_log(cluster: DevCluster) -> LogWatch:
     return LogWatch(cluster.ctld_log)
+
+
+def gres(text: str) -> str:
+    """``text`` (written as Slurm 22.05 spells TRES: ``gres:gpu:6``) as this host's Slurm
+    spells it: ``gres/gpu:6`` from 23.11 on."""
+    from slurm_plugin.sbatchopts import local_gres_separator
+
+    if local_gres_separator() == ":":
+        return text
+    return re.sub(r"(^|,)gres:", r"\1gres/", text)

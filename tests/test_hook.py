@@ -26,8 +26,9 @@ ffi = cffi.FFI()
 ffi.cdef("""
 typedef struct {
     char *admin_comment; char *comment; char *cpus_per_tres; uint16_t cpus_per_task;
-    uint32_t job_id; uint32_t max_nodes; uint32_t min_nodes; char *name;
-    uint32_t num_tasks; uint16_t ntasks_per_node; char *partition; char *prefer; char *script;
+    uint32_t job_id; uint32_t max_nodes; uint32_t min_cpus; uint32_t min_nodes; char *name;
+    uint32_t num_tasks; uint16_t ntasks_per_node; char *partition; uint16_t pn_min_cpus;
+    char *prefer; char *script;
     char *tres_per_job; char *tres_per_node; char *tres_per_socket; char *tres_per_task;
     uint32_t user_id;
 } job_desc_msg_t;
@@ -57,12 +58,30 @@ class FakeLib:
         self.keep.append(buf)
         slot[0] = buf
 
+    def coda_job_id(self, desc: Any) -> int:
+        return desc.job_id
+
+    def coda_clear_cpus_per_task(self, desc: Any) -> None:
+        # What job_submit_coda.c does (tests/test_hook_fastpath.py runs the real one).
+        cpt = desc.cpus_per_task
+        if cpt == 0 or cpt >= NO_VAL16:
+            return
+        if desc.pn_min_cpus == cpt:
+            desc.pn_min_cpus = NO_VAL16
+        if desc.min_cpus != NO_VAL and desc.min_cpus >= cpt and desc.min_cpus % cpt == 0:
+            desc.min_cpus //= cpt
+        if desc.tres_per_task != ffi.NULL:
+            items = ffi.string(desc.tres_per_task).decode().split(",")
+            kept = ",".join(i for i in items if not i.startswith("cpu="))
+            self.coda_replace_str(ffi.addressof(desc, "tres_per_task"), kept.encode() or None)
+        desc.cpus_per_task = NO_VAL16
+
 
 def make_desc(lib: FakeLib, **strings: str) -> Any:
     desc = ffi.new("job_desc_msg_t *")
     desc.cpus_per_task = NO_VAL16
-    desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.job_id = NO_VAL
-    desc.ntasks_per_node = NO_VAL16
+    desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.job_id = desc.min_cpus = NO_VAL
+    desc.ntasks_per_node = desc.pn_min_cpus = NO_VAL16
     desc.user_id = 1000
     for name, value in strings.items():
         buf = ffi.new("char[]", value.encode("utf-8", "surrogateescape"))

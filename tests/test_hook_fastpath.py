@@ -25,6 +25,10 @@ from slurm_plugin.store import ProfileStore
 from tests import compiled_hook
 from tests.test_hook_cache import CASES, WRITTEN, _profile
 
+# The plugin module is built against this machine's slurm.h: the version matrix runs these
+# on every Slurm (tests/matrix.py).
+pytestmark = pytest.mark.compiled
+
 GPU = "gres:gpu:2"
 BASE: dict[str, Any] = {
     "tres_per_node": GPU,
@@ -316,3 +320,53 @@ def test_plans_kept_for_c_records_stay_bounded(
     assert plugin.calls == calls
     assert hook.drain_replays() >= 1
     assert hook.current_state().stats.changed == plugin.calls + hook.current_state().stats.replayed
+
+
+# What sbatch of each Slurm release sends for `-n1 -c 9 --gpus-per-task=1`.
+MINUS_C_JOBS = {
+    "22.05": {"tres_per_task": "gres:gpu:1", "cpus_per_tres_written": "gres:gpu:6"},
+    "24.11": {"tres_per_task": "cpu=9,gres/gpu=1", "cpus_per_tres_written": "gres/gpu:6"},
+}
+
+
+@pytest.mark.parametrize("release", sorted(MINUS_C_JOBS))
+def test_replacing_minus_c_undoes_all_sbatch_derived_from_it(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    """UserValue=replace: the job keeps nothing of its -c 9, in Python and in C's replay."""
+    form = MINUS_C_JOBS[release]
+    job = {
+        **BASE,
+        "tres_per_node": None,
+        "tres_per_task": form["tres_per_task"],
+        "cpus_per_task": 9,
+        "pn_min_cpus": 9,  # sbatch raises --mincpus to -c
+        "min_cpus": 9,  # tasks x -c
+        "num_tasks": 1,
+    }
+    job = {k: v for k, v in job.items() if v is not None}
+    with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
+        for answered_by in ("python", "c"):
+            calls = plugin.calls
+            desc = plugin.desc(job)
+            err = compiled_hook.new_err(plugin.ffi, plugin.lib)
+            assert plugin.lib.job_submit(desc, 1000, err) == 0
+            assert (plugin.calls > calls) == (answered_by == "python")
+            ffi, lib = plugin.ffi, plugin.lib
+            assert ffi.string(desc.cpus_per_tres).decode() == form["cpus_per_tres_written"]
+            assert desc.cpus_per_task == lib.NO_VAL16
+            assert desc.pn_min_cpus == lib.NO_VAL16
+            assert desc.min_cpus == 1
+            left = None if desc.tres_per_task == ffi.NULL else ffi.string(desc.tres_per_task)
+            assert left == form["tres_per_task"].removeprefix("cpu=9,").encode()
+
+
+def test_a_larger_mincpus_of_the_users_own_is_kept(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = {**BASE, "cpus_per_task": 9, "pn_min_cpus": 12, "min_cpus": 9}
+    with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
+        desc = plugin.desc(job)
+        assert plugin.lib.job_submit(desc, 1000, compiled_hook.new_err(plugin.ffi, plugin.lib)) == 0
+        assert desc.cpus_per_task == plugin.lib.NO_VAL16
+        assert desc.pn_min_cpus == 12

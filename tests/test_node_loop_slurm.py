@@ -28,7 +28,7 @@ import coda_node.progress_client
 from coda_node.state import StateFile
 from slurm_plugin.devcluster import NODE_NAME, DevCluster
 from slurm_plugin.store import ProfileStore
-from tests.conftest import require_slurm, started
+from tests.conftest import gres, require_slurm, started
 from tests.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait
 
 pytestmark = pytest.mark.slurm
@@ -196,7 +196,7 @@ def test_unknown_workload_is_profiled_online_and_the_next_submission_right_sized
 
     second = _wait(right_sized, "the hook to right-size the next submission", 15)
     assert "cpg=1" in second["AdminComment"] and "src=profile" in second["AdminComment"]
-    assert second.get("CpusPerTres") == "gres:gpu:1"
+    assert second.get("CpusPerTres") == gres("gres:gpu:1")
 
 
 def test_a_cpu_job_crowding_a_dnn_job_is_throttled_then_released(

@@ -506,3 +506,11 @@ def test_prefer_only_names_a_feature_some_node_has(
     assert d.tres_per_node == "gres:gpu:2,gres:pcie:1"  # the PCIe unit does not depend on it
     record = parse_admin_record(d.admin_comment or "")
     assert record.get("prefer") == prefer
+
+
+def test_the_pcie_unit_is_spelled_as_the_jobs_own_request() -> None:
+    # Slurm 24.11 sends gres/gpu:2 and refuses gres:pcie:1 beside it.
+    d = decide_with(job(tres_per_node="gres/gpu:2"), **PLACE)
+    assert d.tres_per_node == "gres/gpu:2,gres/pcie:1"
+    d = decide_with(job(tres_per_node=None, tres_per_job="gres/gpu:4"), **PLACE)
+    assert d.tres_per_node == "gres/pcie:1"

@@ -19,7 +19,7 @@ import pytest
 from slurm_plugin.devcluster import DevCluster, NodeSpec
 from slurm_plugin.policy import parse_admin_record
 from slurm_plugin.store import Profile, ProfileStore, UsageRecord
-from tests.conftest import LogWatch, require_slurm, started
+from tests.conftest import LogWatch, gres, require_slurm, started
 from tests.test_submit_slurm import wait_for_reload
 
 pytestmark = pytest.mark.slurm
@@ -127,18 +127,18 @@ LIGHT = ["--gpus-per-node=2", "--comment=coda:workload=bert"]
 
 def test_pcie_heavy_jobs_do_not_share_a_pcie_domain(pcluster: DevCluster) -> None:
     heavy1, fields, said = submit(pcluster, HEAVY, hold=False)
-    assert fields["TresPerNode"] == "gres:gpu:a100:2,gres:pcie:1"
-    assert "gres:pcie:1 per node (PCIe-heavy workload" in said
+    assert fields["TresPerNode"] == gres("gres:gpu:a100:2,gres:pcie:1")
+    assert gres("gres:pcie:1") + " per node (PCIe-heavy workload" in said
     assert parse_admin_record(fields["AdminComment"])["pcie"] == "1"
     wait_state(pcluster, heavy1, "RUNNING")
 
     light, fields, _ = submit(pcluster, LIGHT, hold=False)
-    assert fields["TresPerNode"] == "gres:gpu:2"
+    assert fields["TresPerNode"] == gres("gres:gpu:2")
     wait_state(pcluster, light, "RUNNING")
 
     # 4 of 8 GPUs and 8 of 32 cores are free, but the node's one PCIe unit is taken.
     heavy2, fields, _ = submit(pcluster, HEAVY, hold=False)
-    assert fields["TresPerNode"] == "gres:gpu:a100:2,gres:pcie:1"
+    assert fields["TresPerNode"] == gres("gres:gpu:a100:2,gres:pcie:1")
     wait_state(pcluster, heavy2, "PENDING", "Resources")
     time.sleep(2)
     assert pcluster.show_job(heavy2)["JobState"] == "PENDING"
@@ -163,7 +163,7 @@ def test_pcie_spread_off_changes_nothing(pcluster: DevCluster) -> None:
         os.utime(pcluster.coda_conf, ns=(time.time_ns(), time.time_ns()))
         log.wait_for(r"job_submit/coda: reloaded ")
         _, fields, said = submit(pcluster, HEAVY)
-        assert fields["TresPerNode"] == "gres:gpu:a100:2"
+        assert fields["TresPerNode"] == gres("gres:gpu:a100:2")
         assert "pcie" not in parse_admin_record(fields["AdminComment"])
         assert "pcie" not in said
     finally:

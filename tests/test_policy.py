@@ -705,7 +705,16 @@ def test_unset_numbers_are_unset() -> None:
     )
     assert run(explicit_unset) == run(job())
     assert run(job(min_nodes=0xFFFFFFFF)) == run(job())  # INFINITE
-    assert run(job(cpus_per_task=0)).action == "set"  # 0 is not a user value
+
+
+@pytest.mark.parametrize("cpus_per_task", [0, 0xFFFF])
+def test_a_cpus_per_task_sbatch_never_sends_leaves_the_job_alone(cpus_per_task: int) -> None:
+    # -c 65536 arrives as 0 (uint16), -c 65535 as INFINITE16: Slurm, not coda, says what
+    # they mean, so nothing is written beside them.
+    d = run(job(cpus_per_task=cpus_per_task))
+    assert d.action == "skip"
+    assert d.cpus_per_tres is None and not d.clear_cpus_per_task
+    assert "not understood" in d.log_msg
 
 
 def test_jobrequest_defaults_are_unset_markers() -> None:
@@ -774,3 +783,43 @@ def test_decision_is_immutable() -> None:
     d = run(job())
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.action = "skip"  # type: ignore[misc]
+
+
+# What sbatch of Slurm 24.11 and 26.05 sends (see tests/test_tres.py), and what is written.
+SLASH_CASES = [
+    ("--gpus-per-node=2", {"tres_per_node": "gres/gpu:2"}, "set", "gres/gpu:6", False),
+    ("--gpus=2", {"tres_per_node": None, "tres_per_job": "gres/gpu:2"}, "set", "gres/gpu:6", False),
+    (
+        "-n2 --gpus-per-task=1",
+        {"tres_per_node": None, "tres_per_task": "gres/gpu=1", "num_tasks": 2},
+        "set",
+        "gres/gpu:6",
+        False,
+    ),
+    (
+        "--gpus-per-node=2 --cpus-per-gpu=3, replace",
+        {"tres_per_node": "gres/gpu:2", "cpus_per_tres": "gres/gpu:3"},
+        "replace",
+        "gres/gpu:6",
+        False,
+    ),
+    (
+        "-n1 -c 9 --gpus-per-task=1, replace",
+        {"tres_per_node": None, "tres_per_task": "cpu=9,gres/gpu=1", "cpus_per_task": 9},
+        "replace",
+        "gres/gpu:6",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "action", "written", "clear"),
+    [c[1:] for c in SLASH_CASES],
+    ids=[c[0] for c in SLASH_CASES],
+)
+def test_jobs_of_slurm_24_11_are_written_in_its_spelling(
+    fields: dict[str, Any], action: str, written: str, clear: bool
+) -> None:
+    d = run(job(**fields), cfg(user_value="replace"))
+    assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task) == (action, written, clear)

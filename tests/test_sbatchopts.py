@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.sbatchopts import SbatchOptionError, request_from_sbatch
+from slurm_plugin.sbatchopts import SbatchOptionError, gres_separator_of, request_from_sbatch
 
 SCRIPT = (
     "#!/bin/sh\n#SBATCH --gpus-per-node=2\n#SBATCH -J from-script\npython x.py\n#SBATCH --gpus=9\n"
@@ -78,3 +78,32 @@ def test_prefer_is_read() -> None:
 def test_unknown_or_valueless_options_are_named(argv: list[str], said: str) -> None:
     with pytest.raises(SbatchOptionError, match=said):
         request_from_sbatch(argv, "true\n", uid=7)
+
+
+@pytest.mark.parametrize(
+    ("argv", "node", "job", "task", "cpus_per_tres"),
+    [
+        (["--gpus=2"], None, "gres/gpu:2", None, None),
+        (["--gres=gpu:a100:2", "--cpus-per-gpu=3"], "gres/gpu:a100:2", None, None, "gres/gpu:3"),
+        (["-n1", "-c", "9", "--gpus-per-task=1"], None, None, "cpu=9,gres/gpu=1", None),
+        (["--gpus-per-task=a100:2"], None, None, "gres/gpu:a100=2", None),
+    ],
+)
+def test_the_slash_spelling_mirrors_sbatch_of_24_11(
+    argv: list[str], node: str | None, job: str | None, task: str | None, cpus_per_tres: str | None
+) -> None:
+    req = request_from_sbatch(argv, "#!/bin/sh\n", uid=1000, sep="/")
+    assert (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.cpus_per_tres) == (
+        node,
+        job,
+        task,
+        cpus_per_tres,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "sep"),
+    [("slurm-wlm 22.05.8", ":"), ("slurm 23.02.7", ":"), ("slurm 24.11.5", "/"), ("?", "/")],
+)
+def test_the_spelling_follows_the_release(text: str, sep: str) -> None:
+    assert gres_separator_of(text) == sep

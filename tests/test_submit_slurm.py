@@ -20,7 +20,7 @@ from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.policy import parse_admin_record
 from slurm_plugin.signature import parse_coda_directives, workload_signature
 from slurm_plugin.store import Profile, ProfileStore, profile_stem
-from tests.conftest import LogWatch, require_slurm
+from tests.conftest import LogWatch, gres, require_slurm
 
 pytestmark = pytest.mark.slurm
 
@@ -107,7 +107,7 @@ def test_profiled_workload_runs_with_predicted_cores(cluster: DevCluster) -> Non
     job_id, fields, said = submit(
         cluster, ["--gpus-per-node=2", "--comment=coda:workload=resnet50"], hold=False
     )
-    assert cpus_per_tres(fields) == "gres:gpu:6"
+    assert cpus_per_tres(fields) == gres("gres:gpu:6")
     assert 'coda: --cpus-per-gpu=6 for workload "resnet50"' in said
     record = parse_admin_record(fields["AdminComment"])
     assert record["action"] == "set" and record["cpg"] == "6"
@@ -128,7 +128,7 @@ def test_a_repeated_job_is_answered_by_the_c_side_and_still_counted(cluster: Dev
     before = json.loads(cluster.hook_stats_file.read_text())
     args = ["--gpus-per-node=1", "--comment=coda:workload=bert", "--job-name=repeat-me"]
     answers = [submit(cluster, args) for _ in range(3)]
-    assert [cpus_per_tres(fields) for _, fields, _ in answers] == ["gres:gpu:5"] * 3
+    assert [cpus_per_tres(fields) for _, fields, _ in answers] == [gres("gres:gpu:5")] * 3
     assert len({fields["AdminComment"] for _, fields, _ in answers}) == 1
     assert len({said for _, _, said in answers}) == 1
     assert 'coda: --cpus-per-gpu=5 for workload "bert"' in answers[0][2]
@@ -157,7 +157,7 @@ def test_gres_and_gpus_forms_are_all_right_sized(cluster: DevCluster) -> None:
         ["--gres=gpu:1"],
     ):
         _, fields, _ = submit(cluster, [*opts, "--comment=coda:workload=bert"])
-        assert cpus_per_tres(fields) == "gres:gpu:2", (opts, fields)
+        assert cpus_per_tres(fields) == gres("gres:gpu:2"), (opts, fields)
 
 
 def test_signature_from_script_ignores_sbatch_lines(cluster: DevCluster) -> None:
@@ -173,8 +173,8 @@ def test_signature_from_script_ignores_sbatch_lines(cluster: DevCluster) -> None
     _, fields_c, _ = submit(
         cluster, ["-J", "train-imagenet", "--gpus-per-node=1"], script_a + "echo another workload\n"
     )
-    assert cpus_per_tres(fields_a) == "gres:gpu:5"
-    assert cpus_per_tres(fields_b) == "gres:gpu:5"
+    assert cpus_per_tres(fields_a) == gres("gres:gpu:5")
+    assert cpus_per_tres(fields_b) == gres("gres:gpu:5")
     assert cpus_per_tres(fields_c) is None  # a different script is a different workload
 
 
@@ -198,7 +198,7 @@ def test_unprofiled_gpu_job_gets_configured_default(
 ) -> None:
     set_conf(cluster, ctld_log, "DefaultCpusPerGpu=3")
     _, fields, said = submit(cluster, ["--gpus-per-node=2", "-J", "new-model"])
-    assert cpus_per_tres(fields) == "gres:gpu:3"
+    assert cpus_per_tres(fields) == gres("gres:gpu:3")
     assert parse_admin_record(fields["AdminComment"])["action"] == "default"
     assert "--cpus-per-gpu=3" in said
 
@@ -211,7 +211,7 @@ def test_first_run_asking_too_little_is_raised_to_the_nodes_share(
     job_id, raised, said = submit(
         cluster, ["--gpus-per-node=1", "--cpus-per-gpu=2", "-J", "first-run"], hold=False
     )
-    assert cpus_per_tres(raised) == "gres:gpu:8"
+    assert cpus_per_tres(raised) == gres("gres:gpu:8")
     assert parse_admin_record(raised["AdminComment"])["action"] == "raise"
     assert "raises --cpus-per-gpu=2" in said
     deadline = time.monotonic() + 20
@@ -221,9 +221,9 @@ def test_first_run_asking_too_little_is_raised_to_the_nodes_share(
     assert cluster.show_job(job_id)["NumCPUs"] == "8"
     # A user who asked for more than the share keeps it; one who asked nothing gets it.
     _, more, _ = submit(cluster, ["--gpus-per-node=1", "--cpus-per-gpu=12", "-J", "greedy"])
-    assert cpus_per_tres(more) == "gres:gpu:12"
+    assert cpus_per_tres(more) == gres("gres:gpu:12")
     _, none, _ = submit(cluster, ["--gpus-per-node=2", "-J", "silent"])
-    assert cpus_per_tres(none) == "gres:gpu:8"
+    assert cpus_per_tres(none) == gres("gres:gpu:8")
 
 
 def test_cpu_only_job_is_never_touched(
@@ -244,17 +244,17 @@ def test_explicit_user_value_kept_then_replaced_after_live_conf_change(
     wait_for_reload(cluster)
     args = ["--gpus-per-node=1", "--cpus-per-gpu=3", "--comment=coda:workload=vgg16"]
     _, kept, said = submit(cluster, args)
-    assert cpus_per_tres(kept) == "gres:gpu:3"
+    assert cpus_per_tres(kept) == gres("gres:gpu:3")
     assert "kept your --cpus-per-gpu=3" in said
     # No slurmctld restart, no scontrol reconfigure: the hook rereads coda.conf.
     set_conf(cluster, ctld_log, "UserValue=replace")
     _, replaced, _ = submit(cluster, args)
-    assert cpus_per_tres(replaced) == "gres:gpu:6"
+    assert cpus_per_tres(replaced) == gres("gres:gpu:6")
     # --cpus-per-task is replaced too (and cleared, as Slurm forbids both).
     _, from_cpt, _ = submit(
         cluster, ["--gpus-per-node=1", "--cpus-per-task=9", "--comment=coda:workload=vgg16"]
     )
-    assert cpus_per_tres(from_cpt) == "gres:gpu:6"
+    assert cpus_per_tres(from_cpt) == gres("gres:gpu:6")
     assert from_cpt["CPUs/Task"] != "9"
 
 
@@ -267,8 +267,8 @@ def test_lower_mode_only_lowers(cluster: DevCluster, coda_conf: Path, ctld_log: 
     _, kept, _ = submit(
         cluster, ["--gpus-per-node=1", "--cpus-per-gpu=4", "--comment=coda:workload=inception"]
     )
-    assert cpus_per_tres(lowered) == "gres:gpu:6"
-    assert cpus_per_tres(kept) == "gres:gpu:4"
+    assert cpus_per_tres(lowered) == gres("gres:gpu:6")
+    assert cpus_per_tres(kept) == gres("gres:gpu:4")
 
 
 def test_prediction_is_capped_by_the_node(cluster: DevCluster) -> None:
@@ -276,7 +276,7 @@ def test_prediction_is_capped_by_the_node(cluster: DevCluster) -> None:
     put_profile(cluster, "workload:*:lenet", 20)
     wait_for_reload(cluster)
     _, fields, _ = submit(cluster, ["--gpus-per-node=4", "--comment=coda:workload=lenet"])
-    assert cpus_per_tres(fields) == "gres:gpu:8"
+    assert cpus_per_tres(fields) == gres("gres:gpu:8")
 
 
 def test_invalid_directive_is_rejected_with_a_clear_message(cluster: DevCluster) -> None:
@@ -347,7 +347,7 @@ def test_corrupted_profile_keeps_serving_last_good_copy(
     path.write_bytes(b"garbage")
     wait_for_reload(cluster)
     _, fields, _ = submit(cluster, ["--gpus-per-node=1", "--comment=coda:workload=yolo"])
-    assert cpus_per_tres(fields) == "gres:gpu:7"
+    assert cpus_per_tres(fields) == gres("gres:gpu:7")
     ctld_log.wait_for(r"error: job_submit/coda: .*" + path.name)
 
 
@@ -360,7 +360,7 @@ def test_unusable_store_leaves_every_job_as_submitted(
     _, fields, _ = submit(
         cluster, ["--gpus-per-node=1", "--cpus-per-gpu=2", "--comment=coda:workload=nothing-here"]
     )
-    assert cpus_per_tres(fields) == "gres:gpu:2"
+    assert cpus_per_tres(fields) == gres("gres:gpu:2")
 
 
 def test_over_budget_fails_open_with_one_log_line(
@@ -383,7 +383,7 @@ def test_invalid_conf_edit_keeps_last_good_configuration(
     cluster.coda_conf.write_text(cluster.coda_conf.read_text() + "UserValue=sometimes\n")
     ctld_log.wait_for(r"invalid .*keeping the last good configuration")
     _, fields, _ = submit(cluster, ["--gpus-per-node=1", "--comment=coda:workload=keepconf"])
-    assert cpus_per_tres(fields) == "gres:gpu:5"
+    assert cpus_per_tres(fields) == gres("gres:gpu:5")
 
 
 def test_predict_agrees_with_the_real_hook(cluster: DevCluster, tmp_path: Path) -> None:
@@ -397,7 +397,7 @@ def test_predict_agrees_with_the_real_hook(cluster: DevCluster, tmp_path: Path) 
     ).stdout
     predicted = json.loads(out)
     _, fields, _ = submit(cluster, args, script.read_text())
-    assert predicted["cpus_per_tres_after"] == cpus_per_tres(fields) == "gres:gpu:4"
+    assert predicted["cpus_per_tres_after"] == cpus_per_tres(fields) == gres("gres:gpu:4")
 
 
 # -- slurmctld with a broken Python: the plugin goes inactive, scheduling goes on --
@@ -424,7 +424,7 @@ def test_plugin_that_cannot_start_leaves_slurm_scheduling(
         log = c.ctld_log.read_text(errors="replace")
         assert "job_submit/coda: INACTIVE" in log
         assert re.search(expect, log), log[-2000:]
-        assert cpus_per_tres(fields) == "gres:gpu:2"
+        assert cpus_per_tres(fields) == gres("gres:gpu:2")
         assert fields.get("AdminComment", "") == ""
     finally:
         c.down()

@@ -11,8 +11,11 @@ from slurm_plugin.tres import (
     cpus_per_gpu,
     gpu_count,
     gpu_types,
+    gres_separator,
     parse_tres,
     set_gpu_count,
+    task_cpus,
+    without_task_cpus,
 )
 
 
@@ -216,3 +219,70 @@ def test_parse_is_cached_but_returns_equal_values() -> None:
     assert first == second
     with pytest.raises(AttributeError):
         first[0].count = 3  # type: ignore[misc]
+
+
+# ------------------------------------------------- the 23.11+ spelling (24.11, 26.05)
+
+# What sbatch of Slurm 24.11 sends for each form (job_submit/lua probe on a dev cluster).
+SLASH_FORMS = [
+    ("gres/gpu:2", 2, None),  # --gpus=2, --gpus-per-node=2, --gres=gpu:2
+    ("gres/gpu:a100:2", 2, "a100"),  # --gres=gpu:a100:2, --gpus=a100:2
+    ("gres/gpu=1", 1, None),  # tres_per_task of --gpus-per-task=1
+    ("cpu=9,gres/gpu=1", 1, None),  # tres_per_task of -c 9 --gpus-per-task=1
+    ("gres/gpu:a100=2", 2, "a100"),  # tres_per_task of --gpus-per-task=a100:2
+]
+
+
+@pytest.mark.parametrize(("text", "gpus", "gpu_type"), SLASH_FORMS)
+def test_slash_spelling_is_read(text: str, gpus: int, gpu_type: str | None) -> None:
+    assert gpu_count(text) == gpus
+    assert gpu_types(text) == ((gpu_type,) if gpu_type else ())
+    assert gres_separator(text) == "/"
+
+
+def test_the_separator_follows_the_jobs_own_gpu_request() -> None:
+    assert gres_separator(None, "gres/gpu:2") == "/"
+    assert gres_separator("gres:gpu:2") == ":"
+    assert gres_separator("cpu=3", None, "gres:gpu:1") == ":"
+    assert gres_separator("gpu:2") == ":"  # no kind named: the 22.05 spelling
+    assert gres_separator(None) == ":"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, "gres/gpu:6"),
+        ("gres/gpu:3", "gres/gpu:6"),
+        ("gres/shard:2,gres/gpu:a100:3", "gres/shard:2,gres/gpu:6"),
+    ],
+)
+def test_set_gpu_count_in_the_slash_spelling(text: str | None, expected: str) -> None:
+    assert set_gpu_count(text, 6, "/") == expected
+    with pytest.raises(ValueError, match="separator"):
+        set_gpu_count(text, 6, "=")
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus", "left"),
+    [
+        ("cpu=9,gres/gpu=1", 9, "gres/gpu=1"),
+        ("cpu=3", 3, None),
+        ("gres/gpu=1,cpu=4,license/foo=1", 4, "gres/gpu=1,license/foo=1"),
+        ("gres/gpu=1", None, "gres/gpu=1"),
+        ("gres:gpu:1", None, "gres:gpu:1"),
+        (None, None, None),
+    ],
+)
+def test_task_cpus_are_found_and_dropped(
+    text: str | None, cpus: int | None, left: str | None
+) -> None:
+    assert task_cpus(text) == cpus
+    assert without_task_cpus(text) == left
+
+
+@pytest.mark.parametrize(
+    "text", ["gpu=", "=3", "cpu=x", "gres/gpu:a:b=1", "gres/gpu:1=2", "cpu=-1"]
+)
+def test_bad_counts_after_equals_are_refused(text: str) -> None:
+    with pytest.raises(TresError):
+        parse_tres(text)
