@@ -17,14 +17,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_plugin.install import install_plugin
 
-SYSTEM_PLUGIN_DIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
 NODE_NAME = "gpu01"
 STATE_FILE = "cluster.json"
 # Slurm's daemons keep their own idea of time-outs; these bound our waiting only.
@@ -285,7 +285,7 @@ class DevCluster:
             proctrack, task, acct = "proctrack/linuxproc", "task/none", "jobacct_gather/none"
         cores_per_socket = node.cpus // node.sockets
         def_cpg = f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else ""
-        plugin_dirs = f"{self.plugin_dir}:{SYSTEM_PLUGIN_DIR}"
+        plugin_dirs = f"{self.plugin_dir}:{system_plugin_dir()}"
         extra_gres = [g.strip() for g in node.extra_gres.split(",") if g.strip()]
         gres_types = ",".join(["gpu", *dict.fromkeys(g.split(":")[0] for g in extra_gres)])
         node_gres = ",".join([f"gpu:{node.gpu_type}:{node.gpus}", *extra_gres])
@@ -418,6 +418,56 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
             return json.loads(path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
+
+
+SLURM_PLUGIN_PROBE = "select_cons_tres.so"
+"""A plugin every Slurm install has and the dev cluster loads (SelectType=select/cons_tres)."""
+
+
+def plugin_dir_candidates(multiarch: str | None) -> list[Path]:
+    """Where distributions put Slurm's plugins: Debian's per-architecture ``slurm-wlm``
+    first, then the RPM and source-build layouts (``$libdir/slurm``)."""
+    arch = [Path("/usr/lib") / multiarch / d for d in ("slurm-wlm", "slurm")] if multiarch else []
+    return [*arch, Path("/usr/lib64/slurm"), Path("/usr/lib/slurm"), Path("/usr/local/lib/slurm")]
+
+
+def system_plugin_dir(candidates: Sequence[Path] | None = None) -> Path:
+    """Slurm's own plugin directory: the first candidate that holds select/cons_tres.
+
+    The dev cluster's ``PluginDir`` lists it after the directory job_submit/coda is
+    installed into.  The default candidates follow this Python's architecture
+    (``MULTIARCH``, e.g. ``x86_64-linux-gnu``), which is Debian's libslurm's too.
+    """
+    if candidates is None:
+        candidates = plugin_dir_candidates(sysconfig.get_config_var("MULTIARCH"))
+    for directory in candidates:
+        if (directory / SLURM_PLUGIN_PROBE).is_file():
+            return directory
+    raise DevClusterError(
+        f"no Slurm plugin directory found (no {SLURM_PLUGIN_PROBE} in "
+        f"{', '.join(str(d) for d in candidates)})",
+        "install Debian's slurmctld package",
+    )
+
+
+def parse_slurm_version(text: str) -> tuple[int, int]:
+    """(major, minor) from ``slurmctld -V``: ``slurm-wlm 22.05.8`` -> (22, 5)."""
+    words = text.split()
+    parts = words[-1].split(".") if words else []
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        raise DevClusterError(f"cannot read a Slurm version from {text.strip()!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def slurm_version() -> tuple[int, int]:
+    """(major, minor) of the slurmctld on PATH, the one a dev cluster starts."""
+    try:
+        proc = subprocess.run(
+            ["slurmctld", "-V"], capture_output=True, text=True, timeout=START_TIMEOUT_S
+        )
+    except FileNotFoundError:
+        raise DevClusterError("slurmctld not found", "install Debian's slurmctld package") from None
+    return parse_slurm_version(proc.stdout)
 
 
 def parse_scontrol_line(line: str) -> dict[str, str]:
