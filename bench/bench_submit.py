@@ -302,7 +302,8 @@ def check_jobs(
     bc: BenchCluster, subs: Sequence[Submission], cpus_per_gpu: int, rewritten: bool
 ) -> dict[str, Any]:
     """Read every job of ``subs`` back from slurmctld. With ``rewritten`` every job must
-    have ``CpusPerTres=gres:gpu:<cpus_per_gpu>``, without it none may."""
+    have ``CpusPerTres=gres:gpu:<cpus_per_gpu>`` (``gres/gpu`` from Slurm 23.11 on), without
+    it none may."""
     ids = {s.job_id for s in subs if s.job_id is not None}
     out = bc.cluster.run(["scontrol", "-o", "show", "job"], timeout_s=120).stdout
     seen: Counter[str] = Counter()
@@ -314,9 +315,9 @@ def check_jobs(
             continue
         if job_id in ids:
             seen[fields.get("CpusPerTres", "<unset>")] += 1
-    wanted = f"gres:gpu:{cpus_per_gpu}"
+    wanted = f"gres:gpu:{cpus_per_gpu}"  # or gres/gpu:N, as this Slurm spells it
     found = sum(seen.values())
-    matching = seen.get(wanted, 0)
+    matching = seen.get(wanted, 0) + seen.get(wanted.replace("gres:", "gres/"), 0)
     ok = found == len(ids) == len(subs) and matching == (found if rewritten else 0)
     return {
         "jobs": len(subs),

@@ -3,7 +3,7 @@ job_submit/lua doing the same rewrite as job_submit/coda, for bench/bench_submit
 
 For a job that asks for a GPU (tres_per_node or tres_per_job names "gpu") and carries
 --comment=coda:workload=NAME, look NAME up in CPUS_PER_GPU and, when found, set
---cpus-per-gpu (cpus_per_tres = "gres:gpu:N"), record the decision in admin_comment,
+--cpus-per-gpu (cpus_per_tres = "gres:gpu:N", "gres/gpu:N" where Slurm spells it so), record the decision in admin_comment,
 write one line to slurmctld's log and one line back to the user: the same work the
 coda hook does for a job with a confident profile.
 
@@ -37,7 +37,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		return slurm.SUCCESS
 	end
 	local was = job_desc.cpus_per_tres or ""
-	job_desc.cpus_per_tres = "gres:gpu:" .. cpg
+	-- Slurm 23.11 and later spell a GRES gres/gpu, and refuse gres:gpu back.
+	local gres = "gres:"
+	if string.find((job_desc.tres_per_node or "") .. (job_desc.tres_per_job or ""), "gres/", 1, true) then
+		gres = "gres/"
+	end
+	job_desc.cpus_per_tres = gres .. "gpu:" .. cpg
 	local record = "coda:sig=workload:*:" .. name .. ";cpg=" .. cpg .. ";was=" .. was
 		.. ";action=set;src=lua"
 	if job_desc.admin_comment ~= nil then
