@@ -9,8 +9,8 @@ reads on a node like Slurm 22.05 sets it up (``proctrack/cgroup``, ``task/cgroup
   threads in ``/proc``; ``/dev/nvidia0..N`` as real character devices (major 195);
 - ``<tmp>/etc``: ``slurm.conf``, ``gres.conf`` and ``coda.conf`` (read with
   :func:`slurm_plugin.conf.load_config`); ``<tmp>/state``: the daemon's state directory;
-- :class:`FakeSlurm`: answers ``scontrol -d -o show job <id>`` and ``squeue`` like Slurm
-  22.05 does, and counts the calls;
+- :class:`FakeSlurm`: answers ``squeue --json``, ``squeue -w`` and ``sinfo --json`` like
+  Slurm 22.05 does, and counts the calls;
 - a :class:`~tests.nvml_double.FakeNvml` whose NVML index order (PCI order) is not the order
   of the device minors, as on real multi-GPU nodes;
 - cgroup writers that go through :class:`~tests.cgroup_fixtures.FakeKernel` (v1 cpuset
@@ -146,108 +146,59 @@ class FakeJob:
         return tuple(sorted(tids | {self.tid(12), self.tid(13)}))
 
 
-def scontrol_line(job: FakeJob, node_name: str = NODE_NAME) -> str:
-    """``scontrol -d -o show job <id>`` as Slurm 22.05 prints it for a running job."""
-    ncpus = len(job.cpus)
+def squeue_record(job: FakeJob, cores_per_socket: int, node_name: str = NODE_NAME) -> dict:
+    """One job of ``squeue --json`` as Slurm 22.05 prints it for a running job (the fields
+    coda-node reads, shaped as in ``tests/data/slurm_json/22.05-squeue.json``)."""
     ngpus = len(job.gpus)
-    start = "2024-05-02T09:14:56"
-    tres = f"cpu={ncpus},mem=0,node=1,billing={ncpus}"
-    if ngpus:
-        tres += f",gres/gpu={ngpus},gres/gpu:{GPU_TYPE}={ngpus}"
-        idx = format_cpulist(job.gpus)
-        job_gres = f"gpu:{GPU_TYPE}:{ngpus}"
-        node_gres = f"gpu:{GPU_TYPE}:{ngpus}(IDX:{idx})"
-    else:
-        job_gres, node_gres = "(null)", ""
-    fields = [
-        f"JobId={job.job_id}",
-        f"JobName={job.name}",
-        f"UserId={job.user}({job.uid})",
-        f"GroupId={job.user}({job.uid})",
-        "MCS_label=N/A",
-        "Priority=4294901757",
-        "Nice=0",
-        "Account=(null)",
-        "QOS=normal",
-        "JobState=RUNNING",
-        "Reason=None",
-        "Dependency=(null)",
-        "Requeue=1",
-        "Restarts=0",
-        "BatchFlag=1",
-        "Reboot=0",
-        "ExitCode=0:0",
-        "DerivedExitCode=0:0",
-        "RunTime=00:12:03",
-        "TimeLimit=1-00:00:00",
-        "TimeMin=N/A",
-        "SubmitTime=2024-05-02T09:14:55",
-        "EligibleTime=2024-05-02T09:14:55",
-        "AccrueTime=2024-05-02T09:14:55",
-        f"StartTime={start}",
-        "EndTime=2024-05-03T09:14:56",
-        "Deadline=N/A",
-        "SuspendTime=None",
-        "SecsPreSuspend=0",
-        f"LastSchedEval={start}",
-        "Scheduler=Main",
-        f"Partition={job.partition}",
-        "AllocNode:Sid=login01:48213",
-        "ReqNodeList=(null)",
-        "ExcNodeList=(null)",
-        f"NodeList={node_name}",
-        f"BatchHost={node_name}",
-        "NumNodes=1",
-        f"NumCPUs={ncpus}",
-        "NumTasks=1",
-        "CPUs/Task=1",
-        "ReqB:S:C:T=0:0:*:*",
-        f"TRES={tres}",
-        "Socks/Node=*",
-        "NtasksPerN:B:S:C=0:0:*:*",
-        "CoreSpec=*",
-        f"JOB_GRES={job_gres}",
-        f"Nodes={node_name}",
-        f"CPU_IDs={format_cpulist(job.cpus)}",
-        "Mem=0",
-        f"GRES={node_gres}",
-        "MinCPUsNode=1",
-        "MinMemoryNode=0",
-        "MinTmpDiskNode=0",
-        "Features=(null)",
-        "DelayBoot=00:00:00",
-        "OverSubscribe=OK",
-        "Contiguous=0",
-        "Licenses=(null)",
-        "Network=(null)",
-        f"Command=/home/{job.user}/{job.name}.sh",
-        f"WorkDir=/home/{job.user}",
-    ]
-    if job.admin_comment is not None:
-        fields.append(f"AdminComment={job.admin_comment}")
-    fields += [
-        f"StdErr=/home/{job.user}/slurm-{job.job_id}.out",
-        "StdIn=/dev/null",
-        f"StdOut=/home/{job.user}/slurm-{job.job_id}.out",
-    ]
-    if ngpus:
-        fields += [
-            f"CpusPerTres=gres:gpu:{max(1, ncpus // ngpus)}",
-            f"TresPerNode=gres:gpu:{GPU_TYPE}:{ngpus}",
-        ]
-    fields.append("Power=")
-    return " ".join(fields) + "\n"
+    sockets: dict[str, dict[str, dict[str, str]]] = {}
+    for cpu in sorted(job.cpus):  # one thread per core on the fixture node
+        socket, core = divmod(cpu, cores_per_socket)
+        sockets.setdefault(str(socket), {"cores": {}})["cores"][str(core)] = "allocated"
+    return {
+        "account": "",
+        "admin_comment": job.admin_comment or "",
+        "comment": "",
+        "command": f"/home/{job.user}/{job.name}.sh",
+        "cpus_per_tres": f"gres:gpu:{max(1, len(job.cpus) // ngpus)}" if ngpus else "",
+        "gres_detail": [f"gpu:{GPU_TYPE}:{ngpus}(IDX:{format_cpulist(job.gpus)})"] if ngpus else [],
+        "group_id": job.uid,
+        "job_id": job.job_id,
+        "job_resources": {
+            "nodes": node_name,
+            "allocated_cores": len(job.cpus),
+            "allocated_hosts": 1,
+            "allocated_nodes": [
+                {
+                    "sockets": sockets,
+                    "nodename": node_name,
+                    "cpus_used": 0,
+                    "memory_used": 0,
+                    "memory_allocated": 0,
+                }
+            ],
+        },
+        "job_state": "RUNNING",
+        "name": job.name,
+        "nodes": node_name,
+        "node_count": 1,
+        "partition": job.partition,
+        "user_id": job.uid,
+        "user_name": job.user,
+    }
 
 
 class FakeSlurm:
-    """The Slurm client commands coda-node runs (a :data:`coda_node.slurmjobs.Runner`).
+    """The Slurm client commands coda-node runs (a :data:`coda_node.slurmjobs.Runner`), as
+    Slurm 22.05 answers them: ``squeue --json`` prints every job whatever ``--jobs`` says,
+    ``scontrol`` has no ``--json`` and ``sinfo --json`` gives the node's layout.
 
     ``jobs`` are the jobs slurmctld knows; set ``error`` to make every command fail as it
     does when slurmctld cannot be reached. ``calls`` lists every argv, in order.
     """
 
-    def __init__(self, node_name: str = NODE_NAME) -> None:
+    def __init__(self, node_name: str = NODE_NAME, cores_per_socket: int = 32) -> None:
         self.node_name = node_name
+        self.cores_per_socket = cores_per_socket
         self.jobs: dict[int, FakeJob] = {}
         self.calls: list[tuple[str, ...]] = []
         self.error: str | None = None
@@ -257,24 +208,36 @@ class FakeSlurm:
         self.calls.append(args)
         if self.error is not None:
             raise SlurmQueryError(f"{' '.join(args)} exited 1 ({self.error})")
-        if args[:5] == ("scontrol", "-d", "-o", "show", "job") and len(args) == 6:
-            job = self.jobs.get(int(args[5]))
-            if job is None:
-                # make_runner's message for scontrol's exit 1 on an unknown id
-                raise SlurmQueryError(
-                    f"{' '.join(args)} exited 1 (slurm_load_jobs error: Invalid job id specified)"
-                )
-            return scontrol_line(job, self.node_name)
-        if args[0] == "squeue":
+        if args[:2] == ("squeue", "--json"):
+            records = [
+                squeue_record(job, self.cores_per_socket, self.node_name)
+                for _, job in sorted(self.jobs.items())
+            ]
+            return json.dumps({"meta": {}, "errors": [], "jobs": records})
+        if args[:1] == ("squeue",):
             return "".join(f"{job_id}\n" for job_id in sorted(self.jobs))
+        if args == ("sinfo", "--json"):
+            node = {"name": self.node_name, "cores": self.cores_per_socket, "threads": 1}
+            return json.dumps({"meta": {}, "errors": [], "nodes": [node]})
+        if args[:1] == ("scontrol",) and "--json" in args:
+            # make_runner's message for 22.05's scontrol, which has no --json
+            raise SlurmQueryError(
+                f"{' '.join(args)} exited 1 (scontrol: unrecognized option '--json')"
+            )
         raise SlurmQueryError(f"{args[0]}: not a command this fake answers ({args})")
 
     def scontrol_counts(self) -> Counter[int]:
-        """Job id -> how many times ``scontrol show job`` was asked about it."""
-        return Counter(int(a[5]) for a in self.calls if a[:1] == ("scontrol",))
+        """Job id -> how many times slurmctld was asked about it (``squeue --json --jobs``)."""
+        counts: Counter[int] = Counter()
+        for a in self.calls:
+            if a[:2] == ("squeue", "--json"):
+                ids = next(x for x in a if x.startswith("--jobs=")).removeprefix("--jobs=")
+                counts.update(int(j) for j in ids.split(","))
+        return counts
 
     def squeue_calls(self) -> int:
-        return sum(1 for a in self.calls if a[:1] == ("squeue",))
+        """``squeue -w <node>`` calls: listing the node's jobs without cgroups."""
+        return sum(1 for a in self.calls if a[:1] == ("squeue",) and "--json" not in a)
 
 
 # --------------------------------------------------------------------------------------------
@@ -926,7 +889,7 @@ def build_node(
         etc=etc,
         state_dir=state_dir,
         cfg=cfg,
-        slurm=FakeSlurm(NODE_NAME),
+        slurm=FakeSlurm(NODE_NAME, cores_per_socket=cpus // (2 if cpus % 2 == 0 else 1)),
         nvml_lib=nvml_lib,
         dev_minors=dev_minors,
     )
