@@ -22,7 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import NODE_NAME, DevCluster, NodeSpec, parse_scontrol_line
+from slurm_plugin.devcluster import (
+    NODE_NAME,
+    DevCluster,
+    DevClusterError,
+    NodeSpec,
+    parse_scontrol_line,
+    slurm_version,
+)
 from slurm_plugin.reserve_slurm import ReserveState
 from tests.conftest import LogWatch, require_slurm, started
 
@@ -114,7 +121,14 @@ def job_state(cluster: DevCluster, job_id: int) -> dict[str, str]:
 
 def submit_running(cluster: DevCluster, args: list[str]) -> int:
     job_id, _ = cluster.sbatch(args, SLEEP)
-    wait_until(lambda: job_state(cluster, job_id)["JobState"] == "RUNNING", f"job {job_id}")
+    try:
+        wait_until(lambda: job_state(cluster, job_id)["JobState"] == "RUNNING", f"job {job_id}")
+    except AssertionError:
+        job = job_state(cluster, job_id)
+        raise AssertionError(
+            f"job {job_id} ({' '.join(args)}) is {job['JobState']} ({job.get('Reason')}), "
+            f"not RUNNING; node: {cluster.run(['scontrol', '-o', 'show', 'node']).stdout}"
+        ) from None
     return job_id
 
 
@@ -183,15 +197,20 @@ def test_gpu_jobs_lower_the_cap_and_slurm_honours_it(cluster: DevCluster) -> Non
     assert spare["per_node"] == [{"node": NODE_NAME, "reserved_cpus": 12}]
     assert max_cpus(cluster, "gpu_spare") == "4"
 
-    # Slurm 22.05 keeps a CPU job that asks more than the cap pending (PartitionConfig),
-    # though 11 cores are free; one within the cap runs.
-    too_big, _ = cluster.sbatch(["-p", "gpu_spare", "-c", "5"], SLEEP)
+    # A CPU job that asks more than the cap does not run, though 11 cores are free: Slurm
+    # 22.05 keeps it pending (PartitionConfig), 24.11 and later refuse it at submission.
+    # One within the cap runs.
+    if slurm_version() < (24, 11):
+        too_big, _ = cluster.sbatch(["-p", "gpu_spare", "-c", "5"], SLEEP)
+        wait_until(
+            lambda: job_state(cluster, too_big).get("Reason") == "PartitionConfig",
+            "the oversized CPU job to pend on PartitionConfig",
+        )
+        assert job_state(cluster, too_big)["JobState"] == "PENDING"
+    else:
+        with pytest.raises(DevClusterError, match="Requested node configuration is not available"):
+            cluster.sbatch(["-p", "gpu_spare", "-c", "5"], SLEEP)
     fits = submit_running(cluster, ["-p", "gpu_spare", "-c", "4"])
-    wait_until(
-        lambda: job_state(cluster, too_big).get("Reason") == "PartitionConfig",
-        "the oversized CPU job to pend on PartitionConfig",
-    )
-    assert job_state(cluster, too_big)["JobState"] == "PENDING"
     assert job_state(cluster, fits)["JobState"] == "RUNNING"
 
 
