@@ -77,7 +77,7 @@ def _jobs(release: str) -> dict[int, object]:
 
 
 def test_fixtures_cover_the_supported_releases() -> None:
-    assert {"22.05", "26.05"} <= set(RELEASES)
+    assert {"22.05", "24.11", "26.05"} <= set(RELEASES)
 
 
 @pytest.mark.parametrize("release", RELEASES)
