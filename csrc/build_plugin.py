@@ -18,6 +18,7 @@ id into ``step_id.job_id``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -272,7 +273,8 @@ def compile_plugin(out_dir: Path) -> Path:
     gen = out_dir / "_gen"
     gen.mkdir(exist_ok=True)
     c_file = gen / "job_submit_coda.c"
-    ffibuilder.emit_c_code(str(c_file))
+    with contextlib.redirect_stdout(sys.stderr):  # cffi says "generating ..." on stdout
+        ffibuilder.emit_c_code(str(c_file))
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     tmp = out_dir / f".job_submit_coda.so.{os.getpid()}"
     argv = [
