@@ -30,7 +30,16 @@ setup(
         "pyslurm": ["pyslurm"],
         # coda-slurm simulate --plot
         "plot": ["matplotlib>=3.6"],
-        "test": ["pytest>=7.4", "ruff>=0.4", "jsonschema>=4.0", "matplotlib>=3.6"],
+        "test": [
+            "pytest>=7.4",
+            "ruff>=0.4",
+            "jsonschema>=4.0",
+            "matplotlib>=3.6",
+            # tests/test_clients_slurm.py submits through the clients users really use.
+            "submitit>=1.5",
+            "dask-jobqueue>=0.8",
+            "distributed>=2024.1",
+        ],
     },
     entry_points={
         "console_scripts": [
