@@ -1033,6 +1033,33 @@ class CpusetWriter(_CgroupWriter):
                     raise _translate(exc, path_tid, None, "sched_setaffinity") from exc
         return written
 
+    def reset(self, job: CgroupJob, allocation: Iterable[int]) -> int:
+        """Put the job back to ``allocation`` (the CPUs Slurm reports it holds here) where
+        there is no snapshot to restore from. Slurm gives the job's own cpuset and each
+        step's (batch, extern, and a step over the whole allocation) the allocation; when
+        one of them differs, the job was changed, and its cpuset and every non-empty one
+        below it get the whole allocation, every thread its cpuset's CPUs. A step or task
+        that Slurm had bound to fewer of the job's CPUs then gets them all: which ones it
+        had is what a snapshot would have said. A job whose own and steps' cpusets hold
+        the allocation is left as it is (its tasks may be narrower by Slurm's choice).
+        Returns the number of files written."""
+        cpus = frozenset(allocation)
+        if not cpus:
+            raise ValueError(f"job {job.job_id}: Slurm reports no CPUs for it on this node")
+        current = self._current(job)
+        held = {rel: parse_cpulist(text) for rel, (_, text) in current.items()}
+        if self._version == 2 and not held["."]:
+            held["."] = self._effective(job.path, job.job_id)  # empty inherits
+        if all(c == cpus for rel, c in held.items() if _depth(rel) <= 1 and (c or rel == ".")):
+            return 0
+        text = format_cpulist(cpus)
+        snapshot = CpusetSnapshot(
+            job_id=job.job_id,
+            cpus={rel: text for rel, c in held.items() if c or rel == "."},
+            affinity={},
+        )
+        return self.restore(job, snapshot)
+
     @staticmethod
     def _nearest(
         rel: str, cpus: Mapping[str, frozenset[int]], *, include_self: bool = False
@@ -1153,6 +1180,25 @@ class CpuQuotaWriter(_CgroupWriter):
         quota_us = int(self._read(cpu_dir / "cpu.cfs_quota_us", None))
         period_us = int(self._read(cpu_dir / "cpu.cfs_period_us", None))
         return None if quota_us < 0 else quota_us / period_us
+
+    def original_quota(self, job: CgroupJob) -> float | None:
+        """The job's limit as Slurm set it, before coda-node sets one: what
+        :meth:`read_quota` reads in Slurm's own directory (v2, or v1 with cpu and cpuacct
+        co-mounted); None on v1 otherwise, where the quota lives in coda-node's own
+        ``coda/job_<id>``, which Slurm never made (one found there was left by coda-node
+        and is no part of the job's original setting)."""
+        if self._version == 1 and self._v1_dir(job)[1]:
+            return None
+        return self.read_quota(job)
+
+    def put_back(self, job: CgroupJob, original: float | None) -> int:
+        """Undo :meth:`set_quota`: the job's quota in Slurm's own directory goes back to
+        ``original`` (what :meth:`original_quota` read); coda-node's own ``coda/job_<id>``
+        is removed whatever ``original`` says, since Slurm never made it. Returns the
+        number of files written."""
+        if self._version == 1 and self._v1_dir(job)[1]:
+            return self.release(job.job_id)
+        return self.set_quota(job, original)
 
     # -- v2 ------------------------------------------------------------------------------------
 

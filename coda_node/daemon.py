@@ -46,12 +46,14 @@ from coda_node.policy import JobFacts, JobTarget, choose_cpus, plan
 from coda_node.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
 from coda_node.resctrl import discover as resctrl_discover
 from coda_node.sampling import JobView, NodeSnapshot, Sampler
-from coda_node.slurmjobs import Runner, SlurmJobs, make_runner
+from coda_node.slurmjobs import Runner, SlurmJobs, SlurmQueryError, make_runner
 from coda_node.state import (
+    REPAIR_ALL,
     JobChanges,
     Limit,
     LimitsFile,
     NodeState,
+    StateDamaged,
     StateError,
     StateFile,
 )
@@ -81,6 +83,8 @@ class TickReport:
     cpu_time_s: float = 0.0
     allocated: dict[int, frozenset[int]] = field(default_factory=dict)
     """Each job's Slurm allocation as known before this tick's writes."""
+    held: frozenset[int] = frozenset()
+    """Jobs left alone this tick: to be repaired from Slurm's allocation, or repaired."""
 
 
 class Daemon:
@@ -164,7 +168,20 @@ class Daemon:
         self.tick_errors_total = 0
         self.events_total: Counter[str] = Counter()
         """Events by action since start (the view keeps only the last MAX_EVENTS)."""
-        self.cpus_online = _cpus_online(self.root)
+        self.online_cpus = _online_cpus(self.root)
+        """The CPUs online (None where the tree does not say): a record naming others is
+        not one that can be put back."""
+        self.cpus_online = (
+            len(self.online_cpus) if self.online_cpus is not None else _cpus_online(self.root)
+        )
+        self._unverified: set[int] = set()
+        """Jobs whose record came from the state file and whose recorded allocation is not
+        yet compared with Slurm's."""
+        self._repair_waiting: dict[int, str] = {}
+        """Jobs to repair that could not be repaired yet -> why (shown in status)."""
+        self._failing: dict[int, frozenset[str]] = {}
+        """Each job's failed writes of the last tick: a failure is an event (and a log
+        line) when it starts, not on every tick it goes on (status shows it meanwhile)."""
         self.metrics_server: MetricsServer | None = None
         self.metrics_state = (
             "off (NodeMetricsPort=0)"
@@ -407,14 +424,27 @@ class Daemon:
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
         """Load what a previous run changed. Raises StateError for a file we must not
-        overwrite (a newer format)."""
+        overwrite (a newer format) or cannot read. A damaged file is kept aside and
+        replaced, durably, by one that says every running job is to be repaired from
+        Slurm's allocation: nothing the daemon finds in the cgroups is taken for the
+        allocation before that is done."""
+        for path in self.state_file.remove_stale_temps(_pid_alive):
+            log.info("removed %s, left by a writer that was killed", path)
         try:
             self.state = self.state_file.load()
-        except StateError as exc:
-            if "newer coda-node" in str(exc):
-                raise
-            log.error("%s", exc)  # corrupt: moved aside, start clean
-            self.state = NodeState()
+        except StateDamaged as exc:
+            aside = self.state_file.keep_aside()
+            kept = f"kept as {aside.name}" if aside is not None else "not kept"
+            log.error(
+                "%s: %s. Every running job will be put back to the CPUs Slurm allocated it",
+                exc,
+                kept,
+            )
+            why = f"the state file was damaged ({exc.reason})"
+            self.state = NodeState(repair={REPAIR_ALL: why}, view=self.state_file.load_view())
+            self.state_file.save(self.state, view=False)
+        self._check_records()
+        self._unverified = set(self.state.changes)
         self.enforcer = self._make_enforcer()
         self.capabilities = [
             c.to_dict()
@@ -432,6 +462,28 @@ class Daemon:
         self._adopt(view)
         # Kept only while Slurm's tree is missing: _rediscover adopts from it again.
         self._start_view = {} if self.layout.has_slurm else view
+
+    def _check_records(self) -> None:
+        """Records naming CPUs this node does not have online cannot be put back (every
+        write would fail): their jobs are repaired from Slurm's allocation instead."""
+        online = self.online_cpus
+        if online is None:
+            return
+        bad = {
+            job_id: ch.recorded_cpus() - online
+            for job_id, ch in self.state.changes.items()
+            if not ch.recorded_cpus() <= online
+        }
+        for job_id, missing in sorted(bad.items()):
+            del self.state.changes[job_id]
+            self.state.repair.setdefault(
+                job_id,
+                f"its record names CPUs {format_cpulist(missing)}, which this node "
+                f"does not have online ({format_cpulist(online)})",
+            )
+            log.error("job=%d %s", job_id, self.state.repair[job_id])
+        if bad:
+            self.state_file.save(self.state, view=False)
 
     def _adopt(self, view: dict[str, Any]) -> None:
         """What the last run's view knew of each DNN job, into this run's loop."""
@@ -515,6 +567,95 @@ class Daemon:
     def _cgroup_jobs(self) -> dict[int, CgroupJob]:
         return cgroups.list_jobs(self.layout) if self.layout.has_slurm else {}
 
+    # -- repair from Slurm's allocation ----------------------------------------------
+    def _repair(self, cg_jobs: dict[int, CgroupJob]) -> dict[int, JobResult]:
+        """Put back, to the CPUs Slurm reports, every running job whose record is missing
+        or cannot be trusted (``state.repair``), and compare each record read from the
+        state file with Slurm's allocation once. The pending repairs are on disk before
+        anything is written; a job is taken off them once repaired or gone. A job Slurm
+        has not answered for is left as it is, and nothing else is done to it, until it
+        does (``_repair_waiting`` says why)."""
+        state = self.state
+        if not self.layout.has_slurm:
+            return {}
+        if REPAIR_ALL in state.repair:
+            why = state.repair.pop(REPAIR_ALL)
+            for job_id in cg_jobs:
+                state.repair.setdefault(job_id, why)
+            state.changes = {j: ch for j, ch in state.changes.items() if j not in state.repair}
+            self.state_file.save(state, view=False)
+        self._verify_records(cg_jobs)
+        gone = [j for j in state.repair if j not in cg_jobs]
+        for job_id in gone:
+            # Its cgroups went with it; coda's own cpu cgroup is removed by the enforcer.
+            del state.repair[job_id]
+            state.changes.pop(job_id, None)
+        if gone:
+            self.state_file.save(state, view=False)
+        self._repair_waiting = {}
+        results: dict[int, JobResult] = {}
+        pending = sorted(state.repair)
+        if not pending:
+            return results
+        try:
+            allocated = self.slurm.allocated_cpus(pending)
+        except SlurmQueryError as exc:
+            self._repair_waiting = {j: f"waiting for Slurm ({exc})" for j in pending}
+            return results
+        for job_id in pending:
+            why = state.repair[job_id]
+            cpus = allocated.get(job_id)
+            if cpus is None:
+                self._repair_waiting[job_id] = "waiting: Slurm does not list it on this node"
+                continue
+            cg = cgroups.read_job(self.layout, cg_jobs[job_id], detail="tasks")
+            if cg is None:
+                continue  # ended meanwhile: dropped at the next tick
+            self._event(
+                job_id,
+                "state-repair",
+                f"put back to Slurm's allocation {format_cpulist(cpus)}: {why}",
+            )
+            result = self.enforcer.repair(cg, cpus)
+            results[job_id] = result
+            if result.failed:
+                self._repair_waiting[job_id] = "; ".join(result.failed)
+                continue
+            del state.repair[job_id]
+            self.state_file.save(state, view=False)
+            self.sampler.forget(cg)
+        return results
+
+    def _verify_records(self, cg_jobs: dict[int, CgroupJob]) -> None:
+        """Compare the allocation each record read from the state file names with the one
+        Slurm reports; a record that disagrees is dropped and its job repaired. Records
+        are trusted meanwhile: Slurm not answering is retried at the next tick."""
+        ids = sorted(j for j in self._unverified if j in cg_jobs and j in self.state.changes)
+        self._unverified &= set(cg_jobs) & set(self.state.changes)
+        if not ids:
+            return
+        try:
+            allocated = self.slurm.allocated_cpus(ids)
+        except SlurmQueryError:
+            return
+        changed = False
+        self._unverified -= set(ids)
+        for job_id in ids:
+            cpus = allocated.get(job_id)
+            if cpus is None:
+                continue  # not running here as far as Slurm knows: ending, nothing to compare
+            recorded = self._allocated(job_id, cg_jobs[job_id])
+            if recorded != cpus:
+                del self.state.changes[job_id]
+                self.state.repair[job_id] = (
+                    f"its record says it was allocated CPUs {format_cpulist(recorded)}, "
+                    f"Slurm says {format_cpulist(cpus)}"
+                )
+                log.error("job=%d %s", job_id, self.state.repair[job_id])
+                changed = True
+        if changed:
+            self.state_file.save(self.state, view=False)
+
     def tick(self) -> TickReport:
         cpu0 = time.process_time()
         self.ticks_total += 1
@@ -541,6 +682,10 @@ class Daemon:
             # One reading per group per tick; the sampler then asks monitor.rate per job.
             self.mem_bw_monitor.sample(self._clock())
         snap = self.sampler.sample()
+        repaired = self._repair({j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None})
+        # A job still to be repaired, or repaired in this tick (the sample shows it as it
+        # was before), is left alone until the next tick's sample shows it as Slurm set it.
+        hold = set(self.state.repair) | set(repaired)
         facts = {}
         bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
 
@@ -550,7 +695,7 @@ class Daemon:
             return self.locality.near_cpus(gpus)
 
         for job_id, view in snap.jobs.items():
-            if view.cgroup is None:
+            if view.cgroup is None or job_id in hold:
                 continue
             facts[job_id] = JobFacts(
                 job_id=job_id,
@@ -558,7 +703,11 @@ class Daemon:
                 is_dnn=view.kind == "dnn",
                 near_cpus=near_cpus(view) if job_id in limits else frozenset(),
             )
-        targets, problems = plan(facts, limits, mba=self.mba_unavailable)
+        targets, problems = plan(
+            facts,
+            {j: lim for j, lim in limits.items() if j not in hold},
+            mba=self.mba_unavailable,
+        )
         loop = self.loop.step(
             snap,
             lambda j: facts[j].allocated_cpus if j in facts else None,
@@ -582,7 +731,9 @@ class Daemon:
                 )
         self._adaptive_jobs = set(loop.cores) | set(loop.throttles)
         self._adaptive_task_jobs = set(loop.throttles)
-        cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
+        cg_jobs = {
+            j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None and j not in hold
+        }
         for job_id in set(targets) | set(self.state.changes):
             cg = cg_jobs.get(job_id)
             if cg is None or not self.layout.has_slurm:
@@ -601,6 +752,12 @@ class Daemon:
                 else:
                     cg_jobs[job_id] = full
         results = self.enforcer.reconcile(cg_jobs, targets)
+        for job_id, res in repaired.items():
+            if job_id in results:  # repaired, then changed again within this tick
+                results[job_id].applied[:0] = res.applied
+                results[job_id].failed[:0] = res.failed
+            else:
+                results[job_id] = res
         for job_id, res in results.items():
             if res.applied and job_id in cg_jobs:
                 # What the sampler kept of the job (its steps' CPUs) is what we just changed.
@@ -612,15 +769,19 @@ class Daemon:
         for ev in loop.events:
             self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
         for job_id, res in results.items():
-            reason = (
-                targets[job_id].reason
-                if job_id in targets
-                else "no limit, probe or throttle applies any more"
-            )
+            if job_id in repaired and job_id not in targets:
+                reason = "repair from Slurm's allocation"
+            elif job_id in targets:
+                reason = targets[job_id].reason
+            else:
+                reason = "no limit, probe or throttle applies any more"
             for what in res.applied:
                 self._event(job_id, what, reason)
+            failing = self._failing.get(job_id, frozenset())
             for what in res.failed:
-                self._event(job_id, f"failed: {what}", reason)
+                if what not in failing:
+                    self._event(job_id, f"failed: {what}", reason)
+        self._failing = {j: frozenset(r.failed) for j, r in results.items() if r.failed}
         for pub in loop.publish:
             seen = snap if pub.job_id in snap.jobs or self._prev_snap is None else self._prev_snap
             gpu_model = self._gpu_model(seen, pub.job_id)
@@ -635,6 +796,7 @@ class Daemon:
             results=results,
             problems=[f"job {p.job_id}: {p.message}" for p in problems],
             allocated={j: f.allocated_cpus for j, f in facts.items()},
+            held=frozenset(hold),
         )
         self.state.view = self._view(report, limits)
         self._prev_snap = snap
@@ -737,8 +899,20 @@ class Daemon:
         return cg.cpus
 
     def restore(self) -> dict[int, JobResult]:
-        """Put every job back as Slurm set it."""
-        results = self.enforcer.restore_all(self._cgroup_jobs())
+        """Put every job back as Slurm set it: from its record, or, where the record is
+        missing or cannot be trusted, to the allocation Slurm reports (a job Slurm does
+        not answer for is left as it is and reported as failed)."""
+        jobs = self._cgroup_jobs()
+        repaired = self._repair(jobs)
+        results = self.enforcer.restore_all(
+            {j: cg for j, cg in jobs.items() if j not in self.state.repair}
+        )
+        for job_id, res in repaired.items():
+            results.setdefault(job_id, JobResult()).applied[:0] = res.applied
+            results[job_id].failed[:0] = res.failed
+        for job_id, why in self._repair_waiting.items():
+            if job_id not in repaired:
+                results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
         if self.mem_bw_monitor is not None:
             # Every coda_j* MON group goes too (also those a killed daemon left): each
             # holds one of the node's few RMIDs.
@@ -884,7 +1058,10 @@ class Daemon:
                 )
             record = dict(v.slurm.admin_record) if v.slurm and v.slurm.admin_record else None
             allocated = report.allocated.get(job_id)
-            if allocated is None and v.cgroup is not None:
+            if job_id in self.state.repair or job_id in report.held:
+                # Its cgroup is not (yet) the allocation: show Slurm's.
+                allocated = v.slurm.cpu_ids if v.slurm else None
+            elif allocated is None and v.cgroup is not None:
                 allocated = self._allocated(job_id, v.cgroup)
             # What is in force after this tick's writes, not what the sample saw before them.
             cpus_now = v.cpus_now
@@ -939,12 +1116,20 @@ class Daemon:
                 "gpus": [_asdict(g) for g in snap.gpus],
                 "mem_bw": [_asdict(m) for m in snap.mem_bw],
                 "pcie_bw": [_asdict(p) for p in snap.pcie_bw],
-                "errors": list(snap.errors) + report.problems,
+                "errors": list(snap.errors) + report.problems + self._repair_problems(),
             },
             "jobs": jobs,
             "events": list(self.events),
             "sampled_unix_s": snap.unix_s,
         }
+
+    def _repair_problems(self) -> list[str]:
+        """One line per job still to be put back to Slurm's allocation, and why not yet."""
+        return [
+            f"job {job_id}: to be put back to Slurm's allocation ({why}); "
+            f"{self._repair_waiting.get(job_id, 'at the next tick')}"
+            for job_id, why in sorted(self.state.repair.items())
+        ]
 
     def _policy_view(self, job_id: int) -> dict[str, Any]:
         """What the adaptive loop knows of a job: progress, profiling, contention."""
@@ -1047,6 +1232,26 @@ def _cpus_text(cpus: frozenset[int]) -> str:
     """format_cpulist, cached: the view shows three CPU lists per job every tick, and they
     are the same few sets tick after tick."""
     return format_cpulist(cpus)
+
+
+def _online_cpus(root: SystemRoot) -> frozenset[int] | None:
+    """The CPUs online under NodeRoot (Documentation/ABI/testing/sysfs-devices-system-cpu);
+    None for a tree without the file."""
+    try:
+        return parse_cpulist(root.path("/sys/devices/system/cpu/online").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _cpus_online(root: SystemRoot) -> int | None:

@@ -1,9 +1,10 @@
 """Enforcement: make each job's cgroups match the plan, writing only what differs.
 
 Every change is recorded in the state file *before* it is made (how Slurm had set the job),
-so a crash at any point leaves enough on disk to put the job back. Each job is handled on
-its own: an error on one job is reported in its :class:`JobResult` and the others go on.
-This is one of the two places that catch every exception (the other is the submit hook).
+so a crash at any point leaves enough on disk to put the job back; a record leaves the file
+only once everything it covers is back. Each job is handled on its own: an error on one job
+is reported in its :class:`JobResult` and the others go on. This is one of the two places
+that catch every exception (the other is the submit hook).
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ class Enforcer:
                     continue
                 results[job_id] = self._job(cg, targets.get(job_id, JobTarget()))
             self._remove_unused_rdt_groups()
+        self._remove_unused_quota_dirs(jobs, results)
         self.state.prune()
         return results
 
@@ -220,11 +222,70 @@ class Enforcer:
                 else:
                     results[job_id] = self._job(cg, JobTarget(), restoring=True)
             self._remove_unused_rdt_groups()
+        self._remove_unused_quota_dirs(jobs, results)
         self.state.prune()
         return results
 
+    def repair(self, cg: CgroupJob, allocation: frozenset[int]) -> JobResult:
+        """Put a job back to ``allocation``, the CPUs Slurm reports it holds here, where
+        coda-node's record of it is missing or cannot be trusted: every cpuset of the job
+        to the allocation (:meth:`CpusetWriter.reset`), its CPU quota lifted (Slurm sets
+        none) and its threads out of coda's resctrl groups. The job's record, if any, is
+        dropped once all of that is done; until then it stays for a retry."""
+        result = JobResult()
+        with self._rdt_lock():
+            try:
+                if self.cpuset is not None and self.cpuset.reset(cg, allocation):
+                    result.applied.append(
+                        f"cpuset restored to {format_cpulist(allocation)} (Slurm's allocation)"
+                    )
+                if self.quota is not None and self.quota.set_quota(cg, None):
+                    result.applied.append("cpu quota released")
+                if self.rdt is not None:
+                    tids = self.tids(cg)
+                    for group in self.rdt.list_coda_groups():
+                        if self.rdt.release_tasks(group, tids).moved:
+                            result.applied.append(f"resctrl group {group} left")
+            except JobGone:
+                result.gone = True
+            except (CgroupError, ResctrlError, ValueError) as exc:
+                result.failed.append(f"repair: {exc}")
+        if not result.failed:
+            self.state.changes.pop(cg.job_id, None)
+            for what in ("cpuset", "quota"):
+                self._unsettle(cg.job_id, what)
+        return result
+
     def _rdt_lock(self) -> contextlib.AbstractContextManager[None]:
         return self.rdt.locked() if self.rdt is not None else contextlib.nullcontext()
+
+    def _write_ahead(self, job_id: int, ch: JobChanges) -> None:
+        """Put ``ch`` on record for the job and on disk, fsynced, before the change it now
+        covers is made. The record is (re)attached to the state first: a record that
+        covered nothing a moment ago is not in the file, and may have been dropped."""
+        self.state.changes[job_id] = ch
+        self._save()
+
+    def _remove_unused_quota_dirs(
+        self, jobs: Mapping[int, CgroupJob], results: dict[int, JobResult]
+    ) -> None:
+        """Remove the v1 ``coda/job_<id>`` cpu cgroups no record covers: those of jobs that
+        ended, and any a lost record left on a running job (its threads go back to the cpu
+        hierarchy's root and its quota with the directory)."""
+        if self.quota is None:
+            return
+        used = {j for j, c in self.state.changes.items() if c.quota_active}
+        for job_id in self.quota.coda_dirs():
+            if job_id in used:
+                continue
+            try:
+                moved = self.quota.release(job_id)
+            except CgroupError as exc:
+                log.error("job=%d cannot remove coda's cpu cgroup: %s", job_id, exc)
+                continue
+            if job_id in jobs:
+                r = results.setdefault(job_id, JobResult())
+                r.applied.append("cpu quota released" + (" (no record of it)" if moved else ""))
 
     def _remove_unused_rdt_groups(self) -> None:
         """Remove coda's resctrl groups no recorded job uses: classes emptied this tick,
@@ -275,7 +336,8 @@ class Enforcer:
             if ch.cpuset_original is None:
                 ch.cpuset_original = snapshot_to_dict(self.cpuset.snapshot(cg))
                 ch.allocated_cpus = sorted(cg.cpus)
-                self._save()  # write-ahead: Slurm's setting is on disk before we change it
+                # Slurm's setting is on disk before we change it.
+                self._write_ahead(cg.job_id, ch)
             elif not {f"step_{s.name}" for s in cg.steps} <= set(ch.cpuset_original["cpus"]):
                 # A step started since (slurmd gave it the full allocation): record how
                 # Slurm set it, so that a restore puts it back too.
@@ -284,7 +346,7 @@ class Enforcer:
                     ch.cpuset_original["cpus"].setdefault(rel, text)
                 for tid, mask in fresh["affinity"].items():
                     ch.cpuset_original["affinity"].setdefault(tid, mask)
-                self._save()
+                self._write_ahead(cg.job_id, ch)
             seen = _sampled(cg, target.cpus, with_tasks=False)
             if not self._is_settled(cg.job_id, "cpuset", seen):
                 snap = snapshot_from_dict(ch.cpuset_original)
@@ -308,9 +370,9 @@ class Enforcer:
             return
         if target.quota_cores is not None:
             if not ch.quota_active:
-                ch.quota_original = self.quota.read_quota(cg)
+                ch.quota_original = self.quota.original_quota(cg)
                 ch.quota_active = True
-                self._save()
+                self._write_ahead(cg.job_id, ch)
             changed = ch.quota_applied != target.quota_cores
             seen = _sampled(cg, target.quota_cores, with_tasks=True)
             if not self._is_settled(cg.job_id, "quota", seen):
@@ -322,7 +384,7 @@ class Enforcer:
             ch.quota_applied = target.quota_cores
         elif ch.quota_active:
             self._unsettle(cg.job_id, "quota")
-            self.quota.set_quota(cg, ch.quota_original)
+            self.quota.put_back(cg, ch.quota_original)
             r.applied.append("cpu quota released")
             ch.quota_active = False
             ch.quota_applied = None
@@ -386,7 +448,7 @@ class Enforcer:
             if ch.rdt_group is not None:
                 self._rdt_release(cg, ch)
             ch.rdt_group = name
-            self._save()  # write-ahead: the group is on record before tasks move
+            self._write_ahead(cg.job_id, ch)  # the group is on record before tasks move
             now = RdtClass.of(name) or RdtClass()
             before = had.describe(l3_total) if had else []
             r.applied += [line for line in now.describe(l3_total) if line not in before]

@@ -13,8 +13,12 @@ which made a node write its state file to disk every second (docs/benchmarks.md,
 tick's eighth pass); a state file that still holds a view is read as before.
 
 Format: JSON, ``{"format": "coda-node-state", "format_version": 1, ...}`` and
-``{"format": "coda-node-view", "format_version": 1, ...}``. A state file from a newer
-coda-node is refused with what to do, never overwritten.
+``{"format": "coda-node-view", "format_version": 1, ...}``. A state file that records jobs
+still to be repaired from Slurm's allocation (``"repair"``) is written as format 2, so a
+coda-node that cannot read that part refuses the file instead of ignoring it. A state file
+from a newer coda-node is refused with what to do, never overwritten; a damaged one
+(unreadable bytes, not JSON, a format version that is not a known one, a record that does
+not parse) raises :class:`StateDamaged`, and the daemon repairs every job from Slurm.
 """
 
 from __future__ import annotations
@@ -23,15 +27,22 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coda_node.cpulist import parse_cpulist
+
 FORMAT = "coda-node-state"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest state format this coda-node reads: 1, the record of changes; 2, with jobs to
+repair from Slurm's allocation (written only while some are pending)."""
+BASE_FORMAT_VERSION = 1
 STATE_FILE = "state.json"
 LIMITS_FILE = "limits.json"
 VIEW_FORMAT = "coda-node-view"
@@ -43,6 +54,20 @@ log = logging.getLogger("coda_node.state")
 
 class StateError(RuntimeError):
     """The state file cannot be used; the message says what an operator should do."""
+
+
+class StateDamaged(StateError):
+    """The state file exists but cannot be trusted (unreadable bytes, not JSON, an unknown
+    format version, a record that does not parse). Nothing in it is used: the jobs it may
+    describe are repaired from Slurm's allocation. ``reason`` says what is wrong."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path} is damaged ({reason})")
+
+
+TEMP_SUFFIX = ".tmp"
 
 
 @dataclass(slots=True)
@@ -84,22 +109,123 @@ class JobChanges:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> JobChanges:
+    def from_dict(cls, d: object) -> JobChanges:
+        """A record as :meth:`to_dict` wrote it; raises ValueError for anything else (a
+        value of the wrong type, a CPU list that does not parse, a quota that is not a
+        positive number of cores)."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a record is a JSON object, not {_kind(d)}")
+        original = d.get("cpuset_original")
+        if original is not None:
+            _check_snapshot(original)
+        quota_active = d.get("quota_active", False)
+        if not isinstance(quota_active, bool):
+            raise ValueError(f"quota_active is {_kind(quota_active)}, not true or false")
         return cls(
-            cpuset_original=d.get("cpuset_original"),
-            cpuset_applied=d.get("cpuset_applied"),
-            allocated_cpus=d.get("allocated_cpus"),
-            quota_original=d.get("quota_original"),
-            quota_applied=d.get("quota_applied"),
-            quota_active=bool(d.get("quota_active", False)),
-            rdt_group=d.get("rdt_group"),
-            rdt_mon_group=d.get("rdt_mon_group"),
+            cpuset_original=original,
+            cpuset_applied=_cpu_ids(d.get("cpuset_applied"), "cpuset_applied"),
+            allocated_cpus=_cpu_ids(d.get("allocated_cpus"), "allocated_cpus"),
+            quota_original=_cores(d.get("quota_original"), "quota_original"),
+            quota_applied=_cores(d.get("quota_applied"), "quota_applied"),
+            quota_active=quota_active,
+            rdt_group=_text(d.get("rdt_group"), "rdt_group"),
+            rdt_mon_group=_text(d.get("rdt_mon_group"), "rdt_mon_group"),
         )
+
+    def recorded_cpus(self) -> frozenset[int]:
+        """Every CPU the record names as the job's: its allocation and the cpusets of its
+        snapshot (all of them must exist on the node for the record to be put back)."""
+        cpus = set(self.allocated_cpus or ())
+        if self.cpuset_original is not None:
+            for text in self.cpuset_original["cpus"].values():
+                cpus |= parse_cpulist(text)
+        return frozenset(cpus)
+
+
+MAX_CPU_ID = 1 << 16
+"""Above any CPU number Linux supports (NR_CPUS is at most 8192): a record naming a higher
+one is damaged, and parsing its range would only cost memory."""
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _cpu_list_text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {_kind(value)}, not a CPU list")
+    if any(int(n) > MAX_CPU_ID for n in re.findall(r"\d+", value)):
+        raise ValueError(f"{what} {value[:40]!r} names a CPU above {MAX_CPU_ID}")
+    parse_cpulist(value)  # raises ValueError with the list
+    return value
+
+
+def _check_snapshot(value: object) -> None:
+    """A cpuset snapshot (coda_node.enforce.snapshot_to_dict) that can be put back."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"cpuset_original is {_kind(value)}, not an object")
+    job_id = value.get("job_id")
+    if not isinstance(job_id, int) or isinstance(job_id, bool):
+        raise ValueError(f"cpuset_original.job_id is {_kind(job_id)}, not a job id")
+    cpus = value.get("cpus")
+    if not isinstance(cpus, Mapping) or "." not in cpus:
+        raise ValueError("cpuset_original.cpus has no cpuset for the job itself")
+    for rel, text in cpus.items():
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
+            raise ValueError(f"cpuset_original.cpus names {rel!r}, not a directory of the job")
+        _cpu_list_text(text, f"cpuset_original.cpus[{rel!r}]")
+    affinity = value.get("affinity", {})
+    if not isinstance(affinity, Mapping):
+        raise ValueError(f"cpuset_original.affinity is {_kind(affinity)}, not an object")
+    for tid, mask in affinity.items():
+        if not (isinstance(tid, str) and tid.isdecimal()):
+            raise ValueError(f"cpuset_original.affinity names {tid!r}, not a thread id")
+        _cpu_list_text(mask, f"cpuset_original.affinity[{tid}]")
+
+
+def _cpu_ids(value: object, what: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU_ID for c in value
+    ):
+        raise ValueError(f"{what} is not a list of CPU numbers")
+    return list(value)
+
+
+def _cores(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{what} is {value!r}, not a positive number of cores")
+    return float(value)
+
+
+def _text(value: object, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what} is {_kind(value)}, not a name")
+    return value
+
+
+REPAIR_ALL = -1
+"""The key of :attr:`NodeState.repair` that stands for every job running at the next tick
+(the state file was damaged: any of them may have been changed)."""
 
 
 @dataclass(slots=True)
 class NodeState:
     changes: dict[int, JobChanges] = field(default_factory=dict)
+    """Job -> what coda-node changed on it. A record stays here, and in the state file,
+    until everything it covers is back as Slurm set it; an empty record is not written."""
+    repair: dict[int, str] = field(default_factory=dict)
+    """Job (or :data:`REPAIR_ALL`) -> why its cgroups must be put back to the allocation
+    Slurm reports, because what coda-node recorded of it cannot be trusted. Written before
+    the repair writes anything, dropped when the job is repaired or gone."""
     view: dict[str, Any] = field(default_factory=dict)
     """The last tick's observation (jobs, GPUs, counters, events) for ``coda-node status``."""
 
@@ -107,6 +233,7 @@ class NodeState:
         return self.changes.setdefault(job_id, JobChanges())
 
     def prune(self) -> None:
+        """Drop the records that cover nothing any more (everything in them is back)."""
         for job_id in [j for j, c in self.changes.items() if c.is_empty()]:
             del self.changes[job_id]
 
@@ -134,49 +261,94 @@ class StateFile:
         self.path = state_dir / STATE_FILE
         self.view_path = (view_dir or state_dir) / VIEW_FILE
         self._kept: dict[str, tuple[Any, str]] = {}
-        self._written: tuple[str, bool] | None = None
-        """(the changes' encoding, whether fsynced) as this process last wrote them."""
+        self._written: tuple[tuple[str, str], bool] | None = None
+        """((the changes' encoding, the repairs'), whether fsynced) as this process last
+        wrote them."""
 
     def load(self) -> NodeState:
-        """The recorded state; empty when there is none. A corrupt file is moved aside
-        (kept for the operator) and an empty state returned, since the cgroups themselves
-        still hold Slurm's allocation; a newer format raises :class:`StateError`. The view
-        is the view file's, or the state file's where that is newer (written by a
-        coda-node from before the view had its own file); {} when neither can be read."""
+        """The recorded state; empty when there is none. Raises :class:`StateDamaged` for a
+        file that cannot be trusted (the file is left as it is: the caller keeps a copy
+        aside and writes a repair over it) and :class:`StateError` for one from a newer
+        coda-node or one that cannot be read at all. The view is the view file's, or the
+        state file's where that is newer (written by a coda-node from before the view had
+        its own file); {} when neither can be read."""
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return NodeState(view=self._load_view(None))
         except OSError as exc:
             raise StateError(f"cannot read {self.path} ({exc.strerror})") from None
         try:
-            data = json.loads(text)
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("not a coda-node state file")
-            version = int(data.get("format_version", 0))
-            changes: dict[int, JobChanges] = {}
-            legacy: tuple[float, dict[str, Any]] | None = None
-            if version <= FORMAT_VERSION:
-                changes = {
-                    int(k): JobChanges.from_dict(v) for k, v in (data.get("changes") or {}).items()
-                }
-                if isinstance(data.get("view"), dict):
-                    legacy = (_unix_s(data.get("written_unix_s")), dict(data["view"]))
-        except (ValueError, TypeError, AttributeError) as exc:
-            aside = self.path.with_name(f"{STATE_FILE}.corrupt.{int(time.time())}")
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            raise StateError(
-                f"{self.path} is unreadable ({exc}); moved to {aside.name}. Jobs changed "
-                "before this cannot be restored from it: check them with coda-node status"
-            ) from None
+            version = data.get("format_version")
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                raise ValueError(f"format_version {version!r} is not a format version")
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise StateDamaged(self.path, _short(exc)) from None
         if version > FORMAT_VERSION:
             raise StateError(
                 f"{self.path} was written by a newer coda-node (format {version}; this one "
                 f"reads {FORMAT_VERSION}). Run `coda-node restore` with the newer version "
                 "first, or upgrade this one; the file is left untouched"
             )
-        return NodeState(changes=changes, view=self._load_view(legacy))
+        try:
+            changes = _job_map(data.get("changes"), "changes", JobChanges.from_dict)
+            repair = _job_map(data.get("repair"), "repair", _repair_reason, allow_all=True)
+        except ValueError as exc:
+            raise StateDamaged(self.path, _short(exc)) from None
+        legacy: tuple[float, dict[str, Any]] | None = None
+        if isinstance(data.get("view"), dict):
+            legacy = (_unix_s(data.get("written_unix_s")), dict(data["view"]))
+        return NodeState(changes=changes, repair=repair, view=self._load_view(legacy))
+
+    def keep_aside(self, now_unix_s: float | None = None) -> Path | None:
+        """Keep the state file as it is now under ``state.json.damaged.<time>`` for the
+        operator (a second name for it: ``state.json`` is only replaced by the next save,
+        so a crash before then finds the damaged file again). None when there is no file
+        to keep or it cannot be kept (logged)."""
+        aside = self.path.with_name(f"{STATE_FILE}.damaged.{int(now_unix_s or time.time())}")
+        try:
+            os.link(self.path, aside)
+        except FileExistsError:
+            return aside
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot keep %s as %s (%s)", self.path, aside.name, exc.strerror)
+            return None
+        return aside
+
+    def remove_stale_temps(self, is_alive: Callable[[int], bool]) -> list[Path]:
+        """Remove the temporary files (``.state.json.<pid>.tmp``, ``.view.json.<pid>.tmp``,
+        ``.limits.json.<pid>.tmp``) a writer killed before its rename left, where that
+        writer is no longer running; returns what was removed."""
+        removed = []
+        names = (STATE_FILE, LIMITS_FILE, VIEW_FILE)
+        for directory in dict.fromkeys((self.dir, self.view_path.parent)):
+            try:
+                entries = os.listdir(directory)
+            except OSError:
+                continue
+            for entry in entries:
+                m = _TEMP_NAME.fullmatch(entry)
+                if m is None or m.group(1) not in names or is_alive(int(m.group(2))):
+                    continue
+                path = directory / entry
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    log.warning("cannot remove %s (%s)", path, exc.strerror)
+                    continue
+                removed.append(path)
+        return removed
+
+    def load_view(self) -> dict[str, Any]:
+        """The view file's view alone ({} when it cannot be used)."""
+        return self._load_view(None)
 
     def _load_view(self, legacy: tuple[float, dict[str, Any]] | None) -> dict[str, Any]:
         """The view file's view, or ``legacy`` (the state file's) where that is newer or the
@@ -204,20 +376,27 @@ class StateFile:
         """Write the record of changes where it differs from the one last written (or was
         written without fsync and ``durable`` asks for it), then, with ``view``, the view.
         ``durable`` fsyncs the record before its rename: needed for the record made before
-        a change (the write-ahead); the view is never fsynced."""
-        state.prune()
+        a change (the write-ahead); the view is never fsynced. Records that cover nothing
+        are left out of the file but not dropped from ``state``: the enforcer may be about
+        to fill one in, and what it writes must reach the file."""
         changes = self._kept_text(
             "\0changes",
-            {str(k): v.to_dict() for k, v in sorted(state.changes.items())},
+            {str(k): v.to_dict() for k, v in sorted(state.changes.items()) if not v.is_empty()},
             copy_value=True,
         )
+        repair = _encode_state({str(k): v for k, v in sorted(state.repair.items())})
+        record = (changes, repair)
         written = self._written
-        if written is None or written[0] != changes or (durable and not written[1]):
-            head = self._head(FORMAT, FORMAT_VERSION)
+        if written is None or written[0] != record or (durable and not written[1]):
+            version = FORMAT_VERSION if state.repair else BASE_FORMAT_VERSION
+            head = self._head(FORMAT, version)
+            tail = f', "repair": {repair}' if state.repair else ""
             write_bytes_atomic(
-                self.path, f'{head[:-1]}, "changes": {changes}}}'.encode(), durable=durable
+                self.path,
+                f'{head[:-1]}, "changes": {changes}{tail}}}'.encode(),
+                durable=durable,
             )
-            self._written = (changes, durable)
+            self._written = (record, durable)
         if view:
             head = self._head(VIEW_FORMAT, VIEW_FORMAT_VERSION)
             text = f'{head[:-1]}, "view": {self._encode_view(state.view)}}}'
@@ -257,6 +436,48 @@ class StateFile:
         text = _encode_state(value)
         self._kept[key] = (copy.deepcopy(value) if copy_value else value, text)
         return text
+
+
+_TEMP_NAME = re.compile(r"\.(.+)\.(\d+)\.tmp")
+"""What :func:`write_bytes_atomic` names its temporary file: ``.<name>.<pid>.tmp``."""
+
+
+def _short(exc: Exception, limit: int = 120) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _job_map(
+    value: object,
+    what: str,
+    parse: Callable[[object], Any],
+    *,
+    allow_all: bool = False,
+) -> dict[int, Any]:
+    """``{"<job id>": ...}`` with each value parsed; ValueError names the bad entry."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is {_kind(value)}, not an object")
+    out: dict[int, Any] = {}
+    for key, item in value.items():
+        try:
+            job_id = int(key)
+        except ValueError:
+            raise ValueError(f"{what} names {key!r}, not a job id") from None
+        if job_id < 0 and not (allow_all and job_id == REPAIR_ALL):
+            raise ValueError(f"{what} names {key!r}, not a job id")
+        try:
+            out[job_id] = parse(item)
+        except ValueError as exc:
+            raise ValueError(f"{what}[{key}]: {exc}") from None
+    return out
+
+
+def _repair_reason(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"a reason is text, not {_kind(value)}")
+    return value
 
 
 def _unix_s(value: object) -> float:

@@ -94,7 +94,7 @@ def _read_json(path: Path, fmt: str, what: str) -> dict[str, Any]:
     """The JSON of the coda-node file at ``path`` (``format`` ``fmt``); raises
     :class:`StatusUnavailable` saying what to do (FileNotFoundError propagates)."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except PermissionError:
         raise StatusUnavailable(
             f"cannot read {path} (permission denied): run as root, or make the {what} "
@@ -105,8 +105,8 @@ def _read_json(path: Path, fmt: str, what: str) -> dict[str, Any]:
     except OSError as exc:
         raise StatusUnavailable(f"cannot read {path} ({exc.strerror})") from None
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
         raise StatusUnavailable(f"{path} is not a coda-node {what} ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise StatusUnavailable(f"{path} is not a coda-node {what} (no format={fmt})")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from coda_node.enforce import VERIFY_EVERY_TICKS
-from coda_node.state import Limit, StateError
+from coda_node.state import FORMAT_VERSION, Limit, StateError
 from tests.node_fixtures import FakeNode, build_node
 
 # Job 5001 is a GPU job on CPUs 0-1,32 holding Slurm's GPUs 0 and 1; step 0's task_0 is
@@ -423,7 +423,7 @@ def test_state_file_from_a_newer_version_is_refused_and_left_untouched(node: Fak
         json.dumps(
             {
                 "format": "coda-node-state",
-                "format_version": 2,
+                "format_version": FORMAT_VERSION + 1,
                 "changes": {str(GPU_JOB): {"cpuset_original": {"job_id": GPU_JOB, "cpus": {}}}},
             }
         )
@@ -440,21 +440,24 @@ def test_state_file_from_a_newer_version_is_refused_and_left_untouched(node: Fak
     assert node.journal == []
 
 
-def test_corrupt_state_file_is_moved_aside_and_the_daemon_starts_clean(
+def test_damaged_state_file_is_kept_aside_and_replaced_by_a_repair_of_every_job(
     node: FakeNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     garbage = b'{"format": "coda-node-state", "format_version": 1, "chan'
     node.state_file.write_bytes(garbage)
     daemon = node.daemon()
-    aside = list(node.state_dir.glob("state.json.corrupt.*"))
+    aside = list(node.state_dir.glob("state.json.damaged.*"))
     assert len(aside) == 1 and aside[0].read_bytes() == garbage
-    assert not node.state_file.exists()
-    assert f"moved to {aside[0].name}" in caplog.text
+    assert f"kept as {aside[0].name}" in caplog.text
+    # Before anything is written, the file says every job is to be repaired.
+    assert _on_disk(node)["repair"] == {"-1": daemon.state.repair[-1]}
+    assert _on_disk(node)["format_version"] == 2
     assert daemon.state.changes == {}
 
     report = daemon.tick()
     assert len(report.snapshot.jobs) == 32
-    assert _on_disk(node)["format_version"] == 1
+    assert node.journal == []  # every job holds its allocation: nothing to put back
+    assert _on_disk(node)["format_version"] == 1 and "repair" not in _on_disk(node)
 
 
 # --------------------------------------------------------------------------------------------
@@ -596,11 +599,11 @@ def test_regression_release_widens_a_step_started_while_limited(
 
 
 @pytest.mark.parametrize("changes", [{"job_5001": {}}, {"5001": "cpuset"}])
-def test_regression_state_file_with_a_bad_entry_is_treated_as_corrupt(
+def test_regression_state_file_with_a_bad_entry_is_treated_as_damaged(
     node: FakeNode, changes: dict[str, Any]
 ) -> None:
     node.state_file.write_text(
         json.dumps({"format": "coda-node-state", "format_version": 1, "changes": changes})
     )
     node.daemon()
-    assert list(node.state_dir.glob("state.json.corrupt.*"))
+    assert list(node.state_dir.glob("state.json.damaged.*"))

@@ -375,6 +375,18 @@ def test_a_file_that_is_not_a_view_file(tmp_path: Path) -> None:
     assert "is not a coda-node view file" in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("where", ["view file", "state file"])
+def test_a_file_with_bytes_that_are_not_utf8(tmp_path: Path, where: str) -> None:
+    conf = _hand_written(tmp_path, None)
+    if where == "view file":
+        (tmp_path / "run" / VIEW_FILE).write_bytes(b'{"format": "\xff\xfe"}')
+    else:  # no view file: status reads the state file of an older daemon
+        (tmp_path / "state" / STATE_FILE).write_bytes(b"\xff\xfe{")
+    result = _status(conf)
+    assert result.exit_code == 1
+    assert "is not a coda-node" in result.stderr and "Traceback" not in result.output
+
+
 def test_the_view_in_the_state_file_of_a_daemon_not_yet_restarted_after_an_upgrade(
     tmp_path: Path,
 ) -> None:

@@ -158,18 +158,23 @@ def test_a_record_changed_in_place_is_saved(tmp_path: Path) -> None:
     (enforce.py, ``cpuset_original["cpus"].setdefault``) and saves it before it shrinks the
     step: that save must hold it, or a crash would leave the step shrunk for good."""
     st = NodeState()
-    st.job(5001).cpuset_original = {"cpus": {".": "0-3", "step_0": "0-3"}, "affinity": {}}
+    st.job(5001).cpuset_original = {
+        "job_id": 5001,
+        "cpus": {".": "0-3", "step_0": "0-3"},
+        "affinity": {},
+    }
     sf = StateFile(tmp_path)
     sf.save(st)
     original = st.changes[5001].cpuset_original
     assert original is not None
     original["cpus"].setdefault("step_1", "0-3")
-    original["affinity"].setdefault("4242", "f")
+    original["affinity"].setdefault("4242", "0-3")
     sf.save(st)
     back = StateFile(tmp_path).load().changes[5001].cpuset_original
     assert back == {
+        "job_id": 5001,
         "cpus": {".": "0-3", "step_0": "0-3", "step_1": "0-3"},
-        "affinity": {"4242": "f"},
+        "affinity": {"4242": "0-3"},
     }
     st.changes[5001] = JobChanges()  # restored: the record goes
     sf.save(st)
