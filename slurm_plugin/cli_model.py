@@ -90,10 +90,14 @@ def _text_report(fit: Fit, per_gpu: bool) -> str:
             "sweet spot",
             f"{fit.sweet_spot_cores} {unit} (reaches {fit.plateau_fraction:.0%} of the plateau)",
         ),
-        ("knee θ", f"{fit.theta_cores:.2f} {unit}"),
+        ("knee θ", f"{fit.theta_cores:.2f} {unit}  (of the best-fitting curve)"),
         ("plateau P2", f"{fit.p2:.6g}" + (" per GPU" if per_gpu else "")),
         ("P0, P1", f"{fit.p0:.6g}, {fit.p1:.6g}  (S = P0·log C + P1·C below θ)"),
-        ("confidence", f"{fit.confidence:.2f}  (P[sweet spot within ±1 core or ±5 %])" + low),
+        (
+            "confidence",
+            f"{fit.confidence:.2f}  (P[{fit.sweet_spot_cores} {unit} reach "
+            f"{fit.plateau_fraction:.0%} of the plateau])" + low,
+        ),
         ("R²", f"{fit.r2:.3f}"),
         ("RMSE", f"{fit.rmse_rel:.1%} of mean throughput"),
     ]
@@ -109,7 +113,7 @@ def _text_report(fit: Fit, per_gpu: bool) -> str:
     type=click.FloatRange(0.0, 1.0, min_open=True),
     default=0.95,
     show_default=True,
-    help="The sweet spot is the fewest cores predicted to reach this fraction of the plateau.",
+    help="The sweet spot is the fewest cores that reach this fraction of the plateau.",
 )
 def fit_cmd(samples_csv: Path, as_json: bool, plateau_fraction: float) -> None:
     """Fit throughput-vs-cores samples and print the sweet spot."""

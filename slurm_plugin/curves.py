@@ -27,11 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "MODEL_CLASSES",
     "REFERENCE_WORKLOADS",
     "SOCC18_HOST_CORES",
     "ReferenceWorkload",
     "cores_for_fraction",
     "noisy_samples",
+    "relative_throughput",
     "throughput_at",
     "throughput_curve",
 ]
@@ -71,6 +73,29 @@ REFERENCE_WORKLOADS: tuple[ReferenceWorkload, ...] = tuple(
     )
 )
 
+_CODA_FIG4 = (
+    'H. Zhao et al., "CODA: Improving Resource Utilization by Slimming and Co-locating DNN '
+    "and CPU Jobs\", ICDCS'20, section I.B and Fig. 4; knee assumed (see MODEL_CLASSES)"
+)
+
+MODEL_CLASSES: tuple[tuple[str, str, float, str], ...] = (
+    *((w.name, w.category, float(w.sweet_spot_cores), w.source) for w in REFERENCE_WORKLOADS),
+    ("VGG16", "CV", 4.0, _CODA_FIG4),
+    ("ResNet50", "CV", 5.0, _CODA_FIG4),
+    ("Inception3", "CV", 7.0, _CODA_FIG4),
+    ("Transformer", "NLP", 2.0, _CODA_FIG4),
+)
+"""(name, category, knee in cores, source) of the twelve models whose 1-GPU CPU demand the
+two characterisations describe: the eight of the SoCC'18 table, and the four more among the
+models CODA characterises (AlexNet, VGG16, Inception3, ResNet50, BAT, the Transformer,
+DeepSpeech, Wavenet; sections I and II). CODA gives their demand only as a figure (Fig. 4,
+"the optimal CPU core number for different benchmarks"); its text says that the more
+complex a CV model, the fewer cores it needs (Insight 2: VGG16, Inception3 and ResNet50
+against AlexNet's 19 and GoogLeNet's 11 in the SoCC'18 table), and that the Transformer
+needs cores for its preprocessing between iterations. Their knees here are assumptions
+within that ordering, placed between the core counts 1, 3, 6 and 12 of the model's
+fixed-probe benchmark, where a knee is hardest to locate (bench/bench_model.py)."""
+
 
 def throughput_curve(
     sweet_spot_cores: float,
@@ -98,19 +123,36 @@ def throughput_curve(
     c = np.asarray(cores, dtype=float)
     if np.any(c <= 0.0):
         raise ValueError("core counts must be positive")
-    theta = float(sweet_spot_cores)
-    if theta == 1.0:
-        # Needs one core or less: flat everywhere a job can run.
-        rise = np.full_like(c, np.inf)
-    else:
-        rise = log_share * np.log(c) / np.log(theta) + (1.0 - log_share) * c / theta
-    if softness == 0.0:
-        rel = np.minimum(rise, 1.0)
-    else:
-        # (r**-k + 1)**(-1/k) in log space: r**-k overflows for small softness.
-        log_r = np.log(np.maximum(rise, 1e-300))
-        rel = np.exp(-softness * np.logaddexp(-log_r / softness, 0.0))
-    return peak * np.maximum(rel, 0.0)
+    return peak * relative_throughput(float(sweet_spot_cores), log_share, softness, c)
+
+
+def relative_throughput(
+    knee_cores: float | np.ndarray,
+    log_share: float | np.ndarray,
+    softness: float | np.ndarray,
+    cores: float | np.ndarray,
+) -> np.ndarray:
+    """:func:`throughput_curve` with ``peak`` 1, every argument broadcast against the others
+    and not checked (knee >= 1, log share in [0, 1], softness in [0, 1), cores > 0): the
+    shape family :func:`slurm_plugin.model.fit_curve` weighs, many curves at once."""
+    theta = np.asarray(knee_cores, dtype=float)
+    share = np.asarray(log_share, dtype=float)
+    soft = np.asarray(softness, dtype=float)
+    c = np.asarray(cores, dtype=float)
+    log_theta = np.log(theta)
+    flat = log_theta <= 0.0  # a knee at one core: flat everywhere a job can run
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rise = share * np.log(c) / np.where(flat, 1.0, log_theta) + (1.0 - share) * c / theta
+    rise = np.where(flat, np.inf, rise)
+    hard = np.minimum(rise, 1.0)
+    if not np.any(soft > 0.0):
+        return np.maximum(hard, 0.0)
+    # (r**-k + 1)**(-1/k) with k = 1/softness, in log space: r**-k overflows for small
+    # softness.
+    s = np.where(soft > 0.0, soft, 1.0)
+    log_r = np.log(np.maximum(rise, 1e-300))
+    smooth = np.exp(-s * np.logaddexp(-log_r / s, 0.0))
+    return np.maximum(np.where(soft > 0.0, smooth, hard), 0.0)
 
 
 def throughput_at(sweet_spot_cores: float, cores: float, *, log_share: float = 0.3) -> float:

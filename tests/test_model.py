@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import click
@@ -82,7 +83,9 @@ def test_fit_recovers_reference_sweet_spot_without_noise(workload) -> None:
     y = throughput_curve(workload.sweet_spot_cores, ALL_CORES, peak=500.0)
     fit = fit_curve(ALL_CORES, y)
     truth = cores_for_fraction(workload.sweet_spot_cores, max_cores=P100_BOX_CORES)
-    assert fit.sweet_spot_cores == truth
+    # Alexnet's 95 % point reaches 95.8 %: a margin the assumed 3 % probe noise cannot
+    # confirm, so the answer is the next core, on the plateau.
+    assert truth <= fit.sweet_spot_cores <= truth + (workload.name == "Alexnet")
     assert fit.theta_cores == pytest.approx(workload.sweet_spot_cores, abs=0.05)
     assert fit.plateau_throughput == pytest.approx(500.0, rel=1e-4)
     assert fit.confidence > 0.99
@@ -90,26 +93,30 @@ def test_fit_recovers_reference_sweet_spot_without_noise(workload) -> None:
 
 
 @pytest.mark.parametrize("workload", REFERENCE_WORKLOADS, ids=WORKLOAD_IDS)
-def test_fit_with_5pct_noise_is_within_one_core_as_often_as_it_claims(workload) -> None:
+def test_fit_with_5pct_noise_reaches_the_target_as_often_as_it_claims(workload) -> None:
     """All 24 core counts probed once with 5 % noise, 40 noise draws per workload.
 
-    Achieved with seeds 0-39: within ±1 core of the true 95 % point in 100 % of draws for
-    knees up to 11 cores, 90-95 % for Lenet and Alexnet, 78 % for Overfeat (knee at 22 of
-    24 cores: only three probes on the plateau); never more than 3 cores off. The mean
-    reported confidence must match the achieved rate to within 0.1 (calibration).
+    Achieved with seeds 0-39: the answer reaches 95 % of the plateau in 39 or 40 draws of
+    40, with a mean confidence of 0.87-0.99 (never above the rate achieved: calibrated or
+    cautious). The price is cores: on average 0.2-0.6 above the true 95 % point for knees
+    up to 11 cores, about 2 (10 %) for Lenet, Alexnet and Overfeat, whose 95 % points
+    reach 95.8-96 % (less than the noise can confirm) and whose plateaus have three to
+    five probes.
     """
     truth = cores_for_fraction(workload.sweet_spot_cores, max_cores=P100_BOX_CORES)
-    errors, confidences = [], []
+    curve = throughput_curve(workload.sweet_spot_cores, ALL_CORES)
+    hits, over, confidences = [], [], []
     for seed in range(40):
         y = noisy_samples(seed, workload.sweet_spot_cores, ALL_CORES, 0.05, peak=80.0)
         fit = fit_curve(ALL_CORES, y)
-        errors.append(abs(fit.sweet_spot_cores - truth))
+        hits.append(curve[fit.sweet_spot_cores - 1] >= 0.95 - 1e-9)
+        over.append(fit.sweet_spot_cores - truth)
         confidences.append(fit.confidence)
         assert 0.01 < fit.rmse_rel < 0.1
-    within = np.mean(np.asarray(errors) <= 1)
-    assert within >= 0.75
-    assert max(errors) <= 3
-    assert abs(np.mean(confidences) - within) <= 0.1
+    assert np.mean(hits) >= 0.95
+    assert 0.8 <= np.mean(confidences) <= np.mean(hits) + 0.05
+    assert np.mean(over) <= max(1.0, 0.12 * truth)
+    assert max(over) <= max(2, round(0.2 * truth) + 1)
 
 
 def test_fit_with_sparse_probes_finds_knee_between_them() -> None:
@@ -117,8 +124,30 @@ def test_fit_with_sparse_probes_finds_knee_between_them() -> None:
     y = throughput_curve(11, np.asarray(cores, dtype=float))
     fit = fit_curve(cores, y)
     assert fit.theta_cores == pytest.approx(11.0, abs=0.05)
-    assert fit.sweet_spot_cores == cores_for_fraction(11, max_cores=24)
+    # Three rising probes place the knee between 8 and 16 well enough not to ask for 16;
+    # a rounder knee would fit them too, which costs a core.
+    truth = cores_for_fraction(11, max_cores=24)
+    assert truth <= fit.sweet_spot_cores <= truth + 1
+    assert fit.confidence >= 0.8
     assert fit.n_samples == 5 and fit.distinct_cores == 5
+
+
+def test_a_knee_between_two_probes_is_not_claimed() -> None:
+    # 1 core at 30 %, then 3, 6 and 12 cores at the plateau: a knee at 1.1 cores fits
+    # exactly, and so does one at 2.9 cores, with which 2 cores give two thirds of the
+    # plateau. Nothing was measured between 1 and 3 cores: the answer is the measured 3.
+    fit = fit_curve([1, 3, 6, 12], [0.3, 1.0, 1.0, 1.0])
+    assert fit.theta_cores < 1.5
+    assert fit.sweet_spot_cores == 3
+    assert fit.confidence >= 0.9
+    late_knee = throughput_curve(2.9, np.array([1.0, 2.0, 3.0]), log_share=0.0)
+    assert late_knee[1] < 0.7
+    # Whatever the knee between 1 and 3 cores, 3 cores reach the plateau.
+    for knee in (1.2, 2.0, 2.9):
+        samples = throughput_curve(knee, np.array([1.0, 3.0, 6.0, 12.0]), log_share=0.0)
+        fit = fit_curve([1, 3, 6, 12], samples)
+        achieved = throughput_curve(knee, np.array([float(fit.sweet_spot_cores)]), log_share=0.0)
+        assert achieved[0] >= 0.95
 
 
 def test_flat_curve_needs_the_smallest_probe() -> None:
@@ -229,25 +258,29 @@ def test_all_zero_throughput_is_inconsistent() -> None:
         fit_curve([1, 2, 3], [0.0, 0.0, 0.0])
 
 
-def test_confidence_drops_with_noise() -> None:
+def test_noise_costs_cores_or_confidence() -> None:
     cores = np.array([1.0, 4.0, 8.0, 12.0, 16.0, 24.0])
     clean = fit_curve(cores, throughput_curve(11, cores))
-    noisy = [fit_curve(cores, noisy_samples(s, 11, cores, 0.08)).confidence for s in range(10)]
-    assert clean.confidence > 0.98
-    assert np.mean(noisy) < clean.confidence - 0.2
+    noisy = [fit_curve(cores, noisy_samples(s, 11, cores, 0.08)) for s in range(10)]
+    assert clean.sweet_spot_cores == cores_for_fraction(11, max_cores=24)
+    assert clean.confidence > 0.85
+    assert np.mean([f.confidence for f in noisy]) < clean.confidence
+    assert np.mean([f.sweet_spot_cores for f in noisy]) > clean.sweet_spot_cores + 1
 
 
 def test_confidence_is_low_when_the_knee_is_between_far_apart_probes() -> None:
     # Knee at 11, probes at 1, 16 and 24: one rising probe, so any knee from ~2 to 15
-    # explains the data exactly.
+    # explains the data exactly. Below the default MinConfidence: not used, probed again.
     cores = np.array([1.0, 16.0, 24.0])
-    fit = fit_curve(cores, throughput_curve(11, cores))
-    assert fit.confidence < 0.5
-    # Two rising probes pin the rising part; the knee is then where it meets the plateau.
+    one_rising = fit_curve(cores, throughput_curve(11, cores))
+    assert one_rising.confidence < 0.7
+    assert one_rising.sweet_spot_cores < 16
+    # Two rising probes pin the hard-knee curve down, not a rounder one: surer, still low.
     cores = np.array([1.0, 2.0, 24.0])
-    assert fit_curve(cores, throughput_curve(11, cores)).sweet_spot_cores == cores_for_fraction(
-        11, max_cores=24
-    )
+    two_rising = fit_curve(cores, throughput_curve(11, cores))
+    truth = cores_for_fraction(11, max_cores=24)
+    assert truth <= two_rising.sweet_spot_cores <= truth + 1
+    assert one_rising.confidence < two_rising.confidence < 0.8
 
 
 # --- normalise_samples -------------------------------------------------------------------
@@ -300,21 +333,23 @@ def test_next_probe_looks_inside_the_feasible_knee_range(at_one_core, knee_bound
 
 @pytest.mark.parametrize("workload", REFERENCE_WORKLOADS, ids=WORKLOAD_IDS)
 def test_next_probe_converges_on_clean_reference_curves(workload) -> None:
-    # Lenet (knee at 20 of 24 cores) takes 6 probes, the others 3-5.
+    # Lenet and Alexnet (knees at 20 and 19 of 24 cores) take 6 probes, the others 3-5.
+    # Knees near the box's top answer a core or two above the 95 % point (see the 5 % test).
     samples = _profile(workload.sweet_spot_cores, max_cores=24, noise_rel=0.0, budget=8)
     assert len(samples) <= 6
     assert next_probe(samples, max_cores=24) is None
     fit = fit_curve([s[0] for s in samples], [s[1] for s in samples])
     assert fit.confidence >= 0.9
-    assert fit.sweet_spot_cores == cores_for_fraction(workload.sweet_spot_cores, max_cores=24)
+    truth = cores_for_fraction(workload.sweet_spot_cores, max_cores=24)
+    assert truth <= fit.sweet_spot_cores <= truth + max(1, math.ceil(0.1 * truth))
 
 
 @pytest.mark.parametrize("workload", REFERENCE_WORKLOADS, ids=WORKLOAD_IDS)
-def test_next_probe_with_2pct_noise_lands_within_one_core(workload) -> None:
+def test_next_probe_with_2pct_noise_reaches_the_target_within_10_percent(workload) -> None:
     samples = _profile(workload.sweet_spot_cores, max_cores=24, noise_rel=0.02, budget=8)
     fit = fit_curve([s[0] for s in samples], [s[1] for s in samples])
     truth = cores_for_fraction(workload.sweet_spot_cores, max_cores=24)
-    assert abs(fit.sweet_spot_cores - truth) <= 1
+    assert truth <= fit.sweet_spot_cores <= truth + max(1, math.ceil(0.1 * truth))
 
 
 def test_next_probe_is_deterministic() -> None:
