@@ -128,16 +128,28 @@ def restore(conf_path: Path | None) -> None:
 
     The systemd unit runs this after the daemon stops for any reason.
     """
-    from coda_node.daemon import Daemon
+    from coda_node.daemon import Daemon, default_state_dir_ok
 
     logging.basicConfig(level=logging.INFO, format="coda-node: %(message)s")
     cfg = load_node_config(conf_path)
-    daemon = Daemon(cfg)
+    if os.geteuid() != 0 and cfg.node_root.resolve() == Path("/"):
+        raise CliError(
+            "coda-node restore must run as root",
+            "it writes the jobs' cgroups and the state file; try: sudo coda-node restore",
+        )
+    problem = default_state_dir_ok(cfg.node_state_dir)
+    if problem:
+        raise CliError("cannot restore", problem)
     try:
+        daemon = Daemon(cfg)
         daemon.start()
+        results = daemon.restore()
     except StateError as exc:
         raise CliError("cannot restore", str(exc)) from None
-    results = daemon.restore()
+    except PermissionError as exc:
+        raise CliError(
+            "cannot restore", f"{exc.filename or exc}: permission denied; run as root"
+        ) from None
     failed = {j: r.failed for j, r in results.items() if r.failed}
     restored = [j for j, r in results.items() if r.applied]
     ended = [j for j, r in results.items() if r.gone]

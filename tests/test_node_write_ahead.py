@@ -13,6 +13,10 @@ import contextlib
 import json
 import os
 import random
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +226,32 @@ def test_temporary_files_of_killed_writers_are_removed_at_start(tmp_path: Path) 
     node.daemon()
     assert [p for p in left if p.exists()] == []
     assert alive.exists() and other.exists()
+
+
+@pytest.mark.skipif(shutil.which("runuser") is None, reason="needs runuser(1)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs coda-node as another user, from root")
+def test_restore_as_a_user_says_in_one_line_that_it_needs_root() -> None:
+    with tempfile.TemporaryDirectory() as where:  # pytest's tmp_path is root's alone
+        tmp_path = Path(where)
+        tmp_path.chmod(0o755)
+        _restore_as_nobody(tmp_path)
+
+
+def _restore_as_nobody(tmp_path: Path) -> None:
+    conf = tmp_path / "coda.conf"
+    conf.write_text(f"NodeStateDir={tmp_path / 'state'}\nNodeRuntimeDir={tmp_path / 'run'}\n")
+    (tmp_path / "state").mkdir(mode=0o755)
+    (tmp_path / "state" / "state.json").write_bytes(b"\xff")
+    coda_node = str(Path(sys.executable).with_name("coda-node"))
+    proc = subprocess.run(
+        ["runuser", "-u", "nobody", "--", coda_node, "restore", "--conf", str(conf)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "coda-node: coda-node restore must run as root (it writes the jobs' cgroups and the "
+        "state file; try: sudo coda-node restore)"
+    ]
+    assert (tmp_path / "state" / "state.json").read_bytes() == b"\xff"  # left as it was
