@@ -171,19 +171,24 @@ class DevCluster:
         self._wait_for(lambda: self.node_state().startswith("IDLE"), "the node to be IDLE")
 
     def down(self) -> None:
-        """Stop the daemons this cluster started (slurmd, slurmctld, munged)."""
+        """Stop the daemons this cluster started (slurmd, slurmctld, munged), and the jobs
+        that still run: they outlive slurmd (slurmstepd is their parent)."""
         state = self._load_state()
         confined = bool(state.get("cgroups"))
-        if confined and self.is_running():
-            # Jobs outlive slurmd (slurmstepd is their parent): end them while Slurm can.
+        if self.is_running():
+            # End them while Slurm can.
             self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
             deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and _cgroup_tasks():
+            while time.monotonic() < deadline and (
+                _cgroup_tasks() if confined else _job_processes(self.slurm_conf)
+            ):
                 time.sleep(0.2)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = state.get("pids", {}).get(name)
             if pid:
                 _stop_pid(int(pid))
+        # What scancel did not end (another user's job, a job Slurm lost track of).
+        _kill_job_processes(self.slurm_conf)
         if confined:
             _kill_cgroup_jobs()
             _release_cgroup_slot(self.root)
@@ -204,6 +209,8 @@ class DevCluster:
         return {
             "root": str(self.root),
             "slurm_conf": str(self.slurm_conf),
+            "coda_conf": str(self.coda_conf),
+            "cgroups": bool(state.get("cgroups")),
             "daemons": alive,
             "node": NODE_NAME,
             "node_state": node,
@@ -522,6 +529,64 @@ def _kill_cgroup_jobs() -> None:
             tree.rmdir()
 
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def _job_processes(slurm_conf: Path) -> set[int]:
+    """The processes of this cluster's jobs: its slurmstepds (started by its slurmd, with
+    its ``SLURM_CONF``), everything below them, and job processes that left their tree
+    (``SLURM_JOB_ID`` set, this ``SLURM_CONF``). An admin's shell that exported the
+    cluster's ``SLURM_CONF`` is neither."""
+    conf = str(slurm_conf)
+    children: dict[int, list[int]] = {}
+    roots: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdecimal():
+            continue
+        pid = int(entry.name)
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) < 2 or fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(pid)
+        env = _environ(pid)
+        if env.get("SLURM_CONF") != conf:
+            continue
+        if cmdline.startswith(b"slurmstepd") or "SLURM_JOB_ID" in env:
+            roots.add(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    found.discard(os.getpid())
+    return found
+
+
+def _kill_job_processes(slurm_conf: Path) -> None:
+    """SIGKILL every process of this cluster's jobs (:func:`_job_processes`)."""
+    deadline = time.monotonic() + 10
+    while (pids := _job_processes(slurm_conf)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+        for pid in pids:
+            _reap(pid)
+
+
 CGROUP_SLOT = Path(os.environ.get("CODA_CGROUP_SLOT", "/dev/shm/coda-dev-cluster-cgroups"))
 """Who holds the host's one confined-cluster slot: ``<pid> <root>``.  /dev/shm is shared
 with the test roots (their /dev is the host's), so a cluster there waits for ours."""
@@ -555,6 +620,17 @@ def _take_cgroup_slot(root: Path) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(mine)
         return
+
+
+def _cgroup_slot_holder() -> tuple[int, str] | None:
+    """(pid, cluster root) of the live process holding the confined-cluster slot."""
+    try:
+        pid_text, _, held_root = CGROUP_SLOT.read_text().partition(" ")
+    except OSError:
+        return None
+    if not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+        return None
+    return int(pid_text), held_root
 
 
 def _release_cgroup_slot(root: Path) -> None:
@@ -636,20 +712,43 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
     @dev_cluster.command()
     @dir_option
     @click.option("--no-plugin", is_flag=True, help="Start without job_submit/coda.")
-    def up(root: Path, no_plugin: bool) -> None:
-        """Start the cluster and print the SLURM_CONF to export."""
-        cluster = DevCluster(root, job_submit_plugins="" if no_plugin else "coda")
+    @click.option(
+        "--cgroups",
+        is_flag=True,
+        help="Confine jobs with real cgroups (v1: proctrack/cgroup, task/cgroup, "
+        "ConstrainCores) on this host's own CPUs, for coda-node; one such cluster per host.",
+    )
+    def up(root: Path, no_plugin: bool, cgroups: bool) -> None:
+        """Start the cluster and print the SLURM_CONF (and CODA_CONF) to export."""
+        cluster = DevCluster(root, job_submit_plugins="" if no_plugin else "coda", cgroups=cgroups)
+        if cgroups:
+            holder = _cgroup_slot_holder()
+            if holder is not None and holder[1] != str(root):
+                click.echo(
+                    f"# waiting for the confined cluster of pid {holder[0]} ({holder[1]}) "
+                    f"to stop (at most {CGROUP_SLOT_WAIT_S:g} s)",
+                    err=True,
+                )
         try:
             cluster.up()
         except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
             raise CliError("cannot start the dev cluster", str(exc)) from exc
         click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
+        cpus = os.cpu_count() if cgroups else cluster.node.cpus
         click.echo(
-            f"# node {NODE_NAME}: {cluster.node.cpus} CPUs, "
+            f"# node {NODE_NAME}: {cpus} CPUs, "
             f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}; "
             f"profiles in {cluster.profile_store}; logs in {root / 'log'}",
             err=True,
         )
+        if cgroups:
+            click.echo(f"export CODA_CONF={cluster.coda_conf}")
+            click.echo(
+                "# jobs run in real cgroups: start `coda-node run` (as root) and try "
+                "`coda-node limit <job> --cores 1`, `coda-node status`, `coda-node release "
+                "<job>`; `dev-cluster down` ends the jobs and frees the host's slot",
+                err=True,
+            )
 
     @dev_cluster.command()
     @dir_option
@@ -674,7 +773,10 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         for name, alive in daemons.items():
             click.echo(f"{name:10} {'running' if alive else 'stopped'}")
         click.echo(f"{NODE_NAME:10} {info['node_state']}")
+        click.echo(f"{'cgroups':10} {'confined' if info['cgroups'] else 'not confined'}")
         click.echo(f"export SLURM_CONF={info['slurm_conf']}")
+        if info["cgroups"]:
+            click.echo(f"export CODA_CONF={info['coda_conf']}")
 
     return dev_cluster
 
