@@ -12,6 +12,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["slurm_plugin", "slurm_plugin.*", "coda_node", "coda_node.*"]),
+    # The public traces `coda-slurm simulate philly|muri` replay, each with its licence
+    # (slurm_plugin/sim/data/README.md).
+    package_data={"slurm_plugin.sim": ["data/README.md", "data/*/*"]},
     setup_requires=["cffi>=1.16"],
     # csrc/build_plugin.py: the embedded-Python Slurm plugin (job_submit_coda.so).
     # csrc/build_perf.py: coda_node._perf, the perf_event_open(2) syscall wrappers.

@@ -40,11 +40,13 @@ from slurm_plugin.model import is_censored
 from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, _Sim
 from slurm_plugin.sim.traces import (
+    ALIBABA_PODS,
+    MURI_CSV,
     TraceError,
     load_alibaba,
     load_trace,
     muri_stage_times,
-    trace_data_dir,
+    trace_file,
 )
 from slurm_plugin.sim.workloads import CLASSES, JobModel, assign_workloads, muri_classes
 
@@ -129,18 +131,15 @@ def _setup(spec: str, jobs: int | None, load: float, cpu_load: float, seed: int)
         trace = trace.head(jobs)
     nodes = size_for_load(trace, load)
     if cpu_load > 0:
+        pods = trace_file(ALIBABA_PODS)
         try:
-            donor = load_alibaba(
-                trace_data_dir() / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
-            )
+            donor = load_alibaba(pods) if pods is not None else None
         except (OSError, TraceError):
             donor = None
         trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=donor)
     named = None
     if trace.name.startswith("muri"):
-        named = muri_classes(
-            muri_stage_times(trace_data_dir() / "muri" / "cluster_trace.csv"), model
-        )
+        named = muri_classes(muri_stage_times(trace_file(MURI_CSV) or MURI_CSV), model)
     wl = assign_workloads(trace, model, seed, named_classes=named)
     return trace, nodes, wl, model
 

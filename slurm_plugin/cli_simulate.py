@@ -15,13 +15,15 @@ from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, simulate
 from slurm_plugin.sim.report import SCHEMA_VERSION, plot, render_table, summarise
 from slurm_plugin.sim.traces import (
+    ALIBABA_PODS,
+    MURI_CSV,
     NodeSpec,
     Trace,
     TraceError,
     load_alibaba,
     load_trace,
     muri_stage_times,
-    trace_data_dir,
+    trace_file,
     uniform_nodes,
 )
 from slurm_plugin.sim.workloads import JobModel, assign_workloads, muri_classes
@@ -149,7 +151,9 @@ def _merge_conf(lines: tuple[str, ...]) -> tuple[str, ...]:
 
 def _donor() -> Trace | None:
     """The Alibaba trace's CPU pods, to resample CPU jobs from (None when absent)."""
-    path = trace_data_dir() / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"
+    path = trace_file(ALIBABA_PODS)
+    if path is None:
+        return None
     try:
         return load_alibaba(path)
     except (OSError, TraceError):
@@ -271,11 +275,19 @@ def simulate_cmd(
     else:
         nodes = size_for_load(trace, load, shape=_parse_shape(shape))
     if cpu_load > 0:
-        trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=_donor())
+        donor = _donor()
+        if donor is None:
+            click.echo(
+                "coda-slurm: note: CPU jobs drawn from 1-16 cores and the GPU jobs' run times: "
+                "the Alibaba trace, whose CPU pods they are resampled from otherwise, is not "
+                "installed (`coda-slurm simulate alibaba` says how to get it)",
+                err=True,
+            )
+        trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=donor)
     named = None
     stage_ms: list[tuple[str, int, float, float, float]] = []
     if trace.name.startswith("muri"):
-        path = trace_data_dir() / "muri" / "cluster_trace.csv"
+        path = trace_file(MURI_CSV) or MURI_CSV
         if trace_spec.startswith("muri:"):
             path = Path(trace_spec.split(":", 1)[1])
         named = muri_classes(muri_stage_times(path), model)

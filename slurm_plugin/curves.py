@@ -10,7 +10,7 @@ gives when its data stage (read, decode, augment on the CPU) runs in parallel on
 cores and the GPU stage is fixed: throughput is limited by the slower stage (Zhao et al.,
 "CODA: Improving Resource Utilization by Slimming and Co-locating DNN and CPU Jobs",
 section I.A, Fig. 2). The log term is the diminishing return of adding workers. The Muri
-trace (``shared/data/muri/cluster_trace.csv``, SIGCOMM'22) shows both kinds of job: for
+trace (``slurm_plugin/sim/data/muri/cluster_trace.csv``, SIGCOMM'22) shows both kinds of job: for
 resnet18, shufflenet, a2c and dqn the data stage is several times longer than the GPU
 stage, for bert and gpt2 it is negligible.
 

@@ -1,13 +1,17 @@
 """Trace loaders of the what-if simulator (slurm_plugin.sim.traces).
 
-The public traces live in <repo>/../shared/data (read-only); tests that read them skip when
-that folder is absent. Expected counts are recomputed here with a plain csv pass, not taken
-from the loader.
+The Philly-derived and Muri traces ship in the package (slurm_plugin/sim/data), so the tests
+that read them always run. The Alibaba trace is not shipped (its terms do not grant
+redistribution): its tests read it where `coda-slurm simulate` finds it (the folders of
+``trace_dirs``, e.g. ``<repo>/../shared/data`` beside a source checkout) and skip, saying
+why, where it is absent. Expected counts are recomputed here with a plain csv pass, not
+taken from the loader.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import re
 import statistics
@@ -19,10 +23,12 @@ import numpy as np
 import pytest
 
 from slurm_plugin.sim.traces import (
+    PACKAGED_TRACES,
     SACCT_COMMAND,
     NodeSpec,
     Trace,
     TraceError,
+    alibaba_instructions,
     load_alibaba,
     load_muri,
     load_philly,
@@ -30,11 +36,11 @@ from slurm_plugin.sim.traces import (
     load_trace,
     muri_stage_times,
     synthetic,
-    trace_data_dir,
+    trace_dirs,
+    trace_file,
     uniform_nodes,
 )
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ALIBABA = Path("alibaba-gpu-v2023") / "openb_pod_list_default.csv"
 ALIBABA_NODES = Path("alibaba-gpu-v2023") / "openb_node_list_gpu_node.csv"
 ALIBABA_NO_TIMES = Path("alibaba-gpu-v2023") / "openb_pod_list_multigpu50.csv"
@@ -43,14 +49,18 @@ MURI = Path("muri") / "cluster_trace.csv"
 
 
 def shared(relative: Path) -> Path:
-    path = DATA_DIR / relative
-    if not path.is_file():
-        pytest.skip(f"public trace {path} absent (the shared data folder is not checked out)")
+    path = trace_file(relative)
+    if path is None:
+        pytest.skip(
+            f"public trace {relative} not installed (not shipped; to install it: "
+            f"{alibaba_instructions()})"
+        )
     return path
 
 
 def rows_of(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8") as f:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
 
@@ -122,7 +132,7 @@ def test_alibaba_node_inventory() -> None:
     assert Counter(n.gpu_model for n in trace.node_specs) == Counter(r["model"] for r in nodes)
     assert trace.summary()["inventory_nodes"] == 1213
     # An explicit node list wins; without one next to the pods file there is no inventory.
-    explicit = load_alibaba(pods, DATA_DIR / ALIBABA_NODES)
+    explicit = load_alibaba(pods, shared(ALIBABA_NODES))
     assert explicit.node_specs == trace.node_specs
 
 
@@ -529,15 +539,53 @@ def test_uniform_nodes() -> None:
 # ------------------------------------------------------------------------------- load_trace
 
 
-def test_load_trace_bare_names_use_the_shared_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    for relative in (ALIBABA, PHILLY, MURI):
-        shared(relative)
-    monkeypatch.delenv("CODA_TRACE_DIR", raising=False)
-    assert trace_data_dir() == DATA_DIR
-    assert load_trace("alibaba").name == "alibaba-gpu-v2023"
-    assert load_trace("muri").name == "muri"
-    monkeypatch.setenv("CODA_TRACE_DIR", str(DATA_DIR))
+def test_philly_and_muri_ship_in_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fresh install: no admin folder, no user folder, nothing beside the checkout.
+    monkeypatch.setenv("CODA_TRACE_DIR", str(tmp_path))
+    assert trace_dirs() == [tmp_path, PACKAGED_TRACES]
+    assert trace_file(PHILLY) == PACKAGED_TRACES / "philly-pollux" / "philly.csv.gz"
+    assert trace_file(MURI) == PACKAGED_TRACES / "muri" / "cluster_trace.csv"
     assert len(load_trace(" Philly ")) > 80_000
+    assert load_trace("muri").name == "muri"
+    for folder in ("philly-pollux", "muri"):
+        assert "Apache License" in (PACKAGED_TRACES / folder / "LICENSE").read_text()
+        assert folder in (PACKAGED_TRACES / "README.md").read_text()
+
+
+def test_an_admins_copy_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own = tmp_path / MURI
+    own.parent.mkdir(parents=True)
+    own.write_text("num_gpu,submit_time,model_name,duration\n1,0,bert,5000\n")
+    monkeypatch.setenv("CODA_TRACE_DIR", str(tmp_path))
+    assert trace_file(MURI) == own
+    assert len(load_trace("muri")) == 1
+    # Without CODA_TRACE_DIR the user's own folder comes first.
+    monkeypatch.delenv("CODA_TRACE_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert trace_dirs()[0] == tmp_path / "xdg" / "coda-slurm" / "traces"
+    assert trace_dirs()[-1] == PACKAGED_TRACES
+
+
+def test_load_trace_bare_alibaba_uses_an_installed_copy() -> None:
+    shared(ALIBABA)
+    assert load_trace("alibaba").name == "alibaba-gpu-v2023"
+
+
+def test_alibaba_absent_says_where_to_get_it_and_where_to_put_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CODA_TRACE_DIR", str(tmp_path))
+    with pytest.raises(TraceError) as err:
+        load_trace("alibaba")
+    text = str(err.value)
+    assert "not shipped" in text and "research or study" in text
+    dest = tmp_path / "alibaba-gpu-v2023"
+    for name in ("openb_pod_list_default.csv", "openb_node_list_gpu_node.csv"):
+        assert f"curl -fLo {dest / name} https://raw.githubusercontent.com/alibaba/" in text
+        assert f"cluster-trace-gpu-v2023/csv/{name}" in text
+    assert f"mkdir -p {dest}" in text and "alibaba:PATH" in text
 
 
 def test_load_trace_explicit_files(tmp_path: Path) -> None:
@@ -595,10 +643,11 @@ def test_load_trace_missing_file_says_where_it_looked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CODA_TRACE_DIR", str(tmp_path))
+    monkeypatch.setattr("slurm_plugin.sim.traces.PACKAGED_TRACES", tmp_path / "package")
     with pytest.raises(TraceError) as err:
         load_trace("philly")
     text = str(err.value)
-    assert str(tmp_path / "philly-pollux" / "philly.csv") in text
+    assert str(PHILLY) in text and str(tmp_path) in text and str(tmp_path / "package") in text
     assert "CODA_TRACE_DIR" in text and "philly:PATH" in text
     with pytest.raises(TraceError, match=r"gone\.txt: no such file"):
         load_trace(f"sacct:{tmp_path / 'gone.txt'}")

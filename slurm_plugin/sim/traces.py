@@ -7,7 +7,8 @@ submit time (stable), shifts submit times so the first is 0, validates the resul
 every derivation it made into ``Trace.notes`` with counts, so a reader of the results can see
 what the data really said.
 
-Sources (see README.md in the shared data folder, :func:`trace_data_dir`)::
+Sources (``slurm_plugin/sim/data/README.md`` says where each file comes from and under
+which licence)::
 
     load_alibaba   alibaba/clusterdata  cluster-trace-gpu-v2023/csv/openb_pod_list_*.csv
     load_philly    petuum/adaptdl (osdi21-artifact)  simulator/traces/philly.csv
@@ -26,12 +27,19 @@ Sources (see README.md in the shared data folder, :func:`trace_data_dir`)::
     alibaba[:PODS.csv]  philly[:CSV]  muri[:CSV]  sacct:FILE
     synthetic:N_JOBS[,gpus=10000][,seed=1][,load=0.9]
 
-The bare names read the shared data folder: ``$CODA_TRACE_DIR``, else ``<repo>/../shared/data``.
+The bare names look in the folders of :func:`trace_dirs`, first to last: ``$CODA_TRACE_DIR``
+when set (an admin's own copy), else the user's trace folder
+(``$XDG_DATA_HOME/coda-slurm/traces``, by default ``~/.local/share/coda-slurm/traces``) and
+the ``shared/data`` folder beside a source checkout when there is one; then the traces
+shipped in the package (``slurm_plugin/sim/data``: Philly-derived and Muri, both
+Apache-2.0). The Alibaba trace is not shipped (its terms allow use for research or study and
+say nothing of redistribution): :func:`load_trace` says where to get it and where to put it.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import os
 from collections import Counter
@@ -51,6 +59,7 @@ __all__ = [
     "NodeSpec",
     "Trace",
     "TraceError",
+    "alibaba_instructions",
     "load_alibaba",
     "load_muri",
     "load_philly",
@@ -58,7 +67,8 @@ __all__ = [
     "load_trace",
     "muri_stage_times",
     "synthetic",
-    "trace_data_dir",
+    "trace_dirs",
+    "trace_file",
     "uniform_nodes",
 ]
 
@@ -72,6 +82,16 @@ ALIBABA_PODS = Path("alibaba-gpu-v2023") / "openb_pod_list_default.csv"
 ALIBABA_NODES_NAME = "openb_node_list_gpu_node.csv"
 PHILLY_CSV = Path("philly-pollux") / "philly.csv"
 MURI_CSV = Path("muri") / "cluster_trace.csv"
+
+PACKAGED_TRACES = Path(__file__).resolve().parent / "data"
+"""The traces shipped with the package, each with its licence (data/README.md)."""
+
+# alibaba/clusterdata at the commit that added cluster-trace-gpu-v2023 (the files have not
+# changed since; sha256 in data/README.md).
+_ALIBABA_RAW = (
+    "https://raw.githubusercontent.com/alibaba/clusterdata/"
+    "50a91c7c74abe3b658188dc78ac1dd302970d40c/cluster-trace-gpu-v2023/csv/"
+)
 
 _ALIBABA_SOURCE = (
     "alibaba/clusterdata, cluster-trace-gpu-v2023/csv/{file} (Weng et al., 'Beware of "
@@ -337,8 +357,13 @@ def _read_table(
     rows: list[list[str]] = []
     lines: list[int] = []
     try:
-        with open(
-            path, newline="", encoding="utf-8-sig", errors="replace" if lenient_text else None
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(
+            path,
+            "rt",
+            newline="",
+            encoding="utf-8-sig",
+            errors="replace" if lenient_text else None,
         ) as f:
             reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
             header = next(reader, None)
@@ -1334,28 +1359,56 @@ _SYNTHETIC_DEFAULTS: dict[str, object] = {"n_gpus": 10_000, "seed": 1, "load": 0
 _COUNT_SUFFIX = {"k": 1_000, "m": 1_000_000}
 
 
-def trace_data_dir() -> Path:
-    """The shared public data folder: ``$CODA_TRACE_DIR``, else ``<repo>/../shared/data``."""
+def trace_dirs() -> list[Path]:
+    """Where the bare trace names look, first to last (see the module docstring)."""
     env = os.environ.get("CODA_TRACE_DIR")
     if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+        dirs = [Path(env).expanduser()]
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        dirs = [Path(xdg) / "coda-slurm" / "traces"]
+        # A source checkout's sibling data folder, where this project's developers keep the
+        # public traces (tests and docs/evaluation.md read the Alibaba trace from there).
+        checkout = Path(__file__).resolve().parents[2]
+        if (checkout / "setup.py").is_file() and (checkout.parent / "shared" / "data").is_dir():
+            dirs.append(checkout.parent / "shared" / "data")
+    return [*dirs, PACKAGED_TRACES]
+
+
+def trace_file(relative: Path) -> Path | None:
+    """The first of ``relative`` or its gzipped copy (``NAME.gz``) in :func:`trace_dirs`."""
+    for base in trace_dirs():
+        for candidate in (base / relative, base / f"{relative}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def alibaba_instructions() -> str:
+    """How to get the Alibaba trace and where to put it, as shell commands."""
+    dest = trace_dirs()[0] / ALIBABA_PODS.parent
+    names = (ALIBABA_PODS.name, ALIBABA_NODES_NAME)
+    fetch = " && ".join(f"curl -fLo {dest / n} {_ALIBABA_RAW}{n}" for n in names)
+    return f"mkdir -p {dest} && {fetch}"
 
 
 def _shared_file(kind: str, relative: Path) -> Path:
-    base = trace_data_dir()
-    path = base / relative
-    if not path.is_file():
-        origin = (
-            "$CODA_TRACE_DIR"
-            if os.environ.get("CODA_TRACE_DIR")
-            else "<repo>/../shared/data (set CODA_TRACE_DIR to change)"
-        )
+    found = trace_file(relative)
+    if found is not None:
+        return found
+    looked = ", ".join(str(d) for d in trace_dirs())
+    if kind == "alibaba":
         raise TraceError(
-            f"the {kind} trace is not there: looked for {path} in the shared data folder "
-            f"{origin}; give the file explicitly as {kind}:PATH"
+            "the Alibaba GPU trace (cluster-trace-gpu-v2023) is not shipped with coda-slurm: "
+            "its terms allow use for research or study and say nothing of redistribution "
+            "(https://github.com/alibaba/clusterdata). Get its two files into the first "
+            f"folder coda-slurm looks in: {alibaba_instructions()}  (looked in {looked}; "
+            "CODA_TRACE_DIR changes the first; or give the file as alibaba:PATH)"
         )
-    return path
+    raise TraceError(
+        f"the {kind} trace is not there: looked for {relative} (or .gz) in {looked} "
+        f"(CODA_TRACE_DIR sets the first folder); give the file explicitly as {kind}:PATH"
+    )
 
 
 def _parse_count(text: str, what: str) -> int:
