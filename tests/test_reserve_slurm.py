@@ -198,18 +198,18 @@ def test_gpu_jobs_lower_the_cap_and_slurm_honours_it(cluster: DevCluster) -> Non
     assert max_cpus(cluster, "gpu_spare") == "4"
 
     # A CPU job that asks more than the cap does not run, though 11 cores are free: Slurm
-    # 22.05 keeps it pending (PartitionConfig), 24.11 and later refuse it at submission.
+    # 22.05 and 26.05 keep it pending (PartitionConfig), 24.11 refuses it at submission.
     # One within the cap runs.
-    if slurm_version() < (24, 11):
+    if slurm_version() == (24, 11):
+        with pytest.raises(DevClusterError, match="Requested node configuration is not available"):
+            cluster.sbatch(["-p", "gpu_spare", "-c", "5"], SLEEP)
+    else:
         too_big, _ = cluster.sbatch(["-p", "gpu_spare", "-c", "5"], SLEEP)
         wait_until(
             lambda: job_state(cluster, too_big).get("Reason") == "PartitionConfig",
             "the oversized CPU job to pend on PartitionConfig",
         )
         assert job_state(cluster, too_big)["JobState"] == "PENDING"
-    else:
-        with pytest.raises(DevClusterError, match="Requested node configuration is not available"):
-            cluster.sbatch(["-p", "gpu_spare", "-c", "5"], SLEEP)
     fits = submit_running(cluster, ["-p", "gpu_spare", "-c", "4"])
     assert job_state(cluster, fits)["JobState"] == "RUNNING"
 
