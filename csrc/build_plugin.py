@@ -121,15 +121,17 @@ typedef struct {
     int64_t plan_id;
     int64_t unix_ns;
     int64_t elapsed_ns;
+    uint64_t token;
     uint32_t job_id;
 } coda_replay_t;
+static uint64_t coda_next_token(void);
 static int64_t coda_memo_reset(int enabled, int cpu_jobs_silent);
 static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
                          int64_t plan_id, int clear_cpus_per_task, int log_level,
                          const char *cpus_per_tres, const char *tres_per_node,
                          const char *prefer, const char *partition,
-                         const char *admin_comment, const char *user_msg,
-                         const char *log_line);
+                         const char *admin_comment, const char *admin_note,
+                         const char *user_msg, const char *log_line);
 static int coda_memo_drain(coda_replay_t *out, int max);
 
 /* The plugin's own entry points, as slurmctld calls them (for in-process tests and

@@ -183,6 +183,7 @@ typedef struct {
 	int64_t plan_id;    /* 0: a job asking for no GPU, passed without a word */
 	int64_t unix_ns;    /* when it was answered (CLOCK_REALTIME) */
 	int64_t elapsed_ns; /* time spent here (CLOCK_MONOTONIC) */
+	uint64_t token;     /* the decision's token in the admin record; 0: none */
 	uint32_t job_id;
 } coda_replay_t;
 
@@ -195,7 +196,7 @@ struct coda_memo_entry {
 	size_t key_bytes;
 	int64_t plan_id;
 	char *cpus_per_tres, *tres_per_node, *prefer, *partition;
-	char *admin_comment, *user_msg, *log_line;
+	char *admin_comment, *admin_note, *user_msg, *log_line;
 	int clear_cpus_per_task, log_level; /* log_level < 0: no line */
 };
 
@@ -203,6 +204,7 @@ static struct {
 	pthread_mutex_t lock;
 	int enabled, cpu_jobs_silent;
 	int64_t gen;
+	uint64_t last_token;
 	struct coda_memo_entry **slot; /* CODA_MEMO_SLOTS, open addressing */
 	int entries;
 	size_t key_bytes;
@@ -311,6 +313,7 @@ static void coda_memo_free_entry(struct coda_memo_entry *e)
 	free(e->prefer);
 	free(e->partition);
 	free(e->admin_comment);
+	free(e->admin_note);
 	free(e->user_msg);
 	free(e->log_line);
 	free(e);
@@ -334,6 +337,35 @@ static int64_t coda_ns(clockid_t clock)
 
 	clock_gettime(clock, &ts);
 	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/*
+ * Decision tokens.  Every decision that writes an admin record ends the record
+ * with ";tok=<16 hex digits>", unique to that submission, so that coda-slurm
+ * status can tell the decisions Slurm kept (a job whose record holds the token)
+ * from those of submissions slurmctld refused after job_submit (the job id is
+ * not known here).  A token is the wall clock in nanoseconds, or one more than
+ * the last token when the clock has not moved on: increasing within a slurmctld,
+ * and above every token an earlier slurmctld handed out unless the clock went
+ * back.  Under coda_memo.lock.
+ */
+static uint64_t coda_token_locked(int64_t unix_ns)
+{
+	uint64_t now = unix_ns > 0 ? (uint64_t) unix_ns : 0;
+
+	coda_memo.last_token = now > coda_memo.last_token ? now : coda_memo.last_token + 1;
+	return coda_memo.last_token;
+}
+
+/* Called from Python: the token of a decision Python applies itself. */
+static uint64_t coda_next_token(void)
+{
+	uint64_t token;
+
+	pthread_mutex_lock(&coda_memo.lock);
+	token = coda_token_locked(coda_ns(CLOCK_REALTIME));
+	pthread_mutex_unlock(&coda_memo.lock);
+	return token;
 }
 
 /* *slot = *slot + sep + value, or value alone when *slot is NULL or empty (as
@@ -360,9 +392,26 @@ static void coda_append_str(char **slot, const char *sep, const char *value)
 	free(joined);
 }
 
+/* Append the admin record with its token, and the user's line after it, as
+ * hook.py's _apply() does: *slot + " " + record + ";tok=" + 16 hex digits
+ * [+ " " + note] (no leading blank when *slot is empty). */
+static void coda_append_record(char **slot, const char *record, uint64_t token,
+			       const char *note)
+{
+	size_t n = strlen(record) + sizeof(";tok=") + 16 + (note ? strlen(note) + 1 : 0);
+	char *text = malloc(n);
+
+	if (!text)
+		return; /* no record rather than one without its token */
+	snprintf(text, n, "%s;tok=%016llx%s%s", record, (unsigned long long) token,
+		 note ? " " : "", note ? note : "");
+	coda_append_str(slot, " ", text);
+	free(text);
+}
+
 /* Apply a remembered plan exactly as hook.py's _apply() would. */
 static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
-			    char **err_msg)
+			    char **err_msg, uint64_t token)
 {
 	if (e->cpus_per_tres)
 		coda_replace_str(&d->cpus_per_tres, e->cpus_per_tres);
@@ -375,7 +424,8 @@ static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
 	if (e->partition)
 		coda_replace_str(&d->partition, e->partition);
 	if (e->admin_comment)
-		coda_append_str(&d->admin_comment, " ", e->admin_comment);
+		coda_append_record(&d->admin_comment, e->admin_comment, token,
+				   e->admin_note);
 	if (e->user_msg)
 		coda_append_str(err_msg, "\n", e->user_msg);
 	if (e->log_level >= 0)
@@ -385,7 +435,8 @@ static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
 /* Answer the job from the table. 1: answered (and recorded); 0: ask Python. */
 static int coda_replay(job_desc_msg_t *d, uint32_t submit_uid, char **err_msg)
 {
-	int64_t t0 = coda_ns(CLOCK_MONOTONIC), plan_id;
+	int64_t t0 = coda_ns(CLOCK_MONOTONIC), plan_id, unix_ns = 0;
+	uint64_t token = 0;
 	const char *s[CODA_KEY_STRINGS];
 	size_t len[CODA_KEY_STRINGS];
 	struct coda_memo_entry *e;
@@ -408,14 +459,18 @@ static int coda_replay(job_desc_msg_t *d, uint32_t submit_uid, char **err_msg)
 		e = *coda_memo_slot(h, d, uid, s, len);
 		if (!e)
 			goto ask_python;
-		coda_memo_apply(e, d, err_msg);
+		unix_ns = coda_ns(CLOCK_REALTIME);
+		if (e->admin_comment)
+			token = coda_token_locked(unix_ns);
+		coda_memo_apply(e, d, err_msg, token);
 		plan_id = e->plan_id;
 	}
 	r = &coda_memo.ring[(coda_memo.ring_head + coda_memo.ring_count) %
 			    CODA_RING_RECORDS];
 	r->plan_id = plan_id;
 	r->job_id = CODA_JOB_ID(d);
-	r->unix_ns = coda_ns(CLOCK_REALTIME);
+	r->token = token;
+	r->unix_ns = unix_ns ? unix_ns : coda_ns(CLOCK_REALTIME);
 	r->elapsed_ns = coda_ns(CLOCK_MONOTONIC) - t0;
 	coda_memo.ring_count++;
 	pthread_mutex_unlock(&coda_memo.lock);
@@ -467,8 +522,8 @@ static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
 			 int64_t plan_id, int clear_cpus_per_task, int log_level,
 			 const char *cpus_per_tres, const char *tres_per_node,
 			 const char *prefer, const char *partition,
-			 const char *admin_comment, const char *user_msg,
-			 const char *log_line)
+			 const char *admin_comment, const char *admin_note,
+			 const char *user_msg, const char *log_line)
 {
 	const char *s[CODA_KEY_STRINGS];
 	size_t len[CODA_KEY_STRINGS], key_bytes = 0, i;
@@ -515,6 +570,7 @@ static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
 	e->prefer = coda_dup_opt(prefer, &failed);
 	e->partition = coda_dup_opt(partition, &failed);
 	e->admin_comment = coda_dup_opt(admin_comment, &failed);
+	e->admin_note = coda_dup_opt(admin_note, &failed);
 	e->user_msg = coda_dup_opt(user_msg, &failed);
 	e->log_line = coda_dup_opt(log_line ? log_line : "", &failed);
 	if (failed) {

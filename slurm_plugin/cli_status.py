@@ -9,6 +9,9 @@ decided:
   (:mod:`slurm_plugin.journal`), summed over ``--since``;
 - ``ProfileStore``: the workload profiles, their age;
 - ``squeue``, only when the hook looks idle or absent: were jobs submitted that it never saw?
+- ``squeue --json`` and ``scontrol show config`` when the window holds decisions: which of
+  them Slurm kept. slurmctld validates much of a submission after job_submit, so a decision
+  counts only when a job of Slurm's holds its token (:func:`slurm_plugin.journal.reconcile`).
 
 Each part ends in a plain-language verdict when something is off. ``--json`` prints the same
 data (``schema_version`` :data:`SCHEMA_VERSION`; keys are only ever added).
@@ -31,8 +34,9 @@ import click
 from slurm_plugin.cli_common import CliError, conf_option, emit_json
 from slurm_plugin.cli_profiles import format_age, format_table
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
-from slurm_plugin.journal import read_journal, rotated_path, summarize_decisions
+from slurm_plugin.journal import read_journal, reconcile, rotated_path, summarize_decisions
 from slurm_plugin.paths import default_conf_path
+from slurm_plugin.policy import ADMIN_PREFIX, parse_admin_record
 from slurm_plugin.store import ProfileFormatError, ProfileStore, StoreUnavailable
 
 SCHEMA_VERSION = 1
@@ -48,9 +52,31 @@ PROFILE_ROWS = 20
 _SINCE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
+SLURM_TIMEOUT_S = 30.0
+"""``squeue --json`` of a large cluster takes a while; status waits this long for it."""
+SETTLE_S = 60.0
+"""A decision this recent may belong to a submission slurmctld is still working on (waiting
+for its job write lock): it is not judged refused when Slurm has no job for it yet."""
+
 SubmitTimes = Callable[[], list[float]]
 """Returns the submit times (unix s) of the jobs slurmctld knows; raises OSError or
 subprocess.SubprocessError when it cannot tell."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmTokens:
+    """The decision tokens in the admin records of the jobs slurmctld holds."""
+
+    tokens: frozenset[str]
+    queried_unix_s: float
+    """When slurmctld was asked (before the answer: its jobs were there at that time)."""
+    min_job_age_s: float
+    """slurmctld's MinJobAge: how long it holds a job after the job ended."""
+
+
+SlurmLookup = Callable[[], SlurmTokens]
+"""Asks Slurm (normally :func:`slurm_tokens`); raises OSError or subprocess.SubprocessError
+when it cannot tell."""
 
 
 def parse_since(text: str) -> float:
@@ -191,6 +217,64 @@ def squeue_submit_times() -> list[float]:
     return times
 
 
+_MIN_JOB_AGE = re.compile(r"^MinJobAge\s*=\s*([0-9]+)\s*sec", re.MULTILINE)
+
+
+def _slurm_command(argv: list[str]) -> str:
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, errors="replace", timeout=SLURM_TIMEOUT_S, check=False
+    )
+    if proc.returncode != 0:
+        why = proc.stderr.strip() or f"exit {proc.returncode}"
+        raise subprocess.SubprocessError(f"{' '.join(argv)}: {why}")
+    return proc.stdout
+
+
+def parse_min_job_age_s(config_text: str) -> float:
+    """MinJobAge from ``scontrol show config``; ValueError when it is not there."""
+    m = _MIN_JOB_AGE.search(config_text)
+    if m is None:
+        raise ValueError("scontrol show config printed no MinJobAge")
+    return float(m.group(1))
+
+
+def parse_slurm_tokens(squeue_json: str) -> frozenset[str]:
+    """The ``tok`` of the hook's record (the last ``coda:sig=`` one) in the admin comment of
+    each job of ``squeue --json`` (22.05 to 26.05: ``jobs[].admin_comment``, a string).
+    ValueError when the text is not that document."""
+    doc = json.loads(squeue_json)
+    jobs = doc.get("jobs") if isinstance(doc, dict) else None
+    if not isinstance(jobs, list):
+        raise ValueError("squeue --json printed no job list")
+    tokens: set[str] = set()
+    for job in jobs:
+        comment = job.get("admin_comment") if isinstance(job, dict) else None
+        if not isinstance(comment, str):
+            continue
+        start = comment.rfind(ADMIN_PREFIX)
+        if start < 0:
+            continue
+        try:
+            token = parse_admin_record(comment[start:]).get("tok")
+        except ValueError:
+            continue
+        if token:
+            tokens.add(token)
+    return frozenset(tokens)
+
+
+def slurm_tokens() -> SlurmTokens:
+    """Ask slurmctld for the tokens of every job it holds, and its MinJobAge."""
+    age_s = parse_min_job_age_s(_slurm_command(["scontrol", "show", "config"]))
+    queried_unix_s = time.time()
+    text = _slurm_command(["squeue", "--json", "--all", "--states=all"])
+    try:
+        tokens = parse_slurm_tokens(text)
+    except ValueError as exc:
+        raise subprocess.SubprocessError(f"squeue --json: {exc}") from None
+    return SlurmTokens(tokens, queried_unix_s, age_s)
+
+
 def slurmctld_log_hint(slurm_conf: Path | None) -> str:
     """Where slurmctld logs: ``SlurmctldLogFile=`` of slurm.conf, else syslog/journald."""
     if slurm_conf is not None:
@@ -214,11 +298,14 @@ def collect_status(
     since_s: float,
     now_unix_s: float,
     submit_times: SubmitTimes | None = None,
+    slurm_lookup: SlurmLookup | None = None,
 ) -> dict[str, Any]:
     """Everything ``coda-slurm status`` shows, as the ``--json`` document.
 
     ``submit_times`` (normally :func:`squeue_submit_times`) is asked only when the hook
-    looks idle or absent; None skips that check."""
+    looks idle or absent; None skips that check. ``slurm_lookup`` (normally
+    :func:`slurm_tokens`) is asked which decisions Slurm kept when the window holds any;
+    None counts them all, unchecked."""
     since_unix_s = now_unix_s - since_s
     hook = read_hook_stats(cfg.hook_stats_file, now_unix_s, cfg.reload_interval_s)
     store, profiles = read_store(Path(cfg.profile_store))
@@ -246,7 +333,8 @@ def collect_status(
                 newer_format=read.newer_format,
                 oldest_unix_s=read.oldest_unix_s,
             )
-    decisions = summarize_decisions(entries)
+    slurm = _check_slurm(entries, now_unix_s, slurm_lookup)
+    decisions = summarize_decisions(slurm.pop("_counted"))
     used = decisions["profiles_used"]
     for row in profiles:
         row["jobs"] = used.get(row["signature"], 0)
@@ -271,10 +359,51 @@ def collect_status(
         "profiles": profiles,
         "journal": journal,
         "decisions": decisions,
+        "slurm": slurm,
         "submissions": submissions,
     }
     doc["verdicts"] = [v.to_json() for v in verdicts(doc)]
     return doc
+
+
+def _check_slurm(
+    entries: list[dict[str, Any]], now_unix_s: float, lookup: SlurmLookup | None
+) -> dict[str, Any]:
+    """``doc["slurm"]``: how many decisions Slurm kept, refused or could not tell about;
+    ``_counted`` holds the entries to sum (taken out by the caller)."""
+    out: dict[str, Any] = {
+        "asked": False,
+        "error": None,
+        "kept": 0,
+        "refused": 0,
+        "unchecked": 0,
+        "min_job_age_s": None,
+        "settle_s": SETTLE_S,
+    }
+    found: SlurmTokens | None = None
+    if lookup is not None and any(isinstance(e.get("tok"), str) for e in entries):
+        out["asked"] = True
+        try:
+            found = lookup()
+        except subprocess.TimeoutExpired:
+            out["error"] = f"Slurm did not answer within {SLURM_TIMEOUT_S:g} s"
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            out["error"] = str(exc) or type(exc).__name__
+    result = reconcile(
+        entries,
+        None if found is None else found.tokens,
+        queried_unix_s=now_unix_s if found is None else found.queried_unix_s,
+        min_job_age_s=0.0 if found is None else found.min_job_age_s,
+        settle_s=SETTLE_S,
+    )
+    out.update(
+        kept=result.kept,
+        refused=result.refused,
+        unchecked=result.unchecked,
+        min_job_age_s=None if found is None else found.min_job_age_s,
+        _counted=result.entries,
+    )
+    return out
 
 
 def _last_seen_unix_s(hook: dict[str, Any]) -> float | None:
@@ -373,6 +502,16 @@ def verdicts(doc: dict[str, Any]) -> list[Verdict]:
                 f"no hook call for {_ago(now, _last_seen_unix_s(hook)).removesuffix(' ago')}"
                 f"{submitted}: check JobSubmitPlugins in slurm.conf and grep "
                 f"'job_submit/coda' {log}",
+            )
+        )
+    slurm = doc["slurm"]
+    if slurm["error"]:
+        out.append(
+            Verdict(
+                "info",
+                "decisions",
+                f"could not ask Slurm which decisions it kept ({slurm['error']}): "
+                "submissions it refused after the hook are counted as jobs",
             )
         )
     if sub["checked"] and sub["error"]:
@@ -684,6 +823,19 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(f"  advise would have: {woulds}")
     else:
         lines.append("  no GPU job decided")
+    slurm = doc["slurm"]
+    if slurm["refused"]:
+        lines.append(
+            f"  {_n(slurm['refused'], 'decision')} {'was' if slurm['refused'] == 1 else 'were'} "
+            "for submissions Slurm refused after the hook (not counted)"
+        )
+    if slurm["unchecked"] and slurm["asked"]:
+        age = slurm["min_job_age_s"]
+        lines.append(
+            f"  {_n(slurm['unchecked'], 'decision')} counted without Slurm's word: decided in "
+            f"the last {slurm['settle_s']:g} s"
+            + (f" or before MinJobAge={age:g} s, for jobs it no longer holds" if age else "")
+        )
     lines.append("")
 
     # Cores
@@ -785,7 +937,7 @@ def status(conf_path: Path | None, since: str, as_json: bool) -> None:
         raise click.BadParameter(str(exc), param_hint="--since") from exc
     path = conf_path if conf_path is not None else default_conf_path()
     cfg = _load(path)
-    doc = collect_status(cfg, path, since_s, time.time(), squeue_submit_times)
+    doc = collect_status(cfg, path, since_s, time.time(), squeue_submit_times, slurm_tokens)
     if as_json:
         emit_json(doc)
         return

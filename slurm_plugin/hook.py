@@ -21,6 +21,12 @@ the reloader thread drains them into the counters and the decision journal
 memo is renewed (a profile snapshot or coda.conf change), and a plan decided under an
 older table generation is refused.
 
+Every decision that writes an admin record ends it with a token of its own (``;tok=``, one
+sequence in C for both paths), and puts the user's line after it: slurmctld may refuse the
+submission after job_submit, and the token lets ``coda-slurm status`` count only the
+decisions a job of Slurm's holds (:func:`slurm_plugin.journal.reconcile`). For the same
+reason the line sbatch prints starts ``coda (if Slurm accepts the job):`` (:data:`IF_ACCEPTED`).
+
 Fail-open contract: any exception, or a decision that took longer than
 ``HookBudgetMs``, leaves the job exactly as the user submitted it and logs one
 line. The only way this hook refuses a job is a malformed ``coda:`` directive the
@@ -45,7 +51,7 @@ from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.journal import DecisionJournal
 from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.paths import default_conf_path, slurm_conf_for
-from slurm_plugin.policy import Decision, JobRequest, ProfileView, decide
+from slurm_plugin.policy import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
 from slurm_plugin.signature import DirectiveError, parse_coda_directives, quote_label
 from slurm_plugin.store import ProfileCache, Reloader, StoreUnavailable
 
@@ -81,6 +87,19 @@ _C_PLANS_MAX = 4 * MEMO_MAX_ENTRIES
 """Plans kept for C's records before the table is emptied and they are forgotten (C empties
 its full table on its own, leaving the plans it dropped here until then)."""
 _c_buf: Any = None
+_last_token = 0
+
+
+def _py_token() -> int:
+    """A decision token where the C side is absent (test doubles): as coda_next_token()."""
+    global _last_token
+    with _c_lock:
+        now_ns = time.time_ns()
+        _last_token = now_ns if now_ns > _last_token else _last_token + 1
+        return _last_token
+
+
+_next_token = _py_token
 
 
 @dataclass(slots=True)
@@ -152,6 +171,10 @@ class Plan:
     prefer: bytes | None
     partition: bytes | None
     admin_comment: bytes | None
+    """The admin record; :func:`_apply` ends it with the decision's token."""
+    admin_note: bytes | None
+    """The line for the user, after the record in the job's admin comment (``scontrol show
+    job`` shows it to users whose client hides sbatch's output)."""
     user_msg: bytes | None
     """The line for sbatch's output (a reject's fallback text included)."""
     log_level: int
@@ -164,8 +187,13 @@ def make_plan(req: JobRequest, decision: Decision) -> Plan:
     """The :class:`Plan` of ``decision`` for ``req``; every value is encoded here, before
     the hook writes anything."""
     user_msg = decision.user_msg
+    note: str | None = None
     if decision.action == "reject":
         user_msg = user_msg or "coda: invalid coda: directive"
+    elif user_msg:
+        if decision.admin_comment:
+            note = _admin_note(user_msg)
+        user_msg = _if_accepted(user_msg)
     if decision.action == "skip" and decision.admin_comment is None:
         # A CPU-only job routed by CpuJobPartitions is said at info; other skips (CPU-only
         # job, coda:off) only at LogLevel=verbose.
@@ -183,10 +211,30 @@ def make_plan(req: JobRequest, decision: Decision) -> Plan:
         prefer=_encode_opt(decision.prefer),
         partition=_encode_opt(decision.partition),
         admin_comment=_encode_opt(decision.admin_comment or None),
+        admin_note=_encode_opt(note),
         user_msg=_encode_opt(user_msg or None),
         log_level=level,
         log_line=_log_bytes(_log_line(decision)),
     )
+
+
+IF_ACCEPTED = "coda (if Slurm accepts the job): "
+"""How the hook's line for sbatch starts.  slurmctld validates much of a submission after
+the job_submit plugins (an array over MaxArraySize, a QOS limit), and sbatch prints the
+plugin's line for a refused submission as an error, before Slurm's own reason: the line
+says that it describes the job Slurm would have run."""
+
+
+def _if_accepted(user_msg: str) -> str:
+    """``user_msg`` (``coda: ...``) as sbatch prints it for a job Slurm may still refuse."""
+    return IF_ACCEPTED + user_msg.removeprefix("coda: ")
+
+
+def _admin_note(user_msg: str) -> str:
+    """``user_msg`` for the job's admin comment, where ``scontrol show job`` shows it to users
+    whose client hides sbatch's output.  It follows the admin record, and readers take the
+    last ``coda:sig=`` as the hook's record: a job name holding one is defused here."""
+    return user_msg.replace(ADMIN_PREFIX, "coda:sig:")
 
 
 class DecisionMemo:
@@ -281,10 +329,13 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
 
 
 def bind(ffi: Any, lib: Any) -> None:
-    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _c_replay, _c_buf
+    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _c_replay, _c_buf, _next_token
     _ffi, _lib = ffi, lib
     _SUCCESS, _ERROR, _NO_VAL = lib.SLURM_SUCCESS, lib.SLURM_ERROR, lib.NO_VAL
     _c_replay = hasattr(lib, "coda_memo_put")
+    # One sequence for the tokens C hands out and Python's (job_submit_coda.c, "Decision
+    # tokens").
+    _next_token = lib.coda_next_token if hasattr(lib, "coda_next_token") else _py_token
     _c_buf = ffi.new("coda_replay_t[]", _C_DRAIN_BATCH) if _c_replay else None
 
 
@@ -344,6 +395,7 @@ def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: Ho
         null if not writes or plan.prefer is None else plan.prefer,
         null if not writes or plan.partition is None else plan.partition,
         null if not writes or plan.admin_comment is None else plan.admin_comment,
+        null if not writes or plan.admin_note is None else plan.admin_note,
         null if not writes or plan.user_msg is None else plan.user_msg,
         plan.log_line,
     )
@@ -408,6 +460,7 @@ def _drain_locked(state: HookState | None) -> int:
                             r.elapsed_ns,
                             False,
                             None,
+                            r.token,
                         )
                     )
             stats.last_call_unix_s = last_s
@@ -742,8 +795,9 @@ def _append_user_msg(err_msg: Any, line: bytes) -> None:
     _lib.coda_replace_str(err_msg, prev + b"\n" + line if prev else line)
 
 
-def _apply(desc: Any, plan: Plan, err_msg: Any) -> None:
-    """Write the plan into job_desc (every value was encoded when the plan was made)."""
+def _apply(desc: Any, plan: Plan, err_msg: Any, token: int = 0) -> None:
+    """Write the plan into job_desc (every value was encoded when the plan was made); the
+    admin record ends with ``;tok=`` and ``token`` in 16 hex digits."""
     replace = _lib.coda_replace_str
     if plan.cpus_per_tres is not None:
         replace(_ffi.addressof(desc, "cpus_per_tres"), plan.cpus_per_tres)
@@ -759,10 +813,10 @@ def _apply(desc: Any, plan: Plan, err_msg: Any) -> None:
     if plan.admin_comment is not None:
         old = desc.admin_comment
         prev = _ffi.string(old) if old else b""
-        replace(
-            _ffi.addressof(desc, "admin_comment"),
-            prev + b" " + plan.admin_comment if prev else plan.admin_comment,
-        )
+        record = b"%s;tok=%016x" % (plan.admin_comment, token)
+        if plan.admin_note is not None:
+            record += b" " + plan.admin_note
+        replace(_ffi.addressof(desc, "admin_comment"), prev + b" " + record if prev else record)
     if plan.user_msg is not None:
         _append_user_msg(err_msg, plan.user_msg)
 
@@ -789,6 +843,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
     who: Plan | JobRequest | None = None
     # What the decision journal gets (set before each return that is a decision).
     journaled: Decision | None = None
+    token = 0
     fail_open = False
     error: str | None = None
     try:
@@ -851,7 +906,9 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             return _SUCCESS
         if memo.c_gen:
             _c_put(desc, submit_uid, memo, plan, state)
-        _apply(desc, plan, err_msg)
+        if plan.admin_comment is not None:
+            token = _next_token()
+        _apply(desc, plan, err_msg, token)
         if plan.cpus_per_tres is not None:
             stats.changed += 1
         if plan.log_level <= state.log_level:
@@ -885,6 +942,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
                     elapsed_ns,
                     fail_open,
                     error,
+                    token,
                 )
             )
 

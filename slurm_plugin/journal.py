@@ -24,7 +24,8 @@ Line format, version :data:`JOURNAL_VERSION` (keys may be added, never renamed):
     {"v": 1, "t": 1732240285.262, "job_id": null, "job": "train.sh", "uid": 1000,
      "sig": "workload:1000:resnet50", "profile": "workload:*:resnet50", "action": "lower",
      "would": null, "src": "global", "gpn": 2, "nodes": 1, "gpus": 2, "was": "cpg:10",
-     "cpg": 6, "asked_cores": 20, "given_cores": 12, "hook_us": 41.3, "fail_open": false}
+     "cpg": 6, "asked_cores": 20, "given_cores": 12, "hook_us": 41.3, "fail_open": false,
+     "tok": "18a2f0c4e1b3d5a7"}
 
     t            unix time of the submission (seconds)
     job_id       the job id when job_desc carried one; null for sbatch/salloc/srun
@@ -43,6 +44,10 @@ Line format, version :data:`JOURNAL_VERSION` (keys may be added, never renamed):
     hook_us      time spent in job_submit (microseconds)
     fail_open    the job passed unchanged because the hook failed or ran over
                  HookBudgetMs; error then says why
+    tok          the decision's token, which also ends the admin record written into the job
+                 (``;tok=``); null when the hook wrote no record. slurmctld may still refuse
+                 a submission after job_submit: the decisions it kept are the ones whose
+                 token a job of Slurm's holds (:func:`reconcile`, ``coda-slurm status``)
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ import math
 import os
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,9 +78,12 @@ __all__ = [
     "DecisionJournal",
     "JournalRead",
     "PendingEntry",
+    "Reconciled",
+    "format_token",
     "journal_entry",
     "pending_entry",
     "read_journal",
+    "reconcile",
     "rotated_path",
     "summarize_decisions",
 ]
@@ -90,12 +98,18 @@ LogFn = Callable[[str, str], None]
 """``log(level, message)``, level ``"error"`` or ``"info"`` (the hook's ``_log_named``)."""
 
 PendingEntry = tuple[
-    float, int, int, str | None, int, int, str | None, str | None, int, bool, str | None
+    float, int, int, str | None, int, int, str | None, str | None, int, bool, str | None, int
 ]
 """What the hook queues per decision, encoded later on the flusher thread: ``(t_unix_s,
 job_id as in job_desc, uid, job_name, ntasks_per_node, num_tasks, action, admin_comment,
-hook_ns, fail_open, error)``. Plain values only: holding the JobRequest (and its script) or
-the Decision for a second would cost the submit path more than the journal itself."""
+hook_ns, fail_open, error, token)`` (token 0: none). Plain values only: holding the
+JobRequest (and its script) or the Decision for a second would cost the submit path more
+than the journal itself."""
+
+
+def format_token(token: int) -> str:
+    """A decision token as the admin record and the journal write it: 16 hex digits."""
+    return f"{token:016x}"
 
 
 def rotated_path(path: Path) -> Path:
@@ -117,6 +131,7 @@ def pending_entry(
     hook_ns: int,
     fail_open: bool,
     error: str | None = None,
+    token: int = 0,
 ) -> PendingEntry:
     """The :data:`PendingEntry` of one hook call (the hook builds the same tuple inline)."""
     if req is None:
@@ -133,6 +148,7 @@ def pending_entry(
         hook_ns,
         fail_open,
         error,
+        token,
     )
 
 
@@ -148,6 +164,7 @@ def journal_entry(
     hook_ns: int,
     fail_open: bool,
     error: str | None = None,
+    token: int = 0,
 ) -> dict[str, Any]:
     """The journal line (as a dict) of one :data:`PendingEntry`; pure (module docstring).
 
@@ -173,6 +190,7 @@ def journal_entry(
         "given_cores": None,
         "hook_us": round(hook_ns / 1000.0, 1),
         "fail_open": fail_open,
+        "tok": format_token(token) if token else None,
     }
     if error is not None:
         entry["error"] = error[:200]
@@ -423,6 +441,58 @@ def read_journal(path: Path, since_unix_s: float) -> JournalRead:
                 out.oldest_unix_s = float(t)
             if t >= since_unix_s:
                 out.entries.append(entry)
+    return out
+
+
+@dataclass(slots=True)
+class Reconciled:
+    """Journal entries against the jobs Slurm holds (:func:`reconcile`)."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    """What counts: every entry but those of refused submissions."""
+    kept: int = 0
+    """Entries whose token one of Slurm's jobs holds."""
+    refused: int = 0
+    """Entries of submissions slurmctld refused after the hook (left out of ``entries``)."""
+    unchecked: int = 0
+    """Entries with a token Slurm could not tell about: decided too recently, or so long ago
+    that an ended job is no longer in slurmctld (counted, as kept ones are)."""
+
+
+def reconcile(
+    entries: Iterable[dict[str, Any]],
+    slurm_tokens: Collection[str] | None,
+    *,
+    queried_unix_s: float,
+    min_job_age_s: float,
+    settle_s: float,
+) -> Reconciled:
+    """Which decisions Slurm kept; pure.
+
+    ``slurm_tokens``: the tokens of the records in the admin comments of every job
+    slurmctld held at ``queried_unix_s`` (None: Slurm was not asked).  An entry whose
+    ``tok`` is among them is kept.  One that is not was refused when its job, had Slurm kept
+    it, would have been there: its submission had returned (decided at least ``settle_s``
+    before the query) and had not ended ``min_job_age_s`` (Slurm's MinJobAge) before it
+    (a job ends after it is submitted, so one decided less than MinJobAge before the query is
+    still held).  Otherwise it is unchecked, and counted.  Entries without a token (the hook
+    failed open, refused a directive itself, or wrote no record) are counted as they are.
+    """
+    out = Reconciled()
+    for e in entries:
+        token = e.get("tok")
+        if not isinstance(token, str):
+            out.entries.append(e)
+            continue
+        age_s = queried_unix_s - float(e["t"])
+        if slurm_tokens is not None and token in slurm_tokens:
+            out.kept += 1
+        elif slurm_tokens is not None and settle_s <= age_s < min_job_age_s:
+            out.refused += 1
+            continue
+        else:
+            out.unchecked += 1
+        out.entries.append(e)
     return out
 
 

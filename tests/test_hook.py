@@ -8,6 +8,7 @@ the decision, and the exact bytes written into each field.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,8 +150,19 @@ def test_rewrites_fields_with_slurm_allocator(lib: FakeLib) -> None:
     err = ffi.new("char **")
     assert hook.job_submit(desc, 1000, err) == 0
     assert field(desc, "cpus_per_tres") == "gres:gpu:6"
-    assert field(desc, "admin_comment").startswith("from-lua coda:sig=workload:1000:resnet50")
-    assert ffi.string(err[0]).decode().startswith("coda: --cpus-per-gpu=6")
+    # The record, which ends with the decision's token, then the user's line.
+    admin = field(desc, "admin_comment")
+    assert admin.startswith("from-lua coda:sig=workload:1000:resnet50;"), admin
+    assert re.search(
+        r';tok=[0-9a-f]{16} coda: --cpus-per-gpu=6 for workload "resnet50" \(shared profile, '
+        r"8 samples, confidence 0.95\)$",
+        admin,
+    ), admin
+    assert (
+        ffi.string(err[0])
+        .decode()
+        .startswith("coda (if Slurm accepts the job): --cpus-per-gpu=6 for workload")
+    )
 
 
 def test_appends_to_a_message_from_an_earlier_plugin(lib: FakeLib) -> None:
@@ -306,7 +318,7 @@ def test_placement_fields_are_written(lib: FakeLib, tmp_path: Path) -> None:
     assert field(desc, "tres_per_node") == "gres:gpu:2,gres:pcie:1"
     assert field(desc, "prefer") == "a100"
     assert field(desc, "partition") is None
-    assert field(desc, "admin_comment").endswith(";pcie=1;prefer=a100")
+    assert re.search(r";pcie=1;prefer=a100;tok=[0-9a-f]{16} coda: ", field(desc, "admin_comment"))
     said = ffi.string(err[0]).decode()
     assert "\n" not in said and "gres:pcie:1 per node" in said and "--prefer=a100" in said
     assert " pcie=1 prefer=a100:" in lib.lines[-1][1]

@@ -23,7 +23,7 @@ import pytest
 from slurm_plugin import hook
 from slurm_plugin.store import ProfileStore
 from tests import compiled_hook
-from tests.test_hook_cache import CASES, WRITTEN, _profile
+from tests.test_hook_cache import CASES, WRITTEN, _profile, untokened
 
 # The plugin module is built against this machine's slurm.h: the version matrix runs these
 # on every Slurm (tests/matrix.py).
@@ -71,7 +71,7 @@ class Plugin:
         fields = tuple(
             None
             if getattr(desc, name) == ffi.NULL
-            else ffi.string(getattr(desc, name)).decode("utf-8", "replace")
+            else untokened(ffi.string(getattr(desc, name)).decode("utf-8", "replace"))
             for name in WRITTEN
         )
         return rc, fields, desc.cpus_per_task, said, self.lines()[len(before) :]
@@ -166,7 +166,9 @@ def test_an_answer_from_c_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> 
     assert fields[WRITTEN.index("admin_comment")].startswith("from-lua coda:sig=")
     assert said is not None
     first, second = said.split("\n")
-    assert first == "lua: hello" and second.startswith("coda: --cpus-per-gpu=6")
+    assert first == "lua: hello" and second.startswith(
+        "coda (if Slurm accepts the job): --cpus-per-gpu=6"
+    )
 
 
 # One field of BASE changed at a time: each is a job C has not seen.

@@ -33,6 +33,7 @@ from slurm_plugin.journal import (
     journal_entry,
     pending_entry,
     read_journal,
+    reconcile,
     rotated_path,
     summarize_decisions,
 )
@@ -327,6 +328,62 @@ def test_journal_lines_from_the_writer_sum_like_hand_made_ones(tmp_path: Path) -
     line = journal_entry(*pending_entry(NOW, NO_VAL, 1000, req, decision, 1000, False))
     s = summarize_decisions([line])
     assert s["added"] == {"jobs": 1, "cores": 16} and s["returned"]["cores"] == 0
+
+
+# -- which decisions Slurm kept ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "age_s,in_slurm,asked,outcome",
+    [
+        (120.0, True, True, "kept"),
+        (120.0, False, True, "refused"),  # slurmctld would still hold it: never created
+        (30.0, False, True, "unchecked"),  # its submission may still be in flight
+        (400.0, False, True, "unchecked"),  # older than MinJobAge: it may have ended and gone
+        (400.0, True, True, "kept"),
+        (120.0, False, False, "unchecked"),  # Slurm was not asked
+    ],
+)
+def test_a_decision_counts_unless_slurm_surely_refused_its_submission(
+    age_s: float, in_slurm: bool, asked: bool, outcome: str
+) -> None:
+    entries = [{"t": NOW - age_s, "tok": "00000000000000aa", "action": "set"}, {"t": NOW}]
+    tokens = {"00000000000000aa"} if in_slurm else {"00000000000000bb"}
+    got = reconcile(
+        entries,
+        tokens if asked else None,
+        queried_unix_s=NOW,
+        min_job_age_s=300.0,
+        settle_s=60.0,
+    )
+    assert {"kept": got.kept, "refused": got.refused, "unchecked": got.unchecked} == {
+        k: int(k == outcome) for k in ("kept", "refused", "unchecked")
+    }
+    # The entry without a token (a fail-open, a refused directive) is always counted.
+    assert len(got.entries) == (1 if outcome == "refused" else 2)
+
+
+def test_tokens_are_read_from_the_hook_record_of_each_job_only() -> None:
+    doc = {
+        "jobs": [
+            {
+                "job_id": 1,
+                "admin_comment": "coda:sig=script:0:ab;cpg=;was=;action=skip;src=none"
+                ";gpn=1;nodes=1;tok=00000000000000a1 coda: a note",
+            },
+            {"job_id": 2, "admin_comment": "from-lua"},
+            {
+                "job_id": 3,
+                "admin_comment": "coda:sig=script:0:ab;cpg=;was=;action=skip;src=none"
+                ";gpn=1;nodes=1",
+            },
+            {"job_id": 4},
+        ]
+    }
+    assert cli_status.parse_slurm_tokens(json.dumps(doc)) == {"00000000000000a1"}
+    with pytest.raises(ValueError):
+        cli_status.parse_slurm_tokens("{}")
+    assert cli_status.parse_min_job_age_s("MaxJobCount = 10000\nMinJobAge   = 300 sec\n") == 300
 
 
 @pytest.mark.parametrize(

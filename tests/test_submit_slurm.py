@@ -108,7 +108,7 @@ def test_profiled_workload_runs_with_predicted_cores(cluster: DevCluster) -> Non
         cluster, ["--gpus-per-node=2", "--comment=coda:workload=resnet50"], hold=False
     )
     assert cpus_per_tres(fields) == gres("gres:gpu:6")
-    assert 'coda: --cpus-per-gpu=6 for workload "resnet50"' in said
+    assert 'coda (if Slurm accepts the job): --cpus-per-gpu=6 for workload "resnet50"' in said
     record = parse_admin_record(fields["AdminComment"])
     assert record["action"] == "set" and record["cpg"] == "6"
     # The user notices the cores when the job runs: 2 GPUs x 6 cores.
@@ -129,9 +129,13 @@ def test_a_repeated_job_is_answered_by_the_c_side_and_still_counted(cluster: Dev
     args = ["--gpus-per-node=1", "--comment=coda:workload=bert", "--job-name=repeat-me"]
     answers = [submit(cluster, args) for _ in range(3)]
     assert [cpus_per_tres(fields) for _, fields, _ in answers] == [gres("gres:gpu:5")] * 3
-    assert len({fields["AdminComment"] for _, fields, _ in answers}) == 1
+    # The same record but for each submission's own token (coda-slurm status matches it).
+    records = [parse_admin_record(fields["AdminComment"]) for _, fields, _ in answers]
+    tokens = {r.pop("tok") for r in records}
+    assert len(tokens) == 3
+    assert records[0] == records[1] == records[2]
     assert len({said for _, _, said in answers}) == 1
-    assert 'coda: --cpus-per-gpu=5 for workload "bert"' in answers[0][2]
+    assert '--cpus-per-gpu=5 for workload "bert"' in answers[0][2]
     wait_for_reload(cluster)
     after = json.loads(cluster.hook_stats_file.read_text())
     assert after["replayed"] - before.get("replayed", 0) >= 2
@@ -145,6 +149,7 @@ def test_a_repeated_job_is_answered_by_the_c_side_and_still_counted(cluster: Dev
             break
         time.sleep(0.2)
     assert [(e["action"], e["cpg"]) for e in mine] == [("set", 5)] * 3
+    assert {e["tok"] for e in mine} == tokens  # C's records carry the tokens it wrote
 
 
 def test_gres_and_gpus_forms_are_all_right_sized(cluster: DevCluster) -> None:
