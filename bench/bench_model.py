@@ -17,11 +17,17 @@ Cases:
   0-0.1 (a rounded knee the model does not describe exactly).
 
 Columns: ``refused`` is the fraction where ``fit_curve`` raised or reported confidence
-below ``--confident-at``; the remaining columns are over the answered cases: ``>=95 %``
-is the fraction whose recommended cores reach at least 95 % of the true best throughput on
-the box, ``over`` is cores above the true sweet spot (fewest cores reaching 95 %), mean and
+below ``--confident-at`` (default 0.8, the submit hook's MinConfidence and coda-node's
+min_confidence); the remaining columns are over the answered cases: ``>=95 %`` is the
+fraction whose recommended cores reach at least 95 % of the true best throughput on the
+box, ``over`` is cores above the true sweet spot (fewest cores reaching 95 %), mean and
 95th percentile, ``under`` the fraction below it; ``>=95 % all`` uses every fit that did not
 raise, ignoring confidence, to show what the refusal buys.
+
+Then: calibration (reported confidence against the share of answers that reach 95 %, for
+the 8-probe fits above and for random probe sets), the twelve model classes
+(:data:`slurm_plugin.curves.MODEL_CLASSES`) from 4 fixed probes at 1, 3, 6 and 12 cores and
+from full grids, probe placement, and the time of a fit.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slurm_plugin.curves import (
+    MODEL_CLASSES,
     REFERENCE_WORKLOADS,
     cores_for_fraction,
     noisy_samples,
@@ -48,6 +55,25 @@ PLATEAU_FRACTION = 0.95
 # Fractions to aim at when fitting the 8-probe samples, to show what a safety margin buys
 # against the 95 % target (the probes themselves are chosen for 95 %).
 AIM_FRACTIONS = (0.95, 0.97, 0.98, 0.99)
+CONFIDENCE_BANDS = (
+    (0.0, 0.5),
+    (0.5, 0.7),
+    (0.7, 0.8),
+    (0.8, 0.9),
+    (0.9, 0.95),
+    (0.95, 0.99),
+    (0.99, 1.01),
+)
+# The model classes' curves: the poster's predictor with no, some and much log term, each
+# with a hard knee and with the random scenario's rounder knees.
+CLASS_SHAPES = tuple((share, soft) for share in (0.0, 0.3, 0.6) for soft in (0.0, 0.05, 0.1))
+CLASS_DESIGNS = (
+    ("4 samples 1, 3, 6, 12 (12-core box)", 12, (1, 3, 6, 12)),
+    ("every count 1-12 (12-core box)", 12, tuple(range(1, 13))),
+    ("every count 1-24 (24-core box)", 24, tuple(range(1, 25))),
+)
+CLASS_NOISE_REL = 0.03
+CLASS_NOISE_DRAWS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +96,7 @@ class Tally:
     under: int = 0
     over_cores: list[int] = field(default_factory=list)
     probes_used: list[int] = field(default_factory=list)
-    # (confidence, sweet spot within ±1 core / ±5 % of the truth) for calibration.
+    # (confidence, the answer reaches 95 % of the best throughput) for calibration.
     calibration: list[tuple[float, bool]] = field(default_factory=list)
 
 
@@ -135,9 +161,7 @@ def run_case(
         hit = true_curve[min(rec, box_cores) - 1] >= PLATEAU_FRACTION * true_peak - 1e-9
         tally.fitted += 1
         tally.hits_all += hit
-        tally.calibration.append(
-            (fit.confidence, abs(rec - true_sweet) <= max(1.0, 0.05 * rec) + 1e-9)
-        )
+        tally.calibration.append((fit.confidence, bool(hit)))
         if fit.confidence < confident_at:
             tally.refused += 1
             continue
@@ -205,6 +229,112 @@ def compare_designs(rng: np.random.Generator, trials: int, box_cores: int = 24) 
     return lines
 
 
+def random_probe_calibration(rng: np.random.Generator, trials: int) -> list[tuple[float, bool]]:
+    """(confidence, reached 95 %) of fits to random probe sets: 3-8 probes at random counts
+    of a 12-, 24- or 32-core box (both ends always), random curves as in the ``random``
+    scenario but knees log-uniform up to 1.2x the box. Spreads the reported confidence
+    wider than adaptive probing does."""
+    rows = []
+    for _ in range(trials):
+        box = int(rng.choice([12, 24, 32]))
+        knee = float(np.exp(rng.uniform(0.0, np.log(1.2 * box))))
+        share, soft, noise = rng.uniform(0, 0.6), rng.uniform(0, 0.1), rng.uniform(0, 0.1)
+        middle = rng.choice(np.arange(2, box), size=int(rng.integers(1, 7)), replace=False)
+        c = np.sort(np.concatenate([[1, box], middle])).astype(float)
+        y = noisy_samples(rng, knee, c, noise, log_share=share, softness=soft)
+        try:
+            fit = fit_curve(c, y)
+        except ModelError:
+            continue
+        ks = np.arange(1.0, box + 1.0)
+        curve = throughput_curve(knee, ks, log_share=share, softness=soft)
+        rows.append((fit.confidence, bool(curve[fit.sweet_spot_cores - 1] >= 0.95 * curve[-1])))
+    return rows
+
+
+def calibration_table(rows: list[tuple[float, bool]]) -> list[str]:
+    conf = np.array([c for c, _ in rows])
+    hit = np.array([h for _, h in rows], dtype=bool)
+    lines = [
+        "| confidence | fits | mean confidence | reached 95 % |",
+        "|---|---:|---:|---:|",
+    ]
+    for lo, hi in CONFIDENCE_BANDS:
+        sel = (conf >= lo) & (conf < hi)
+        n = int(sel.sum())
+        mean = f"{conf[sel].mean():.2f}" if n else "–"
+        lines.append(
+            f"| {lo:.2f}–{min(hi, 1.0):.2f} | {n} | {mean} | {pct(int(hit[sel].sum()), n)} |"
+        )
+    lines.append(f"| all | {len(rows)} | {conf.mean():.2f} | {pct(int(hit.sum()), len(rows))} |")
+    return lines
+
+
+def class_case(
+    knee: float, share: float, soft: float, box: int, probes: tuple[int, ...], y: np.ndarray
+) -> tuple[bool, int]:
+    """(passes, cores over the true 95 % point) for one fit: passing reaches 93 % of the best
+    throughput on the box without asking for more than the true 95 % point plus max(1 core,
+    20 %)."""
+    ks = np.arange(1.0, box + 1.0)
+    curve = throughput_curve(knee, ks, log_share=share, softness=soft)
+    truth = int(ks[np.argmax(curve >= PLATEAU_FRACTION * curve.max() - 1e-12)])
+    try:
+        k = fit_curve(np.asarray(probes, dtype=float), y).sweet_spot_cores
+    except ModelError:
+        return False, 0
+    reach = curve[k - 1] >= 0.93 * curve.max() - 1e-9
+    return bool(reach and k <= truth + max(1.0, 0.2 * truth)), k - truth
+
+
+def class_table(rng: np.random.Generator) -> list[str]:
+    """Per model class and design: the shapes passing without noise, and the share of
+    noisy cases passing (with the mean cores over the true 95 % point); last row, the
+    classes passing every shape without noise / 90 % of the noisy cases."""
+    header = ["| class | knee |"] + [f" {name} | 3 % noise |" for name, _, _ in CLASS_DESIGNS]
+    lines = ["".join(header), "|---|---:|" + "---:|---:|" * len(CLASS_DESIGNS)]
+    passing_clean = [0] * len(CLASS_DESIGNS)
+    passing_noisy = [0] * len(CLASS_DESIGNS)
+    for name, _, knee, _ in MODEL_CLASSES:
+        cells = [f"| {name} | {knee:g} |"]
+        for d, (_, box, probes) in enumerate(CLASS_DESIGNS):
+            c = np.asarray(probes, dtype=float)
+            clean = [
+                class_case(
+                    knee,
+                    share,
+                    soft,
+                    box,
+                    probes,
+                    throughput_curve(knee, c, log_share=share, softness=soft),
+                )[0]
+                for share, soft in CLASS_SHAPES
+            ]
+            noisy = [
+                class_case(
+                    knee,
+                    share,
+                    soft,
+                    box,
+                    probes,
+                    noisy_samples(rng, knee, c, CLASS_NOISE_REL, log_share=share, softness=soft),
+                )
+                for share, soft in CLASS_SHAPES
+                for _ in range(CLASS_NOISE_DRAWS)
+            ]
+            ok = sum(p for p, _ in noisy)
+            over = np.mean([o for _, o in noisy])
+            passing_clean[d] += all(clean)
+            passing_noisy[d] += ok >= 0.9 * len(noisy)
+            cells.append(f" {sum(clean)}/{len(clean)} | {pct(ok, len(noisy))} ({over:+.1f}) |")
+        lines.append("".join(cells))
+    summary = ["| classes passing | |"] + [
+        f" **{a}/12** | **{b}/12** |" for a, b in zip(passing_clean, passing_noisy, strict=True)
+    ]
+    lines.append("".join(summary))
+    return lines
+
+
 def pct(num: int, den: int) -> str:
     return f"{100.0 * num / den:.0f} %" if den else "–"
 
@@ -228,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1, help="seed of the noise and random curves")
     ap.add_argument("--trials", type=int, default=200, help="cases per scenario and box size")
-    ap.add_argument("--confident-at", type=float, default=0.9, help="refuse below this")
+    ap.add_argument("--confident-at", type=float, default=0.8, help="refuse below this")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 
@@ -286,16 +416,27 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     out.write(
-        f"\nCalibration ({BUDGETS[-1]}-probe fits, all scenarios and boxes): share of fits whose "
-        "sweet spot is within ±1 core (or ±5 %) of the truth, by reported confidence.\n\n"
-        "| confidence | fits | within tolerance |\n|---|---:|---:|\n"
+        f"\nCalibration ({BUDGETS[-1]}-probe fits above, all scenarios and boxes): share of "
+        "answers that reach 95 % of the best throughput on the box, by reported confidence.\n\n"
     )
-    conf = np.array([c for c, _ in calibration])
-    ok = np.array([k for _, k in calibration], dtype=bool)
-    for lo, hi in ((0.0, 0.5), (0.5, 0.8), (0.8, 0.9), (0.9, 0.95), (0.95, 0.99), (0.99, 1.01)):
-        sel = (conf >= lo) & (conf < hi)
-        label = f"{lo:.2f}–{min(hi, 1.0):.2f}"
-        out.write(f"| {label} | {int(sel.sum())} | {pct(int(ok[sel].sum()), int(sel.sum()))} |\n")
+    out.write("\n".join(calibration_table(calibration)) + "\n")
+    out.write(
+        f"\nCalibration on random probe sets ({5 * args.trials} random curves, 3-8 probes at "
+        "random counts including both ends of a 12-, 24- or 32-core box).\n\n"
+    )
+    out.write("\n".join(calibration_table(random_probe_calibration(rng, 5 * args.trials))) + "\n")
+    out.write(
+        "\nModel classes (the SoCC'18 table's eight and four CODA characterises, knees of the "
+        "latter assumed; curves.MODEL_CLASSES), each on 9 curve shapes (log share 0, 0.3, 0.6; "
+        "softness 0, 0.05, 0.1). A case passes when the answer reaches 93 % of the best "
+        "throughput on the box without asking for more than the true 95 % point plus max(1 "
+        f"core, 20 %). Cells: shapes passing without noise; share of cases passing with "
+        f"{CLASS_NOISE_REL:.0%} noise ({CLASS_NOISE_DRAWS} draws per shape) and the mean cores "
+        "over the true 95 % point. A class passes a design when every shape passes without "
+        "noise (90 % of the cases with noise).\n\n"
+    )
+    out.write("\n".join(class_table(rng)) + "\n")
+    out.flush()
 
     out.write(
         "\nProbe placement (random scenario, 24-core box, no early stop, the same noisy "

@@ -386,34 +386,38 @@ def fit_curve(
 
 @dataclass(frozen=True, slots=True)
 class _Shapes:
-    """The curve shapes the answer weighs, knee-major (knee ascending), with each one's
-    relative throughput (plateau 1) at 1, 2, ..., ``width`` cores."""
+    """The curve shapes the answer weighs, knee-major (knee ascending), with the log of each
+    one's relative throughput (plateau 1) at 1, 2, ..., ``width`` cores."""
 
     knee_cores: np.ndarray
     log_share: np.ndarray
     softness: np.ndarray
     log_prior: np.ndarray
     """Up to a constant: the knee grid is uniform in log cores, so knees weigh the same."""
-    at_cores: np.ndarray
+    log_at_cores: np.ndarray
     """(shapes, width): column ``k - 1`` is ``k`` cores."""
 
     @property
     def width(self) -> int:
-        return int(self.at_cores.shape[1])
+        return int(self.log_at_cores.shape[1])
 
-    def at(self, rows: int, cores: np.ndarray) -> np.ndarray:
-        """Relative throughput of the first ``rows`` shapes at ``cores`` (any positive
+    def log_at(self, rows: int, cores: np.ndarray) -> np.ndarray:
+        """Log relative throughput of the first ``rows`` shapes at ``cores`` (any positive
         counts): whole counts from the table, others computed."""
         whole = np.abs(cores - np.rint(cores)) <= 1e-9
         if np.all(whole):
-            return self.at_cores[:rows, np.rint(cores).astype(int) - 1]
-        return relative_throughput(
+            return self.log_at_cores[:rows, np.rint(cores).astype(int) - 1]
+        rel = relative_throughput(
             self.knee_cores[:rows, None],
             self.log_share[:rows, None],
             self.softness[:rows, None],
             cores[None, :],
         )
+        return np.log(np.maximum(rel, _TINY_THROUGHPUT))
 
+
+_TINY_THROUGHPUT = 1e-12
+"""Relative throughput below which a shape's log is clamped (a pure-log rise is 0 at 1 core)."""
 
 _SHAPES: list[_Shapes] = []
 """The one table, built on first use and widened when a fit needs more cores: a few MB for
@@ -436,7 +440,8 @@ def _shapes(max_cores: int) -> _Shapes:
     table = relative_throughput(
         knee[:, None], share[:, None], soft[:, None], np.arange(1.0, width + 1.0)[None, :]
     )
-    shapes = _Shapes(knee, share, soft, np.log(soft_prior.ravel()), table)
+    log_table = np.log(np.maximum(table, _TINY_THROUGHPUT))
+    shapes = _Shapes(knee, share, soft, np.log(soft_prior.ravel()), log_table)
     _SHAPES[:] = [shapes]
     return shapes
 
@@ -458,8 +463,9 @@ class _ShapePosterior:
         """Per shape, the index into ``ks`` (ascending whole counts, the last at or above
         ``top_cores``) of the fewest that reach ``plateau_fraction`` of the shape at
         ``top_cores`` (the shapes never fall, so that is their best up to there)."""
-        top = self.shapes.at(self.rows, np.array([top_cores]))
-        hits = self.shapes.at_cores[: self.rows, ks - 1] >= plateau_fraction * top - 1e-12
+        log_top = self.shapes.log_at(self.rows, np.array([top_cores]))
+        log_ks = self.shapes.log_at_cores[: self.rows, ks - 1]
+        hits = log_ks >= math.log(plateau_fraction) + log_top - 1e-12
         return np.argmax(hits, axis=1)
 
 
@@ -481,7 +487,7 @@ def _shape_posterior(c: np.ndarray, y: np.ndarray, top_cores: float) -> _ShapePo
         len(_LOG_SHARES) * len(_SOFTNESSES),  # at least the flat shapes (knee at 1 core)
     )
     log_y = np.log(np.maximum(y, 1e-3 * float(y.max())))
-    dev = log_y[None, :] - np.log(np.maximum(shapes.at(rows, c), 1e-12))
+    dev = log_y[None, :] - shapes.log_at(rows, c)
     level = dev.mean(axis=1)
     sse = ((dev - level[:, None]) ** 2).sum(axis=1)
     prior_ss = _NOISE_PRIOR_DOF * _NOISE_FLOOR_REL**2
@@ -1086,9 +1092,7 @@ def next_probe(
     post = _shape_posterior(c, y, top)
     first = post.first_hits(ks, top, plateau_fraction)
     cand = np.asarray(candidates)
-    pred = post.log_level[:, None] + np.log(
-        np.maximum(post.shapes.at_cores[: post.rows, cand - 1], 1e-12)
-    )
+    pred = post.log_level[:, None] + post.shapes.log_at_cores[: post.rows, cand - 1]
     groups, group_of = np.unique(first, return_inverse=True)
     onehot = np.zeros((first.size, groups.size))
     onehot[np.arange(first.size), group_of] = post.weight
