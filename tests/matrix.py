@@ -8,8 +8,10 @@ is every version tests/slurm-root knows.  The host runs all the tests of the giv
 its own Slurm is picked, else only those that need no Slurm.  Each other version is a leg in
 its root: ``bash scripts/setup`` there (the plugin is built against that root's slurm.h),
 then the tests marked ``slurm`` or ``compiled``.  A root that cannot be built here (exit 3
-from tests/slurm-root: no mirror) is a skipped leg with the reason.  The last line is
-``N passed, N failed, N skipped`` over every leg; the exit status is 1 when a leg failed.
+from tests/slurm-root: no mirror) is a SKIPPED leg with debootstrap's reason in the table;
+it does not fail the run (``CODA_REQUIRE_SLURM=1`` makes a Slurm missing *inside* a leg a
+failure, as on the host).  The last line is ``N passed, N failed, N skipped`` over every
+leg; the exit status is 1 when a leg failed.
 """
 
 from __future__ import annotations
