@@ -26,6 +26,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from slurm_plugin.signature import (
+    DEFAULT_IGNORE,
+    DEFAULT_SPEC,
+    ScriptIgnore,
+    SignatureIgnoreError,
+    parse_script_ignore,
+)
+
 __all__ = [
     "CONFIG_KEYS",
     "CodaConfig",
@@ -126,6 +134,20 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "script, --prefer) match one already decided under the same coda.conf and profiles is "
         "answered by the plugin's C side without entering Python (same fields, message, log "
         "line and journal entry); no: every GPU job goes through Python.",
+    ),
+    "SignatureIgnore": KeySpec(
+        "@sets and patterns",
+        DEFAULT_SPEC,
+        "Parts of a batch script that do not make a new workload: each match becomes a "
+        "placeholder before the script is hashed into the workload signature. Blank-separated "
+        "items: @builtin (the three sets below), @dask-jobqueue (the dask worker's command "
+        "line after the worker module: "
+        "scheduler address, worker name, threads, memory), @submitit (%j and %A_%a in paths, "
+        "so an array and a single job are one workload), @run-ids (UUIDs and date-times as "
+        "words), or a regular expression (Python syntax, blanks as \\x20; every repeat "
+        "possessive: *+, ++, {m,n}+; no back references), run line by line on lines of up to "
+        "1024 characters, giving up (the job passes unchanged) after 5 ms on one script. "
+        "Patterns see the first 64 KiB of a script; empty = hash scripts as written.",
     ),
     "ReloadIntervalS": KeySpec(
         "float", "5", "Seconds between checks for a changed profile store or coda.conf (> 0)."
@@ -406,6 +428,8 @@ class CodaConfig:
     multi_node_gpu_cap: int = 2
     hook_budget_ms: float = 20.0
     hook_fast_path: bool = True
+    signature_ignore: ScriptIgnore = DEFAULT_IGNORE
+    """What the workload signature leaves out of a script (``SignatureIgnore``)."""
     reload_interval_s: float = 5.0
     partitions: tuple[str, ...] = ()
     """Managed partitions; empty = all."""
@@ -638,6 +662,11 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         return "multi_node_gpu_cap", _int(key, value, 1)
     if key == "HookBudgetMs":
         return "hook_budget_ms", _positive_float(key, value)
+    if key == "SignatureIgnore":
+        try:
+            return "signature_ignore", parse_script_ignore(value)
+        except SignatureIgnoreError as exc:
+            raise ValueError(str(exc)) from None
     if key == "ReloadIntervalS":
         return "reload_interval_s", _positive_float(key, value)
     if key == "Partitions":

@@ -401,7 +401,7 @@ def decide(
         gpn = per_socket
     user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
 
-    sig = workload_signature(req.uid, req.job_name, req.script, directives)
+    sig = workload_signature(req.uid, req.job_name, req.script, directives, cfg.signature_ignore)
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
     place = _placement(req, cfg, sig, profiles, gpn, node_features, sep)
     pred: int | None = None

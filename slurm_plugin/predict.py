@@ -70,7 +70,9 @@ def predict_submission(
         directives = parse_coda_directives(req.comment)
     except DirectiveError:
         directives = Directives()
-    signature = workload_signature(req.uid, req.job_name, req.script, directives)
+    signature = workload_signature(
+        req.uid, req.job_name, req.script, directives, cfg.signature_ignore
+    )
     return {
         "signature": record.get("sig", signature.key),
         "workload": signature.workload,

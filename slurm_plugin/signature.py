@@ -10,7 +10,10 @@ separated by whitespace, ``,`` or ``;``.  Known directives: ``coda:workload=NAME
 ``coda:off``.  Anything else starting with ``coda:`` is an error the user sees.
 
 Without a directive the signature is a hash of the job name and the batch script with its
-``#SBATCH`` lines removed, so that changing resource options does not make a new workload.
+``#SBATCH`` lines removed, so that changing resource options does not make a new workload,
+and with the parts :class:`ScriptIgnore` names (coda.conf ``SignatureIgnore``) replaced by a
+placeholder: what clients such as dask-jobqueue and submitit write anew into every script
+(a scheduler address, a worker name, a job id in a path) does not make one either.
 
 Signature keys (also the profile store's keys)::
 
@@ -27,15 +30,24 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
+    "BUILTIN_SETS",
+    "DEFAULT_IGNORE",
+    "NO_IGNORE",
     "UNNAMED",
     "DirectiveError",
     "Directives",
+    "ScriptIgnore",
     "Signature",
+    "SignatureIgnoreError",
+    "SignatureIgnoreTimeout",
     "global_key",
     "parse_coda_directives",
+    "parse_script_ignore",
     "quote_label",
     "strip_sbatch_lines",
     "workload_signature",
@@ -171,6 +183,183 @@ def strip_sbatch_lines(script: str) -> str:
     return "\n".join(kept).rstrip("\n")
 
 
+# -- parts of a script that do not make a new workload ----------------------------------------
+
+PLACEHOLDER = "\0"
+"""What an ignored part becomes before hashing: a NUL, which no script Slurm carries holds."""
+
+BUILTIN_SETS: dict[str, tuple[str, ...]] = {
+    # dask-jobqueue's SLURMCluster runs `python -m distributed.cli.dask_worker tcp://HOST:PORT
+    # --name SLURMCluster-N --nthreads N --memory-limit M --nanny --death-timeout S ...`: the
+    # scheduler's address and port, the worker's name and its size change with every cluster
+    # and worker, and what a worker computes comes from the scheduler, not from its command.
+    # The rest of the worker's command line is ignored (dask-cuda's worker too).
+    "dask-jobqueue": (r"dask[-_](?:cuda[-_])?worker[ \t][^\n]*+",),
+    # submitit writes `%j` into the paths of a single job and `%A_%a` into those of an array
+    # (map_array), in #SBATCH lines and in its srun line: the same function either way.
+    "submitit": (r"%A_%a|%j",),
+    # Run ids tools put into paths: UUIDs (with or without dashes) and date-times
+    # (Hydra's multirun/2026-01-31/12-00-00, strftime's 2026-01-31_12-00-00, ISO 8601), each
+    # a whole word.  One pattern that starts with a character class, which the engine scans
+    # for quickly; the look-behind after it makes the word start there.
+    "run-ids": (
+        r"[0-9a-f](?<![0-9A-Za-z][0-9a-f])(?:[0-9a-f]{7}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-"
+        r"[0-9a-f]{12}|[0-9a-f]{31}|(?<=[12])[0-9]{3}-[01][0-9]-[0-3][0-9][T_/ -][0-2][0-9]"
+        r"[-:][0-5][0-9][-:][0-6][0-9](?:\.[0-9]{1,9})?+)(?![0-9A-Za-z])",
+    ),
+}
+"""The built-in sets ``SignatureIgnore`` names with ``@NAME``.  Each pattern has a literal or
+a fixed-width class at each step and possessive repeats only, so one pass over a script is
+linear in its length (tests/test_signature.py times a 1 MB hostile script)."""
+
+DEFAULT_SPEC = "@builtin"
+"""``SignatureIgnore``'s default: every built-in set (``@builtin`` names them all)."""
+
+MAX_SCRIPT_CHARS = 64 * 1024
+"""The patterns run on the first this many characters of a script (client-generated scripts
+are short); the rest is hashed as written."""
+ADMIN_MAX_LINES = 2048
+"""An admin's patterns run on a script's first this many lines (within MAX_SCRIPT_CHARS)."""
+ADMIN_MAX_LINE_CHARS = 1024
+"""Longer lines are left as written by an admin's patterns (hashed as they are)."""
+ADMIN_BUDGET_NS = 5_000_000
+"""An admin's patterns stop, and the job passes unchanged (:class:`SignatureIgnoreTimeout`),
+once they have taken this long on one script."""
+
+
+class SignatureIgnoreError(ValueError):
+    """A ``SignatureIgnore`` value that cannot be used; the message says why."""
+
+
+class SignatureIgnoreTimeout(RuntimeError):
+    """An admin's ``SignatureIgnore`` patterns took over :data:`ADMIN_BUDGET_NS` on one
+    script; the hook lets the job pass unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptIgnore:
+    """Which parts of a batch script do not make a new workload (coda.conf
+    ``SignatureIgnore``): each match becomes :data:`PLACEHOLDER` before the script is hashed.
+
+    The patterns run on the first :data:`MAX_SCRIPT_CHARS` characters.  The built-in sets'
+    patterns each make one pass (they are linear).  An admin's own patterns run line by line,
+    on the first :data:`ADMIN_MAX_LINES` lines of at most :data:`ADMIN_MAX_LINE_CHARS`, and
+    give up after :data:`ADMIN_BUDGET_NS` (:func:`parse_script_ignore` only accepts patterns
+    that cannot backtrack into a repeat, so one line costs at most about its length squared).
+    """
+
+    spec: str = ""
+    """The value as written in coda.conf (``""``: nothing is ignored)."""
+    builtin: tuple[re.Pattern[str], ...] = ()
+    admin: re.Pattern[str] | None = None
+
+    def apply(self, script: str) -> str:
+        """``script`` with every ignored part replaced by :data:`PLACEHOLDER`."""
+        if not self.builtin and self.admin is None:
+            return script
+        head, tail = script[:MAX_SCRIPT_CHARS], script[MAX_SCRIPT_CHARS:]
+        for pattern in self.builtin:
+            head = pattern.sub(PLACEHOLDER, head)
+        admin = self.admin
+        if admin is not None:
+            lines = head.split("\n", ADMIN_MAX_LINES)
+            last = min(len(lines), ADMIN_MAX_LINES)  # lines[ADMIN_MAX_LINES]: the rest
+            t0 = time.perf_counter_ns()
+            sub = admin.sub
+            for i in range(last):
+                if len(lines[i]) <= ADMIN_MAX_LINE_CHARS:
+                    lines[i] = sub(PLACEHOLDER, lines[i])
+                    if time.perf_counter_ns() - t0 > ADMIN_BUDGET_NS:
+                        raise SignatureIgnoreTimeout(
+                            f"SignatureIgnore patterns took over {ADMIN_BUDGET_NS / 1e6:g} ms "
+                            f"on this script (line {i + 1})"
+                        )
+            head = "\n".join(lines)
+        return head + tail
+
+
+NO_IGNORE = ScriptIgnore()
+
+
+def _check_backtracking(tree: Any, pattern: str) -> None:
+    """Refuse what makes a regular expression slow on hostile text: a repeat the engine can
+    backtrack into (every ``*``, ``+``, ``{m,n}`` with n > m and n > 1 must be possessive:
+    ``*+``, ``++``, ``{m,n}+``), back references and conditional groups."""
+    from re import _constants as c  # the parser's opcodes (stdlib, private)
+
+    for op, arg in tree:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT):
+            low, high, body = arg
+            if high > 1 and high != low:
+                raise SignatureIgnoreError(
+                    f"SignatureIgnore: pattern {pattern!r} has a repeat that can backtrack; "
+                    "make every repeat possessive (*+, ++, {m,n}+): the patterns run on "
+                    "users' scripts inside slurmctld"
+                )
+            _check_backtracking(body, pattern)
+        elif op == c.POSSESSIVE_REPEAT:
+            _check_backtracking(arg[2], pattern)
+        elif op in (c.GROUPREF, c.GROUPREF_EXISTS, c.GROUPREF_IGNORE):
+            raise SignatureIgnoreError(
+                f"SignatureIgnore: pattern {pattern!r} refers back to a group; "
+                "back references and conditional groups are not allowed"
+            )
+        elif op == c.SUBPATTERN:
+            _check_backtracking(arg[-1], pattern)
+        elif op == c.ATOMIC_GROUP:
+            _check_backtracking(arg, pattern)
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            _check_backtracking(arg[1], pattern)
+        elif op == c.BRANCH:
+            for branch in arg[1]:
+                _check_backtracking(branch, pattern)
+
+
+def parse_script_ignore(value: str) -> ScriptIgnore:
+    """``SignatureIgnore``'s value: blank-separated items, each ``@NAME`` (a built-in set of
+    :data:`BUILTIN_SETS`, or ``@builtin`` for all of them) or a regular expression (Python
+    syntax; write a blank as ``\x20`` or ``[ ]``).  Raises :class:`SignatureIgnoreError`."""
+    from re import _parser  # stdlib's own parser, to inspect an admin's pattern
+
+    builtin: list[str] = []
+    admin: list[str] = []
+    for item in value.split():
+        if item.startswith("@"):
+            if item == "@builtin":
+                names = tuple(p for patterns in BUILTIN_SETS.values() for p in patterns)
+            else:
+                names = BUILTIN_SETS.get(item[1:])
+            if names is None:
+                known = ", ".join("@" + n for n in BUILTIN_SETS)
+                raise SignatureIgnoreError(
+                    f"SignatureIgnore: unknown set {item!r} (@builtin, or one of {known})"
+                )
+            builtin += [p for p in names if p not in builtin]
+            continue
+        try:
+            tree = _parser.parse(item)
+            re.compile(item)
+        except re.error as exc:
+            raise SignatureIgnoreError(
+                f"SignatureIgnore: {item!r} is not a regular expression ({exc})"
+            ) from None
+        _check_backtracking(tree, item)
+        if re.compile(item).fullmatch(""):
+            raise SignatureIgnoreError(
+                f"SignatureIgnore: pattern {item!r} matches the empty text; it would ignore "
+                "nothing but cost time on every line"
+            )
+        admin.append(item)
+    return ScriptIgnore(
+        " ".join(value.split()),
+        tuple(re.compile(p) for p in builtin),
+        re.compile("|".join(f"(?:{p})" for p in admin)) if admin else None,
+    )
+
+
+DEFAULT_IGNORE = parse_script_ignore(DEFAULT_SPEC)
+
+
 def _hash16(text: str) -> str:
     """First 16 hex digits of sha256 of ``text``; surrogate-escaped bytes hash as bytes."""
     try:
@@ -182,20 +371,26 @@ def _hash16(text: str) -> str:
 
 
 def workload_signature(
-    uid: int, job_name: str | None, script: str | None, directives: Directives
+    uid: int,
+    job_name: str | None,
+    script: str | None,
+    directives: Directives,
+    ignore: ScriptIgnore = DEFAULT_IGNORE,
 ) -> Signature:
     """The signature of a job (see the module docstring for the key formats).
 
     A ``coda:workload=NAME`` directive wins; otherwise a batch job is identified by its name
-    and its script without ``#SBATCH`` lines, and a job without a script (``srun``,
-    ``salloc``; ``script`` None or empty) by its name alone.
+    and its script without ``#SBATCH`` lines and with the parts ``ignore`` names replaced
+    (coda.conf ``SignatureIgnore``), and a job without a script (``srun``, ``salloc``;
+    ``script`` None or empty) by its name alone.  Raises :class:`SignatureIgnoreTimeout`
+    when an admin's patterns run over their budget on ``script``.
     """
     if directives.workload is not None:
         name = directives.workload
         return Signature(f"workload:{uid}:{name}", name, "comment")
     label = job_name or UNNAMED
     if script:
-        digest = _hash16(f"{job_name or ''}\0{strip_sbatch_lines(script)}")
+        digest = _hash16(f"{job_name or ''}\0{ignore.apply(strip_sbatch_lines(script))}")
         return Signature(f"script:{uid}:{digest}", label, "script")
     return Signature(f"name:{uid}:{_hash16(job_name or '')}", label, "name")
 

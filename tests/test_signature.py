@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import hashlib
+import re
+import time
+from collections.abc import Callable
 
 import pytest
 
 from slurm_plugin.signature import (
+    DEFAULT_IGNORE,
+    DEFAULT_SPEC,
+    NO_IGNORE,
     UNNAMED,
     DirectiveError,
     Directives,
+    ScriptIgnore,
     Signature,
+    SignatureIgnoreError,
+    SignatureIgnoreTimeout,
     global_key,
     parse_coda_directives,
+    parse_script_ignore,
     quote_label,
     strip_sbatch_lines,
     workload_signature,
@@ -219,3 +229,165 @@ def test_keys_never_hold_record_separators(name: str) -> None:
 )
 def test_quote_label(text: str, expected: str) -> None:
     assert quote_label(text) == expected
+
+
+# -- SignatureIgnore: what clients write anew into every script -------------------------------
+
+# As dask-jobqueue 0.9's SLURMCluster writes them (cores=4, memory="4GB", processes=1): two
+# workers of two clusters differ in the scheduler's port and the worker's name.
+DASK_WORKER = """#!/usr/bin/env bash
+
+#SBATCH -J dask-worker
+#SBATCH -n 1
+#SBATCH --cpus-per-task={cores}
+#SBATCH --mem=4G
+#SBATCH -t 00:30:00
+#SBATCH --gpus-per-node=1
+
+/opt/venv/bin/python -m distributed.cli.dask_worker tcp://10.1.2.3:{port} --name {name} \
+--nthreads {cores} --memory-limit 3.73GiB --nanny --death-timeout 60
+"""
+
+# As submitit 1.5's AutoExecutor writes them (folder="/home/u/logs/%j"): submit() and
+# map_array() differ in %j against %A_%a (and the #SBATCH --array line).
+SUBMITIT = """#!/bin/bash
+
+# Parameters
+{array}#SBATCH --error=/home/u/logs/{j}/{j}_0_log.err
+#SBATCH --gpus-per-node=1
+#SBATCH --job-name=submitit
+#SBATCH --output=/home/u/logs/{j}/{j}_0_log.out
+#SBATCH --signal=USR2@90
+#SBATCH --wckey=submitit
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output /home/u/logs/{j}/{j}_%t_log.out --error /home/u/logs/{j}/{j}_%t_log.err \
+/opt/venv/bin/python -u -m submitit.core._submit {folder}
+"""
+
+
+def key(script: str, ignore: ScriptIgnore = DEFAULT_IGNORE, name: str = "j") -> str:
+    return workload_signature(1000, name, script, Directives(), ignore).key
+
+
+def test_workers_of_every_dask_cluster_are_one_workload() -> None:
+    a = DASK_WORKER.format(cores=4, port=39555, name="SLURMCluster-0")
+    b = DASK_WORKER.format(cores=8, port=41017, name="SLURMCluster-3")
+    assert key(a, name="dask-worker") == key(b, name="dask-worker")
+    # Without the built-in set each worker is a workload of its own, as before.
+    assert key(a, NO_IGNORE, "dask-worker") != key(b, NO_IGNORE, "dask-worker")
+    other = a.replace("distributed.cli.dask_worker", "train.py")
+    assert key(other, name="dask-worker") != key(a, name="dask-worker")
+
+
+def test_a_submitit_array_and_single_job_of_one_function_are_one_workload() -> None:
+    single = SUBMITIT.format(array="", j="%j", folder="/home/u/logs/%j")
+    array = SUBMITIT.format(array="#SBATCH --array=0-1%2\n", j="%A_%a", folder="/home/u/logs/%j")
+    assert key(single, name="submitit") == key(array, name="submitit")
+    assert key(single, NO_IGNORE, "submitit") != key(array, NO_IGNORE, "submitit")
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("out/multirun/2026-01-31/12-00-00/x", "out/multirun/2026-02-01/09-30-15/x"),
+        ("logs/2026-01-31_12-00-00.123456", "logs/2026-11-25_16-02-59.5"),
+        (
+            "run 550e8400-e29b-41d4-a716-446655440000 x",
+            "run 123e4567-e89b-12d3-a456-426614174000 x",
+        ),
+        ("ck/0123456789abcdef0123456789abcdef/", "ck/fedcba9876543210fedcba9876543210/"),
+    ],
+)
+def test_run_ids_in_paths_do_not_make_a_new_workload(a: str, b: str) -> None:
+    assert key(f"#!/bin/sh\npython t.py {a}\n") == key(f"#!/bin/sh\npython t.py {b}\n")
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("python train.py --epochs 90", "python train.py --epochs 100"),
+        ("python train.py", "python eval.py"),
+        ("cp data/2017/x .", "cp data/2018/x ."),
+        ("echo deadbeefdeadbeefdeadbeefdeadbeef0", "echo deadbeefdeadbeefdeadbeefdeadbeef1"),
+        ("echo 12026-01-31T12:00:00", "echo 12026-01-31T12:00:01"),
+    ],
+)
+def test_a_changed_command_still_makes_a_new_workload(a: str, b: str) -> None:
+    assert key(f"#!/bin/sh\n{a}\n") != key(f"#!/bin/sh\n{b}\n")
+
+
+def test_an_admins_patterns_and_sets() -> None:
+    ignore = parse_script_ignore(r"@submitit --seed[=\x20]++[0-9]++")
+    assert ignore.spec == r"@submitit --seed[=\x20]++[0-9]++"
+    assert key("#!/bin/sh\ntrain --seed 1 --lr 3\n", ignore) == key(
+        "#!/bin/sh\ntrain --seed=42 --lr 3\n", ignore
+    )
+    assert key("#!/bin/sh\ntrain --lr 3\n", ignore) != key("#!/bin/sh\ntrain --lr 4\n", ignore)
+    # Only the sets named: a dask worker is no longer folded.
+    a = DASK_WORKER.format(cores=4, port=1, name="a")
+    assert key(a, ignore) != key(DASK_WORKER.format(cores=4, port=2, name="a"), ignore)
+    assert parse_script_ignore("") == NO_IGNORE
+    assert parse_script_ignore(DEFAULT_SPEC) == DEFAULT_IGNORE
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("@slurm", "unknown set '@slurm' (@builtin"),
+        ("(a+)+$", "can backtrack"),
+        ("(a|aa)*b", "can backtrack"),
+        (r"\s*\s*x", "can backtrack"),
+        ("x{1,100}y", "can backtrack"),
+        (r"(a)\1", "refers back"),
+        ("(a)?(?(1)b|c)", "refers back"),
+        ("[a-", "not a regular expression"),
+        ("x?+", "matches the empty text"),
+    ],
+)
+def test_patterns_that_could_stall_slurmctld_are_refused(value: str, why: str) -> None:
+    with pytest.raises(SignatureIgnoreError, match=re.escape(why)):
+        parse_script_ignore(value)
+
+
+@pytest.mark.parametrize(
+    "value", [r"tcp://\S++", r"--name[=\x20]++\S++", "(?:ab|cd)++", "x{3}", "a?b", "(?>a++)b"]
+)
+def test_patterns_that_cannot_backtrack_into_a_repeat_are_taken(value: str) -> None:
+    assert parse_script_ignore(value).admin is not None
+
+
+MB = 1 << 20
+HOSTILE = {
+    "hex": "0123456789abcdef" * (MB // 16),
+    "uuid-like": "-00000000-0000-0000-0000-00000000000" * (MB // 36),
+    "dask-like": "dask_worke" * (MB // 10),
+    "percent": "%A_%" * (MB // 4),
+    "date-like": "2024-01-01T12:00:0" * (MB // 18),
+    "worker lines": "dask_worker tcp://x:1 --name y\n" * (MB // 31),
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_built_in_sets_cost_milliseconds_on_a_hostile_1_mb_script(text: str) -> None:
+    # The hook's budget is 20 ms by default; hashing the script alone takes a few ms here.
+    best_s = min(_timed(lambda: key("#!/bin/sh\n" + text)) for _ in range(3))
+    assert best_s < 0.05
+
+
+def test_an_admins_slow_pattern_gives_up_within_its_budget() -> None:
+    ignore = parse_script_ignore(r"[^\s]++X")  # quadratic on a long word without an X
+    script = "#!/bin/sh\n" + ("a" * 1000 + "\n") * 1000
+    started = time.perf_counter()
+    with pytest.raises(SignatureIgnoreTimeout):
+        key(script, ignore)
+    assert time.perf_counter() - started < 0.05
+    # A long line is left as written; the patterns never see it.
+    assert key("#!/bin/sh\n" + "a" * 5000 + "\n", ignore)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
