@@ -152,6 +152,18 @@ static void coda_clear_cpus_per_task(job_desc_msg_t *d)
 	d->cpus_per_task = NO_VAL16;
 }
 
+/* Called from Python and by the replay table when the user's --cpus-per-gpu=WAS is
+ * rewritten to NOW: sbatch from 23.11 on sends min_cpus = WAS x GPUs, and Slurm
+ * refuses a job whose min_cpus its new --cpus-per-gpu cannot give.  Any other
+ * min_cpus (22.05 sends the task count) is left as it is. */
+static void coda_rescale_min_cpus(job_desc_msg_t *d, uint32_t was, uint32_t now)
+{
+	if (!was || !now || d->min_cpus == NO_VAL || d->min_cpus < was ||
+	    d->min_cpus % was)
+		return;
+	d->min_cpus = d->min_cpus / was * now;
+}
+
 /*
  * Replay: repeated jobs answered without entering Python.
  *
@@ -190,7 +202,8 @@ typedef struct {
 struct coda_memo_entry {
 	uint64_t hash;
 	uint32_t uid, min_nodes, num_tasks;
-	uint16_t cpus_per_task, ntasks_per_node;
+	uint16_t cpus_per_task, ntasks_per_node, sockets_per_node;
+	uint32_t cpg_was, cpg_now; /* coda_rescale_min_cpus(); 0: not called */
 	char *key[CODA_KEY_STRINGS]; /* NULL where job_desc had NULL */
 	size_t key_len[CODA_KEY_STRINGS];
 	size_t key_bytes;
@@ -245,6 +258,7 @@ static uint64_t coda_key_hash(const job_desc_msg_t *d, uint32_t uid,
 	h = coda_mix(h, ((uint64_t) d->cpus_per_task << 48) ^
 			((uint64_t) d->ntasks_per_node << 32) ^ d->min_nodes);
 	h = coda_mix(h, d->num_tasks);
+	h = coda_mix(h, d->sockets_per_node);
 	for (i = 0; i < CODA_KEY_STRINGS; i++) {
 		if (!s[i]) {
 			len[i] = SIZE_MAX;
@@ -274,6 +288,7 @@ static int coda_key_equal(const struct coda_memo_entry *e, const job_desc_msg_t 
 
 	if (e->uid != uid || e->cpus_per_task != d->cpus_per_task ||
 	    e->ntasks_per_node != d->ntasks_per_node ||
+	    e->sockets_per_node != d->sockets_per_node ||
 	    e->min_nodes != d->min_nodes || e->num_tasks != d->num_tasks)
 		return 0;
 	for (i = 0; i < CODA_KEY_STRINGS; i++) {
@@ -417,6 +432,8 @@ static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
 		coda_replace_str(&d->cpus_per_tres, e->cpus_per_tres);
 	if (e->clear_cpus_per_task)
 		coda_clear_cpus_per_task(d);
+	if (e->cpg_was)
+		coda_rescale_min_cpus(d, e->cpg_was, e->cpg_now);
 	if (e->tres_per_node)
 		coda_replace_str(&d->tres_per_node, e->tres_per_node);
 	if (e->prefer)
@@ -519,7 +536,8 @@ static char *coda_dup_opt(const char *value, int *failed)
  * a plan for this key is already there (kept), 0 when refused (an old
  * generation, replay off, a key over the byte bound, no memory). */
 static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
-			 int64_t plan_id, int clear_cpus_per_task, int log_level,
+			 int64_t plan_id, int clear_cpus_per_task, uint32_t cpg_was,
+			 uint32_t cpg_now, int log_level,
 			 const char *cpus_per_tres, const char *tres_per_node,
 			 const char *prefer, const char *partition,
 			 const char *admin_comment, const char *admin_note,
@@ -548,6 +566,7 @@ static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
 	e->uid = uid;
 	e->cpus_per_task = d->cpus_per_task;
 	e->ntasks_per_node = d->ntasks_per_node;
+	e->sockets_per_node = d->sockets_per_node;
 	e->min_nodes = d->min_nodes;
 	e->num_tasks = d->num_tasks;
 	for (i = 0; i < CODA_KEY_STRINGS; i++) {
@@ -564,6 +583,8 @@ static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
 	e->key_bytes = key_bytes;
 	e->plan_id = plan_id;
 	e->clear_cpus_per_task = clear_cpus_per_task;
+	e->cpg_was = cpg_was;
+	e->cpg_now = cpg_now;
 	e->log_level = log_level;
 	e->cpus_per_tres = coda_dup_opt(cpus_per_tres, &failed);
 	e->tres_per_node = coda_dup_opt(tres_per_node, &failed);

@@ -342,10 +342,7 @@ NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} Port={slurmd_port} "
 PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cpg}
 {self.extra_partitions}"""
         )
-        last = node.gpus - 1
-        (self.etc / "gres.conf").write_text(
-            f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} File={r}/dev/nvidia[0-{last}]\n"
-        )
+        (self.etc / "gres.conf").write_text(gres_conf(node, r / "dev"))
         cgroup_conf = "CgroupPlugin=cgroup/v1\n"
         if self.cgroups:
             cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
@@ -475,6 +472,24 @@ def slurm_version() -> tuple[int, int]:
     except FileNotFoundError:
         raise DevClusterError("slurmctld not found", "install Debian's slurmctld package") from None
     return parse_slurm_version(proc.stdout)
+
+
+def gres_conf(node: NodeSpec, dev: Path) -> str:
+    """gres.conf for the node's fake GPUs, spread evenly over its sockets with the cores
+    of each (``Cores=``), as on a real node: Slurm places ``--gpus-per-socket`` jobs by it.
+    """
+    per_socket = max(1, -(-node.gpus // node.sockets))
+    cores_per_socket = node.cpus // node.sockets
+    lines = []
+    for first in range(0, node.gpus, per_socket):
+        last = min(first + per_socket, node.gpus) - 1
+        socket = first // per_socket
+        cores = f"{socket * cores_per_socket}-{(socket + 1) * cores_per_socket - 1}"
+        lines.append(
+            f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} "
+            f"File={dev}/nvidia[{first}-{last}] Cores={cores}\n"
+        )
+    return "".join(lines)
 
 
 def parse_scontrol_line(line: str) -> dict[str, str]:

@@ -389,6 +389,7 @@ def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: Ho
         gen,
         plan_id,
         1 if writes and decision.clear_cpus_per_task else 0,
+        *(decision.min_cpus_rescale if writes and decision.min_cpus_rescale else (0, 0)),
         plan.log_level if plan.log_level <= log_level else -1,
         null if not writes or plan.cpus_per_tres is None else plan.cpus_per_tres,
         null if not writes or plan.tres_per_node is None else plan.tres_per_node,
@@ -722,6 +723,7 @@ def _read_key(
         desc.min_nodes,
         desc.num_tasks,
         desc.ntasks_per_node,
+        desc.sockets_per_node,
         string(name) if name else None,
         string(partition) if partition else None,
         string(per_node) if per_node else None,
@@ -743,6 +745,7 @@ def _request_from_key(key: RequestKey) -> JobRequest:
         min_nodes,
         num_tasks,
         ntasks_per_node,
+        sockets_per_node,
         name,
         partition,
         per_node,
@@ -767,6 +770,7 @@ def _request_from_key(key: RequestKey) -> JobRequest:
         min_nodes=min_nodes,
         num_tasks=num_tasks,
         ntasks_per_node=ntasks_per_node,
+        sockets_per_node=sockets_per_node,
         comment=_decode_opt(comment),
         script=_decode_opt(script),
         prefer=_decode_opt(prefer),
@@ -803,6 +807,8 @@ def _apply(desc: Any, plan: Plan, err_msg: Any, token: int = 0) -> None:
         replace(_ffi.addressof(desc, "cpus_per_tres"), plan.cpus_per_tres)
     if plan.decision.clear_cpus_per_task:
         _lib.coda_clear_cpus_per_task(desc)  # -c and all sbatch derived from it
+    if plan.decision.min_cpus_rescale is not None:
+        _lib.coda_rescale_min_cpus(desc, *plan.decision.min_cpus_rescale)
     # Placement: Slurm validates these after job_submit, like cpus_per_tres.
     if plan.tres_per_node is not None:
         replace(_ffi.addressof(desc, "tres_per_node"), plan.tres_per_node)

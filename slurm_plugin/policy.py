@@ -65,9 +65,10 @@ GPUs per node, from the first of these that asks for GPUs:
   rounded up;
 * ``tres_per_task`` (``--gpus-per-task``): times tasks per node (``ntasks_per_node``, else
   ``num_tasks`` / nodes rounded up, else 1);
-* ``tres_per_socket`` (``--gpus-per-socket``): the socket count is not known at submit time,
-  so it is treated as one socket per node: GPUs per node = GPUs per socket.  This can only
-  undercount, which loosens the node cap and the multi-node rule, never tightens them.
+* ``tres_per_socket`` (``--gpus-per-socket``): times ``sockets_per_node``
+  (``--sockets-per-node``); without it the socket count is not known at submit time, so it
+  is treated as one socket per node.  That can only undercount, which loosens the node cap
+  and the multi-node rule, never tightens them.
 
 The node count is ``min_nodes`` when set, else 1 (``max_nodes`` is not used).  A job with
 several partitions (``-p a,b``) is managed only if every one of them is; a job without
@@ -153,6 +154,8 @@ class JobRequest:
     """uint32; NO_VAL when unset."""
     ntasks_per_node: int = NO_VAL16
     """uint16; NO_VAL16 when unset."""
+    sockets_per_node: int = NO_VAL16
+    """uint16; NO_VAL16 when unset."""
     comment: str | None = None
     script: str | None = None
     prefer: str | None = None
@@ -201,6 +204,10 @@ class Decision:
     """New ``tres_per_node`` (PCIe spread GRES added); None = leave the field alone."""
     prefer: str | None = None
     """New ``--prefer`` node feature; None = leave the field alone."""
+    min_cpus_rescale: tuple[int, int] | None = None
+    """``(user's CPUs per GPU, written CPUs per GPU)`` when a user's ``--cpus-per-gpu`` is
+    rewritten: sbatch from 23.11 on sends ``min_cpus`` = that value x GPUs, which the hook
+    scales to the new value (left alone, Slurm refuses a job lowered below it)."""
 
 
 def parse_admin_record(s: str) -> dict[str, str]:
@@ -398,7 +405,7 @@ def decide(
     elif per_task:
         gpn = per_task * tasks_per_node
     else:
-        gpn = per_socket
+        gpn = per_socket * (req.sockets_per_node if _set16(req.sockets_per_node) else 1)
     user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
 
     sig = workload_signature(req.uid, req.job_name, req.script, directives, cfg.signature_ignore)
@@ -552,6 +559,7 @@ def _finish(
     cpg = "" if pred is None else str(pred)
     would = ""
     new_tres: str | None = None
+    rescale: tuple[int, int] | None = None
     if action in _WRITING:
         if cfg.mode == "advise":
             would = f";would={action}"
@@ -563,6 +571,10 @@ def _finish(
             # pred is set for every writing action; set_gpu_count cannot fail on a string
             # cpus_per_gpu() already parsed.
             new_tres = set_gpu_count(req.cpus_per_tres, pred or 1, sep)
+            # cpus_per_gpu() already parsed this string in decide(): it cannot fail here.
+            user_cpg = cpus_per_gpu(req.cpus_per_tres)
+            if user_cpg and pred and user_cpg != pred:
+                rescale = (user_cpg, pred)
     clear = clear and _set16(req.cpus_per_task)
     admin = (
         f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
@@ -589,6 +601,7 @@ def _finish(
         reason=reason,
         tres_per_node=None if place is None else place.tres_per_node,
         prefer=None if place is None else place.prefer,
+        min_cpus_rescale=rescale,
     )
 
 

@@ -110,7 +110,7 @@ def new_desc(ffi: Any, lib: Any, **fields: Any) -> Any:
     desc = ffi.new("job_desc_msg_t *")
     desc.cpus_per_task = lib.NO_VAL16
     desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.min_cpus = lib.NO_VAL
-    desc.ntasks_per_node = desc.pn_min_cpus = lib.NO_VAL16
+    desc.ntasks_per_node = desc.pn_min_cpus = desc.sockets_per_node = lib.NO_VAL16
     lib.coda_set_job_id(desc, lib.NO_VAL)
     desc.user_id = 1000
     for name, value in fields.items():

@@ -29,6 +29,7 @@ typedef struct {
     char *admin_comment; char *comment; char *cpus_per_tres; uint16_t cpus_per_task;
     uint32_t job_id; uint32_t max_nodes; uint32_t min_cpus; uint32_t min_nodes; char *name;
     uint32_t num_tasks; uint16_t ntasks_per_node; char *partition; uint16_t pn_min_cpus;
+    uint16_t sockets_per_node;
     char *prefer; char *script;
     char *tres_per_job; char *tres_per_node; char *tres_per_socket; char *tres_per_task;
     uint32_t user_id;
@@ -77,12 +78,17 @@ class FakeLib:
             self.coda_replace_str(ffi.addressof(desc, "tres_per_task"), kept.encode() or None)
         desc.cpus_per_task = NO_VAL16
 
+    def coda_rescale_min_cpus(self, desc: Any, was: int, now: int) -> None:
+        m = desc.min_cpus
+        if was and now and m != NO_VAL and m >= was and m % was == 0:
+            desc.min_cpus = m // was * now
+
 
 def make_desc(lib: FakeLib, **strings: str) -> Any:
     desc = ffi.new("job_desc_msg_t *")
     desc.cpus_per_task = NO_VAL16
     desc.min_nodes = desc.max_nodes = desc.num_tasks = desc.job_id = desc.min_cpus = NO_VAL
-    desc.ntasks_per_node = desc.pn_min_cpus = NO_VAL16
+    desc.ntasks_per_node = desc.pn_min_cpus = desc.sockets_per_node = NO_VAL16
     desc.user_id = 1000
     for name, value in strings.items():
         buf = ffi.new("char[]", value.encode("utf-8", "surrogateescape"))

@@ -372,3 +372,36 @@ def test_a_larger_mincpus_of_the_users_own_is_kept(
         assert plugin.lib.job_submit(desc, 1000, compiled_hook.new_err(plugin.ffi, plugin.lib)) == 0
         assert desc.cpus_per_task == plugin.lib.NO_VAL16
         assert desc.pn_min_cpus == 12
+
+
+@pytest.mark.parametrize("user_value", ["replace", "lower"])
+def test_a_rewritten_cpus_per_gpu_rescales_the_min_cpus_sbatch_sent(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_value: str
+) -> None:
+    """sbatch 24.11 sends min_cpus = --cpus-per-gpu x GPUs; lowered to the profile's 6 per
+    GPU, the job must ask for 6 x 2, in Python and in C's replay."""
+    job = {**BASE, "tres_per_node": "gres/gpu:2", "cpus_per_tres": "gres/gpu:9", "min_cpus": 18}
+    with _started(compiled, tmp_path, monkeypatch, f"UserValue={user_value}\n") as plugin:
+        for answered_by in ("python", "c"):
+            calls = plugin.calls
+            desc = plugin.desc(job)
+            assert (
+                plugin.lib.job_submit(desc, 1000, compiled_hook.new_err(plugin.ffi, plugin.lib))
+                == 0
+            )
+            assert (plugin.calls > calls) == (answered_by == "python")
+            assert plugin.ffi.string(desc.cpus_per_tres) == b"gres/gpu:6"
+            assert desc.min_cpus == 12
+
+
+def test_sockets_per_node_is_part_of_the_replay_key(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--gpus-per-socket=1 on one socket or on two: two GPUs per node, two decisions."""
+    base = {k: v for k, v in BASE.items() if k != "tres_per_node"}
+    base["tres_per_socket"] = "gres:gpu:1"
+    with _started(compiled, tmp_path, monkeypatch) as plugin:
+        one = plugin.submit(base)
+        two = plugin.submit({**base, "sockets_per_node": 2})
+        assert "gpn=1" in (one[1][-1] or "")
+        assert "gpn=2" in (two[1][-1] or "")

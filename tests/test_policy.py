@@ -823,3 +823,34 @@ def test_jobs_of_slurm_24_11_are_written_in_its_spelling(
 ) -> None:
     d = run(job(**fields), cfg(user_value="replace"))
     assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task) == (action, written, clear)
+
+
+def test_gpus_per_socket_count_every_socket_asked_for() -> None:
+    # --gpus-per-socket=1 --sockets-per-node=2: two GPUs on the node.
+    req = job(tres_per_node=None, tres_per_socket="gres:gpu:1", sockets_per_node=2)
+    d = run(req)
+    assert parse_admin_record(d.admin_comment or "")["gpn"] == "2"
+    # -c 4 is 2 per GPU there, below the profile's 3: lower keeps it.
+    lowered = run(dataclasses.replace(req, cpus_per_task=4), cfg(user_value="lower"))
+    assert (lowered.action, lowered.cpus_per_tres) == ("keep", None)
+    # Without --sockets-per-node the socket count is unknown: one socket.
+    one = run(dataclasses.replace(req, sockets_per_node=NO_VAL16))
+    assert parse_admin_record(one.admin_comment or "")["gpn"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("user_value", "cpus_per_tres", "rescale"),
+    [
+        ("replace", "gres/gpu:5", (5, 6)),
+        ("lower", "gres/gpu:9", (9, 6)),
+        ("replace", "gres/gpu:6", None),  # nothing to rescale
+        ("keep", "gres/gpu:5", None),  # nothing written
+    ],
+)
+def test_a_rewritten_cpus_per_gpu_says_how_to_rescale_min_cpus(
+    user_value: str, cpus_per_tres: str, rescale: tuple[int, int] | None
+) -> None:
+    d = run(
+        job(tres_per_node="gres/gpu:2", cpus_per_tres=cpus_per_tres), cfg(user_value=user_value)
+    )
+    assert d.min_cpus_rescale == rescale
