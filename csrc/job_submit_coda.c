@@ -409,19 +409,40 @@ static void coda_append_str(char **slot, const char *sep, const char *value)
 
 /* Append the admin record with its token, and the user's line after it, as
  * hook.py's _apply() does: *slot + " " + record + ";tok=" + 16 hex digits
- * [+ " " + note] (no leading blank when *slot is empty). */
+ * [+ " " + note] (no leading blank when *slot is empty).  One buffer, no
+ * printf: this runs for every replayed job. */
 static void coda_append_record(char **slot, const char *record, uint64_t token,
 			       const char *note)
 {
-	size_t n = strlen(record) + sizeof(";tok=") + 16 + (note ? strlen(note) + 1 : 0);
-	char *text = malloc(n);
+	static const char hex[] = "0123456789abcdef";
+	size_t a = *slot ? strlen(*slot) : 0, b = strlen(record);
+	size_t c = note ? strlen(note) : 0;
+	char *joined = malloc(a + 1 + b + 5 + 16 + 1 + c + 1), *o;
+	int i;
 
-	if (!text)
-		return; /* no record rather than one without its token */
-	snprintf(text, n, "%s;tok=%016llx%s%s", record, (unsigned long long) token,
-		 note ? " " : "", note ? note : "");
-	coda_append_str(slot, " ", text);
-	free(text);
+	if (!joined)
+		return; /* keep what is there rather than lose it */
+	o = joined;
+	if (a) {
+		memcpy(o, *slot, a);
+		o += a;
+		*o++ = ' ';
+	}
+	memcpy(o, record, b);
+	o += b;
+	memcpy(o, ";tok=", 5);
+	o += 5;
+	for (i = 15; i >= 0; i--, token >>= 4)
+		o[i] = hex[token & 0xf];
+	o += 16;
+	if (note) {
+		*o++ = ' ';
+		memcpy(o, note, c);
+		o += c;
+	}
+	*o = '\0';
+	coda_replace_str(slot, joined);
+	free(joined);
 }
 
 /* Apply a remembered plan exactly as hook.py's _apply() would. */
