@@ -20,6 +20,7 @@ data (``schema_version`` :data:`SCHEMA_VERSION`; keys are only ever added).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -72,6 +73,9 @@ class SlurmTokens:
     """When slurmctld was asked (before the answer: its jobs were there at that time)."""
     min_job_age_s: float
     """slurmctld's MinJobAge: how long it holds a job after the job ended."""
+    sees_all_jobs: bool = True
+    """False when ``PrivateData=jobs`` hid other users' jobs from the query (not run as root
+    or SlurmUser): a token missing from it proves nothing."""
 
 
 SlurmLookup = Callable[[], SlurmTokens]
@@ -218,6 +222,8 @@ def squeue_submit_times() -> list[float]:
 
 
 _MIN_JOB_AGE = re.compile(r"^MinJobAge\s*=\s*([0-9]+)\s*sec", re.MULTILINE)
+_PRIVATE_DATA = re.compile(r"^PrivateData\s*=\s*(\S*)", re.MULTILINE)
+_SLURM_USER = re.compile(r"^SlurmUser\s*=\s*([^(\s]*)\(([0-9]+)\)", re.MULTILINE)
 
 
 def _slurm_command(argv: list[str]) -> str:
@@ -263,16 +269,28 @@ def parse_slurm_tokens(squeue_json: str) -> frozenset[str]:
     return frozenset(tokens)
 
 
+def sees_all_jobs(config_text: str, euid: int) -> bool:
+    """Whether ``squeue`` run as ``euid`` lists every user's jobs: root and SlurmUser always
+    do; others unless ``PrivateData`` hides jobs (``jobs`` or ``all``)."""
+    m = _SLURM_USER.search(config_text)
+    if euid == 0 or (m is not None and int(m.group(2)) == euid):
+        return True
+    private = _PRIVATE_DATA.search(config_text)
+    hidden = {p.strip().lower() for p in private.group(1).split(",")} if private else set()
+    return not hidden & {"jobs", "all"}
+
+
 def slurm_tokens() -> SlurmTokens:
     """Ask slurmctld for the tokens of every job it holds, and its MinJobAge."""
-    age_s = parse_min_job_age_s(_slurm_command(["scontrol", "show", "config"]))
+    config = _slurm_command(["scontrol", "show", "config"])
+    age_s = parse_min_job_age_s(config)
     queried_unix_s = time.time()
     text = _slurm_command(["squeue", "--json", "--all", "--states=all"])
     try:
         tokens = parse_slurm_tokens(text)
     except ValueError as exc:
         raise subprocess.SubprocessError(f"squeue --json: {exc}") from None
-    return SlurmTokens(tokens, queried_unix_s, age_s)
+    return SlurmTokens(tokens, queried_unix_s, age_s, sees_all_jobs(config, os.geteuid()))
 
 
 def slurmctld_log_hint(slurm_conf: Path | None) -> str:
@@ -389,6 +407,9 @@ def _check_slurm(
             out["error"] = f"Slurm did not answer within {SLURM_TIMEOUT_S:g} s"
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             out["error"] = str(exc) or type(exc).__name__
+    if found is not None and not found.sees_all_jobs:
+        out["error"] = "PrivateData hides other users' jobs from you: run as root or SlurmUser"
+        found = None
     result = reconcile(
         entries,
         None if found is None else found.tokens,

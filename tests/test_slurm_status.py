@@ -387,6 +387,24 @@ def test_tokens_are_read_from_the_hook_record_of_each_job_only() -> None:
 
 
 @pytest.mark.parametrize(
+    ("private", "euid", "sees_all"),
+    [
+        ("none", 1000, True),
+        ("jobs,usage", 0, True),
+        ("jobs,usage", 64030, True),
+        ("jobs,usage", 1000, False),
+        ("all", 1000, False),
+        ("usage", 1000, True),
+    ],
+)
+def test_a_query_that_private_data_filters_is_not_taken_as_every_job(
+    private: str, euid: int, sees_all: bool
+) -> None:
+    config = f"PrivateData             = {private}\nSlurmUser               = slurm(64030)\n"
+    assert cli_status.sees_all_jobs(config, euid) is sees_all
+
+
+@pytest.mark.parametrize(
     "text,seconds",
     [("1d", 86400), ("6h", 21600), ("30m", 1800), ("90s", 90), ("1.5h", 5400), ("2w", 1209600)],
 )
