@@ -203,6 +203,32 @@ def test_exception_in_decision_fails_open_with_one_line(
     assert hook.current_state().stats.fail_open == 1
 
 
+def test_a_slow_signature_ignore_pattern_lets_the_job_pass_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An admin's pattern that is quadratic on a long word without an X: a script of such
+    # lines makes it give up within its budget, and the job passes as submitted.
+    (tmp_path / "profiles").mkdir()
+    gen = start_hook(
+        tmp_path,
+        monkeypatch,
+        f"ProfileStore={tmp_path / 'profiles'}\nHookStatsFile=\nSignatureIgnore=[^\\s]++X\n",
+    )
+    lib = next(gen)
+    try:
+        script = "#!/bin/sh\n" + ("a" * 1000 + "\n") * 200
+        desc = make_desc(lib, tres_per_node="gres:gpu:2", script=script, cpus_per_tres="gres:gpu:3")
+        err = ffi.new("char **")
+        before = len(lib.lines)
+        assert hook.job_submit(desc, 1000, err) == 0
+        assert field(desc, "cpus_per_tres") == "gres:gpu:3" and desc.admin_comment == ffi.NULL
+        (line,) = [m for _, m in lib.lines[before:]]
+        assert "SignatureIgnoreTimeout: SignatureIgnore patterns took over 5 ms" in line
+        assert line.endswith("; job passes unchanged")
+    finally:
+        gen.close()
+
+
 def test_cpu_only_job_is_left_alone_silently(lib: FakeLib) -> None:
     desc = make_desc(lib, comment="coda:workload=resnet50")
     desc.num_tasks = 4
