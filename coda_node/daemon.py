@@ -36,6 +36,7 @@ from coda_node.cgroups import (
     Detail,
 )
 from coda_node.check import probe_all
+from coda_node.cpu_ids import SlurmCpuIds
 from coda_node.cpulist import format_cpulist, parse_cpulist
 from coda_node.enforce import Enforcer, JobResult
 from coda_node.mbm import JobMonitor, remove_job_groups
@@ -174,6 +175,8 @@ class Daemon:
         self.cpus_online = (
             len(self.online_cpus) if self.online_cpus is not None else _cpus_online(self.root)
         )
+        self.slurm_cpu_ids = SlurmCpuIds(self.root)
+        """Slurm's CPU ids as the kernel numbers the CPUs (for a repair)."""
         self._unverified: set[int] = set()
         """Jobs whose record came from the state file and whose recorded allocation is not
         yet compared with Slurm's."""
@@ -598,15 +601,21 @@ class Daemon:
         if not pending:
             return results
         try:
-            allocated = self.slurm.allocated_cpus(pending)
+            allocated = self._slurm_allocation(pending)
         except SlurmQueryError as exc:
             self._repair_waiting = {j: f"waiting for Slurm ({exc})" for j in pending}
             return results
         for job_id in pending:
             why = state.repair[job_id]
-            cpus = allocated.get(job_id)
-            if cpus is None:
+            if job_id not in allocated:
                 self._repair_waiting[job_id] = "waiting: Slurm does not list it on this node"
+                continue
+            cpus = allocated[job_id]
+            if cpus is None:
+                self._repair_waiting[job_id] = (
+                    "waiting: the CPUs Slurm names for it are not this machine's (does "
+                    "slurm.conf describe this node's sockets, cores and threads?)"
+                )
                 continue
             cg = cgroups.read_job(self.layout, cg_jobs[job_id], detail="tasks")
             if cg is None:
@@ -626,6 +635,15 @@ class Daemon:
             self.sampler.forget(cg)
         return results
 
+    def _slurm_allocation(self, job_ids: list[int]) -> dict[int, frozenset[int] | None]:
+        """Job -> the CPUs Slurm allocated it here, as the kernel numbers them (None where
+        Slurm names CPUs this machine does not have); a job Slurm does not list here is
+        left out. Raises SlurmQueryError when Slurm does not answer."""
+        return {
+            job_id: self.slurm_cpu_ids.to_kernel(cpus)
+            for job_id, cpus in self.slurm.allocated_cpus(job_ids).items()
+        }
+
     def _verify_records(self, cg_jobs: dict[int, CgroupJob]) -> None:
         """Compare the allocation each record read from the state file names with the one
         Slurm reports; a record that disagrees is dropped and its job repaired. Records
@@ -635,7 +653,7 @@ class Daemon:
         if not ids:
             return
         try:
-            allocated = self.slurm.allocated_cpus(ids)
+            allocated = self._slurm_allocation(ids)
         except SlurmQueryError:
             return
         changed = False
@@ -643,7 +661,9 @@ class Daemon:
         for job_id in ids:
             cpus = allocated.get(job_id)
             if cpus is None:
-                continue  # not running here as far as Slurm knows: ending, nothing to compare
+                # Not running here as far as Slurm knows (ending), or named in CPUs this
+                # machine does not have: nothing to compare the record with.
+                continue
             recorded = self._allocated(job_id, cg_jobs[job_id])
             if recorded != cpus:
                 del self.state.changes[job_id]
@@ -1060,7 +1080,7 @@ class Daemon:
             allocated = report.allocated.get(job_id)
             if job_id in self.state.repair or job_id in report.held:
                 # Its cgroup is not (yet) the allocation: show Slurm's.
-                allocated = v.slurm.cpu_ids if v.slurm else None
+                allocated = self.slurm_cpu_ids.to_kernel(v.slurm.cpu_ids) if v.slurm else None
             elif allocated is None and v.cgroup is not None:
                 allocated = self._allocated(job_id, v.cgroup)
             # What is in force after this tick's writes, not what the sample saw before them.
