@@ -497,7 +497,9 @@ def write_bytes_atomic(
     path: Path, encoded: bytes, *, mode: int = 0o644, durable: bool = True
 ) -> None:
     """Write ``encoded`` to ``path`` so that a reader (or a crash) never sees half a file:
-    a temp file beside it, fsynced when ``durable``, renamed over it."""
+    a temp file beside it, fsynced when ``durable``, renamed over it; with ``durable`` the
+    directory is fsynced after the rename too, so the new name survives a power loss
+    (fsync(2): syncing a file does not sync the directory entry that names it)."""
     # One os.write of the bytes: the daemon writes its state every tick, and a text file
     # object's layers cost more than the write itself (docs/benchmarks.md).
     tmp = f"{os.fspath(path.parent)}/.{path.name}.{os.getpid()}.tmp"
@@ -520,6 +522,12 @@ def write_bytes_atomic(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 # -- admin limits: what an operator asked for with `coda-node limit` -----------------
