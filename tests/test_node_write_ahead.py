@@ -255,3 +255,22 @@ def _restore_as_nobody(tmp_path: Path) -> None:
         "state file; try: sudo coda-node restore)"
     ]
     assert (tmp_path / "state" / "state.json").read_bytes() == b"\xff"  # left as it was
+
+
+def test_coda_cpu_cgroups_no_record_covers_are_removed(tmp_path: Path) -> None:
+    """A quota directory whose record is gone (here: the state file deleted by hand) is
+    coda's own and no part of any job: the next tick removes it, for a running job (its
+    threads go back to the cpu hierarchy's root, uncapped) and for one that ended."""
+    node = build_node(tmp_path, jobs=3)
+    node.set_limits({5001: Limit(quota_cores=0.5), 5002: Limit(quota_cores=0.5)})
+    node.daemon().tick()
+    assert node.cpu_dir(5001).is_dir() and node.cpu_dir(5002).is_dir()
+    node.state_file.unlink()
+    node.set_limits({})
+    node.remove_job(5002)
+    daemon = node.daemon()
+    report = daemon.tick()
+    assert not node.cpu_dir(5001).exists() and not node.cpu_dir(5002).exists()
+    assert report.results[5001].applied == ["cpu quota released (no record of it)"]
+    root_tasks = {int(t) for t in (node.cpu_mount / "tasks").read_text().split()}
+    assert {t for ts in node.jobs[5001].v1_threads.values() for t in ts} <= root_tasks
