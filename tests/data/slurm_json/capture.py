@@ -74,8 +74,13 @@ def main(out: Path, plugin: bool) -> None:
             return int(out_.split(b";")[0])
 
         hostile = sbatch(
-            ["--gpus-per-node=2", "-c", "2", b"--job-name=" + HOSTILE_NAME,
-             f"--comment={HOSTILE_COMMENT}"],
+            [
+                "--gpus-per-node=2",
+                "-c",
+                "2",
+                b"--job-name=" + HOSTILE_NAME,
+                f"--comment={HOSTILE_COMMENT}",
+            ],
             "nobody",
         )
         gpu = sbatch(["--gpus-per-node=1", "-c", "3", "--comment=coda:workload=resnet"])
@@ -95,7 +100,8 @@ def main(out: Path, plugin: bool) -> None:
         (out / f"{release}-squeue.json").write_bytes(run(["squeue", "--json"]))
         node = subprocess.run(
             ["scontrol", "show", "node", devcluster.NODE_NAME, "--json"],
-            env=c.env, capture_output=True,
+            env=c.env,
+            capture_output=True,
         )
         node_json = node.stdout if node.returncode == 0 else run(["sinfo", "--json"])
         (out / f"{release}-node.json").write_bytes(node_json)
