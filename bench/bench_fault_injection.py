@@ -1,7 +1,7 @@
 """SIGKILL coda-node at random points on the confined dev cluster, many times, and count the
 jobs it leaves wrong.
 
-    sudo .venv/bin/python bench/bench_fault_injection.py [--kills 120] [--seed 1] [--dir DIR]
+    sudo .venv/bin/python bench/bench_fault_injection.py [--kills 150] [--seed 1] [--dir DIR]
 
 Starts the dev cluster with real cgroups (``DevCluster(cgroups=True)``: proctrack/cgroup,
 task/cgroup, ConstrainCores on this host's CPUs; one such cluster per host, so this waits
@@ -38,7 +38,7 @@ from tests.node_faults import fault_cluster, injector
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kills", type=int, default=120)
+    ap.add_argument("--kills", type=int, default=150)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="cluster directory (default: temp)")
     args = ap.parse_args(argv)

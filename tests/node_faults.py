@@ -267,7 +267,7 @@ class FaultInjector:
             deadline = time.monotonic() + 3 * interval_s
             while self._stat() == before and time.monotonic() < deadline:
                 time.sleep(0.0005)
-            time.sleep(self.rng.uniform(0, 0.015))
+            time.sleep(self.rng.uniform(0, 0.004))
         self.kill_daemon()
 
     def _stat(self) -> tuple[int, int] | None:
