@@ -1,0 +1,381 @@
+"""coda-node on a real cgroup v2 node: Slurm's cgroup/v2 plugin, real jobs, systemd.
+
+These tests run inside the QEMU guest of tests/cgroup-v2-guest, which boots the unified
+hierarchy and runs slurmctld and slurmd (``CgroupPlugin=cgroup/v2``, ``ConstrainCores``)
+through systemd; ``bash scripts/test -m cgroup_v2_node`` boots it and runs them there.
+Elsewhere they skip with the reason.  Slurm's tree on such a node, for one batch job::
+
+    /sys/fs/cgroup/system.slice/<node>_slurmstepd.scope/job_<id>/   cpuset.cpus = allocation
+        step_batch/                  cpuset.cpus empty (inherits)
+            slurm/                   slurmstepd
+            user/                    cpuset.cpus = allocation
+                task_0/              the job's processes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coda_node import cgroups
+from coda_node.daemon import Daemon
+from coda_node.paths import SystemRoot
+from coda_node.state import Limit, StateFile, save_limits
+from slurm_plugin.conf import load_config
+
+pytestmark = pytest.mark.cgroup_v2_node
+
+NODE = "coda-v2"
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+CODA_CONF = SLURM_CONF.with_name("coda.conf")
+STATE_DIR = Path("/var/lib/coda-node-test")
+RUN_DIR = Path("/run/coda-node-test")
+SCOPE = Path(f"/sys/fs/cgroup/system.slice/{NODE}_slurmstepd.scope")
+SLEEP = "#!/bin/bash\nsleep 600\n"
+BUSY = "#!/bin/bash\nwhile :; do :; done\n"
+
+
+def _guest_reason() -> str | None:
+    if os.environ.get("CODA_CGROUP_V2_NODE") != "1":
+        return "runs in the cgroup v2 guest: bash scripts/test -m cgroup_v2_node"
+    if not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "/sys/fs/cgroup is not the unified cgroup v2 hierarchy"
+    return None
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[None]:
+    reason = _guest_reason()
+    if reason:
+        pytest.skip(reason)
+    CODA_CONF.write_text(
+        f"NodeName={NODE}\nNodeStateDir={STATE_DIR}\nNodeRuntimeDir={RUN_DIR}\n"
+        f"NodeProgressDir={RUN_DIR / 'progress'}\nNodeIntervalS=1\n"
+        f"ProfileStore={STATE_DIR / 'profiles'}\n"
+    )
+    yield
+
+
+@pytest.fixture
+def clean(node: None) -> Iterator[None]:
+    """No job, no limit and no state left from another test."""
+    yield
+    subprocess.run(["scancel", "-u", "root"], check=False)
+    _wait(lambda: not _squeue(), "jobs to end")
+    save_limits(STATE_DIR, {})
+    _node_cli("restore")
+
+
+# Under software emulation Python starts in seconds, not milliseconds: wait generously.
+WAIT_S = 240.0
+
+
+def _wait(pred, what: str, timeout_s: float = WAIT_S, detail=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.25)
+    more = f"\n{detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out waiting for {what}{more}")
+
+
+def _squeue() -> set[int]:
+    out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def _node_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coda_node.cli", *args, "--conf", str(CODA_CONF)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def _job_dir(job_id: int) -> Path:
+    return SCOPE / f"job_{job_id}"
+
+
+def _task_pids(job_id: int) -> list[int]:
+    pids: list[int] = []
+    for procs in _job_dir(job_id).glob("step_batch/user/task_*/cgroup.procs"):
+        pids.extend(int(p) for p in procs.read_text().split())
+    return pids
+
+
+def _allowed(pid: int) -> str:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return re.search(r"^Cpus_allowed_list:\s*(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+
+
+def _start(args: list[str], script: str = SLEEP) -> tuple[int, list[int]]:
+    """Submit; wait until the batch script runs in its cgroup (squeue says RUNNING before
+    the cgroup has processes)."""
+    proc = subprocess.run(
+        # The checkout is read-only in the guest: the job works and writes in /tmp.
+        ["sbatch", "--parsable", "--chdir=/tmp", "--output=/dev/null", *args],
+        input=script,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    job_id = int(proc.stdout.strip().split(";")[0])
+    pids = _wait(lambda: _task_pids(job_id), f"job {job_id} to run in its cgroup")
+    return job_id, pids
+
+
+def _daemon() -> Daemon:
+    d = Daemon(load_config(CODA_CONF))
+    d.start()
+    return d
+
+
+def _cpu_rate(job_id: int, seconds: float) -> float:
+    """Cores' worth of CPU the job used over ``seconds`` (cpu.stat usage_usec)."""
+
+    def usage_us() -> int:
+        text = (_job_dir(job_id) / "cpu.stat").read_text()
+        return int(re.search(r"^usage_usec (\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+
+    t0, u0 = time.monotonic(), usage_us()
+    time.sleep(seconds)
+    t1, u1 = time.monotonic(), usage_us()
+    return (u1 - u0) / 1e6 / (t1 - t0)
+
+
+def test_the_tree_is_slurms_cgroup_v2_layout(clean: None) -> None:
+    job_id, pids = _start(["-c2"])
+    job = _job_dir(job_id)
+    assert _read(job / "cpuset.cpus") == "0-1"
+    assert _read(job / "step_batch" / "user" / "cpuset.cpus") == "0-1"
+    assert _read(job / "step_batch" / "cpuset.cpus") == ""
+    assert _read(job / "step_batch" / "user" / "task_0" / "cpuset.cpus.effective") == "0-1"
+    assert "cpu" in _read(SCOPE / "cgroup.subtree_control").split()
+    assert {_allowed(p) for p in pids} == {"0-1"}
+
+
+def test_daemon_sees_each_job_with_the_cores_slurm_gave_it(clean: None) -> None:
+    sleeper, _ = _start(["-c2", "-J", "train"])
+    busy, _ = _start(["-c1", "-J", "etl"], BUSY)
+    assert cgroups.discover_layout(SystemRoot(Path("/"))).version == 2
+    daemon = _daemon()
+    daemon.tick()
+    time.sleep(1.5)
+    report = daemon.tick()
+    jobs = report.snapshot.jobs
+    assert report.snapshot.errors == ()
+    assert set(jobs) == _squeue() == {sleeper, busy}
+    for job_id in (sleeper, busy):
+        held = cgroups.parse_cpulist(_read(_job_dir(job_id) / "cpuset.cpus"))
+        assert jobs[job_id].cpus_now == held
+        assert jobs[job_id].cpus_now == jobs[job_id].slurm.cpu_ids  # type: ignore[union-attr]
+    assert jobs[busy].cpu_rate_cores is not None and jobs[busy].cpu_rate_cores > 0.5
+    assert jobs[sleeper].cpu_rate_cores is not None and jobs[sleeper].cpu_rate_cores < 0.2
+
+
+def test_slimmed_and_restored_down_to_every_task(clean: None) -> None:
+    job_id, pids = _start(["-c2"])
+    daemon = _daemon()
+    save_limits(STATE_DIR, {job_id: Limit(cores=1, reason="test")})
+    report = daemon.tick()
+    assert report.results[job_id].applied == ["cpuset 0"]
+    task = _job_dir(job_id) / "step_batch" / "user" / "task_0"
+    assert _read(task / "cpuset.cpus.effective") == "0"
+    assert {_allowed(p) for p in pids} == {"0"}
+    assert daemon.tick().results[job_id].applied == []  # only differences are written
+    save_limits(STATE_DIR, {})
+    assert daemon.tick().results[job_id].applied == ["cpuset restored to 0-1"]
+    assert _read(_job_dir(job_id) / "cpuset.cpus") == "0-1"
+    assert _read(_job_dir(job_id) / "step_batch" / "user" / "cpuset.cpus") == "0-1"
+    assert _read(task / "cpuset.cpus.effective") == "0-1"
+    assert {_allowed(p) for p in pids} == {"0-1"}
+    assert StateFile(STATE_DIR).load().changes == {}
+
+
+def test_a_new_step_resets_the_job_cpuset_and_the_daemon_slims_it_again(clean: None) -> None:
+    job_id, pids = _start(["-c2"])
+    daemon = _daemon()
+    save_limits(STATE_DIR, {job_id: Limit(cores=1)})
+    daemon.tick()
+    assert {_allowed(p) for p in pids} == {"0"}
+    # slurmstepd of a new step writes Slurm's allocation back into the job's cpuset.
+    step = subprocess.Popen(
+        ["srun", f"--jobid={job_id}", "--overlap", "-n1", "-c1", "sleep", "30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait(lambda: (_job_dir(job_id) / "step_0").is_dir(), "the new step")
+        time.sleep(1.0)
+        daemon.tick()
+        assert _read(_job_dir(job_id) / "cpuset.cpus") == "0"
+        assert {_allowed(p) for p in pids} == {"0"}
+    finally:
+        step.kill()
+        step.wait(timeout=10)
+
+
+def test_cpu_quota_caps_a_busy_job_and_release_frees_it(clean: None) -> None:
+    job_id, _ = _start(["-c1"], BUSY)
+    daemon = _daemon()
+    daemon.tick()
+    assert _cpu_rate(job_id, 2.0) > 0.6
+    save_limits(STATE_DIR, {job_id: Limit(quota_cores=0.25)})
+    assert daemon.tick().results[job_id].applied == ["cpu quota 0.25 cores"]
+    assert _read(_job_dir(job_id) / "cpu.max").split()[0] == "25000"
+    capped = _cpu_rate(job_id, 3.0)
+    assert 0.1 < capped < 0.4, capped
+    save_limits(STATE_DIR, {})
+    assert daemon.tick().results[job_id].applied == ["cpu quota released"]
+    assert _read(_job_dir(job_id) / "cpu.max").split()[0] == "max"
+    assert _cpu_rate(job_id, 2.0) > 0.6
+
+
+def _daemon_process() -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "coda_node.cli", "run", "--conf", str(CODA_CONF)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigkill_then_restore_puts_the_job_back_as_slurm_set_it(clean: None) -> None:
+    job_id, pids = _start(["-c2"])
+    limited = _node_cli("limit", str(job_id), "--cores", "1", "--cpu-quota", "0.5")
+    assert limited.returncode == 0, limited.stderr
+    proc = _daemon_process()
+    try:
+        _wait(lambda: _read(_job_dir(job_id) / "cpuset.cpus") == "0", "the daemon to slim")
+        _wait(lambda: _read(_job_dir(job_id) / "cpu.max").split()[0] != "max", "the daemon's quota")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert _read(_job_dir(job_id) / "cpuset.cpus") == "0"
+    out = _node_cli("restore")
+    assert out.returncode == 0, out.stderr
+    assert f"restored 1 job(s) ({job_id})" in out.stdout
+    assert _read(_job_dir(job_id) / "cpuset.cpus") == "0-1"
+    assert _read(_job_dir(job_id) / "cpu.max").split()[0] == "max"
+    assert {_allowed(p) for p in pids} == {"0-1"}
+
+
+def test_sigterm_restores_every_job(clean: None) -> None:
+    job_id, pids = _start(["-c2"])
+    save_limits(STATE_DIR, {job_id: Limit(cpus=(1,))})
+    proc = _daemon_process()
+    try:
+        _wait(lambda: _read(_job_dir(job_id) / "cpuset.cpus") == "1", "the daemon to slim")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert _read(_job_dir(job_id) / "cpuset.cpus") == "0-1"
+    assert {_allowed(p) for p in pids} == {"0-1"}
+
+
+def test_status_shows_the_jobs_squeue_shows(clean: None) -> None:
+    first, _ = _start(["-c1"])
+    second, _ = _start(["-c2"])
+    proc = _daemon_process()
+    try:
+        view = RUN_DIR / "view.json"
+
+        def both_seen() -> bool:
+            try:
+                jobs = json.loads(view.read_text())["view"]["jobs"]
+            except (OSError, ValueError, KeyError):
+                return False
+            return {j["job_id"] for j in jobs} == {first, second}
+
+        _wait(both_seen, "the daemon's view of both jobs", detail=lambda: view.read_text())
+        status = _node_cli("status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        view_json = json.loads(status.stdout)
+        assert view_json["node"]["cgroup_version"] == 2
+        jobs = {j["job_id"]: j for j in view_json["jobs"]}
+        assert set(jobs) == _squeue() == {first, second}
+        for job_id in (first, second):
+            assert jobs[job_id]["cpus_now"] == _read(_job_dir(job_id) / "cpuset.cpus")
+        text = _node_cli("status")
+        assert text.returncode == 0, text.stdout + text.stderr
+        assert "cgroup v2" in text.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+UNIT = Path("/run/systemd/system/coda-node.service")
+
+
+def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_systemd_unit_restores_a_job_after_the_daemon_is_killed(clean: None) -> None:
+    # The project's own unit, with the two paths an admin edits pointed at this checkout.
+    unit = (Path(__file__).parent.parent / "scripts" / "coda-node.service").read_text()
+    coda_node = str(Path(sys.executable).with_name("coda-node"))
+    unit = unit.replace("/opt/coda/.venv/bin/coda-node", coda_node)
+    unit = unit.replace("Restart=on-failure", "Restart=no")
+    UNIT.write_text(
+        unit.replace("coda-node run", f"coda-node run --conf {CODA_CONF}").replace(
+            "coda-node restore", f"coda-node restore --conf {CODA_CONF}"
+        )
+    )
+    assert _systemctl("daemon-reload").returncode == 0
+    job_id, pids = _start(["-c2"])
+    save_limits(STATE_DIR, {job_id: Limit(cores=1)})
+    try:
+        assert _systemctl("start", "coda-node").returncode == 0
+        _wait(
+            lambda: _read(_job_dir(job_id) / "cpuset.cpus") == "0",
+            "the unit's daemon to slim",
+            detail=lambda: _systemctl("status", "coda-node").stdout,
+        )
+        killed = _systemctl("kill", "--signal=SIGKILL", "--kill-who=main", "coda-node")
+        assert killed.returncode == 0, killed.stderr
+
+        def journal() -> str:
+            return subprocess.run(
+                ["journalctl", "-u", "coda-node", "--no-pager", "-o", "cat"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+
+        # ExecStopPost runs `coda-node restore`: the job is back as Slurm set it.
+        _wait(
+            lambda: _read(_job_dir(job_id) / "cpuset.cpus") == "0-1",
+            "the unit's restore",
+            detail=lambda: _systemctl("status", "coda-node").stdout + journal(),
+        )
+        assert {_allowed(p) for p in pids} == {"0-1"}
+
+        # What the daemon and the restore said reached the journal.
+        _wait(lambda: f"restored 1 job(s) ({job_id})" in journal(), "the restore in the journal")
+        text = journal()
+        assert "status=9/KILL" in text, text
+        assert f"job={job_id}" in text, text
+    finally:
+        _systemctl("stop", "coda-node")
+        UNIT.unlink(missing_ok=True)
+        _systemctl("daemon-reload")
