@@ -10,8 +10,10 @@ its root: ``bash scripts/setup`` there (the plugin is built against that root's 
 then the tests marked ``slurm`` or ``compiled``.  A root that cannot be built here (exit 3
 from tests/slurm-root: no mirror) is a SKIPPED leg with debootstrap's reason in the table;
 it does not fail the run (``CODA_REQUIRE_SLURM=1`` makes a Slurm missing *inside* a leg a
-failure, as on the host).  The last line is ``N passed, N failed, N skipped`` over every
-leg; the exit status is 1 when a leg failed.
+failure, as on the host).  Last, the tests marked ``cgroup_v2_node`` run on a real cgroup v2
+node: a QEMU guest of this host's Debian release with its Slurm (tests/cgroup-v2-guest),
+when this host's Slurm is picked and the arguments do not leave them out.  The last line is
+``N passed, N failed, N skipped`` over every leg; the exit status is 1 when a leg failed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from slurm_plugin.devcluster import DevClusterError, slurm_version
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_ROOT = REPO / "tests" / "slurm-root"
+GUEST = REPO / "tests" / "cgroup-v2-guest"
+V2_MARKER = "cgroup_v2_node"
+V2_TESTS = "test_node_cgroup_v2"
+"""The module of the cgroup v2 node tests: named paths that leave it out skip the guest."""
 ROOT_CHECKOUT = Path("/srv/coda")
 """Where tests/slurm-root puts this checkout inside a root."""
 ROOT_REPORT_DIR = "var/tmp/coda-matrix"
@@ -73,7 +79,7 @@ class Counts:
 class Leg:
     version: str
     suite: str | None
-    """The Debian root's suite; None on the host."""
+    """The Debian root's suite; None on the host (and in the host's cgroup v2 guest)."""
     marker: str | None
     """pytest's ``-m`` for this leg (the user's own ``-m`` already folded in)."""
     note: str = ""
@@ -134,10 +140,22 @@ def plan(
     else:
         host_marker = combine(f"not ({SLURM_TESTS})", user_marker)
         legs = [Leg(host_version or "?", None, host_marker, "tests that need no Slurm")]
+    if user_marker and V2_MARKER in user_marker and "slurm" not in user_marker:
+        return legs  # only the guest's tests: no root has any
     legs += [
         Leg(v, suites[v], combine(SLURM_TESTS, user_marker)) for v in versions if v != host_version
     ]
     return legs
+
+
+def wants_guest(args: Sequence[str], user_marker: str | None) -> bool:
+    """Whether the cgroup v2 node tests are among those asked for: no paths, or a path that
+    holds them; and no ``-m`` that leaves their marker out."""
+    paths = [a.partition("::")[0] for a in args if not a.startswith("-")]
+    paths = [a for a in paths if os.path.exists(a)]
+    if paths and not any(V2_TESTS in a or Path(a).is_dir() for a in paths):
+        return False
+    return user_marker is None or V2_MARKER in user_marker
 
 
 def translate_paths(args: Sequence[str], repo: Path, inside: Path) -> list[str]:
@@ -269,6 +287,23 @@ def run_root(leg: Leg, args: Sequence[str]) -> Outcome:
     return leg_outcome(leg, status, reports / "junit.xml", wall_s, ", ".join(notes))
 
 
+def run_guest(leg: Leg, args: Sequence[str], reports: Path) -> Outcome:
+    out = reports / "guest"
+    marker = combine(V2_MARKER, leg.marker)
+    inner = ["-p", "no:cacheprovider", "-q", "-ra", "-m", marker, *args]
+    banner(f"Slurm {leg.version} on a cgroup v2 node (QEMU guest): pytest {shlex.join(inner)}")
+    start = time.monotonic()
+    command = 'exec .venv/bin/python -m pytest "$@" --junitxml="$CODA_GUEST_OUT/junit.xml"'
+    status = subprocess.call(
+        [str(GUEST), "run", "bash", "-c", command, "bash", *inner],
+        env={**os.environ, "CODA_GUEST_OUT": str(out)},
+    )
+    wall_s = time.monotonic() - start
+    if status == ROOT_UNAVAILABLE:
+        return Outcome(leg, "SKIPPED", None, wall_s, "the guest cannot be built here (no mirror)")
+    return leg_outcome(leg, status, out / "junit.xml", wall_s)
+
+
 def host_slurm() -> str | None:
     try:
         major, minor = slurm_version()
@@ -297,7 +332,8 @@ def main(argv: Sequence[str]) -> int:
         return 2
     user_marker, args = split_marker(argv)
     suites = {v: root_tool("suite", v) for v in versions}
-    legs = plan(versions, host_slurm(), suites, user_marker)
+    host_version = host_slurm()
+    legs = plan(versions, host_version, suites, user_marker)
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="coda-matrix-") as reports:
         for leg in legs:
@@ -305,6 +341,9 @@ def main(argv: Sequence[str]) -> int:
                 outcomes.append(run_host(leg, args, Path(reports)))
             else:
                 outcomes.append(run_root(leg, args))
+        if host_version in versions and wants_guest(args, user_marker):
+            guest = Leg(host_version or "?", None, user_marker, "cgroup v2 node (QEMU guest)")
+            outcomes.append(run_guest(guest, args, Path(reports)))
     print("\n" + summary(outcomes, host_name()), flush=True)
     return exit_status(outcomes)
 
