@@ -399,6 +399,9 @@ class Profile:
         fit = d["fit"]
         if fit is not None and not isinstance(fit, dict):
             raise ProfileFormatError(where, f"fit must be an object or null, got {_json_type(fit)}")
+        if fit is not None and _json_depth(fit, MAX_FIT_DEPTH) > MAX_FIT_DEPTH:
+            # Every reader (profiles show/export, json.dumps) recurses into it.
+            raise ProfileFormatError(where, f"fit is nested deeper than {MAX_FIT_DEPTH} levels")
         confidence = _get_number(d, "confidence", where, None, lo=0.0)
         if confidence > 1.0:
             raise ProfileFormatError(where, f"confidence must be within 0..1, got {confidence!r}")
@@ -475,6 +478,29 @@ def _thaw(value: Any) -> Any:
 
 
 # -- strict field checks ------------------------------------------------------------------------
+
+
+MAX_FIT_DEPTH = 16
+"""Deepest nesting of a profile's ``fit`` object that is accepted (the model writes 2)."""
+
+
+def _json_depth(value: object, limit: int) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), counted no further than ``limit + 1``;
+    iterative, so a hostile file cannot exhaust the stack here either."""
+    depth = 0
+    level = [value]
+    while level and depth <= limit:
+        nested = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not any(isinstance(item, dict | list) for item in level):
+            break
+        depth += 1
+        level = nested
+    return depth
 
 
 def _json_type(value: object) -> str:

@@ -1078,3 +1078,26 @@ def test_cache_serves_usage_to_the_hook(root: Path, logs: Logs) -> None:
     cache.full_rescan_every = 1
     cache.refresh()
     assert cache.snapshot()[SIG].usage == (_usage(),)
+
+
+@pytest.mark.parametrize("levels", [17, 500])
+def test_a_fit_nested_too_deep_is_refused_when_read(levels: int) -> None:
+    # `coda-slurm profiles show/export` re-encode the fit: a file the reader accepted must
+    # not be one they cannot write back (RecursionError at 500 levels).
+    fit: dict[str, Any] = {}
+    inner = fit
+    for _ in range(levels - 1):
+        inner["k"] = {}
+        inner = inner["k"]
+    with pytest.raises(ProfileFormatError, match="nested deeper than 16 levels"):
+        Profile.from_json_dict(_bad(fit=fit), "/store/deep.json")
+
+
+def test_a_fit_as_deep_as_allowed_is_read_and_written_back() -> None:
+    fit: dict[str, Any] = {}
+    inner = fit
+    for _ in range(15):
+        inner["k"] = {}
+        inner = inner["k"]
+    profile = Profile.from_json_dict(_bad(fit=fit), "/store/ok.json")
+    assert json.loads(json.dumps(profile.to_json_dict()))["fit"] == fit
