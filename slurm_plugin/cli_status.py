@@ -842,6 +842,9 @@ def render(doc: dict[str, Any]) -> str:
         if dec["would"]:
             woulds = ", ".join(f"{k} {v}" for k, v in dec["would"].items())
             lines.append(f"  advise would have: {woulds}")
+    elif journal["error"]:
+        # Not "none": the journal is there, this user cannot read it (see Journal above).
+        lines.append(f"  not known: the decision journal is unreadable ({journal['error']})")
     else:
         lines.append("  no GPU job decided")
     slurm = doc["slurm"]

@@ -767,3 +767,14 @@ def test_status_as_a_subprocess_without_a_cluster_says_slurmctld_is_missing(
         "could not ask squeue about recent submissions: slurm_load_jobs error: Unable to "
         "contact slurm controller; is slurmctld running?" in proc.stdout
     )
+
+
+def test_an_unreadable_journal_is_not_read_as_no_decisions(site: Path) -> None:
+    # As a user who may not read the journal: the hook's own counters say 22 GPU jobs, and
+    # the Jobs section must not say that none was decided.
+    tmp = site.parent
+    write_stats(tmp / "stats.json", gpu_jobs=22)
+    (tmp / "decisions.jsonl").mkdir()
+    out = status_cli("--conf", str(site)).out
+    assert "no GPU job decided" not in out
+    assert "not known: the decision journal is unreadable" in out
