@@ -439,11 +439,27 @@ def decide(
 
     label = quote_label(sig.workload)
     basis = _basis(profile, src, nodes) + note
+    # A bound that changed the prediction is said in the log line too, not only to the user.
+    bound_note = note.removeprefix(", ") if "capped" in note or "raised to" in note else ""
     if not user_flag:
         if pred is None:
             reason = weak or "no profile for this workload yet"
             return _finish(
-                req, cfg, sig, "skip", None, was, src, gpn, nodes, reason, None, False, place, sep
+                req,
+                cfg,
+                sig,
+                "skip",
+                None,
+                was,
+                src,
+                gpn,
+                nodes,
+                reason,
+                None,
+                False,
+                place,
+                sep,
+                bound_note,
             )
         if profile is not None:
             action, reason = "set", "confident profile"
@@ -452,7 +468,21 @@ def decide(
             reason = f"{weak or 'no profile for this workload yet'}; DefaultCpusPerGpu"
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
         return _finish(
-            req, cfg, sig, action, pred, was, src, gpn, nodes, reason, msg, False, place, sep
+            req,
+            cfg,
+            sig,
+            action,
+            pred,
+            was,
+            src,
+            gpn,
+            nodes,
+            reason,
+            msg,
+            False,
+            place,
+            sep,
+            bound_note,
         )
 
     if (
@@ -464,18 +494,60 @@ def decide(
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (raises {user_flag}; {basis})"
         reason = f"{weak or 'no profile for this workload yet'}; UnprofiledUserValue=raise"
         return _finish(
-            req, cfg, sig, "raise", pred, was, src, gpn, nodes, reason, msg, True, place, sep
+            req,
+            cfg,
+            sig,
+            "raise",
+            pred,
+            was,
+            src,
+            gpn,
+            nodes,
+            reason,
+            msg,
+            True,
+            place,
+            sep,
+            bound_note,
         )
     if profile is None or pred is None:
         reason = f"{weak or 'no profile for this workload yet'}; user value kept"
         return _finish(
-            req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, None, False, place, sep
+            req,
+            cfg,
+            sig,
+            "keep",
+            pred,
+            was,
+            src,
+            gpn,
+            nodes,
+            reason,
+            None,
+            False,
+            place,
+            sep,
+            bound_note,
         )
     if cfg.user_value == "replace":
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (replaces {user_flag}; {basis})"
         reason = "UserValue=replace"
         return _finish(
-            req, cfg, sig, "replace", pred, was, src, gpn, nodes, reason, msg, True, place, sep
+            req,
+            cfg,
+            sig,
+            "replace",
+            pred,
+            was,
+            src,
+            gpn,
+            nodes,
+            reason,
+            msg,
+            True,
+            place,
+            sep,
+            bound_note,
         )
     if cfg.user_value == "lower":
         # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
@@ -483,7 +555,21 @@ def decide(
             msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
             reason = "UserValue=lower, prediction below the user value"
             return _finish(
-                req, cfg, sig, "lower", pred, was, src, gpn, nodes, reason, msg, True, place, sep
+                req,
+                cfg,
+                sig,
+                "lower",
+                pred,
+                was,
+                src,
+                gpn,
+                nodes,
+                reason,
+                msg,
+                True,
+                place,
+                sep,
+                bound_note,
             )
         reason = "UserValue=lower, prediction not below the user value"
     else:
@@ -495,7 +581,21 @@ def decide(
             f"--cpus-per-gpu={pred} ({basis})"
         )
     return _finish(
-        req, cfg, sig, "keep", pred, was, src, gpn, nodes, reason, msg, False, place, sep
+        req,
+        cfg,
+        sig,
+        "keep",
+        pred,
+        was,
+        src,
+        gpn,
+        nodes,
+        reason,
+        msg,
+        False,
+        place,
+        sep,
+        bound_note,
     )
 
 
@@ -553,6 +653,7 @@ def _finish(
     clear: bool,
     place: _Placement | None,
     sep: str,
+    bound_note: str = "",
 ) -> Decision:
     """Build the Decision of a job that has a signature (and hence an admin record).
     ``sep``: how the job's Slurm spells a GRES (:func:`~slurm_plugin.tres.gres_separator`)."""
@@ -589,7 +690,7 @@ def _finish(
     log = (
         f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
         f"cpg={cpg or '-'} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
-        f"{reason}"
+        f"{reason}{'; ' + bound_note if bound_note else ''}"
     )
     return Decision(
         action=action,

@@ -854,3 +854,19 @@ def test_a_rewritten_cpus_per_gpu_says_how_to_rescale_min_cpus(
         job(tres_per_node="gres/gpu:2", cpus_per_tres=cpus_per_tres), cfg(user_value=user_value)
     )
     assert d.min_cpus_rescale == rescale
+
+
+def test_a_prediction_cut_by_a_bound_says_so_in_the_log_line() -> None:
+    huge = {
+        "workload:*:big": ProfileView(
+            signature="workload:*:big",
+            workload="big",
+            cpus_per_gpu=100_000,
+            confidence=0.95,
+            n_samples=8,
+            multi_node_cpus_per_gpu=None,
+        )
+    }
+    d = decide(job(comment="coda:workload=big"), cfg(max_cpus_per_gpu=32), huge, no_cap)
+    assert d.cpus_per_tres == "gres:gpu:32"
+    assert d.log_msg.endswith("confident profile; capped at MaxCpusPerGpu=32")
