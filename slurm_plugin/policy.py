@@ -441,49 +441,19 @@ def decide(
     basis = _basis(profile, src, nodes) + note
     # A bound that changed the prediction is said in the log line too, not only to the user.
     bound_note = note.removeprefix(", ") if "capped" in note or "raised to" in note else ""
+    job = _Job(req, cfg, sig, was, src, gpn, nodes, place, sep, bound_note)
+
     if not user_flag:
         if pred is None:
             reason = weak or "no profile for this workload yet"
-            return _finish(
-                req,
-                cfg,
-                sig,
-                "skip",
-                None,
-                was,
-                src,
-                gpn,
-                nodes,
-                reason,
-                None,
-                False,
-                place,
-                sep,
-                bound_note,
-            )
+            return _finish(job, "skip", None, reason, None, False)
         if profile is not None:
             action, reason = "set", "confident profile"
         else:
             action = "default"
             reason = f"{weak or 'no profile for this workload yet'}; DefaultCpusPerGpu"
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
-        return _finish(
-            req,
-            cfg,
-            sig,
-            action,
-            pred,
-            was,
-            src,
-            gpn,
-            nodes,
-            reason,
-            msg,
-            False,
-            place,
-            sep,
-            bound_note,
-        )
+        return _finish(job, action, pred, reason, msg, False)
 
     if (
         profile is None
@@ -493,84 +463,20 @@ def decide(
     ):
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (raises {user_flag}; {basis})"
         reason = f"{weak or 'no profile for this workload yet'}; UnprofiledUserValue=raise"
-        return _finish(
-            req,
-            cfg,
-            sig,
-            "raise",
-            pred,
-            was,
-            src,
-            gpn,
-            nodes,
-            reason,
-            msg,
-            True,
-            place,
-            sep,
-            bound_note,
-        )
+        return _finish(job, "raise", pred, reason, msg, True)
     if profile is None or pred is None:
         reason = f"{weak or 'no profile for this workload yet'}; user value kept"
-        return _finish(
-            req,
-            cfg,
-            sig,
-            "keep",
-            pred,
-            was,
-            src,
-            gpn,
-            nodes,
-            reason,
-            None,
-            False,
-            place,
-            sep,
-            bound_note,
-        )
+        return _finish(job, "keep", pred, reason, None, False)
     if cfg.user_value == "replace":
         msg = f"coda: --cpus-per-gpu={pred} for workload {label} (replaces {user_flag}; {basis})"
         reason = "UserValue=replace"
-        return _finish(
-            req,
-            cfg,
-            sig,
-            "replace",
-            pred,
-            was,
-            src,
-            gpn,
-            nodes,
-            reason,
-            msg,
-            True,
-            place,
-            sep,
-            bound_note,
-        )
+        return _finish(job, "replace", pred, reason, msg, True)
     if cfg.user_value == "lower":
         # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
         if pred * gpn < _user_total(user_cpg, user_cpt, gpn, tasks_per_node):
             msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
             reason = "UserValue=lower, prediction below the user value"
-            return _finish(
-                req,
-                cfg,
-                sig,
-                "lower",
-                pred,
-                was,
-                src,
-                gpn,
-                nodes,
-                reason,
-                msg,
-                True,
-                place,
-                sep,
-                bound_note,
-            )
+            return _finish(job, "lower", pred, reason, msg, True)
         reason = "UserValue=lower, prediction not below the user value"
     else:
         reason = "UserValue=keep"
@@ -580,23 +486,7 @@ def decide(
             f"coda: kept your {user_flag}; the profile of workload {label} suggests "
             f"--cpus-per-gpu={pred} ({basis})"
         )
-    return _finish(
-        req,
-        cfg,
-        sig,
-        "keep",
-        pred,
-        was,
-        src,
-        gpn,
-        nodes,
-        reason,
-        msg,
-        False,
-        place,
-        sep,
-        bound_note,
-    )
+    return _finish(job, "keep", pred, reason, msg, False)
 
 
 def _lookup(
@@ -638,25 +528,35 @@ def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:
     return f"{text}, {nodes} nodes" if nodes > 1 else text
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What :func:`decide` knows of a job that has a signature, for :func:`_finish`."""
+
+    req: JobRequest
+    cfg: CodaConfig
+    sig: Signature
+    was: str
+    src: str
+    gpn: int
+    nodes: int
+    place: _Placement | None
+    sep: str
+    """How the job's Slurm spells a GRES (:func:`~slurm_plugin.tres.gres_separator`)."""
+    bound_note: str
+    """The bound that cut the prediction, for the log line; "" when none did."""
+
+
 def _finish(
-    req: JobRequest,
-    cfg: CodaConfig,
-    sig: Signature,
+    job: _Job,
     action: str,
     pred: int | None,
-    was: str,
-    src: str,
-    gpn: int,
-    nodes: int,
     reason: str,
     user_msg: str | None,
     clear: bool,
-    place: _Placement | None,
-    sep: str,
-    bound_note: str = "",
 ) -> Decision:
-    """Build the Decision of a job that has a signature (and hence an admin record).
-    ``sep``: how the job's Slurm spells a GRES (:func:`~slurm_plugin.tres.gres_separator`)."""
+    """Build the Decision of a job that has a signature (and hence an admin record)."""
+    req, cfg, sig, place, sep = job.req, job.cfg, job.sig, job.place, job.sep
+    was, src, gpn, nodes, bound_note = job.was, job.src, job.gpn, job.nodes, job.bound_note
     cpg = "" if pred is None else str(pred)
     would = ""
     new_tres: str | None = None
