@@ -560,6 +560,8 @@ def _job_processes(slurm_conf: Path) -> set[int]:
     cluster's ``SLURM_CONF`` is neither."""
     conf = str(slurm_conf)
     children: dict[int, list[int]] = {}
+    parent: dict[int, int] = {}
+    stepds: set[int] = set()
     roots: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdecimal():
@@ -574,11 +576,17 @@ def _job_processes(slurm_conf: Path) -> set[int]:
         if len(fields) < 2 or fields[0] == "Z":
             continue
         children.setdefault(int(fields[1]), []).append(pid)
+        parent[pid] = int(fields[1])
+        if cmdline.startswith(b"slurmstepd"):
+            stepds.add(pid)
         env = _environ(pid)
         if env.get("SLURM_CONF") != conf:
             continue
         if cmdline.startswith(b"slurmstepd") or "SLURM_JOB_ID" in env:
             roots.add(pid)
+    # From 24.11 slurmstepd no longer carries SLURM_CONF: it is the slurmstepd whose child
+    # is one of this cluster's job processes.
+    roots |= {parent[pid] for pid in roots if parent.get(pid) in stepds}
     found: set[int] = set()
     todo = list(roots)
     while todo:

@@ -42,20 +42,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _stepds(slurm_conf: Path) -> set[int]:
-    """slurmstepd processes started by the cluster of ``slurm_conf``."""
+def _stepds(script_pids: list[int]) -> set[int]:
+    """The slurmstepds among the parents of these processes."""
     out = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdecimal():
-            continue
+    for pid in script_pids:
         try:
-            if not (entry / "cmdline").read_bytes().startswith(b"slurmstepd"):
-                continue
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
             continue
-        if f"SLURM_CONF={slurm_conf}".encode() in env and _alive(int(entry.name)):
-            out.add(int(entry.name))
+        if cmdline.startswith(b"slurmstepd") and _alive(ppid):
+            out.add(ppid)
     return out
 
 
@@ -71,7 +68,8 @@ def test_down_ends_the_running_jobs_of_a_cluster_without_cgroups(tmp_path: Path)
             lambda: pids_file.exists() and len(pids_file.read_text().split()) == 6,
             "both jobs and their children to start",
         )
-        stepds = _stepds(cluster.slurm_conf)
+        # Of the jobs' processes, only the batch scripts are slurmstepd's children.
+        stepds = _stepds([int(p) for p in pids_file.read_text().split()])
         assert len(stepds) == 2
     finally:
         cluster.down()

@@ -221,7 +221,8 @@ def test_a_cpu_job_crowding_a_dnn_job_is_throttled_then_released(
 
     base = _wait(baseline, "an uncontended baseline for the DNN job", 60)
 
-    hog_id, _ = cluster.sbatch(["-p", "shared", "-c2"], HOG.format(busy_s=25))
+    # Busy long enough to be caught on a loaded machine, then quiet so it is released.
+    hog_id, _ = cluster.sbatch(["-p", "shared", "-c2"], HOG.format(busy_s=60))
     _wait(lambda: _job_dir(hog_id), "the CPU job to run on the same cores", 30)
     hog_dir = _job_dir(hog_id)
     dnn_dir = _job_dir(dnn_id)
@@ -231,7 +232,7 @@ def test_a_cpu_job_crowding_a_dnn_job_is_throttled_then_released(
     def throttled():
         return [e for e in _events(cluster, hog_id) if e["what"] == "throttle"]
 
-    first = _wait(throttled, "the CPU job to be throttled", 30)[0]
+    first = _wait(throttled, "the CPU job to be throttled", 90)[0]
     assert f"job {dnn_id}" in first["reason"]
     assert first["reading"]["victim"] == dnn_id
 
@@ -243,7 +244,7 @@ def test_a_cpu_job_crowding_a_dnn_job_is_throttled_then_released(
         capped = hog and hog["quota_cores"]
         return rate if capped and rate and rate >= 0.7 * base else None
 
-    _wait(recovered, "the DNN job to recover while the CPU job is capped", 30)
+    _wait(recovered, "the DNN job to recover while the CPU job is capped", 90)
     hog_view = _job_view(cluster, hog_id)
     assert hog_view is not None and hog_view["quota_cores"] < 2
 
@@ -255,7 +256,7 @@ def test_a_cpu_job_crowding_a_dnn_job_is_throttled_then_released(
         evs = [e["what"] for e in _events(cluster, hog_id)]
         return evs if free and "release" in evs else None
 
-    evs = _wait(released, "the CPU job to be released", 90)
+    evs = _wait(released, "the CPU job to be released", 150)
     assert evs.count("throttle") >= 1
     assert hog_id in _squeue(cluster)  # released while it still runs, not because it ended
     print(json.dumps(_events(cluster, hog_id), indent=1)[:3000])
