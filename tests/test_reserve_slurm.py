@@ -210,6 +210,11 @@ def test_gpu_jobs_lower_the_cap_and_slurm_honours_it(cluster: DevCluster) -> Non
             "the oversized CPU job to pend on PartitionConfig",
         )
         assert job_state(cluster, too_big)["JobState"] == "PENDING"
+    if slurm_version() == (24, 11):
+        # Measured on 24.11.5: after a live MaxCPUsPerNode update the CPUs other partitions'
+        # jobs hold count against the cap, so a job within it pends on Resources (22.05 and
+        # 26.05 run it). A known limit of coda-slurm reserve there (admin guide).
+        pytest.xfail("Slurm 24.11 counts other partitions' CPUs against MaxCPUsPerNode")
     fits = submit_running(cluster, ["-p", "gpu_spare", "-c", "4"])
     assert job_state(cluster, fits)["JobState"] == "RUNNING"
 
