@@ -32,7 +32,7 @@ never throttled.
 
 **Baseline probe.** A DNN job that starts beside busy CPU jobs never has a quiet tick, so
 it would never get a baseline and never be shielded (the simulator showed this to be the
-common case on a full cluster, issue 6). When a training job has gone
+common case on a full cluster). When a training job has gone
 ``baseline_probe_after_s`` without a baseline while CPU jobs draw on its sockets, those
 CPU jobs are capped at their floor for a short measurement (at most
 ``baseline_probe_max_s``, one probe per node at a time, and again for the same job only

@@ -1,4 +1,4 @@
-"""Per-job memory bandwidth from resctrl monitoring groups (Intel RDT MBM), issue 3.
+"""Per-job memory bandwidth from resctrl monitoring groups (Intel RDT MBM).
 
 The contention eliminator caps the CPU job that draws the most memory bandwidth, so it
 needs each CPU job's bandwidth. resctrl counts bytes per RMID; a monitoring ("MON") group

@@ -3,7 +3,7 @@
 No ``os``, no files, no NVML here: the daemon hands in what sampling read, and
 :mod:`coda_node.enforce` makes the cgroups match what this returns. Today the targets
 come from operators' limits (``coda-node limit``); the adaptive allocator and the
-contention eliminator (issue 4) add theirs through the same :class:`JobTarget`.
+contention eliminator add theirs through the same :class:`JobTarget`.
 """
 
 from __future__ import annotations

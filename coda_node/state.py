@@ -8,9 +8,8 @@ record is written only when it changes.
 
 The last tick's view of the node (for ``coda-node status``, and for a restarted daemon to
 go on with each job's profiling) is another file, ``view.json`` in NodeRuntimeDir
-(``/run/coda-node``, tmpfs), rewritten every tick. It used to be part of ``state.json``,
-which made a node write its state file to disk every second (docs/benchmarks.md, the
-tick's eighth pass); a state file that still holds a view is read as before.
+(``/run/coda-node``, tmpfs), rewritten every tick, so the node's disk sees only changes; a
+state file written by an older coda-node that still holds a view is read as before.
 
 Format: JSON, ``{"format": "coda-node-state", "format_version": 1, ...}`` and
 ``{"format": "coda-node-view", "format_version": 1, ...}``. A state file that records jobs
@@ -242,7 +241,7 @@ _encode_state = json.JSONEncoder(check_circular=False).encode
 """The state file's encoder, run every tick on ~40 KB of view. Keys stay in the order the
 daemon built them (deterministic; sorting them cost ~20 % more), and the cycle check is
 off (the view is built afresh from plain values): together ~25 % less time than
-``json.dumps(sort_keys=True)`` (docs/benchmarks.md, the tick's third pass)."""
+``json.dumps(sort_keys=True)`` (docs/benchmarks.md)."""
 
 
 class StateFile:
@@ -429,7 +428,7 @@ class StateFile:
         adds a new step's original cpuset to a record's nested dict), so that such an
         addition never compares equal. The records of changes are encoded afresh only when
         the daemon writes to a job: with 16 changed jobs that was ~55 µs of every tick
-        (docs/benchmarks.md, the tick's sixth pass)."""
+        (docs/benchmarks.md)."""
         kept = self._kept.get(key)
         if kept is not None and kept[0] == value:
             return kept[1]
@@ -595,7 +594,7 @@ this fine (ext4, xfs, btrfs, tmpfs: a jiffy; ext3's small inodes: 1 s)."""
 class LimitsFile:
     """The operator's limits (:func:`load_limits`), read by the daemon on every tick and
     parsed again only when the file changed: one stat instead of an open, a read, a JSON
-    parse and the Limit objects (docs/benchmarks.md, the tick's sixth pass). A change by
+    parse and the Limit objects (docs/benchmarks.md). A change by
     ``coda-node limit`` (an atomic rename: a new inode, size, mtime and ctime) is seen on
     the next tick as before."""
 

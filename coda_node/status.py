@@ -3,7 +3,7 @@ one documented shape (``docs/status.schema.json``) for the screen, ``--json`` an
 Prometheus exporter (:mod:`coda_node.metrics`) alike.
 
 Nothing here decides anything or reads the node: the numbers are the daemon's, from its
-last tick (issue 5: "it reads the daemon's state; it does not recompute"). This module only
+last tick ("it reads the daemon's state; it does not recompute"). This module only
 renames, counts (cores in a cpulist, GPUs of a job) and joins (a job's last event, the jobs
 on each GPU). A view from another coda-node version is shown as far as it goes; the fields
 it lacks are listed in ``missing`` rather than raising.

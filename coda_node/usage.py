@@ -1,6 +1,6 @@
 """What each DNN job does with its GPUs, accumulated into usage records for its profile. Pure.
 
-Issue 7 (placement) reads these records from the profile store: GPU and memory-bandwidth
+Placement reads these records from the profile store: GPU and memory-bandwidth
 utilisation predict whether two workloads can share one GPU (``coda-slurm colocate``,
 Tabrizian 2020), PCIe traffic marks jobs that should not share a PCIe switch (CODA), and
 progress per GPU model ranks GPU generations per workload (Takayama et al.).

@@ -89,7 +89,7 @@ def predict(conf_file: Path | None, uid: int | None, as_json: bool, args: tuple[
         f"cpus/tres:  {result['cpus_per_tres_before'] or '-'} -> "
         f"{result['cpus_per_tres_after'] or '(unchanged)'}"
     )
-    # Placement (issue 7): shown only where the hook would change the field.
+    # Placement: shown only where the hook would change the field.
     for label, key in (
         ("partition", "partition"),
         ("tres/node", "tres_per_node"),

@@ -344,7 +344,7 @@ def show_cmd(key: str, as_json: bool) -> None:
         headers = ["CORES", "THROUGHPUT", "GPUS", "NODES", "GPU MODEL", "NODE"]
         click.echo(format_table(headers, rows, right={0, 1, 2, 3}))
     if p.usage:
-        # What the placement mechanisms read (issue 7): one row per GPU model.
+        # What the placement mechanisms read: one row per GPU model.
         click.echo("")
         click.echo("Usage (means while running at the allocation, per GPU model):")
         rows = [

@@ -1,5 +1,5 @@
 """``coda-slurm reserve``: keep the spare CPU partitions' ``MaxCPUsPerNode`` at the cores
-the GPU jobs do not need (issue 7; :mod:`slurm_plugin.reserve` decides,
+the GPU jobs do not need (:mod:`slurm_plugin.reserve` decides,
 :mod:`slurm_plugin.reserve_slurm` talks to Slurm)."""
 
 from __future__ import annotations

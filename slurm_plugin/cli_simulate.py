@@ -60,7 +60,7 @@ that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
 """
 
 PLACEMENTS = ("reserve", "reserve-node", "pcie", "prefer", "share", "share-any")
-"""Placement mechanisms of issue 7, in table order."""
+"""Placement mechanisms, in table order."""
 
 
 def _parse_placement(text: str | None) -> list[str]:

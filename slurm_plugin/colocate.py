@@ -1,4 +1,4 @@
-"""Whether two workloads gain from sharing one GPU (issue 7, mechanism 4). Pure.
+"""Whether two workloads gain from sharing one GPU (placement mechanism 4). Pure.
 
 Source: I. Tabrizian, *Co-location of Deep Learning Jobs in GPU Clusters*, MASc thesis,
 University of Toronto, 2020 (the seed text). What it gives:

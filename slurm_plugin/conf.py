@@ -185,7 +185,7 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "slurm.conf to read node shapes from; empty = the slurm.conf beside coda.conf; a "
         "relative path is relative to coda.conf's directory.",
     ),
-    # -- submit hook placement (issue 7); every switch is off by default --------------
+    # -- submit hook placement; every switch is off by default --------------
     "PcieSpreadGres": KeySpec(
         "name or empty",
         "",
@@ -218,7 +218,7 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "CPU-only jobs submitted without --partition get this partition list (e.g. "
         "batch,gpu_spare; Slurm starts them in whichever can run them first); empty = off.",
     ),
-    # -- coda-slurm reserve: spare cores of GPU nodes for CPU jobs (issue 7) ---------
+    # -- coda-slurm reserve: spare cores of GPU nodes for CPU jobs ---------
     "ReservePartitions": KeySpec(
         "list",
         "",

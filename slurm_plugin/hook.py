@@ -7,7 +7,7 @@ immutable snapshot. The decision itself is :func:`slurm_plugin.policy.decide`, a
 pure function tested by tables; this module only moves data between the C struct
 and Python, enforces the time budget and fails open.
 
-Because decide() is pure, its answers are memoised (:class:`DecisionMemo`, issue 2): a
+Because decide() is pure, its answers are memoised (:class:`DecisionMemo`): a
 job whose decision fields match an earlier one's, under the same configuration and
 profile snapshot, costs one dict lookup, and the fields it writes were encoded once.
 Called once every few ms from a fresh slurmctld thread, the hook runs with cold caches,

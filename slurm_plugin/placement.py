@@ -1,4 +1,4 @@
-"""Placement decisions the submit hook adds to a job (issue 7).  Pure: no I/O, stdlib only.
+"""Placement decisions the submit hook adds to a job.  Pure: no I/O, stdlib only.
 
 Slurm does the placing; these functions only say what to ask it for:
 

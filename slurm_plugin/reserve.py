@@ -1,6 +1,6 @@
 """Spare cores of GPU nodes for CPU jobs: how many a CPU partition may use per node.
 
-Issue 7, mechanism 1. The admin defines a CPU partition over the GPU nodes
+Placement mechanism 1. The admin defines a CPU partition over the GPU nodes
 (``PartitionName=gpu_spare Nodes=gpu[01-16] MaxCPUsPerNode=8``); ``coda-slurm reserve``
 keeps its ``MaxCPUsPerNode`` at what the GPU jobs leave: per node, the cores the running GPU
 jobs hold plus what the idle GPUs will need (idle GPUs x expected cores per GPU) stay

@@ -57,7 +57,7 @@ from slurm_plugin.usage import merge_into
 from slurm_plugin.usage import usage_for_model as usage_for_model
 
 FORMAT = "coda-profile"
-#: Version 2 added ``usage`` (issue 7: per-GPU-model utilisation, PCIe traffic, progress).
+#: Version 2 added ``usage`` (per-GPU-model utilisation, PCIe traffic, progress).
 #: Version 1 files (no ``usage`` key) are still read, as ``usage=()``.
 #: Version 3 added ``run`` to every sample (which probing run measured it: samples of one run
 #: share a scale, see slurm_plugin.model.run_labels). Version 1 and 2 samples are read with

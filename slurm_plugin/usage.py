@@ -4,7 +4,7 @@ A leaf module (stdlib only) so that both :mod:`slurm_plugin.policy` (the hook's
 ``ProfileView``) and :mod:`slurm_plugin.store` (the file format) can import it without a
 cycle; :mod:`slurm_plugin.store` re-exports :class:`UsageRecord`.
 
-The placement mechanisms of issue 7 read these records: PCIe traffic marks jobs that should
+The placement mechanisms read these records: PCIe traffic marks jobs that should
 not share a node's PCIe domain (CODA measured AlexNet/ResNet50 at 8-12 GB/s and a 5-10 %
 slowdown when two of them share it), progress per GPU model ranks GPU generations per
 workload (Takayama et al.), and GPU / memory-bandwidth utilisation predicts whether two jobs

@@ -25,7 +25,7 @@ workloads with coda-node's allocator (:mod:`slurm_plugin.sim.profiling`), publis
 in-memory profile store that the submit hook's own :func:`slurm_plugin.policy.decide`
 reads for every later job.
 
-**Placement mechanisms** (issue 7, :class:`SimParams`, all off by default) are decided by
+**Placement mechanisms** (:class:`SimParams`, all off by default) are decided by
 the product's own functions through :mod:`slurm_plugin.sim.mechanisms`: ``reserve`` caps the
 cores CPU jobs may hold per node at what ``coda-slurm reserve`` would set as the spare
 partition's MaxCPUsPerNode, re-planned every ``reserve_interval_s``; ``pcie_spread`` gives
@@ -131,7 +131,7 @@ class SimParams:
     coda_conf: tuple[str, ...] = CODA_CONF
     """coda.conf lines (``Key=Value``) the CODA policy's hook runs with; a key given again
     wins (``coda-slurm simulate --coda-conf``)."""
-    # -- placement mechanisms (issue 7), all off by default; see sim/mechanisms.py -------
+    # -- placement mechanisms, all off by default; see sim/mechanisms.py -------
     reserve: bool = False
     """Spare CPU partitions over the GPU nodes, one per node shape, whose MaxCPUsPerNode
     ``coda-slurm reserve`` sets every ``reserve_interval_s``: CPU jobs on a node may hold

@@ -1,4 +1,4 @@
-"""Issue 7's placement mechanisms in the simulator, decided by the product's own code.
+"""The placement mechanisms in the simulator, decided by the product's own code.
 
 Four mechanisms, each off by default (:class:`slurm_plugin.sim.engine.SimParams`):
 
@@ -294,7 +294,7 @@ def spare_cpus_by_shape(
     return out
 
 
-# -- GPU sharing (issue 7, mechanism 4) ---------------------------------------------------------
+# -- GPU sharing (placement mechanism 4) ---------------------------------------------------------
 
 
 def shared_iteration_s(

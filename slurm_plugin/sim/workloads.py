@@ -149,7 +149,7 @@ class JobModel:
     that make the data stage keep up with the GPU."""
     time_limit_factor: float = 2.0
     """Users' time limits (what backfill plans with) are this times the real run time."""
-    # -- placement (issue 7; slurm_plugin/sim/mechanisms.py has the per-model tables) ------
+    # -- placement (slurm_plugin/sim/mechanisms.py has the per-model tables) ------
     pcie_heavy_bytes_per_s_per_gpu: float = 8e9
     """PCIe traffic per GPU of a PCIe-heavy model (CODA §II.C: AlexNet and ResNet50 average
     8 GB/s, at most 12 GB/s, in the 1-node 2-GPU case)."""
@@ -176,7 +176,7 @@ class JobModel:
     V100 are measured; T4 (8.1 FP32 TFLOPS, 320 GB/s: below a P100's 9.3 and 720 GB/s) is
     assumed P100-like; A10 and Alibaba's undisclosed G1-G3 (8-GPU 96-core nodes like the
     V100M32 ones) are assumed no faster than a V100. Models not listed run at trace speed."""
-    # -- GPU sharing (issue 7, mechanism 4; slurm_plugin/sim/mechanisms.py, ShareModel) -----
+    # -- GPU sharing (placement mechanism 4; slurm_plugin/sim/mechanisms.py, ShareModel) -----
     share_switch_overhead: float = 0.05
     """ε: each GPU phase of a job that shares its GPU (time-slicing, no MPS) takes this much
     longer for the context switches. Tabrizian (MASc thesis, Toronto 2020) measured a small
