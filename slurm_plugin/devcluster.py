@@ -229,7 +229,9 @@ class DevCluster:
             argv,
             env=self.env,
             capture_output=True,
-            text=True,
+            # Job names and comments are users' bytes, not always UTF-8.
+            encoding="utf-8",
+            errors="replace",
             timeout=timeout_s,
             input=input_text,
             cwd=self.root / "tmp",
