@@ -115,7 +115,11 @@ def _job_dir(job_id: int) -> Path:
 def _task_pids(job_id: int) -> list[int]:
     pids: list[int] = []
     for procs in _job_dir(job_id).glob("step_batch/user/task_*/cgroup.procs"):
-        pids.extend(int(p) for p in procs.read_text().split())
+        try:
+            text = procs.read_text()
+        except OSError:  # slurmstepd removes its transient task_special cgroup: ENOENT/ENODEV
+            continue
+        pids.extend(int(p) for p in text.split())
     return pids
 
 
