@@ -481,7 +481,7 @@ def test_record_view_is_plain_json() -> None:
     assert all(isinstance(c, int) and isinstance(r, float) for c, r in d["samples"])
 
 
-# -- a coda-node restart: the record carries over (issue 4) --------------------------------------
+# -- a coda-node restart: the record carries over ------------------------------------------------
 
 
 def _restart(sim: Sim) -> dict:

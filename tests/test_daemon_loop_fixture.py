@@ -502,7 +502,7 @@ def test_a_progress_file_owned_by_another_uid_is_ignored(
 
 
 # --------------------------------------------------------------------------------------------
-# Logs: one line per decision and per change, job id first (issue 5, "grep 'job=N '")
+# Logs: one line per decision and per change, job id first ("grep 'job=N '" finds a job's)
 
 _LOG_LINE = re.compile(
     r'^job=(\d+) action=("(?:[^"\\]|\\.)*") reason=("(?:[^"\\]|\\.)*")( reading=\{.*\})?$'

@@ -1,5 +1,5 @@
 """A restarted coda-node goes on with the online profile of a DNN job where its last run left
-it (issue 4): the samples, the probe count and the time spent below the allocation come back
+it: the samples, the probe count and the time spent below the allocation come back
 from the state file's view, so the job is not probed again from scratch and its probe time
 budget (``NodeProbeBudgetS``) is not granted a second time.
 

@@ -1,5 +1,5 @@
 """A daemon started before Slurm's cgroup tree exists keeps what it adopted from its last
-run (issue 4).
+run.
 
 slurmd makes its cgroup tree with the node's first job, so a coda-node restarted on a node
 whose tree is missing (or not yet mounted) finds none and looks again every tick

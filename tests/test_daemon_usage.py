@@ -1,4 +1,4 @@
-"""coda-node records each DNN job's GPU usage into its profile (issue 7, placement).
+"""coda-node records each DNN job's GPU usage into its profile (used by placement).
 
 Driven like tests/test_daemon_loop_fixture.py: a fixture node, the NVML double, a fake clock
 advanced 1 s per tick. Job 5001 is a 2-GPU DNN job whose hook record names its workload;

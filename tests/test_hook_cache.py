@@ -1,4 +1,4 @@
-"""The submit hook's decision memo (issue 2): a repeated job gets exactly what decide() gives.
+"""The submit hook's decision memo: a repeated job gets exactly what decide() gives.
 
 Driven through the same cffi struct double as tests/test_hook.py.  Every case is submitted
 twice: the first call decides (memo miss), the second replays the memoised plan (hit); both

@@ -1,4 +1,4 @@
-"""The plugin's C replay table (HookFastPath, issue 2): a repeated job is answered in C
+"""The plugin's C replay table (HookFastPath): a repeated job is answered in C
 exactly as Python answered it, and everything Python keeps about it still happens.
 
 These tests run the compiled plugin module in this process through its real entry

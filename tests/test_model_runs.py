@@ -1,5 +1,5 @@
 """refit_profile over several probing runs: each run's samples are relative to that run's
-own top, so runs on other allocations or GPU counts must be put on one scale (issue 6).
+own top, so runs on other allocations or GPU counts must be put on one scale.
 
 The runs are what coda-node's own allocator publishes when ticked over a known curve
 (``slurm_plugin.sim.profiling.probe_run``, the simulator's driver of

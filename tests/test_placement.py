@@ -1,4 +1,4 @@
-"""Placement decisions (slurm_plugin.placement) and how decide() applies them (issue 7)."""
+"""Placement decisions (slurm_plugin.placement) and how decide() applies them."""
 
 from __future__ import annotations
 

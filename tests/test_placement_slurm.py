@@ -1,4 +1,4 @@
-"""Placement (issue 7) against a real slurmctld: what ``scontrol show job`` says Slurm will do.
+"""Placement against a real slurmctld: what ``scontrol show job`` says Slurm will do.
 
 One cluster for the module, configured for all three mechanisms: an 8-GPU node with a
 count-only ``pcie:1`` GRES (one PCIe domain) and the node feature ``gpu_a100``, two CPU

@@ -1,4 +1,4 @@
-"""Issue 7's placement mechanisms in the simulator: hand-checkable scenarios, invariants,
+"""The placement mechanisms in the simulator: hand-checkable scenarios, invariants,
 and that the simulator asks the product's own decision code (slurm_plugin.reserve,
 slurm_plugin.placement)."""
 

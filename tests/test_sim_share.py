@@ -1,4 +1,4 @@
-"""GPU sharing in the simulator (issue 7, mechanism 4): the time-slicing model by hand, the
+"""GPU sharing in the simulator: the time-slicing model by hand, the
 placements ``share`` and ``share-any`` on hand-checkable scenarios, the invariants, and that
 the simulator asks the product's own ``shareable_workloads``."""
 

@@ -1,9 +1,9 @@
-"""What a cheaper tick still does (issue 3): the daemon reads less of a limited job's cgroup
-tree each tick, and none of it may cost a user what the full reads gave.
+"""What a tick that reads only what changed still does: the daemon reads little of a limited
+job's cgroup tree each tick, and none of it may cost a user what the full reads gave.
 
 A tick on the fixture node (tests/node_fixtures.py: 64 CPUs, 32 jobs, cgroup v1 with the
 cpu controller mounted alone, so a CPU quota lives in coda's own ``<cpu>/coda/job_<id>``)
-now reads a limited job's steps' CPUs and mems only when its directories change, and its
+reads a limited job's steps' CPUs and mems only when its directories change, and its
 tasks only where a limit acts on tasks (a quota that moves them, a resctrl group). Each
 test makes a change a real node sees and asserts what an operator or a user would notice:
 the bytes in the job's cgroup files, where its threads are, what ``coda-node status`` shows.

@@ -1,8 +1,7 @@
-"""What a steady tick no longer reads or encodes again (docs/benchmarks.md, the tick's sixth
-pass), and that what it keeps never hides a change: the operator's limits file (parsed
-again only when its stat changes), the state file's records of changes (encoded again only
-when one changes, in place too), and the bandwidth monitor's thread re-read (the parent
-group's tasks read only when a thread is not yet in the job's group)."""
+"""What a steady tick does not read or encode again, and that what it keeps never hides a change:
+the operator's limits file (parsed again only when its stat changes), the state file's records
+of changes (encoded again only when one changes, in place too), and the bandwidth monitor's
+thread re-read (the parent group's tasks read only when a thread is not yet in the job's group)."""
 
 from __future__ import annotations
 
@@ -234,8 +233,8 @@ def test_steady_ticks_rewrite_the_view_and_leave_the_record_of_changes_on_disk_a
     tmp_path: Path,
 ) -> None:
     """The view (for coda-node status) changes every tick and goes to NodeRuntimeDir; the
-    record of what the daemon changed goes to disk only when that changes. Before, every
-    tick replaced state.json on disk (docs/benchmarks.md, the tick's eighth pass)."""
+    record of what the daemon changed goes to disk only when that changes, so a steady
+    tick writes nothing to state.json."""
     reason = mknod_reason()
     if reason is not None:
         pytest.skip(reason)

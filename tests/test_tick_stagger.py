@@ -1,11 +1,11 @@
-"""No tick does all the periodic work at once (issue 3: < 5 ms per tick at p99, too).
+"""No tick does all the periodic work at once (the < 5 ms tick target holds at p99 too).
 
 A settled limited job costs no cgroup reads on most ticks; at least once every
 VERIFY_EVERY_TICKS ticks the enforcer reads its cgroup files in full (its whole cpuset
 tree, its quota files), and the sampler reads its directories afresh instead of serving
 what it kept. Both are per job, each job on its own tick of the period, so that a node with
 many limited jobs spreads that work over the period instead of doing it for all of them on
-one tick (which made every 10th tick the slow one). These tests count what the code really
+one tick (which would make every 10th tick the slow one). These tests count what the code really
 reads, through a wrapper of the one function cgroup files are read with.
 """
 
