@@ -93,7 +93,7 @@ class ProgressFiles:
 
     def _path_text(self, job_id: int) -> str:
         """:meth:`path_for` as a string: the loop reads every DNN job's file each tick, and
-        building the ``Path`` cost more than the read (docs/benchmarks.md)."""
+        building the ``Path`` cost more than the read (bench/bench_node_tick.py)."""
         return f"{os.fspath(self.directory)}/job_{int(job_id)}"
 
     def ensure(self, job_id: int, uid: int, gid: int | None = None) -> Path | None:
