@@ -241,7 +241,7 @@ _encode_state = json.JSONEncoder(check_circular=False).encode
 """The state file's encoder, run every tick on ~40 KB of view. Keys stay in the order the
 daemon built them (deterministic; sorting them cost ~20 % more), and the cycle check is
 off (the view is built afresh from plain values): together ~25 % less time than
-``json.dumps(sort_keys=True)`` (docs/benchmarks.md)."""
+``json.dumps(sort_keys=True)`` (bench/bench_node_tick.py)."""
 
 
 class StateFile:
@@ -428,7 +428,7 @@ class StateFile:
         adds a new step's original cpuset to a record's nested dict), so that such an
         addition never compares equal. The records of changes are encoded afresh only when
         the daemon writes to a job: with 16 changed jobs that was ~55 µs of every tick
-        (docs/benchmarks.md)."""
+        (bench/bench_node_tick.py)."""
         kept = self._kept.get(key)
         if kept is not None and kept[0] == value:
             return kept[1]
@@ -500,7 +500,7 @@ def write_bytes_atomic(
     directory is fsynced after the rename too, so the new name survives a power loss
     (fsync(2): syncing a file does not sync the directory entry that names it)."""
     # One os.write of the bytes: the daemon writes its state every tick, and a text file
-    # object's layers cost more than the write itself (docs/benchmarks.md).
+    # object's layers cost more than the write itself (bench/bench_node_tick.py).
     tmp = f"{os.fspath(path.parent)}/.{path.name}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
@@ -594,7 +594,7 @@ this fine (ext4, xfs, btrfs, tmpfs: a jiffy; ext3's small inodes: 1 s)."""
 class LimitsFile:
     """The operator's limits (:func:`load_limits`), read by the daemon on every tick and
     parsed again only when the file changed: one stat instead of an open, a read, a JSON
-    parse and the Limit objects (docs/benchmarks.md). A change by
+    parse and the Limit objects (bench/bench_node_tick.py). A change by
     ``coda-node limit`` (an atomic rename: a new inode, size, mtime and ctime) is seen on
     the next tick as before."""
 
