@@ -34,6 +34,7 @@ from coda_node.progress import ProgressFiles
 from coda_node.sampling import JobView, NodeSnapshot
 from coda_node.topology import pci_address
 from slurm_plugin.conf import CodaConfig
+from slurm_plugin.dropbox import Drop, DropError, drop
 from slurm_plugin.model import is_censored, refit_profile
 from slurm_plugin.store import ProfileStore, Sample, StoreError, run_id_problem
 
@@ -394,6 +395,8 @@ class AdaptiveLoop:
             )
             for cores, throughput in pub.samples
         ]
+        if self.cfg.profile_publish == "munge":
+            return self._drop(pub, samples, now)
         try:
             self.store.ensure_root()
             prof = self.store.merge_samples(
@@ -412,6 +415,20 @@ class AdaptiveLoop:
             f"profile {pub.signature}: {prof.cpus_per_gpu} cores/GPU at confidence "
             f"{prof.confidence:.2f} from {prof.n_samples} samples"
         )
+
+    def _drop(self, pub: Publish, samples: list[Sample], now_unix_s: float) -> str:
+        """ProfilePublish=munge: hand the samples to the controller's collector."""
+        payload = Drop(pub.signature, self.node_name, tuple(samples), now_unix_s)
+        try:
+            path = drop(
+                payload,
+                self.cfg.profile_drop_dir,
+                self.cfg.munge_socket,
+                ttl_s=self.cfg.profile_drop_ttl_s,
+            )
+        except DropError as exc:
+            return f"cannot hand profile {pub.signature} to the controller: {exc}"
+        return f"profile {pub.signature}: {len(samples)} samples handed to the controller as {path}"
 
 
 _PCI_ADDR = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d")

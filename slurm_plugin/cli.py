@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from slurm_plugin import __version__
+from slurm_plugin.cli_collect import collect_cmd
 from slurm_plugin.cli_colocate import colocate_cmd
 from slurm_plugin.cli_common import CliError, conf_option, emit_json, run_cli
 from slurm_plugin.cli_model import model
@@ -25,6 +26,7 @@ def cli() -> None:
 
 
 cli.add_command(model)
+profiles.add_command(collect_cmd)
 cli.add_command(profiles)
 cli.add_command(status)
 cli.add_command(simulate_cmd)

@@ -86,6 +86,46 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "/var/lib/coda/profiles",
         "Directory of the workload profile store (absolute path).",
     ),
+    "ProfilePublish": KeySpec(
+        "store|munge",
+        "store",
+        "How coda-node hands a probing run's samples to the controller: store, merged straight "
+        "into ProfileStore (which the node daemon must be able to write as root); munge, "
+        "written as a munge credential into ProfileDropDir, where coda-slurm profiles collect "
+        "on the controller checks and merges it (NFS with root_squash).",
+    ),
+    "ProfileDropDir": KeySpec(
+        "path",
+        "/var/spool/coda/drop",
+        "ProfilePublish=munge: the directory the node daemons drop credentials into and "
+        "coda-slurm profiles collect reads (absolute path; root-owned, mode 1733 or 1777).",
+    ),
+    "MungeSocket": KeySpec(
+        "path",
+        "/run/munge/munge.socket.2",
+        "ProfilePublish=munge: munged's socket, for munge on the nodes and unmunge on the "
+        "controller (absolute path).",
+    ),
+    "ProfileDropUids": KeySpec(
+        "list",
+        "0",
+        "coda-slurm profiles collect: uids whose credentials are accepted (comma-separated "
+        "numbers; the uid coda-node runs as).",
+    ),
+    "ProfileDropHosts": KeySpec(
+        "list",
+        "",
+        "coda-slurm profiles collect: hosts a credential may come from (munge's ENCODE_HOST): "
+        "addresses, CIDR networks or host names, comma-separated; empty = the NodeAddr and "
+        "NodeHostName of every node scontrol show node lists.",
+    ),
+    "ProfileDropTtlS": KeySpec(
+        "int",
+        "3600",
+        "ProfilePublish=munge: seconds a dropped credential stays valid; one not collected "
+        "by then is refused as expired (1..86400; munged refuses more than its --max-ttl, "
+        "3600 by default).",
+    ),
     "Mode": KeySpec(
         "enforce|advise|off",
         "enforce",
@@ -414,6 +454,14 @@ class CodaConfig:
     """Parsed ``coda.conf``; defaults as in :data:`CONFIG_KEYS`."""
 
     profile_store: Path = Path("/var/lib/coda/profiles")
+    profile_publish: str = "store"
+    """``store`` or ``munge`` (lower case)."""
+    profile_drop_dir: Path = Path("/var/spool/coda/drop")
+    munge_socket: Path = Path("/run/munge/munge.socket.2")
+    profile_drop_uids: tuple[int, ...] = (0,)
+    profile_drop_hosts: tuple[str, ...] = ()
+    """Addresses, CIDR networks or host names; empty = the nodes scontrol lists."""
+    profile_drop_ttl_s: int = 3600
     mode: str = "enforce"
     """``enforce``, ``advise`` or ``off`` (lower case)."""
     user_value: str = "keep"
@@ -639,6 +687,22 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if not path.is_absolute():
             raise ValueError(f"ProfileStore must be an absolute path, got {value!r}")
         return "profile_store", path
+    if key == "ProfilePublish":
+        return "profile_publish", _choice(key, value, ("store", "munge"))
+    if key in ("ProfileDropDir", "MungeSocket"):
+        path = Path(value)
+        if not value or not path.is_absolute():
+            raise ValueError(f"{key} must be an absolute path, got {value!r}")
+        return _snake(key), path
+    if key == "ProfileDropUids":
+        uids = _partition_list(key, value)
+        if not uids:
+            raise ValueError("ProfileDropUids needs at least one uid")
+        return "profile_drop_uids", tuple(_int(key, uid, 0, 2**31 - 1) for uid in uids)
+    if key == "ProfileDropHosts":
+        return "profile_drop_hosts", _partition_list(key, value)
+    if key == "ProfileDropTtlS":
+        return "profile_drop_ttl_s", _int(key, value, 1, 86400)
     if key == "Mode":
         return "mode", _choice(key, value, _MODES)
     if key == "UserValue":
