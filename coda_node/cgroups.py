@@ -563,6 +563,18 @@ def _dir_cpus(path: str | Path, version: int) -> frozenset[int]:
     return cpus
 
 
+def _step_cpus(path: str | Path, version: int) -> frozenset[int]:
+    """The CPUs a step's tasks may use. Slurm's cgroup/v2 puts them on the step's ``user/``
+    level and leaves the step's own cpuset.cpus empty (its effective list is the job's);
+    v1, and a v2 step without ``user/``, keep them in the step's directory."""
+    if version == 2:
+        try:
+            return _dir_cpus(f"{os.fspath(path)}/user", version)
+        except FileNotFoundError:
+            pass
+    return _dir_cpus(path, version)
+
+
 def _dir_mems(path: str | Path, version: int) -> str:
     mems = _read_cpuset_file(path, "cpuset.mems", version)
     if not mems and version == 2:
@@ -587,8 +599,8 @@ def _read_job(
     pids_file = _PIDS_FILE[version]
     job_str = os.fspath(job_dir)
 
-    def dir_cpus(path: str) -> frozenset[int]:
-        return _dir_cpus(path, version)
+    def step_cpus(path: str) -> frozenset[int]:
+        return _step_cpus(path, version)
 
     def dir_mems(path: str) -> str:
         return _dir_mems(path, version)
@@ -614,9 +626,9 @@ def _read_job(
         step_pids = _subtree_pids(step_str, pids_file, walk) if tasks else ()
         try:
             if walk.value is not None:
-                step_cpus = walk.value(step_str, "cpus", dir_cpus)
+                cpus_now = walk.value(step_str, "cpus", step_cpus)
             else:
-                step_cpus = dir_cpus(step_str)
+                cpus_now = step_cpus(step_str)
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 walk.gone = True
@@ -627,7 +639,7 @@ def _read_job(
                 job_id=job_id,
                 name=name[len("step_") :],
                 path=walk.join(job_dir, name) if walk.join else job_dir / name,
-                cpus=step_cpus,
+                cpus=cpus_now,
                 pids=step_pids,
             )
         )

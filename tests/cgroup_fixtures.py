@@ -2,7 +2,8 @@
 
 One builder per variant: cgroup v1 as Debian 12's Slurm 22.05 lays it out (cpu and cpuacct
 co-mounted, as systemd mounts them), v1 with a multiple-slurmd ``slurm_<nodename>`` tree (each
-controller mounted alone, as on the development host), cgroup v2 with ``slurmstepd.scope``,
+controller mounted alone, as on the development host), cgroup v2 with
+``<nodename>_slurmstepd.scope``,
 and hosts with no Slurm tree. :class:`FakeKernel` stands in for the few kernel answers the tests
 depend on (pid moves, v1 cpuset nesting, controller files appearing on mkdir).
 """
@@ -231,24 +232,58 @@ def v2_dir(
     put(d / "cpu.stat", "usage_usec 0\nuser_usec 0\nsystem_usec 0\n")
 
 
-def build_v2(base: Path) -> CgroupFixture:
-    """(c) cgroup v2, Slurm 22.05: system.slice/slurmstepd.scope/job_*/step_*/{user,slurm}.
+V2_NODE = "gpu01"
+"""The node in the v2 fixture's scope name: Debian's Slurm names it
+``<nodename>_slurmstepd.scope``."""
+V2_SCOPE = f"system.slice/{V2_NODE}_slurmstepd.scope"
 
-    Neither system.slice nor the scope has "cpu" in cgroup.subtree_control yet, so the job
-    directories have no cpu.max. Job 301: steps extern, batch (task_0 has two threads) and 0
-    (CPUs 0-1; its user/ and task dirs inherit). Job 302's cpuset.cpus is empty (inherits 0-7).
+
+def build_v2(base: Path, *, cpu_delegated: bool = True) -> CgroupFixture:
+    """(c) cgroup v2 as Slurm's cgroup/v2 plugin lays it out through systemd (measured on
+    Debian 12, Slurm 22.05, ConstrainCores=yes)::
+
+        system.slice/gpu01_slurmstepd.scope/
+            system/                      idle slurmstepds
+            job_<id>/                    cpuset.cpus = the job's CPUs
+                step_<step>/             cpuset.cpus empty (effective: the job's)
+                    slurm/               slurmstepd; cpuset.cpus empty
+                    user/                cpuset.cpus = the step's CPUs
+                        task_<n>/        the tasks; cpuset.cpus empty
+
+    The cpu controller is enabled from the root down to every job (``cpu.max`` in each
+    directory); ``cpu_delegated=False`` leaves it off in system.slice and below, as where no
+    unit asked systemd for it. Job 301: steps extern, batch (task_0 has two threads) and 0
+    (CPUs 0-1 of the job's 0-3, on its user/ level). Job 302's cpuset.cpus is empty
+    everywhere (it inherits 0-7).
     """
     put(base / "proc/self/mounts", MOUNTS_V2)
     cg = base / CGROUP
-    v2_dir(cg, controllers="cpuset cpu io memory hugetlb pids rdma misc", subtree="cpu memory pids")
-    v2_dir(cg / "system.slice", controllers="cpu memory pids", subtree="memory pids")
-    scope = cg / "system.slice/slurmstepd.scope"
-    v2_dir(scope, "", "0-7", controllers="cpuset memory pids", subtree="cpuset memory pids")
-    v2_dir(scope / "system", "", "0-7", procs=(3000,))
+    below = "cpuset cpu io memory pids" if cpu_delegated else "cpuset io memory pids"
+    job_ctl = "cpuset cpu memory pids" if cpu_delegated else "cpuset memory pids"
+    v2_dir(
+        cg,
+        controllers="cpuset cpu io memory hugetlb pids rdma misc",
+        subtree="cpuset cpu io memory pids",
+    )
+    v2_dir(cg / "system.slice", "", "0-7", controllers="cpuset cpu io memory pids", subtree=below)
+    scope = base / CGROUP / V2_SCOPE
+    v2_dir(scope, "", "0-7", controllers=below, subtree=job_ctl)
+    v2_dir(scope / "system", "", "0-7", procs=(3000,), controllers=job_ctl)
+
+    def job_dir(
+        d: Path,
+        cpus: str,
+        effective: str,
+        procs: tuple[int, ...] = (),
+        threads: tuple[int, ...] | None = None,
+        subtree: str = job_ctl,
+    ) -> None:
+        v2_dir(d, cpus, effective, procs, threads, controllers=job_ctl, subtree=subtree)
+
     j301 = scope / "job_301"
-    v2_dir(j301, "0-3", "0-3", subtree="cpuset memory pids")
+    job_dir(j301, "0-3", "0-3")
     put(j301 / "cpu.stat", "usage_usec 5000000\nuser_usec 4000000\nsystem_usec 1000000\n")
-    # step -> (cpus, slurmstepd pid, {task dir: (cgroup.procs, cgroup.threads or same)})
+    # step -> (the step's CPUs, slurmstepd pid, {task dir: (cgroup.procs, cgroup.threads)})
     steps: list[tuple[str, str, int, dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]]]
     steps = [
         ("extern", "0-3", 3010, {"task_0": ((3011,), None)}),
@@ -257,16 +292,17 @@ def build_v2(base: Path) -> CgroupFixture:
     ]
     for step, cpus, stepd, tasks in steps:
         s = j301 / f"step_{step}"
-        v2_dir(s, cpus, cpus, subtree="cpuset memory pids")
-        v2_dir(s / "slurm", "", cpus, procs=(stepd,))
-        v2_dir(s / "user", "", cpus, subtree="cpuset memory pids")
+        job_dir(s, "", "0-3")
+        job_dir(s / "slurm", "", "0-3", (stepd,), subtree="")
+        job_dir(s / "user", cpus, cpus)
         for name, (procs, threads) in tasks.items():
-            v2_dir(s / "user" / name, "", cpus, procs=procs, threads=threads)
+            job_dir(s / "user" / name, "", cpus, procs, threads=threads, subtree="")
     j302 = scope / "job_302"
-    v2_dir(j302, "", "0-7")
+    job_dir(j302, "", "0-7")
     put(j302 / "cpuset.mems", "0\n")
-    v2_dir(j302 / "step_batch", "", "0-7")
-    v2_dir(j302 / "step_batch/user/task_0", "", "0-7", procs=(3121,))
+    job_dir(j302 / "step_batch", "", "0-7")
+    job_dir(j302 / "step_batch/user", "", "0-7")
+    job_dir(j302 / "step_batch/user/task_0", "", "0-7", (3121,), subtree="")
     for tid in (3000, 3010, 3011, 3020, 3021, 3022, 3030, 3031, 3032, 3121):
         proc_thread(base, tid, "x", 0, 0)
     return CgroupFixture(base)

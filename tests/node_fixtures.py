@@ -5,8 +5,9 @@ reads on a node like Slurm 22.05 sets it up (``proctrack/cgroup``, ``task/cgroup
 ``jobacct_gather/cgroup``), and gives the doubles it talks to:
 
 - ``<tmp>/root``: ``/proc/self/mounts``; Slurm's job cgroups (v1, or v2 with
-  ``slurmstepd.scope``) with steps ``extern``, ``batch`` and ``0`` (two tasks); the jobs'
-  threads in ``/proc``; ``/dev/nvidia0..N`` as real character devices (major 195);
+  ``gpu01_slurmstepd.scope``, CPUs on each job's and each step's ``user/`` level, the cpu
+  controller enabled down to every job) with steps ``extern``, ``batch`` and ``0`` (two
+  tasks); the jobs' threads in ``/proc``; ``/dev/nvidia0..N`` as real character devices (major 195);
 - ``<tmp>/etc``: ``slurm.conf``, ``gres.conf`` and ``coda.conf`` (read with
   :func:`slurm_plugin.conf.load_config`); ``<tmp>/state``: the daemon's state directory;
 - :class:`FakeSlurm`: answers ``squeue --json``, ``squeue -w`` and ``sinfo --json`` like
@@ -58,6 +59,7 @@ from tests.cgroup_fixtures import (
     MOUNTS_V1_DEBIAN,
     MOUNTS_V1_SPLIT,
     MOUNTS_V2,
+    V2_SCOPE,
     CgroupFixture,
     proc_thread,
     put,
@@ -68,6 +70,8 @@ from tests.cgroup_fixtures import (
 from tests.nvml_double import GIB, FakeGpu, FakeNvml
 
 NODE_NAME = "gpu01"
+V2_JOB_SUBTREE = "cpuset cpu memory pids"
+"""The controllers Slurm's scope enables for each job, and each job for its steps (v2)."""
 # The NVIDIA driver's character-device major (Documentation/admin-guide/devices.txt: 195).
 NVIDIA_MAJOR = 195
 GPU_TYPE = "a100"
@@ -326,7 +330,7 @@ class FakeNode:
         """The job's cpuset directory (v1) or its directory (v2)."""
         job = self.jobs[job_id]
         if self.version == 2:
-            return self.cg / "system.slice/slurmstepd.scope" / f"job_{job_id}"
+            return self.cg / V2_SCOPE / f"job_{job_id}"
         return self.cg / "cpuset" / self._v1_rel(job)
 
     def cpu_dir(self, job_id: int) -> Path:
@@ -440,9 +444,10 @@ class FakeNode:
         (top / "cpuset.cpus").write_text(cpus + "\n")
         self.affinity.masks[tid] = job.cpus
         if self.version == 2:
-            v2_dir(top / f"step_{step}", cpus, cpus, subtree="cpuset memory pids")
-            v2_dir(top / f"step_{step}/user", "", cpus, subtree="cpuset memory pids")
-            v2_dir(top / f"step_{step}/user/task_0", "", cpus, procs=(tid,))
+            sub, ctl = V2_JOB_SUBTREE, V2_JOB_SUBTREE
+            v2_dir(top / f"step_{step}", "", cpus, controllers=ctl, subtree=sub)
+            v2_dir(top / f"step_{step}/user", cpus, cpus, controllers=ctl, subtree=sub)
+            v2_dir(top / f"step_{step}/user/task_0", "", cpus, procs=(tid,), controllers=ctl)
             lines = _thread_cgroup_lines(self, job, f"step_{step}/user/task_0")
             proc_thread(self.root, tid, job.name[:15], 0, 0, lines)
             return tid
@@ -464,7 +469,7 @@ class FakeNode:
         job = self.jobs.pop(job_id)
         self.slurm.jobs.pop(job_id, None)
         if self.version == 2:
-            shutil.rmtree(self.cg / "system.slice/slurmstepd.scope" / f"job_{job_id}")
+            shutil.rmtree(self.cg / V2_SCOPE / f"job_{job_id}")
         else:
             for mount in ("cpuset", "cpu,cpuacct", "cpuacct", "freezer", "memory"):
                 d = self.cg / mount / self._v1_rel(job)
@@ -564,7 +569,7 @@ def _make_job(
 def _thread_cgroup_lines(node: FakeNode, job: FakeJob, rel: str) -> str:
     """/proc/<tid>/cgroup of a thread in the job's directory ``rel`` (proc(5))."""
     if node.version == 2:
-        return f"0::/system.slice/slurmstepd.scope/job_{job.job_id}/{rel}\n"
+        return f"0::/{V2_SCOPE}/job_{job.job_id}/{rel}\n"
     where = f"/{node._v1_rel(job)}/{rel}"
     step = where.split("/task_")[0]
     if node.cpu_comounted:
@@ -654,9 +659,9 @@ def _v1_acct(d: Path, tasks: tuple[int, ...], usage_ns: int) -> None:
 
 def _lay_out_v2_job(node: FakeNode, job: FakeJob) -> None:
     cpus = format_cpulist(job.cpus)
-    sub = "cpuset memory pids"
-    top = node.cg / "system.slice/slurmstepd.scope" / f"job_{job.job_id}"
-    v2_dir(top, cpus, cpus, subtree=sub)
+    sub = ctl = V2_JOB_SUBTREE
+    top = node.cg / V2_SCOPE / f"job_{job.job_id}"
+    v2_dir(top, cpus, cpus, controllers=ctl, subtree=sub)
     put(top / "cpuset.mems", "0-1\n")
     usage_usec = (job.index + 1) * JOB_USAGE_NS // 1000
     put(top / "cpu.stat", _cpu_stat(usage_usec))
@@ -674,15 +679,17 @@ def _lay_out_v2_job(node: FakeNode, job: FakeJob) -> None:
     }
     for step, (stepd, tasks) in steps.items():
         s = top / f"step_{step}"
-        v2_dir(s, cpus, cpus, subtree=sub)
+        # Slurm's cgroup/v2: the step's CPUs are on its user/ level, the step's own
+        # cpuset.cpus is empty (as are slurm/ and the task directories).
+        v2_dir(s, "", cpus, controllers=ctl, subtree=sub)
         put(s / "cpu.stat", _cpu_stat(usage_usec if step == "batch" else 0))
-        v2_dir(s / "slurm", "", cpus, procs=(stepd,))
-        v2_dir(s / "user", "", cpus, subtree=sub)
+        v2_dir(s / "slurm", "", cpus, procs=(stepd,), controllers=ctl)
+        v2_dir(s / "user", cpus, cpus, controllers=ctl, subtree=sub)
         node.affinity.masks[stepd] = job.cpus
         lines = _thread_cgroup_lines(node, job, f"step_{step}/slurm")
         proc_thread(node.root, stepd, "slurmstepd", 1, 1, lines)
         for name, (procs, threads) in tasks.items():
-            v2_dir(s / "user" / name, "", cpus, procs=procs, threads=threads)
+            v2_dir(s / "user" / name, "", cpus, procs=procs, threads=threads, controllers=ctl)
             lines = _thread_cgroup_lines(node, job, f"step_{step}/user/{name}")
             for tid in threads:
                 node.affinity.masks[tid] = job.cpus
@@ -764,11 +771,11 @@ def _lay_out_cgroups(root: Path, version: int, cpu_comounted: bool, cpus: int) -
             "",
             all_cpus,
             controllers="cpuset cpu memory pids",
-            subtree="cpuset memory pids",
+            subtree="cpuset cpu memory pids",
         )
-        scope = cg / "system.slice/slurmstepd.scope"
-        v2_dir(scope, "", all_cpus, subtree="cpuset memory pids")
-        v2_dir(scope / "system", "", all_cpus, procs=(TID_BASE - 1,))
+        scope = cg / V2_SCOPE
+        v2_dir(scope, "", all_cpus, controllers=V2_JOB_SUBTREE, subtree=V2_JOB_SUBTREE)
+        v2_dir(scope / "system", "", all_cpus, procs=(TID_BASE - 1,), controllers=V2_JOB_SUBTREE)
         return
     put(root / "proc/self/mounts", MOUNTS_V1_DEBIAN if cpu_comounted else MOUNTS_V1_SPLIT)
     v1_cpuset(cg / "cpuset", all_cpus, "0-1", (1,))

@@ -30,6 +30,7 @@ from coda_node.cgroups import (
 )
 from coda_node.paths import SystemRoot
 from tests.cgroup_fixtures import (
+    V2_SCOPE,
     CgroupFixture,
     build_no_slurm,
     build_v1_debian,
@@ -112,7 +113,7 @@ CG = "/sys/fs/cgroup"
             build_v2,
             2,
             {"cpuset": None, "cpu": None, "cpuacct": None, "freezer": None, "unified": CG},
-            [f"{CG}/system.slice/slurmstepd.scope"],
+            [f"{CG}/{V2_SCOPE}"],
             None,
         ),
         (
@@ -239,7 +240,7 @@ def _summary(fx: CgroupFixture, jobs: dict[int, CgroupJob]) -> dict[int, tuple[o
 J101 = f"{CG}/cpuset/slurm/uid_1000/job_101"
 J202 = f"{CG}/cpuset/slurm/uid_1001/job_202"
 J7 = f"{CG}/cpuset/slurm_gpu01/uid_0/job_7"
-SCOPE = f"{CG}/system.slice/slurmstepd.scope"
+SCOPE = f"{CG}/{V2_SCOPE}"
 
 
 @pytest.mark.parametrize(
@@ -654,22 +655,23 @@ def test_shrink_and_restore_v2(tmp_path: Path) -> None:
     writer, journal = _cpuset_writer(fx, layout, affinity)
     snap = writer.snapshot(job)
     assert 3022 in snap.affinity  # a second thread, from cgroup.threads
-    j = "system.slice/slurmstepd.scope/job_301"
+    j = f"{V2_SCOPE}/job_301"
     writer.shrink(job, {1, 2})
-    # Empty (inheriting) descendants such as user/ and task_*/ are left alone.
+    # The job and each step's user/ level hold CPUs; the empty (inheriting) step, slurm/
+    # and task_*/ directories are left alone. Children first: the kernel takes either order.
     assert fx.journal(journal) == [
-        (f"{j}/step_extern/cpuset.cpus", b"1-2"),
-        (f"{j}/step_batch/cpuset.cpus", b"1-2"),
-        (f"{j}/step_0/cpuset.cpus", b"1"),
+        (f"{j}/step_extern/user/cpuset.cpus", b"1-2"),
+        (f"{j}/step_batch/user/cpuset.cpus", b"1-2"),
+        (f"{j}/step_0/user/cpuset.cpus", b"1"),
         (f"{j}/cpuset.cpus", b"1-2"),
     ]
     del journal[:]
     writer.restore(list_jobs(layout)[301], snap)
     assert fx.journal(journal) == [
         (f"{j}/cpuset.cpus", b"0-3"),
-        (f"{j}/step_0/cpuset.cpus", b"0-1"),
-        (f"{j}/step_batch/cpuset.cpus", b"0-3"),
-        (f"{j}/step_extern/cpuset.cpus", b"0-3"),
+        (f"{j}/step_0/user/cpuset.cpus", b"0-1"),
+        (f"{j}/step_batch/user/cpuset.cpus", b"0-3"),
+        (f"{j}/step_extern/user/cpuset.cpus", b"0-3"),
     ]
     # Threads in inheriting directories get the nearest ancestor's CPUs ∩ their own mask.
     assert sorted(affinity.calls) == [
@@ -693,7 +695,7 @@ def test_empty_cpulist_is_written_as_a_newline(tmp_path: Path) -> None:
     snap = writer.snapshot(job)
     writer.shrink(job, {4})
     writer.restore(list_jobs(layout)[302], snap)
-    j = "system.slice/slurmstepd.scope/job_302"
+    j = f"{V2_SCOPE}/job_302"
     assert fx.journal(journal) == [(f"{j}/cpuset.cpus", b"4"), (f"{j}/cpuset.cpus", b"\n")]
 
 
@@ -717,7 +719,7 @@ def test_job_gone_before_write(tmp_path: Path, how: str) -> None:
 def test_v2_job_without_the_cpuset_controller(tmp_path: Path) -> None:
     """ConstrainCores=no on v2: no cpuset files. Listed with no CPUs; shrinking says why."""
     fx = build_v2(tmp_path)
-    j302 = fx.cg("system.slice/slurmstepd.scope/job_302")
+    j302 = fx.cg(f"{V2_SCOPE}/job_302")
     for path in sorted(j302.rglob("cpuset.*")):
         path.unlink()
     layout = discover_layout(fx.root)
@@ -762,23 +764,16 @@ def _quota_writer(
 
 
 def test_quota_v2(tmp_path: Path) -> None:
+    """The cpu controller is enabled down to every job: only the job's cpu.max is written."""
     fx = build_v2(tmp_path)
     layout = discover_layout(fx.root)
     job = list_jobs(layout)[301]
     writer, journal = _quota_writer(fx, layout)
-    assert writer.read_quota(job) is None  # no cpu controller above the job yet
-    assert writer.set_quota(job, 1.5) == 3
-    j = "system.slice/slurmstepd.scope/job_301"
-    assert fx.journal(journal) == [
-        # the root already delegates cpu; system.slice and the scope do not
-        ("system.slice/cgroup.subtree_control", b"+cpu"),
-        ("system.slice/slurmstepd.scope/cgroup.subtree_control", b"+cpu"),
-        (f"{j}/cpu.max", b"150000 100000"),
-    ]
-    assert [fx.rel(p) for p in writer.enabled_cpu_controller] == [
-        f"{CG}/system.slice",
-        f"{CG}/system.slice/slurmstepd.scope",
-    ]
+    assert writer.read_quota(job) is None  # "max 100000"
+    assert writer.set_quota(job, 1.5) == 1
+    j = f"{V2_SCOPE}/job_301"
+    assert fx.journal(journal) == [(f"{j}/cpu.max", b"150000 100000")]
+    assert writer.enabled_cpu_controller == ()
     assert writer.read_quota(job) == 1.5
     assert writer.set_quota(job, 1.5) == 0
     del journal[:]
@@ -787,8 +782,29 @@ def test_quota_v2(tmp_path: Path) -> None:
     assert writer.read_quota(job) is None
 
 
+def test_quota_v2_enables_the_cpu_controller_where_it_is_off(tmp_path: Path) -> None:
+    fx = build_v2(tmp_path, cpu_delegated=False)
+    layout = discover_layout(fx.root)
+    job = list_jobs(layout)[301]
+    writer, journal = _quota_writer(fx, layout)
+    assert writer.read_quota(job) is None  # no cpu controller above the job yet
+    assert writer.set_quota(job, 1.5) == 3
+    j = f"{V2_SCOPE}/job_301"
+    assert fx.journal(journal) == [
+        # the root already delegates cpu; system.slice and the scope do not
+        ("system.slice/cgroup.subtree_control", b"+cpu"),
+        (f"{V2_SCOPE}/cgroup.subtree_control", b"+cpu"),
+        (f"{j}/cpu.max", b"150000 100000"),
+    ]
+    assert [fx.rel(p) for p in writer.enabled_cpu_controller] == [
+        f"{CG}/system.slice",
+        f"{CG}/{V2_SCOPE}",
+    ]
+    assert writer.read_quota(job) == 1.5
+
+
 def test_quota_none_on_v2_without_cpu_controller_writes_nothing(tmp_path: Path) -> None:
-    fx = build_v2(tmp_path)
+    fx = build_v2(tmp_path, cpu_delegated=False)
     layout = discover_layout(fx.root)
     writer, journal = _quota_writer(fx, layout)
     assert writer.set_quota(list_jobs(layout)[302], None) == 0
@@ -903,7 +919,7 @@ def test_quota_v1_multi_slurmd_uses_the_coda_dir(tmp_path: Path) -> None:
 
 
 def test_quota_permission_denied_names_the_file(tmp_path: Path) -> None:
-    fx = build_v2(tmp_path)
+    fx = build_v2(tmp_path, cpu_delegated=False)
     layout = discover_layout(fx.root)
     writer, _ = _quota_writer(fx, layout)
     path = fx.cg("system.slice/cgroup.subtree_control")
