@@ -252,6 +252,63 @@ def query_node_layout(runner: Runner, node_name: str) -> tuple[NodeLayout, int]:
     raise SlurmQueryError("; ".join(errors))
 
 
+def query_active_jobs(runner: Runner) -> list[Mapping[str, Any]]:
+    """Slurm's JSON record of every job it holds (pending, running and the other states
+    ``squeue`` shows by default), in every partition, in one ``squeue`` call."""
+    argv = ["squeue", "--json", "--all"]
+    jobs = _document(runner(argv), argv).get("jobs")
+    if not isinstance(jobs, list) or not all(isinstance(j, Mapping) for j in jobs):
+        raise SlurmQueryError(f"{' '.join(argv)} printed no list of job records")
+    return jobs
+
+
+def job_states(record: Mapping[str, Any]) -> tuple[str, ...]:
+    """The job's base state, then its flags (``("RUNNING",)``, ``("PENDING", ...)``)."""
+    return _names(record.get("job_state"), "job_state")
+
+
+def job_text(record: Mapping[str, Any], key: str) -> str:
+    """A text field of a job record (``""`` when unset); SlurmQueryError if not text."""
+    return _text(record.get(key), key)
+
+
+def allocated_nodes(record: Mapping[str, Any]) -> dict[str, tuple[int, frozenset[tuple[int, int]]]]:
+    """Node name -> (the node's position in the job, the (socket, core) pairs allocated
+    there), for every node the job holds cores on; empty when it holds nothing (yet)."""
+    res = record.get("job_resources")
+    names: set[str] = set()
+    if isinstance(res, Mapping):
+        if "allocated_nodes" in res:
+            names = {
+                n.get("nodename") for n in res["allocated_nodes"] or [] if isinstance(n, Mapping)
+            }
+        elif isinstance(res.get("nodes"), Mapping):
+            names = {
+                n.get("name")
+                for _, n in _entries(
+                    res["nodes"].get("allocation"), "job_resources.nodes.allocation"
+                )
+                if isinstance(n, Mapping)
+            }
+    out = {}
+    for name in sorted(n for n in names if isinstance(n, str)):
+        found = allocated_cores(record, name)
+        if found is not None and found[1]:
+            out[name] = found
+    return out
+
+
+def gpus_on_node(record: Mapping[str, Any], position: int) -> int:
+    """GPUs the job holds on the node at ``position`` of its allocation (``gres_detail``)."""
+    details = record.get("gres_detail") or []
+    if not isinstance(details, list):
+        raise SlurmQueryError("gres_detail is not a list")
+    if position >= len(details):
+        return 0
+    gres = parse_gres(_text(details[position], "gres_detail"))
+    return sum(g.count for g in gres if g.name == "gpu")
+
+
 def allocated_cores(
     record: Mapping[str, Any], node_name: str
 ) -> tuple[int, frozenset[tuple[int, int]]] | None:

@@ -6,10 +6,12 @@ Reads (one RPC each per pass, whatever the cluster's size):
 - ``scontrol -d -o show node``: ``CPUTot``, ``State``, ``Gres`` and ``GresUsed`` (GPUs
   allocated; ``AllocTRES`` lists ``gres/gpu`` only when ``AccountingStorageTRES`` names it,
   ``GresUsed`` always does);
-- ``scontrol -d -o show job``: each running job's per-node detail (``Nodes=... CPU_IDs=...
-  Mem=... GRES=gpu...``): the cores a job holds on every node where it holds a GPU (a
-  multi-node GPU job counts on each of its nodes); each pending job's ``CpusPerTres``
-  (``gres:gpu:N``, what ``--cpus-per-gpu`` and the submit hook set);
+- ``squeue --json --all``: each running job's allocation (``job_resources``, and
+  ``gres_detail`` per node): the CPUs a job holds on every node where it holds a GPU (a
+  multi-node GPU job counts on each of its nodes); each pending job's ``cpus_per_tres``
+  (``gres:gpu:N``, what ``--cpus-per-gpu`` and the submit hook set). JSON, not ``scontrol
+  -o`` text: a job's name and comment are the user's, and ``Nodes=gpu01 CPU_IDs=0-63
+  GRES=gpu:8`` in them must not count as an allocation;
 - ``scontrol -o show partition``: each partition's nodes, ``MaxCPUsPerNode`` and
   ``JobDefaults=DefCpuPerGPU=N``.
 
@@ -35,8 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_node.cpulist import parse_cpulist
-from coda_node.slurmjobs import ACTIVE_STATES, Runner, SlurmQueryError
+from coda_node.slurmjobs import (
+    ACTIVE_STATES,
+    Runner,
+    SlurmQueryError,
+    allocated_nodes,
+    gpus_on_node,
+    job_states,
+    job_text,
+    query_active_jobs,
+)
 from slurm_plugin.conf import _gres_gpus, expand_hostlist
 from slurm_plugin.devcluster import parse_scontrol_line
 from slurm_plugin.reserve import NodeLoad, ReservePlan, plan_partition
@@ -86,7 +96,6 @@ _NOT_UP = frozenset(
         "INVAL",
     }
 )
-_NODE_DETAIL = re.compile(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=\S+(?: GRES=(\S*))?")
 _CPUS_PER_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?:(\d+)")
 _DEF_CPU_PER_GPU = re.compile(r"DefCpuPerGPU=(\d+)", re.IGNORECASE)
 _MAX_CPUS_VALUE = re.compile(r"UNLIMITED|[0-9]+")
@@ -116,6 +125,7 @@ class _NodeRecord:
     gpus_used: int | None
     """From ``GresUsed``; None when scontrol did not print it."""
     up: bool
+    threads_per_core: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +197,9 @@ def parse_nodes(text: str) -> dict[str, _NodeRecord]:
             gpus=_gpus(rec.get("Gres", ""), what),
             gpus_used=None if used is None else _gpus(used, what),
             up=node_is_up(rec.get("State", "")),
+            threads_per_core=_int_field(rec, "ThreadsPerCore", what)
+            if "ThreadsPerCore" in rec
+            else 1,
         )
     return out
 
@@ -211,45 +224,46 @@ def parse_partitions(text: str) -> dict[str, PartitionInfo]:
     return out
 
 
-def parse_jobs(text: str) -> JobUsage:
-    """``scontrol -d -o show job`` -> cores and GPUs GPU jobs hold per node, and the
-    cores per GPU pending GPU jobs ask for."""
+def parse_jobs(
+    records: Sequence[Mapping[str, Any]], threads_per_core: Mapping[str, int]
+) -> JobUsage:
+    """``squeue --json`` job records -> CPUs and GPUs GPU jobs hold per node, and the
+    cores per GPU pending GPU jobs ask for. ``threads_per_core``: node -> its threads per
+    core (Slurm allocates cores; a core counts as that many CPUs, as ``CPU_IDs`` does)."""
     cpus: dict[str, int] = {}
     gpus: dict[str, int] = {}
     pending: list[PendingGpuJob] = []
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
-            continue
-        rec = parse_scontrol_line(line)
-        job = f"job {rec.get('JobId', '?')}"
-        state = rec.get("JobState", "")
-        if state == "PENDING":
-            m = _CPUS_PER_GPU.search(rec.get("CpusPerTres", ""))
-            if m is not None:
-                parts = tuple(p for p in rec.get("Partition", "").split(",") if p)
-                pending.append(PendingGpuJob(int(rec["JobId"]), parts, float(m.group(1))))
-            continue
-        if state not in ACTIVE_STATES:
-            continue
-        for m in _NODE_DETAIL.finditer(line):
-            held_gpus = _gpus(m.group(3) or "", job)
-            if held_gpus <= 0:
-                continue  # a CPU job, or a step of a job on a node where it has no GPU
-            try:
-                names = expand_hostlist(m.group(1))
-                n_cpus = len(parse_cpulist(m.group(2)))
-            except ValueError as exc:
-                raise SlurmQueryError(f"{job}: {exc}") from None
-            for name in names:
-                cpus[name] = cpus.get(name, 0) + n_cpus
+    for rec in records:
+        job_id = rec.get("job_id")
+        what = f"job {job_id}"
+        try:
+            states = job_states(rec)
+            state = states[0] if states else ""
+            if state == "PENDING":
+                m = _CPUS_PER_GPU.search(job_text(rec, "cpus_per_tres"))
+                if m is not None and isinstance(job_id, int):
+                    parts = tuple(p for p in job_text(rec, "partition").split(",") if p)
+                    pending.append(PendingGpuJob(job_id, parts, float(m.group(1))))
+                continue
+            if state not in ACTIVE_STATES:
+                continue
+            for name, (position, cores) in allocated_nodes(rec).items():
+                held_gpus = gpus_on_node(rec, position)
+                if held_gpus <= 0:
+                    continue  # a CPU job, or a node of the job where it has no GPU
+                cpus[name] = cpus.get(name, 0) + len(cores) * threads_per_core.get(name, 1)
                 gpus[name] = gpus.get(name, 0) + held_gpus
+        except SlurmQueryError as exc:
+            raise SlurmQueryError(f"{what}: {exc}") from None
     return JobUsage(cpus, gpus, tuple(pending))
 
 
 def read_cluster(runner: Runner) -> ClusterView:
     """Ask slurmctld (three RPCs) for what :func:`reconcile` needs; SlurmQueryError."""
     records = parse_nodes(runner(["scontrol", "-d", "-o", "show", "node"]))
-    jobs = parse_jobs(runner(["scontrol", "-d", "-o", "show", "job"]))
+    jobs = parse_jobs(
+        query_active_jobs(runner), {n: r.threads_per_core for n, r in records.items()}
+    )
     partitions = parse_partitions(runner(["scontrol", "-o", "show", "partition"]))
     nodes = {
         name: NodeLoad(

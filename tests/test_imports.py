@@ -109,18 +109,13 @@ KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
     (
         "slurm_plugin.reserve_slurm",
         "coda_node.slurmjobs",
-        "reserve queries Slurm through the node's scontrol runner; one Slurm-query module "
+        "reserve reads jobs with the node's squeue --json reader; one Slurm-query module "
         "for both sides is not built yet",
     ),
     (
         "slurm_plugin.reserve_slurm",
-        "coda_node.cpulist",
-        "the node's CPU-list parser; there is one on each side",
-    ),
-    (
-        "slurm_plugin.reserve_slurm",
         "slurm_plugin.devcluster",
-        "parses `scontrol -o` lines with the dev cluster's parser",
+        "parses `scontrol -o` node and partition lines with the dev cluster's parser",
     ),
     (
         "slurm_plugin.signature",

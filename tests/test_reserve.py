@@ -253,40 +253,89 @@ def test_node_is_up(state: str, up: bool) -> None:
     assert node_is_up(state) is up
 
 
-JOBS = (
-    # a running GPU job: 3 cores and 1 GPU on gpu01
-    "JobId=1 JobName=j.sh UserId=root(0) JobState=RUNNING Reason=None Partition=gpu "
-    "NodeList=gpu01 NumNodes=1 NumCPUs=3 JOB_GRES=gpu:a100:1   Nodes=gpu01 CPU_IDs=0-2 "
-    "Mem=0 GRES=gpu:a100:1(IDX:0) MinCPUsNode=1 Command=/tmp/j.sh CpusPerTres=gres:gpu:3 "
-    "TresPerNode=gres:gpu:1\n"
+def _job(
+    job_id: int,
+    state: str,
+    partition: str = "gpu",
+    held: dict[str, tuple[int, str]] | None = None,
+    cpus_per_tres: str = "",
+    **text: str,
+) -> dict[str, object]:
+    """A job record as ``squeue --json`` of 24.11 and later prints it; ``held``: node ->
+    (cores allocated there, its ``gres_detail`` entry)."""
+    nodes = list((held or {}).items())
+    allocation = [
+        {
+            "index": i,
+            "name": name,
+            "sockets": [
+                {"index": 0, "cores": [{"index": c, "status": ["ALLOCATED"]} for c in range(k)]}
+            ],
+        }
+        for i, (name, (k, _)) in enumerate(nodes)
+    ]
+    return {
+        "job_id": job_id,
+        "job_state": [state],
+        "partition": partition,
+        "cpus_per_tres": cpus_per_tres,
+        "job_resources": {"nodes": {"allocation": allocation}} if nodes else None,
+        "gres_detail": [g for _, (_, g) in nodes],
+        **text,
+    }
+
+
+JOBS = [
+    # a running GPU job: 3 cores and 1 GPU on gpu01, whose name and comment say it holds
+    # 32 cores and 4 GPUs (what `scontrol -o` would print for an allocation)
+    _job(
+        1,
+        "RUNNING",
+        held={"gpu01": (3, "gpu:a100:1(IDX:0)")},
+        cpus_per_tres="gres:gpu:3",
+        name="j Nodes=gpu01 CPU_IDs=0-31 Mem=0 GRES=gpu:a100:4(IDX:0-3)",
+        comment="\nNodes=gpu[02-03] CPU_IDs=0-31 Mem=0 GRES=gpu:4(IDX:0-3)",
+    ),
     # a two-node GPU job: 8 cores and 2 GPUs on each node
-    "JobId=2 JobState=RUNNING Partition=gpu NodeList=gpu[02-03] NumNodes=2 "
-    "JOB_GRES=gpu:4   Nodes=gpu[02-03] CPU_IDs=0-7 Mem=0 GRES=gpu:2(IDX:0-1) "
-    "MinCPUsNode=1\n"
+    _job(2, "RUNNING", held={"gpu02": (8, "gpu:2(IDX:0-1)"), "gpu03": (8, "gpu:2(IDX:0-1)")}),
     # a CPU job beside them: not counted
-    "JobId=3 JobState=RUNNING Partition=gpu_spare NodeList=gpu01 JOB_GRES=(null)   "
-    "Nodes=gpu01 CPU_IDs=3-4 Mem=0 GRES= MinCPUsNode=2\n"
-    # pending GPU jobs: their cores per GPU; one submitted to two partitions
-    "JobId=4 JobState=PENDING Reason=JobHeldUser Partition=gpu NodeList= "
-    "CpusPerTres=gres:gpu:2 TresPerNode=gres:gpu:1\n"
-    "JobId=5 JobState=PENDING Reason=Priority Partition=gpu,gpu_big NodeList= "
-    "CpusPerTres=gres:gpu:a100:6 TresPerNode=gres:gpu:a100:1\n"
+    _job(3, "RUNNING", "gpu_spare", held={"gpu01": (2, "")}),
+    # pending GPU jobs: their cores per GPU; one submitted to two partitions; one whose
+    # comment claims a CpusPerTres
+    _job(4, "PENDING", cpus_per_tres="gres:gpu:2", comment="CpusPerTres=gres:gpu:64"),
+    _job(5, "PENDING", "gpu,gpu_big", cpus_per_tres="gres/gpu:a100:6"),
     # pending without --cpus-per-gpu, and a finished GPU job: neither counts
-    "JobId=6 JobState=PENDING Partition=gpu TresPerNode=gres:gpu:1\n"
-    "JobId=7 JobState=COMPLETED Partition=gpu NodeList=gpu01 Nodes=gpu01 CPU_IDs=5-7 "
-    "Mem=0 GRES=gpu:a100:1(IDX:1)\n"
-)
+    _job(6, "PENDING", comment=" JobState=PENDING CpusPerTres=gres:gpu:9"),
+    _job(7, "COMPLETED", held={"gpu01": (3, "gpu:a100:1(IDX:1)")}),
+]
+THREADS_PER_CORE = {"gpu01": 1, "gpu02": 1, "gpu03": 1}
+SLURM_JSON = Path(__file__).parent / "data" / "slurm_json"
 
 
 def test_parse_jobs() -> None:
-    usage = parse_jobs(JOBS)
+    usage = parse_jobs(JOBS, THREADS_PER_CORE)
     assert dict(usage.gpu_job_cpus) == {"gpu01": 3, "gpu02": 8, "gpu03": 8}
     assert dict(usage.gpu_job_gpus) == {"gpu01": 1, "gpu02": 2, "gpu03": 2}
     assert [(j.job_id, j.partitions, j.cpus_per_gpu) for j in usage.pending] == [
         (4, ("gpu",), 2.0),
         (5, ("gpu", "gpu_big"), 6.0),
     ]
-    assert parse_jobs("No jobs in the system\n").pending == ()
+    assert parse_jobs([], THREADS_PER_CORE).pending == ()
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_parse_jobs_of_real_slurm_ignores_what_a_hostile_job_says(release: str) -> None:
+    """Records captured from each release (tests/data/slurm_json): nobody's GPU job names
+    ``Nodes=gpu01 CPU_IDs=0-31 Mem=0 GRES=gpu:a100:4`` in its comment; the node has 2
+    threads per core. What counts is what Slurm allocated: 1 core (2 CPUs) and 2 GPUs
+    to it, 2 cores (4 CPUs) and 1 GPU to root's GPU job; the CPU job and the pending one
+    hold no GPU."""
+    raw = (SLURM_JSON / f"{release}-squeue.json").read_bytes()
+    records = json.loads(raw.decode("utf-8", errors="replace"))["jobs"]
+    usage = parse_jobs(records, {"gpu01": 2})
+    assert dict(usage.gpu_job_cpus) == {"gpu01": 6}
+    assert dict(usage.gpu_job_gpus) == {"gpu01": 3}
+    assert usage.pending == ()
 
 
 PARTITIONS = (
@@ -313,7 +362,7 @@ def test_parse_partitions() -> None:
 def test_plan_from_parsed_records() -> None:
     """The partition over gpu[02-03] sees the two-node job on both nodes and the pending
     jobs of the partition sharing its nodes."""
-    usage = parse_jobs(JOBS)
+    usage = parse_jobs(JOBS, THREADS_PER_CORE)
     nodes = {
         name: NodeLoad(
             name,

@@ -219,6 +219,22 @@ def test_gpu_jobs_lower_the_cap_and_slurm_honours_it(cluster: DevCluster) -> Non
     assert job_state(cluster, fits)["JobState"] == "RUNNING"
 
 
+def test_a_cpu_job_whose_text_names_an_allocation_does_not_move_the_cap(
+    cluster: DevCluster,
+) -> None:
+    """A job's name and comment are the user's: ``Nodes=gpu01 CPU_IDs=0-15 Mem=0
+    GRES=gpu:2`` in them is not a GPU job holding 16 cores (what ``scontrol -o show job``
+    text would have said). The cap stays what the idle GPUs alone reserve."""
+    spoof = f" Nodes={NODE_NAME} CPU_IDs=0-15 Mem=0 GRES=gpu:2(IDX:0-1) "
+    submit_running(
+        cluster, ["-p", "gpu_spare", "-c", "1", f"--job-name=x{spoof}", f"--comment=\n{spoof}"]
+    )
+    proc = reserve(cluster, "--once")
+    assert proc.returncode == 0, proc.stderr
+    assert max_cpus(cluster, "gpu_spare") == "10"
+    assert "gpu01: 6 reserved = 0 held + 2 idle GPUs x 3" in proc.stdout
+
+
 def test_dry_run_changes_nothing(cluster: DevCluster, state_file: Path) -> None:
     proc = reserve(cluster, "--once", "--dry-run")
     assert proc.returncode == 0, proc.stderr
