@@ -156,27 +156,42 @@ def _read_mounts(root: SystemRoot) -> list[_Mount]:
     return mounts
 
 
-def _v1_slurm_dirs(mount: Path) -> tuple[Path, ...]:
-    """``slurm`` and ``slurm_<nodename>`` directories at the top of a v1 hierarchy."""
+def _v1_slurm_dirs(mount: Path, node_name: str | None = None) -> tuple[Path, ...]:
+    """``slurm`` and ``slurm_<nodename>`` directories at the top of a v1 hierarchy; with
+    ``node_name``, only ``slurm`` and that node's ``slurm_<node_name>``."""
     found = []
     for name in _list_dir(mount):
-        if (name == "slurm" or name.startswith("slurm_")) and (mount / name).is_dir():
+        if node_name is None:
+            ours = name == "slurm" or name.startswith("slurm_")
+        else:
+            ours = name in ("slurm", f"slurm_{node_name}")
+        if ours and (mount / name).is_dir():
             found.append(mount / name)
     return tuple(found)
 
 
-def _v2_slurm_dirs(mount: Path) -> tuple[Path, ...]:
-    """``system.slice/slurmstepd.scope`` (or ``<nodename>_slurmstepd.scope``) under a cgroup2."""
+def _v2_slurm_dirs(mount: Path, node_name: str | None = None) -> tuple[Path, ...]:
+    """``system.slice/slurmstepd.scope`` (or ``<nodename>_slurmstepd.scope``) under a cgroup2;
+    with ``node_name``, only the plain scope and that node's."""
     slice_dir = mount / "system.slice"
     found = []
     for name in _list_dir(slice_dir):
-        if name.endswith("slurmstepd.scope") and (slice_dir / name).is_dir():
+        if node_name is None:
+            ours = name.endswith("slurmstepd.scope")
+        else:
+            ours = name in ("slurmstepd.scope", f"{node_name}_slurmstepd.scope")
+        if ours and (slice_dir / name).is_dir():
             found.append(slice_dir / name)
     return tuple(found)
 
 
-def discover_layout(root: SystemRoot) -> CgroupLayout:
-    """Find the cgroup mounts and Slurm's tree. Reads only; a missing tree is a state."""
+def discover_layout(root: SystemRoot, node_name: str | None = None) -> CgroupLayout:
+    """Find the cgroup mounts and Slurm's tree. Reads only; a missing tree is a state.
+
+    ``node_name`` (this node's ``NodeName``) keeps only this node's tree where one host runs
+    several slurmd (multiple-slurmd: ``CgroupPrepend=/slurm_%n`` on v1, ``%n_slurmstepd.scope``
+    on v2), so a daemon never reads or changes another node's jobs; None takes every tree.
+    """
     mounts = _read_mounts(root)
     v1: dict[str, Path] = {}
     for m in mounts:
@@ -187,11 +202,11 @@ def discover_layout(root: SystemRoot) -> CgroupLayout:
     unified = [root.path(m.mount_point) for m in mounts if m.fs_type == "cgroup2"]
 
     cpuset = v1.get("cpuset")
-    v1_slurm = _v1_slurm_dirs(cpuset) if cpuset is not None else ()
+    v1_slurm = _v1_slurm_dirs(cpuset, node_name) if cpuset is not None else ()
     v2_slurm: tuple[Path, ...] = ()
     unified_mount = unified[0] if unified else None
     for mount in unified:
-        scopes = _v2_slurm_dirs(mount)
+        scopes = _v2_slurm_dirs(mount, node_name)
         if scopes:
             unified_mount, v2_slurm = mount, scopes
             break
@@ -207,7 +222,7 @@ def discover_layout(root: SystemRoot) -> CgroupLayout:
     else:
         slurm_dirs = ()
         version = 1 if cpuset is not None else 2 if unified else None
-        reason = _no_slurm_reason(v1, unified)
+        reason = _no_slurm_reason(v1, unified, node_name)
     return CgroupLayout(
         root=root,
         version=version,
@@ -221,15 +236,28 @@ def discover_layout(root: SystemRoot) -> CgroupLayout:
     )
 
 
-def _no_slurm_reason(v1: Mapping[str, Path], unified: list[Path]) -> str:
+def _no_slurm_reason(
+    v1: Mapping[str, Path], unified: list[Path], node_name: str | None = None
+) -> str:
     if not v1 and not unified:
         return "no cgroup filesystem in /proc/self/mounts"
     why = []
     cpuset = v1.get("cpuset")
     if cpuset is not None:
-        why.append(f"no slurm*/ directory in {cpuset}")
+        if node_name is None:
+            why.append(f"no slurm*/ directory in {cpuset}")
+        else:
+            why.append(f"no slurm/ or slurm_{node_name}/ directory in {cpuset}")
+            others = [p.name for p in _v1_slurm_dirs(cpuset)]
+            if others:
+                why.append(
+                    f"{', '.join(others)} belong to other nodes' slurmd "
+                    "(is NodeName= in coda.conf this node's name in slurm.conf?)"
+                )
         elsewhere = [
-            c for c in ("freezer", "memory", "cpuacct") if c in v1 and _v1_slurm_dirs(v1[c])
+            c
+            for c in ("freezer", "memory", "cpuacct")
+            if c in v1 and _v1_slurm_dirs(v1[c], node_name)
         ]
         if elsewhere:
             why.append(
@@ -238,7 +266,17 @@ def _no_slurm_reason(v1: Mapping[str, Path], unified: list[Path]) -> str:
             )
     else:
         why.append("no cgroup v1 cpuset mounted")
-    why.extend(f"no system.slice/*slurmstepd.scope in {mount}" for mount in unified)
+    for mount in unified:
+        if node_name is None:
+            why.append(f"no system.slice/*slurmstepd.scope in {mount}")
+            continue
+        why.append(f"no system.slice/[{node_name}_]slurmstepd.scope in {mount}")
+        others = [p.name for p in _v2_slurm_dirs(mount)]
+        if others:
+            why.append(
+                f"{', '.join(others)} belong to other nodes' slurmd "
+                "(is NodeName= in coda.conf this node's name in slurm.conf?)"
+            )
     return "; ".join(why)
 
 

@@ -73,10 +73,10 @@ def probe_cgroups(root: SystemRoot) -> list[Capability]:
     return caps
 
 
-def probe_slurm_tree(root: SystemRoot) -> Capability:
+def probe_slurm_tree(root: SystemRoot, node_name: str | None = None) -> Capability:
     from coda_node.cgroups import discover_layout
 
-    layout = discover_layout(root)
+    layout = discover_layout(root, node_name)
     if layout.has_slurm:
         where = ", ".join(str(p) for p in layout.slurm_dirs)
         return Capability("Slurm job cgroups", True, f"cgroup v{layout.version}: {where}")
@@ -191,12 +191,14 @@ def probe_all(
     slurm: bool = True,
     env: dict[str, str] | None = None,
     nvml: Nvml | None = None,
+    node_name: str | None = None,
 ) -> list[Capability]:
     """Every capability row; ``slurm=False`` skips asking slurmctld (fixture trees);
-    ``nvml``: the daemon's NVML handle, so the GPU row says what the daemon sees."""
+    ``nvml``: the daemon's NVML handle, so the GPU row says what the daemon sees;
+    ``node_name``: only this node's Slurm tree (:func:`coda_node.cgroups.discover_layout`)."""
     rows = [
         *probe_cgroups(root),
-        probe_slurm_tree(root),
+        probe_slurm_tree(root, node_name),
         *probe_resctrl(root),
         *probe_uncore(root),
         probe_gpus(root, nvml),

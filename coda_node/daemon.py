@@ -119,7 +119,7 @@ class Daemon:
         self.state_file = StateFile(cfg.node_state_dir, cfg.node_runtime_dir)
         self.limits_file = LimitsFile(cfg.node_state_dir)
         self.state = NodeState()
-        self.layout: CgroupLayout = cgroups.discover_layout(self.root)
+        self.layout: CgroupLayout = cgroups.discover_layout(self.root, self.node_name)
         self._make_cpuset = cpuset_writer or CpusetWriter
         self._make_quota = quota_writer or CpuQuotaWriter
         self._make_rdt = rdt_control
@@ -257,7 +257,7 @@ class Daemon:
     def _rediscover(self) -> None:
         """slurmd creates its cgroup tree with the node's first job, so a daemon started
         on an idle node finds none: look again each tick until it is there."""
-        layout = cgroups.discover_layout(self.root)
+        layout = cgroups.discover_layout(self.root, self.node_name)
         if not layout.has_slurm:
             return
         log.info("Slurm's cgroup tree appeared (%s)", ", ".join(map(str, layout.slurm_dirs)))
@@ -451,7 +451,13 @@ class Daemon:
         self.enforcer = self._make_enforcer()
         self.capabilities = [
             c.to_dict()
-            for c in probe_all(self.root, slurm=self._real_runner, env=self.env, nvml=self.nvml)
+            for c in probe_all(
+                self.root,
+                slurm=self._real_runner,
+                env=self.env,
+                nvml=self.nvml,
+                node_name=self.node_name,
+            )
         ]
         if not self.layout.has_slurm:
             log.warning(
