@@ -1,4 +1,4 @@
-"""A real one-node Slurm cluster on localhost, for the demo and the tests.
+"""A real Slurm cluster on this machine, for the demo and the tests.
 
 Starts munged, slurmctld and slurmd from Debian's packages in a private directory:
 random ports, fake GPUs (character devices ``c 195 N`` as the NVIDIA driver makes
@@ -6,6 +6,16 @@ them; a gres.conf line without ``File=`` makes the node INVAL), and job_submit/c
 loaded from the directory we install it into (``PluginDir`` takes a colon list, so
 nothing is written to system directories). Nothing here is a mock: jobs are real
 Slurm jobs and ``scontrol show job`` reads slurmctld's own record.
+
+One node by default, on 127.0.0.1.  With ``nodes`` > 1 every node is its own ``slurmd -N
+gpuNN`` in its own network namespace (``coda-gpuNN``), joined by a veth pair to a bridge
+(``coda-br0``, 10.77.0.1/24, where slurmctld listens) and reaching nothing else: node i has
+10.77.0.(10+i).  Debian builds Slurm with multiple-slurmd, so each slurmd keeps its own
+spool, log and pid file (``%n`` in slurm.conf) and its own cgroup v1 tree
+(``CgroupPrepend`` defaults to ``/slurm_%n``: ``/sys/fs/cgroup/<controller>/slurm_gpuNN``).
+Each node has its own coda.conf (its ``NodeName``, state and run directories; one shared
+profile store).  The bridge and namespace names are host-wide: a multi-node cluster holds
+the host's confined-cluster slot, as a confined one does.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import sysconfig
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +37,14 @@ from pathlib import Path
 from slurm_plugin.install import install_plugin
 
 NODE_NAME = "gpu01"
+"""The first node's name; a one-node cluster's only node."""
+BRIDGE = "coda-br0"
+NETNS_PREFIX = "coda-"
+"""A node's network namespace, and the host end of its veth pair, is ``coda-<node>``."""
+NETWORK_PREFIX = "10.77.0"
+CTLD_ADDR = f"{NETWORK_PREFIX}.1"
+"""The bridge's address in the host's namespace: slurmctld as the nodes reach it."""
+NETWORK_BITS = 24
 STATE_FILE = "cluster.json"
 # Slurm's daemons keep their own idea of time-outs; these bound our waiting only.
 START_TIMEOUT_S = 30.0
@@ -64,6 +83,10 @@ class DevCluster:
     cgroups: bool = False
     """Real cgroup confinement (proctrack/cgroup, task/cgroup+affinity, ConstrainCores):
     the node then declares this host's real CPUs so Slurm's cpusets are not folded."""
+    nodes: int = 1
+    """GPU nodes: 1 on 127.0.0.1, or more, each in its own network namespace."""
+    coda_nodes: bool = False
+    """Also start one ``coda-node run`` per node (with its node's coda.conf)."""
 
     # -- paths ---------------------------------------------------------------
     @property
@@ -119,6 +142,42 @@ class DevCluster:
         return self.root / "log" / "slurmctld.stderr"
 
     @property
+    def node_names(self) -> list[str]:
+        return node_names(self.nodes)
+
+    def node_coda_conf(self, name: str) -> Path:
+        """The coda.conf of node ``name``'s coda-node: the cluster's own for the first node."""
+        return self.coda_conf if name == NODE_NAME else self.etc / f"coda-{name}.conf"
+
+    def node_state_dir_of(self, name: str) -> Path:
+        return self.node_state_dir if name == NODE_NAME else self.root / "nodes" / name / "state"
+
+    def node_runtime_dir_of(self, name: str) -> Path:
+        return self.node_runtime_dir if name == NODE_NAME else self.root / "nodes" / name / "run"
+
+    def node_progress_dir_of(self, name: str) -> Path:
+        """Where node ``name``'s coda-node keeps its jobs' progress files: node-local, as
+        ``/run/coda-node/progress`` is on a real node (a daemon forgets the files of jobs
+        that are not on its node)."""
+        return self.progress_dir if name == NODE_NAME else self.root / "nodes" / name / "progress"
+
+    @property
+    def task_prolog(self) -> Path:
+        """A multi-node cluster's TaskProlog: points each task at its node's progress dir."""
+        return self.etc / "task-prolog.sh"
+
+    def node_addr(self, name: str) -> str:
+        """The address slurmctld reaches node ``name`` at."""
+        if self.nodes == 1:
+            return "127.0.0.1"
+        return f"{NETWORK_PREFIX}.{10 + self.node_names.index(name) + 1}"
+
+    def slurmd_log(self, name: str = NODE_NAME) -> Path:
+        if self.nodes == 1:
+            return self.root / "log" / "slurmd.log"
+        return self.root / "log" / f"slurmd-{name}.log"
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment for Slurm clients talking to this cluster."""
         env = dict(os.environ)
@@ -129,29 +188,40 @@ class DevCluster:
     # -- lifecycle -----------------------------------------------------------
     def up(self) -> None:
         """Write the configuration, start the three daemons, wait for an idle node."""
-        for tool in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol"):
+        tools = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol"]
+        if self.nodes > 1:
+            tools += ["ip", "nsenter"]
+        for tool in tools:
             if shutil.which(tool) is None:
                 raise DevClusterError(
                     f"{tool} not found",
-                    "install Debian's munge slurmctld slurmd slurm-client packages",
+                    "install Debian's munge slurmctld slurmd slurm-client iproute2 "
+                    "util-linux packages",
                 )
+        if self.nodes < 1 or self.nodes > 99:
+            raise DevClusterError(f"cannot start {self.nodes} nodes", "1 to 99")
         if self.is_running():
             raise DevClusterError(f"a dev cluster is already running in {self.root}")
         for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.profile_store.mkdir(mode=0o755, exist_ok=True)
-        if self.cgroups:
-            # One confined dev cluster per host: its tree is /sys/fs/cgroup/*/slurm_gpu01,
+        if self.cgroups or self.nodes > 1:
+            # One confined or multi-node dev cluster per host: its trees are
+            # /sys/fs/cgroup/*/slurm_gpuNN and its bridge and namespaces have fixed names,
             # shared with clusters in the test roots (tests/slurm-root).  Wait for the
-            # host's confined cluster slot, then clear what a cluster that was never
-            # stopped left there, which would otherwise be mistaken for ours.
+            # host's slot, then clear what a cluster that was never stopped left there,
+            # which would otherwise be mistaken for ours.
             _take_cgroup_slot(self.root)
             _kill_cgroup_jobs()
+            _remove_network()
         install_plugin(self.plugin_dir)
         self._make_gpu_devices()
         ports = _free_ports(2)
         self._write_configs(ctld_port=ports[0], slurmd_port=ports[1])
         pids: dict[str, int] = {}
+        self._save_state(pids)  # so down() undoes the network even if munged fails
+        if self.nodes > 1:
+            self._make_network()
         pids["munged"] = self._start_munged()
         self._save_state(pids)  # so down() stops munged even if slurmctld fails to start
         pids["slurmctld"] = self._spawn(
@@ -160,21 +230,64 @@ class DevCluster:
             extra_env=self.ctld_env,
         )
         self._save_state(pids)
-        if self.cgroups:  # the slot lives as long as this cluster's slurmctld
+        if self.cgroups or self.nodes > 1:  # the slot lives as long as this slurmctld
             CGROUP_SLOT.write_text(f"{pids['slurmctld']} {self.root}")
         self._wait_for(lambda: self._scontrol_ok(), "slurmctld to answer")
-        pids["slurmd"] = self._spawn(
-            ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", NODE_NAME],
-            self.root / "log" / "slurmd.stderr",
-        )
+        if self.nodes == 1:
+            pids["slurmd"] = self._spawn(
+                ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", NODE_NAME],
+                self.root / "log" / "slurmd.stderr",
+            )
+        else:
+            for name in self.node_names:
+                # nsenter execs slurmd in the node's network namespace only: the mounts
+                # (the cgroup hierarchies under /sys) stay the host's, which `ip netns
+                # exec` would replace with a fresh sysfs.
+                pids[f"slurmd-{name}"] = self._spawn(
+                    [
+                        "nsenter",
+                        f"--net=/run/netns/{NETNS_PREFIX}{name}",
+                        "slurmd",
+                        "-D",
+                        "-f",
+                        str(self.slurm_conf),
+                        "-N",
+                        name,
+                    ],
+                    self.root / "log" / f"slurmd-{name}.stderr",
+                )
         self._save_state(pids)
-        self._wait_for(lambda: self.node_state().startswith("IDLE"), "the node to be IDLE")
+        self._wait_for(
+            lambda: all(s.startswith("IDLE") for s in self.node_states().values()),
+            "every node to be IDLE",
+        )
+        if self.coda_nodes:
+            for name in self.node_names:
+                for d in (self.node_state_dir_of(name), self.node_runtime_dir_of(name)):
+                    d.mkdir(parents=True, exist_ok=True)
+                pids[f"coda-node-{name}"] = self._spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "coda_node.cli",
+                        "run",
+                        "--conf",
+                        str(self.node_coda_conf(name)),
+                    ],
+                    self.root / "log" / f"coda-node-{name}.log",
+                )
+            self._save_state(pids)
 
     def down(self) -> None:
         """Stop the daemons this cluster started (slurmd, slurmctld, munged), and the jobs
         that still run: they outlive slurmd (slurmstepd is their parent)."""
         state = self._load_state()
         confined = bool(state.get("cgroups"))
+        networked = bool(state.get("network"))
+        pids = state.get("pids", {})
+        for name, pid in pids.items():
+            if name.startswith("coda-node-"):  # first: it puts the jobs' cgroups back
+                _stop_pid(int(pid))
         if self.is_running():
             # End them while Slurm can.
             self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
@@ -183,14 +296,18 @@ class DevCluster:
                 _cgroup_tasks() if confined else _job_processes(self.slurm_conf)
             ):
                 time.sleep(0.2)
-        for name in ("slurmd", "slurmctld", "munged"):
-            pid = state.get("pids", {}).get(name)
+        slurmds = [name for name in pids if name == "slurmd" or name.startswith("slurmd-")]
+        for name in (*slurmds, "slurmctld", "munged"):
+            pid = pids.get(name)
             if pid:
                 _stop_pid(int(pid))
         # What scancel did not end (another user's job, a job Slurm lost track of).
         _kill_job_processes(self.slurm_conf)
         if confined:
             _kill_cgroup_jobs()
+        if networked:
+            _remove_network()
+        if confined or networked:
             _release_cgroup_slot(self.root)
         state_path = self.root / STATE_FILE
         if state_path.exists():
@@ -205,7 +322,10 @@ class DevCluster:
         state = self._load_state()
         pids = state.get("pids", {})
         alive = {name: _pid_alive(int(pid)) for name, pid in pids.items()}
-        node = self.node_state() if alive.get("slurmctld") else "unknown"
+        names = state.get("nodes") or [NODE_NAME]
+        states = (
+            self.node_states(names) if alive.get("slurmctld") else dict.fromkeys(names, "unknown")
+        )
         return {
             "root": str(self.root),
             "slurm_conf": str(self.slurm_conf),
@@ -213,7 +333,8 @@ class DevCluster:
             "cgroups": bool(state.get("cgroups")),
             "daemons": alive,
             "node": NODE_NAME,
-            "node_state": node,
+            "node_state": states.get(NODE_NAME, "unknown"),
+            "nodes": states,
         }
 
     # -- Slurm client helpers used by the demo and the tests -----------------
@@ -254,11 +375,20 @@ class DevCluster:
         out = self.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout.strip()
         return parse_scontrol_line(out)
 
-    def node_state(self) -> str:
-        proc = self.run(["scontrol", "-o", "show", "node", NODE_NAME], check=False)
-        if proc.returncode != 0:
-            return "unknown"
-        return parse_scontrol_line(proc.stdout.strip()).get("State", "unknown")
+    def node_state(self, name: str = NODE_NAME) -> str:
+        return self.node_states([name]).get(name, "unknown")
+
+    def node_states(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        """Slurm's state of each node (``unknown`` where scontrol does not say)."""
+        wanted = list(names) if names is not None else self.node_names
+        found = dict.fromkeys(wanted, "unknown")
+        proc = self.run(["scontrol", "-o", "show", "node"], check=False)
+        if proc.returncode == 0:
+            for line in proc.stdout.splitlines():
+                fields = parse_scontrol_line(line.strip())
+                if fields.get("NodeName") in found:
+                    found[fields["NodeName"]] = fields.get("State", "unknown")
+        return found
 
     # -- internals -----------------------------------------------------------
     def _make_gpu_devices(self) -> None:
@@ -301,10 +431,41 @@ class DevCluster:
         feature = f" Feature={node.features}" if node.features else ""
         submit = f"JobSubmitPlugins={self.job_submit_plugins}\n" if self.job_submit_plugins else ""
         r = self.root
+        names = self.node_names
+        if self.nodes == 1:
+            ctld_addr = "127.0.0.1"
+            spool, slurmd_pid, slurmd_log = f"{r}/spool", f"{r}/run/slurmd.pid", self.slurmd_log()
+        else:
+            ctld_addr = CTLD_ADDR
+            spool, slurmd_pid = f"{r}/spool/%n", f"{r}/run/slurmd-%n.pid"
+            slurmd_log = r / "log" / "slurmd-%n.log"
+            for name in names:
+                (r / "spool" / name).mkdir(parents=True, exist_ok=True)
+        node_lines = "".join(
+            f"NodeName={name} NodeAddr={self.node_addr(name)} NodeHostname={host} "
+            f"Port={slurmd_port} Sockets={node.sockets} CoresPerSocket={cores_per_socket} "
+            f"ThreadsPerCore=1 RealMemory={node.real_memory_mb} Gres={node_gres}{feature} "
+            "State=UNKNOWN\n"
+            for name in names
+        )
+        node_list = NODE_NAME if self.nodes == 1 else f"gpu[01-{len(names):02d}]"
+        if self.nodes > 1:
+            # slurmd runs it before every task (the batch script's too) and exports what
+            # it prints; SLURMD_NODENAME is the node the task runs on.
+            self.task_prolog.write_text(
+                "#!/bin/sh\n# Written by coda dev-cluster: each node's progress directory.\n"
+                f'case "$SLURMD_NODENAME" in\n'
+                f"  {NODE_NAME}) echo export CODA_PROGRESS_DIR={self.progress_dir} ;;\n"
+                f'  *) echo "export CODA_PROGRESS_DIR={r}/nodes/$SLURMD_NODENAME/progress" ;;\n'
+                "esac\n"
+            )
+            self.task_prolog.chmod(0o755)
+            node_lines = f"TaskProlog={self.task_prolog}\n{node_lines}"
+        shape = "one-node" if self.nodes == 1 else f"{self.nodes}-node"
         self.slurm_conf.write_text(
-            f"""# Written by coda dev-cluster; a private one-node cluster.
+            f"""# Written by coda dev-cluster; a private {shape} cluster.
 ClusterName=coda-dev
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_addr})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -313,11 +474,11 @@ AuthType=auth/munge
 AuthInfo=socket={self.munge_socket}
 CredType=cred/munge
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={spool}
 SlurmctldPidFile={r}/run/slurmctld.pid
-SlurmdPidFile={r}/run/slurmd.pid
+SlurmdPidFile={slurmd_pid}
 SlurmctldLogFile={self.ctld_log}
-SlurmdLogFile={r}/log/slurmd.log
+SlurmdLogFile={slurmd_log}
 SlurmctldDebug=info
 SlurmdDebug=info
 PluginDir={plugin_dirs}
@@ -338,26 +499,38 @@ SlurmdParameters=config_overrides
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MinJobAge=300
-NodeName={NODE_NAME} NodeAddr=127.0.0.1 NodeHostname={host} Port={slurmd_port} """
-            f"""Sockets={node.sockets} CoresPerSocket={cores_per_socket} ThreadsPerCore=1 """
-            f"""RealMemory={node.real_memory_mb} Gres={node_gres}{feature} State=UNKNOWN
-PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cpg}
+{node_lines}PartitionName=gpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP{def_cpg}
 {self.extra_partitions}"""
         )
-        (self.etc / "gres.conf").write_text(gres_conf(node, r / "dev"))
+        (self.etc / "gres.conf").write_text(gres_conf(node, r / "dev", node_list))
         cgroup_conf = "CgroupPlugin=cgroup/v1\n"
         if self.cgroups:
             cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
         (self.etc / "cgroup.conf").write_text(cgroup_conf)
-        self.coda_conf.write_text(
-            f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
-            f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
-            f"DecisionJournal={self.decision_journal}\n"
-            f"NodeName={NODE_NAME}\nNodeStateDir={self.node_state_dir}\n"
-            f"NodeRuntimeDir={self.node_runtime_dir}\nNodeIntervalS=1\n"
-            f"NodeProgressDir={self.progress_dir}\n"
-            f"{self.coda_conf_extra}"
-        )
+        for name in names:
+            self.node_coda_conf(name).write_text(
+                f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
+                f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
+                f"DecisionJournal={self.decision_journal}\n"
+                f"NodeName={name}\nNodeStateDir={self.node_state_dir_of(name)}\n"
+                f"NodeRuntimeDir={self.node_runtime_dir_of(name)}\nNodeIntervalS=1\n"
+                f"NodeProgressDir={self.node_progress_dir_of(name)}\n"
+                f"{self.coda_conf_extra}"
+            )
+
+    def _make_network(self) -> None:
+        """The bridge (slurmctld's address) and one namespace with a veth pair per node."""
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{CTLD_ADDR}/{NETWORK_BITS}", "dev", BRIDGE)
+        _ip("link", "set", BRIDGE, "up")
+        for name in self.node_names:
+            ns = f"{NETNS_PREFIX}{name}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", ns, "master", BRIDGE, "up")
+            _ip("-n", ns, "addr", "add", f"{self.node_addr(name)}/{NETWORK_BITS}", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
 
     def _start_munged(self) -> int:
         key = self.root / "munge" / "munge.key"
@@ -414,9 +587,13 @@ PartitionName=gpu Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=UP{def_cp
         )
 
     def _save_state(self, pids: Mapping[str, int]) -> None:
-        (self.root / STATE_FILE).write_text(
-            json.dumps({"pids": dict(pids), "cgroups": self.cgroups})
-        )
+        state = {
+            "pids": dict(pids),
+            "cgroups": self.cgroups,
+            "network": self.nodes > 1,
+            "nodes": self.node_names,
+        }
+        (self.root / STATE_FILE).write_text(json.dumps(state))
 
     def _load_state(self) -> dict:
         path = self.root / STATE_FILE
@@ -476,9 +653,10 @@ def slurm_version() -> tuple[int, int]:
     return parse_slurm_version(proc.stdout)
 
 
-def gres_conf(node: NodeSpec, dev: Path) -> str:
+def gres_conf(node: NodeSpec, dev: Path, node_list: str = NODE_NAME) -> str:
     """gres.conf for the node's fake GPUs, spread evenly over its sockets with the cores
     of each (``Cores=``), as on a real node: Slurm places ``--gpus-per-socket`` jobs by it.
+    Every node of ``node_list`` (a Slurm host list) has the same devices.
     """
     per_socket = max(1, -(-node.gpus // node.sockets))
     cores_per_socket = node.cpus // node.sockets
@@ -488,7 +666,7 @@ def gres_conf(node: NodeSpec, dev: Path) -> str:
         socket = first // per_socket
         cores = f"{socket * cores_per_socket}-{(socket + 1) * cores_per_socket - 1}"
         lines.append(
-            f"NodeName={NODE_NAME} Name=gpu Type={node.gpu_type} "
+            f"NodeName={node_list} Name=gpu Type={node.gpu_type} "
             f"File={dev}/nvidia[{first}-{last}] Cores={cores}\n"
         )
     return "".join(lines)
@@ -517,8 +695,15 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
+def node_names(nodes: int) -> list[str]:
+    """The dev cluster's node names: gpu01, gpu02, ..."""
+    return [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+
+
 def _cgroup_trees() -> list[Path]:
-    return [p for p in CGROUP_V1.glob(f"*/slurm_{NODE_NAME}") if p.is_dir()]
+    """Every dev cluster node's v1 tree (``slurm_gpuNN``), of this cluster or one that was
+    never stopped: the host's slot says no other dev cluster owns them."""
+    return [p for p in CGROUP_V1.glob("*/slurm_gpu[0-9][0-9]") if p.is_dir()]
 
 
 def _cgroup_tasks() -> set[int]:
@@ -544,6 +729,29 @@ def _kill_cgroup_jobs() -> None:
                 d.rmdir()
         with contextlib.suppress(OSError):
             tree.rmdir()
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(
+        ["ip", *args], capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False
+    )
+    if proc.returncode != 0:
+        raise DevClusterError(f"ip {' '.join(args)} exited {proc.returncode}", proc.stderr.strip())
+
+
+def _remove_network() -> None:
+    """Delete the dev cluster's namespaces (their veth pairs go with them) and bridge."""
+    if shutil.which("ip") is None:
+        return  # nothing made them here
+    listing = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=START_TIMEOUT_S
+    )
+    for line in listing.stdout.splitlines():
+        ns = line.split(" ", 1)[0]
+        if ns.startswith(f"{NETNS_PREFIX}gpu"):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -723,7 +931,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
     def dev_cluster() -> None:
-        """A private one-node Slurm (munge, slurmctld, slurmd) with fake GPUs on localhost."""
+        """A private Slurm (munge, slurmctld, slurmd per node) with fake GPUs on this host."""
 
     dir_option = click.option(
         "--dir",
@@ -743,9 +951,25 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         help="Confine jobs with real cgroups (v1: proctrack/cgroup, task/cgroup, "
         "ConstrainCores) on this host's own CPUs, for coda-node; one such cluster per host.",
     )
-    def up(root: Path, no_plugin: bool, cgroups: bool) -> None:
+    @click.option(
+        "--nodes",
+        type=click.IntRange(1, 99),
+        default=1,
+        show_default=True,
+        help="GPU nodes. More than one: each in its own network namespace on 10.77.0.0/24, "
+        "confined (--cgroups) and with its own running coda-node; one such cluster per host.",
+    )
+    def up(root: Path, no_plugin: bool, cgroups: bool, nodes: int) -> None:
         """Start the cluster and print the SLURM_CONF (and CODA_CONF) to export."""
-        cluster = DevCluster(root, job_submit_plugins="" if no_plugin else "coda", cgroups=cgroups)
+        multi = nodes > 1
+        cgroups = cgroups or multi
+        cluster = DevCluster(
+            root,
+            job_submit_plugins="" if no_plugin else "coda",
+            cgroups=cgroups,
+            nodes=nodes,
+            coda_nodes=multi,
+        )
         if cgroups:
             holder = _cgroup_slot_holder()
             if holder is not None and holder[1] != str(root):
@@ -760,13 +984,23 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
             raise CliError("cannot start the dev cluster", str(exc)) from exc
         click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
         cpus = os.cpu_count() if cgroups else cluster.node.cpus
-        click.echo(
-            f"# node {NODE_NAME}: {cpus} CPUs, "
-            f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}; "
-            f"profiles in {cluster.profile_store}; logs in {root / 'log'}",
-            err=True,
-        )
-        if cgroups:
+        for name in cluster.node_names:
+            click.echo(
+                f"# node {name} ({cluster.node_addr(name)}): {cpus} CPUs, "
+                f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}",
+                err=True,
+            )
+        click.echo(f"# profiles in {cluster.profile_store}; logs in {root / 'log'}", err=True)
+        if multi:
+            click.echo(f"export CODA_CONF={cluster.coda_conf}")
+            click.echo(
+                "# each node's coda-node runs with its own coda.conf "
+                f"({cluster.etc}/coda-gpuNN.conf; {cluster.coda_conf} for {NODE_NAME}); "
+                f"try `sbatch -N2 --gpus-per-node=1 --wrap 'srun sleep 300'` and "
+                f"`coda-node status --conf {cluster.node_coda_conf(cluster.node_names[1])}`",
+                err=True,
+            )
+        elif cgroups:
             click.echo(f"export CODA_CONF={cluster.coda_conf}")
             click.echo(
                 "# jobs run in real cgroups: start `coda-node run` (as root) and try "
@@ -796,9 +1030,10 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
             click.echo(f"no dev cluster in {root}")
             return
         for name, alive in daemons.items():
-            click.echo(f"{name:10} {'running' if alive else 'stopped'}")
-        click.echo(f"{NODE_NAME:10} {info['node_state']}")
-        click.echo(f"{'cgroups':10} {'confined' if info['cgroups'] else 'not confined'}")
+            click.echo(f"{name:17} {'running' if alive else 'stopped'}")
+        for name, state in info["nodes"].items():
+            click.echo(f"{name:17} {state}")
+        click.echo(f"{'cgroups':17} {'confined' if info['cgroups'] else 'not confined'}")
         click.echo(f"export SLURM_CONF={info['slurm_conf']}")
         if info["cgroups"]:
             click.echo(f"export CODA_CONF={info['coda_conf']}")
