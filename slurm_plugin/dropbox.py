@@ -499,6 +499,10 @@ class Collector:
             raise _Refused(f"expired munge credential ({who})")
         if decoded.status in (munge.EMUNGE_CRED_REPLAYED, munge.EMUNGE_CRED_REWOUND):
             raise _Refused(f"replayed munge credential ({who}; munged decoded it before)")
+        if decoded.status == munge.EMUNGE_CRED_UNAUTHORIZED:
+            raise _Refused(
+                f"a munge credential only another uid may decode (munge: {decoded.status_text})"
+            )
         if decoded.status != munge.EMUNGE_SUCCESS:
             raise _Refused(
                 f"not a valid munge credential (forged, cut short or from another cluster; "

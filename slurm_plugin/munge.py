@@ -21,13 +21,19 @@ from pathlib import Path
 #: Debian's munged socket (munged(8) ``--socket``).
 DEFAULT_SOCKET = Path("/run/munge/munge.socket.2")
 
-#: unmunge exit codes and STATUS values (munge.h ``munge_err_t``) with their meaning.
+#: unmunge exit codes and STATUS values (munge.h ``munge_err_t``) read here.
 EMUNGE_SUCCESS = 0
-EMUNGE_CRED_INVALID = 8
+EMUNGE_SNAFU = 1
+EMUNGE_NO_MEMORY = 5
+EMUNGE_SOCKET = 6
+EMUNGE_TIMEOUT = 7
 EMUNGE_CRED_EXPIRED = 15
 EMUNGE_CRED_REWOUND = 16
 EMUNGE_CRED_REPLAYED = 17
 EMUNGE_CRED_UNAUTHORIZED = 18
+#: Exit codes that say munged could not be asked, rather than anything about the credential.
+_UNAVAILABLE = (EMUNGE_SNAFU, EMUNGE_NO_MEMORY, EMUNGE_SOCKET, EMUNGE_TIMEOUT)
+_BAD_CREDENTIAL = 8  # EMUNGE_BAD_CRED: what unmunge exits with for unreadable input
 
 _CALL_TIMEOUT_S = 10.0
 
@@ -102,11 +108,12 @@ def decode(credential: bytes, socket: Path) -> Decoded:
         key, colon, value = line.partition(":")
         if colon:
             meta[key.strip()] = value.strip()
+    if done.returncode in _UNAVAILABLE:
+        raise MungeUnavailable(f"unmunge --socket={socket}: {err}")
     if "STATUS" not in meta:
-        if "socket" in err.lower() or "munged" in err.lower():
-            raise MungeUnavailable(f"unmunge --socket={socket}: {err}")
-        # An unreadable credential (bad armor, cut short, not base64): no metadata at all.
-        return Decoded(status=done.returncode or EMUNGE_CRED_INVALID, status_text=err)
+        # An unreadable credential (bad armor, cut short, not base64) or one for another
+        # uid: no metadata at all.
+        return Decoded(status=done.returncode or _BAD_CREDENTIAL, status_text=err)
     status = _int_or_none(meta["STATUS"])
     return Decoded(
         status=done.returncode if status is None else status,

@@ -79,8 +79,10 @@ def _payload(signature: str, made_s: float) -> Drop:
     return Drop(signature, NODE_NAME, samples, made_s)
 
 
-def _munge(cluster: DevCluster, payload: bytes, user: list[str], ttl_s: int = 300) -> bytes:
-    argv = [*user, "munge", f"--socket={cluster.munge_socket}", f"--ttl={ttl_s}"]
+def _munge(
+    cluster: DevCluster, payload: bytes, user: list[str], ttl_s: int = 300, *extra: str
+) -> bytes:
+    argv = [*user, "munge", f"--socket={cluster.munge_socket}", f"--ttl={ttl_s}", *extra]
     return subprocess.run(argv, input=payload, capture_output=True, check=True).stdout
 
 
@@ -126,6 +128,7 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     put("forged", b"MUNGE:" + b"A" * 200 + b":\n", "3")
     put("truncated", _munge(cluster, payload, [])[:80], "4")
     put("expired", _munge(cluster, payload, [], ttl_s=1), "5")
+    put("for-user", _munge(cluster, payload, USER, 300, "--restrict-uid=65534"), "7")
     huge = drop_dir / f"{'6' * 32}.munge"
     assert _as_user(["truncate", "-s", "100M", str(huge)]).returncode == 0
     files["huge"] = huge
@@ -134,16 +137,17 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     t0 = time.monotonic()
     out = _collect(cluster, conf)
     collect_s = time.monotonic() - t0
-    assert "0 accepted (0 samples merged), 6 refused" in out.stdout, out
+    assert "0 accepted (0 samples merged), 7 refused" in out.stdout, out
     assert "replayed munge credential" in _refusal(out.stderr, files["replayed"])
     assert "made by uid 65534, only uid 0 accepted" in _refusal(out.stderr, files["user"])
     assert "not a valid munge credential" in _refusal(out.stderr, files["forged"])
     assert "not a valid munge credential" in _refusal(out.stderr, files["truncated"])
     assert "expired munge credential" in _refusal(out.stderr, files["expired"])
+    assert "only another uid may decode" in _refusal(out.stderr, files["for-user"])
     assert "104857600 bytes, more than 262144 (not read)" in _refusal(out.stderr, huge)
     assert store.read(user_sig) is None and store.read(good_sig).n_samples == 2
     assert not any(drop_dir.iterdir())
-    print(f"collect pass over 6 refused files (one of 100 MB): {collect_s:.2f} s")
+    print(f"collect pass over 7 refused files (one of 100 MB): {collect_s:.2f} s")
 
     # Root, but on a host that is not a node of this cluster.
     other = _conf(cluster, tmp_path / "other.conf", drop_dir, "ProfileDropHosts=192.0.2.0/24\n")
