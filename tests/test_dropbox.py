@@ -200,3 +200,16 @@ def test_host_filter_names_addresses_networks_and_slurm_nodes() -> None:
 def test_payload_round_trip() -> None:
     d = _drop()
     assert Drop.from_json_bytes(d.to_json_bytes(), "x") == d
+
+
+def test_a_writer_crash_leaves_a_temp_file_swept_after_an_hour(setup) -> None:
+    collector, drop_dir, _, _ = setup
+    old = drop_dir / f".{'d' * 32}.tmp"
+    fresh = drop_dir / f".{'e' * 32}.tmp"
+    for path in (old, fresh):
+        path.write_bytes(b"MUNGE:half")
+    stale_s = NOW_S - dropbox.STALE_TEMP_S - 1
+    os.utime(old, (stale_s, stale_s))
+    os.utime(fresh, (NOW_S, NOW_S))
+    collector.collect()
+    assert not old.exists() and fresh.exists()
