@@ -11,6 +11,7 @@ from slurm_plugin import __version__
 from slurm_plugin.cli_collect import collect_cmd
 from slurm_plugin.cli_colocate import colocate_cmd
 from slurm_plugin.cli_common import CliError, conf_option, emit_json, run_cli
+from slurm_plugin.cli_job import job_cmd
 from slurm_plugin.cli_model import model
 from slurm_plugin.cli_profiles import profiles
 from slurm_plugin.cli_reserve import reserve_cmd
@@ -32,6 +33,7 @@ cli.add_command(status)
 cli.add_command(simulate_cmd)
 cli.add_command(colocate_cmd)
 cli.add_command(reserve_cmd)
+cli.add_command(job_cmd)
 
 
 @cli.group()

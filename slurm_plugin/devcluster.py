@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_plugin.devaccounting import DevAccounting
 from slurm_plugin.install import install_plugin
 
 NODE_NAME = "gpu01"
@@ -83,6 +84,8 @@ class DevCluster:
     cgroups: bool = False
     """Real cgroup confinement (proctrack/cgroup, task/cgroup+affinity, ConstrainCores):
     the node then declares this host's real CPUs so Slurm's cpusets are not folded."""
+    accounting: bool = False
+    """slurmdbd on a private MariaDB (slurm_plugin.devaccounting): sacct, GPU TRES."""
     nodes: int = 1
     """GPU nodes: 1 on 127.0.0.1, or more, each in its own network namespace."""
     coda_nodes: bool = False
@@ -224,6 +227,8 @@ class DevCluster:
             self._make_network()
         pids["munged"] = self._start_munged()
         self._save_state(pids)  # so down() stops munged even if slurmctld fails to start
+        if self.accounting:
+            self._accounting().start(self.env)
         pids["slurmctld"] = self._spawn(
             ["slurmctld", "-D", "-f", str(self.slurm_conf)],
             self.ctld_stderr,
@@ -301,6 +306,7 @@ class DevCluster:
             pid = pids.get(name)
             if pid:
                 _stop_pid(int(pid))
+        self._accounting().stop()
         # What scancel did not end (another user's job, a job Slurm lost track of).
         _kill_job_processes(self.slurm_conf)
         if confined:
@@ -331,6 +337,7 @@ class DevCluster:
             "slurm_conf": str(self.slurm_conf),
             "coda_conf": str(self.coda_conf),
             "cgroups": bool(state.get("cgroups")),
+            "accounting": self._accounting().status(),
             "daemons": alive,
             "node": NODE_NAME,
             "node_state": states.get(NODE_NAME, "unknown"),
@@ -422,6 +429,10 @@ class DevCluster:
             )
         else:
             proctrack, task, acct = "proctrack/linuxproc", "task/none", "jobacct_gather/none"
+        accounting = "AccountingStorageType=accounting_storage/none\n"
+        if self.accounting:
+            accounting = self._accounting().configure()
+            acct = acct if self.cgroups else "jobacct_gather/linux"  # sacct's TRESUsageIn*
         cores_per_socket = node.cpus // node.sockets
         def_cpg = f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else ""
         plugin_dirs = f"{self.plugin_dir}:{system_plugin_dir()}"
@@ -490,8 +501,7 @@ TaskPlugin={task}
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}JobCompType=jobcomp/none
 JobAcctGatherType={acct}
 ReturnToService=2
 MailProg=/bin/true
@@ -571,6 +581,9 @@ MinJobAge=300
                 cwd=self.root,
             )
         return proc.pid
+
+    def _accounting(self) -> DevAccounting:
+        return DevAccounting(self.root, self.etc, self.munge_socket)
 
     def _scontrol_ok(self) -> bool:
         return self.run(["scontrol", "ping"], check=False, timeout_s=5).returncode == 0
@@ -928,6 +941,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
     import click
 
     from slurm_plugin.cli_common import CliError
+    from slurm_plugin.devaccounting import AccountingError
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
     def dev_cluster() -> None:
@@ -959,7 +973,12 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         help="GPU nodes. More than one: each in its own network namespace on 10.77.0.0/24, "
         "confined (--cgroups) and with its own running coda-node; one such cluster per host.",
     )
-    def up(root: Path, no_plugin: bool, cgroups: bool, nodes: int) -> None:
+    @click.option(
+        "--accounting",
+        is_flag=True,
+        help="Add slurmdbd on a private MariaDB server (sacct, GPU TRES, AdminComment).",
+    )
+    def up(root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool) -> None:
         """Start the cluster and print the SLURM_CONF (and CODA_CONF) to export."""
         multi = nodes > 1
         cgroups = cgroups or multi
@@ -967,6 +986,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
             root,
             job_submit_plugins="" if no_plugin else "coda",
             cgroups=cgroups,
+            accounting=accounting,
             nodes=nodes,
             coda_nodes=multi,
         )
@@ -980,7 +1000,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
                 )
         try:
             cluster.up()
-        except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
+        except (DevClusterError, AccountingError, OSError, subprocess.SubprocessError) as exc:
             raise CliError("cannot start the dev cluster", str(exc)) from exc
         click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
         cpus = os.cpu_count() if cgroups else cluster.node.cpus

@@ -43,7 +43,7 @@ import gzip
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -347,9 +347,20 @@ class _Table:
 
 
 def _read_table(
-    path: Path, what: str, *, delimiter: str = ",", lenient_text: bool = False
+    path: Path,
+    what: str,
+    *,
+    delimiter: str = ",",
+    lenient_text: bool = False,
+    free_text: str | None = None,
 ) -> _Table:
-    """Read ``path``; ``what`` says in errors which kind of file was expected."""
+    """Read ``path``; ``what`` says in errors which kind of file was expected.
+
+    ``free_text`` names the one column whose values may hold the delimiter and line breaks
+    unquoted (sacct's ``JobName``: a user's text, printed as is by ``sacct -P``).  A record
+    with too few fields continues on the next line; the surplus fields of a record with too
+    many are that column's.
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"no such file (expected {what})", path=path)
@@ -377,9 +388,13 @@ def _read_table(
             if trailing:
                 header.pop()
             width = len(header)
+            free = header.index(free_text) if free_text in header else None
             for row in reader:
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
+                first_line = reader.line_num
+                if free is not None:
+                    row = _join_free_text(row, reader, width + trailing, free, delimiter)
                 if trailing and len(row) == width + 1 and row[-1] == "":
                     row.pop()
                 if len(row) != width:
@@ -387,10 +402,10 @@ def _read_table(
                         f"{len(row)} fields, expected {width} like the header "
                         f"({delimiter.join(header)})",
                         path=path,
-                        line=reader.line_num,
+                        line=first_line,
                     )
                 rows.append(row)
-                lines.append(reader.line_num)
+                lines.append(first_line)
     except UnicodeDecodeError as e:
         raise TraceError(
             f"not UTF-8 text ({e.reason} at byte {e.start}); expected {what}", path=path
@@ -405,6 +420,27 @@ def _read_table(
     else:
         columns = {h: [] for h in header}
     return _Table(path, header, columns, lines)
+
+
+def _join_free_text(
+    row: list[str], reader: Iterator[list[str]], width: int, free: int, delimiter: str
+) -> list[str]:
+    """``row`` with the line breaks and delimiters inside column ``free`` put back: lines are
+    joined while the record has fewer than ``width`` fields (a break can only be inside the
+    free text), then surplus fields are joined into the free text."""
+    while len(row) < width and len(row) > free:
+        more = next(reader, None)
+        if more is None:
+            break
+        row = [*row[:-1], row[-1] + "\n" + (more[0] if more else ""), *more[1:]]
+    surplus = len(row) - width
+    if surplus > 0:
+        row = [
+            *row[:free],
+            delimiter.join(row[free : free + surplus + 1]),
+            *row[free + surplus + 1 :],
+        ]
+    return row
 
 
 def _require(table: _Table, needed: Sequence[str], what: str) -> None:
@@ -1015,7 +1051,13 @@ def load_sacct(path: Path) -> Trace:
     running), and jobs that ran 0 s.
     """
     path = Path(path)
-    table = _read_table(path, f"a `{SACCT_COMMAND}` export", delimiter="|", lenient_text=True)
+    table = _read_table(
+        path,
+        f"a `{SACCT_COMMAND}` export",
+        delimiter="|",
+        lenient_text=True,
+        free_text="JobName",
+    )
     missing = [c for c in _SACCT_NEEDED if c not in table.columns]
     tres_cols = [c for c in _TRES_COLUMNS if c in table.columns]
     cpu_cols = [c for c in _CPU_COLUMNS if c in table.columns]
