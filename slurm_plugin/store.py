@@ -24,8 +24,9 @@ that an open() after the writer's close() sees the writer's data.
 
 Why users cannot plant profiles: the reader only accepts regular files owned by root or by
 the configured store owner that are not group/other-writable, in a directory that passes the
-same test. A file failing this is logged once and ignored. With NFS root_squash the node
-daemons write as ``nobody``; configure that uid as the store owner (``trusted_uids``).
+same test. A file failing this is logged once and ignored. On NFS with root_squash the node
+daemons do not write here: they drop munge credentials that the controller merges
+(``ProfilePublish=munge``, :mod:`slurm_plugin.dropbox`).
 """
 
 from __future__ import annotations
