@@ -205,6 +205,7 @@ class DevCluster:
             raise DevClusterError(f"cannot start {self.nodes} nodes", "1 to 99")
         if self.is_running():
             raise DevClusterError(f"a dev cluster is already running in {self.root}")
+        _stop_leftovers(self.root)
         for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.profile_store.mkdir(mode=0o755, exist_ok=True)
@@ -289,6 +290,12 @@ class DevCluster:
         state = self._load_state()
         confined = bool(state.get("cgroups"))
         networked = bool(state.get("network"))
+        if confined or networked:
+            # The slot names slurmctld, which stops first: hold it in this process until the
+            # trees and the network are gone, so that the next cluster does not start meanwhile.
+            with contextlib.suppress(OSError):
+                if CGROUP_SLOT.read_text().partition(" ")[2] == str(self.root):
+                    CGROUP_SLOT.write_text(f"{os.getpid()} {self.root}")
         pids = state.get("pids", {})
         for name, pid in pids.items():
             if name.startswith("coda-node-"):  # first: it puts the jobs' cgroups back
@@ -853,6 +860,8 @@ def _take_cgroup_slot(root: Path) -> None:
                 continue
             pid_text, _, held_root = holder.partition(" ")
             if held_root == str(root) or not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+                if held_root and held_root != str(root):
+                    _stop_leftovers(Path(held_root))
                 with contextlib.suppress(FileNotFoundError):
                     CGROUP_SLOT.unlink()  # ours from before, or its holder is gone
                 continue
@@ -866,6 +875,24 @@ def _take_cgroup_slot(root: Path) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(mine)
         return
+
+
+def _stop_leftovers(root: Path) -> None:
+    """Stop what the cluster in ``root`` left running when it was never stopped: its slurmd
+    and coda-node outlive a crashed slurmctld, and would act on the next cluster's node
+    trees.  Only processes whose command line names ``root`` (a pid may have been reused)."""
+    try:
+        state = json.loads((root / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    for pid in state.get("pids", {}).values():
+        try:
+            cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if os.fsencode(str(root)) in cmdline:
+            _stop_pid(int(pid))
+    _kill_job_processes(root / "etc" / "slurm.conf")
 
 
 def _cgroup_slot_holder() -> tuple[int, str] | None:
