@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devaccounting import missing_tools
+from slurm_plugin.devaccounting import DevAccounting, missing_tools
 from slurm_plugin.devcluster import DevCluster
 from slurm_plugin.jobreport import parse_duration_s
 from slurm_plugin.policy import parse_admin_record
@@ -260,3 +260,52 @@ def test_job_report_of_a_running_job_shows_what_coda_node_recorded(
         assert seen["gpu_util_pct"] is None
         assert report["gpus_waiting_on_cpu"]["verdict"] == "unknown"
         assert "no GPU utilisation" in report["gpus_waiting_on_cpu"]["why"]
+
+
+def _processes_under(path: Path) -> list[int]:
+    """Live processes whose command line or environment names ``path`` (our mariadbd's
+    datadir; our slurmdbd has the cluster's SLURM_CONF)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdecimal():
+            try:
+                text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if str(path).encode() in text and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _named(pids: list[int], comm: str) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == comm:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_up_ends_what_a_crashed_run_left_and_down_stops_everything(tmp_path: Path) -> None:
+    _require_accounting()
+    cluster = DevCluster(tmp_path / "c", accounting=True)
+    acct = DevAccounting(cluster.root, cluster.etc, cluster.munge_socket)
+    for c in started(cluster):
+        old = acct.status()
+        assert old == {"mariadbd": True, "slurmdbd": True}
+        old_pids = _named(_processes_under(acct.datadir), "mariadbd") + _named(
+            _processes_under(cluster.root), "slurmdbd"
+        )
+        assert len(old_pids) == 2
+        # As the next `up` after a run whose tool died: the daemons it left are ended first.
+        acct.start(c.env)
+        assert acct.status() == {"mariadbd": True, "slurmdbd": True}
+        assert not set(old_pids) & set(_processes_under(cluster.root))
+        listed = c.run(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"]).stdout
+        assert listed.split() == ["coda-dev"]
+    assert acct.status() == {}
+    assert _named(_processes_under(cluster.root), "mariadbd") == []
+    assert _named(_processes_under(cluster.root), "slurmdbd") == []
