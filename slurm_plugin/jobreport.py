@@ -32,6 +32,7 @@ SCHEMA_VERSION = 1
 SACCT_TIMEOUT_S = 30.0
 
 SACCT_FIELDS = (
+    "JobIDRaw",
     "JobID",
     "State",
     "User",
@@ -49,7 +50,9 @@ SACCT_FIELDS = (
     "TRESUsageInTot",
     "ExitCode",
 )
-"""The structured query (``sacct -P -j JOBID``): none of these holds a user's text."""
+"""The structured query (``sacct -P -j JOBID``): none of these holds a user's text.
+``JobIDRaw`` is what JOBID is matched with (an array task's own id; ``JobID`` is
+``<array job>_<index>`` there)."""
 
 GPU_BUSY_PCT = 80.0
 """GPUs at least this busy are not waiting on anything."""
@@ -103,9 +106,9 @@ def parse_structured(text: str, job_id: int) -> SacctRecord:
                 f"{len(values)} fields in {line[:80]!r}, expected {len(SACCT_FIELDS)}",
             )
         row = dict(zip(SACCT_FIELDS, values, strict=True))
-        if row["JobID"] == str(job_id):
+        if row["JobIDRaw"] == str(job_id):
             job = row
-        elif row["JobID"].startswith(f"{job_id}."):
+        elif row["JobIDRaw"].startswith(f"{job_id}."):
             steps.append(row)
     if job is None:
         raise ReportError(f"no job {job_id} in Slurm's accounting", "sacct lists no such job")
@@ -277,6 +280,7 @@ def build_report(
     return {
         "schema_version": SCHEMA_VERSION,
         "job_id": job_id,
+        "job_id_text": job["JobID"],
         "name": name,
         "user": job["User"],
         "state": state,
@@ -389,7 +393,7 @@ def render(report: Mapping[str, Any]) -> str:
     samples = report["node_samples"]
     name = report["name"].encode("unicode_escape").decode("ascii")  # one line, printable
     rows = [
-        ("Job", f"{report['job_id']} {name!s} ({report['user']}, {report['partition']})"),
+        ("Job", f"{report['job_id_text']} {name} ({report['user']}, {report['partition']})"),
         ("State", f"{report['state']} exit {report['exit_code']}"),
         ("Nodes", f"{report['nodes']} ({report['node_list']})"),
         (

@@ -69,6 +69,7 @@ def test_gpus_waiting_on_cpu(samples, state: str, verdict: str, why: str) -> Non
 def _line(**values: str) -> str:
     base = dict.fromkeys(SACCT_FIELDS, "")
     base.update(values)
+    base["JobIDRaw"] = base["JobIDRaw"] or base["JobID"]
     return "|".join(base[f] for f in SACCT_FIELDS)
 
 
@@ -125,6 +126,17 @@ def test_report_of_a_job_the_hook_left_alone_and_a_hostile_name() -> None:
 def test_a_job_sacct_does_not_list() -> None:
     with pytest.raises(ReportError, match="no job 8"):
         parse_structured(_line(JobID="7") + "\n", 8)
+
+
+def test_an_array_task_is_found_by_its_own_id() -> None:
+    text = (
+        _line(JobIDRaw="125", JobID="123_2")
+        + "\n"
+        + _line(JobIDRaw="125.batch", JobID="123_2.batch")
+    )
+    record = parse_structured(text, 125)
+    assert record.job["JobID"] == "123_2"
+    assert len(record.steps) == 1
 
 
 SACCT_HEADER = "JobID|JobName|User|Partition|Submit|Start|End|State|NNodes|AllocTRES|ReqTRES"
