@@ -1076,7 +1076,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         if not daemons:
             click.echo(f"no dev cluster in {root}")
             return
-        for name, alive in daemons.items():
+        for name, alive in {**daemons, **info["accounting"]}.items():
             click.echo(f"{name:17} {'running' if alive else 'stopped'}")
         for name, state in info["nodes"].items():
             click.echo(f"{name:17} {state}")
