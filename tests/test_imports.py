@@ -53,7 +53,16 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
     "model": ("model", "dropbox"),
     "decision": ("policy", "placement"),
     "hook": ("hook", "journal", "install"),
-    "tools": ("cli*", "predict", "sbatchopts", "reserve", "reserve_slurm", "sim", "sim.*"),
+    "tools": (
+        "cli*",
+        "predict",
+        "jobreport",
+        "sbatchopts",
+        "reserve",
+        "reserve_slurm",
+        "sim",
+        "sim.*",
+    ),
     "dev tools": ("devcluster", "devaccounting", "demo"),
 }
 # What the node may use of the controller: its configuration, the profile store (and the
