@@ -147,10 +147,17 @@ class DevAccounting:
         pids["slurmdbd"] = proc.pid
         self._save_state(state)
         self._wait_for(
-            lambda: self._sacctmgr(env, ["list", "cluster"]).returncode == 0,
+            lambda: (
+                proc.poll() is not None or self._sacctmgr(env, ["list", "cluster"]).returncode == 0
+            ),
             "slurmdbd to answer sacctmgr",
             self.slurmdbd_log,
         )
+        if proc.poll() is not None:
+            raise AccountingError(
+                f"slurmdbd exited {proc.returncode}",
+                f"see {self.slurmdbd_log} and {self.dir / 'slurmdbd.stderr'}",
+            )
         listed = self._sacctmgr(env, ["-n", "-P", "list", "cluster", "format=Cluster"]).stdout
         if self.cluster_name not in listed.split():
             proc2 = self._sacctmgr(env, ["-i", "add", "cluster", self.cluster_name])
@@ -162,12 +169,10 @@ class DevAccounting:
 
     def stop(self) -> None:
         """Stop slurmdbd, then MariaDB (slurmdbd flushes to it on the way out)."""
-        self._stop_recorded(self._load_state())
-        with contextlib.suppress(FileNotFoundError):
-            state = self._load_state()
-            state.pop("pids", None)
-            if state:
-                self._save_state(state)
+        state = self._load_state()
+        self._stop_recorded(state)
+        if state.pop("pids", None) is not None:
+            self._save_state(state)
 
     def status(self) -> dict[str, bool]:
         """Whether each daemon this module started is alive (empty when none was)."""
