@@ -545,9 +545,9 @@ MinJobAge=300
             _ip("netns", "add", ns)
             _ip("link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("link", "set", ns, "master", BRIDGE, "up")
-            _ip("-n", ns, "addr", "add", f"{self.node_addr(name)}/{NETWORK_BITS}", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("addr", "add", f"{self.node_addr(name)}/{NETWORK_BITS}", "dev", "eth0", netns=ns)
+            _ip("link", "set", "eth0", "up", netns=ns)
+            _ip("link", "set", "lo", "up", netns=ns)
 
     def _start_munged(self) -> int:
         key = self.root / "munge" / "munge.key"
@@ -751,9 +751,14 @@ def _kill_cgroup_jobs() -> None:
             tree.rmdir()
 
 
-def _ip(*args: str) -> None:
+def _ip(*args: str, netns: str | None = None) -> None:
+    argv = ["ip", *args]
+    if netns is not None:
+        # nsenter enters the network namespace only; `ip -n` also makes / a slave mount,
+        # which fails where / is no mount point (a chroot: the Slurm version roots).
+        argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]
     proc = subprocess.run(
-        ["ip", *args], capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False
+        argv, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False
     )
     if proc.returncode != 0:
         raise DevClusterError(f"ip {' '.join(args)} exited {proc.returncode}", proc.stderr.strip())
