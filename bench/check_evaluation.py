@@ -1,7 +1,9 @@
 """Re-run every ``coda-slurm simulate`` command shown in docs/evaluation.md and compare.
 
 docs/evaluation.md shows each simulator table as the exact output of the command above it
-(a fenced block that starts with ``$ coda-slurm simulate ...``). This re-runs those commands
+(a fenced block that starts with ``$ coda-slurm simulate ...``, or with
+``$ .venv/bin/python bench/bench_shield_tradeoff.py ...``, whose sweep of those commands
+also rewrites docs/shield-tradeoff.svg). This re-runs those commands
 with the installed ``coda-slurm`` and says, per block, whether the output is the same. The
 last line of each output (events, seconds and µs per event) is wall-clock time and is not
 compared.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
-PROMPT = "$ coda-slurm simulate "
+PROMPTS = ("$ coda-slurm simulate ", "$ .venv/bin/python bench/")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def find_blocks(text: str) -> list[Block]:
     blocks = []
     i = 0
     while i < len(lines):
-        if lines[i].startswith("```") and i + 1 < len(lines) and lines[i + 1].startswith(PROMPT):
+        if lines[i].startswith("```") and i + 1 < len(lines) and lines[i + 1].startswith(PROMPTS):
             end = i + 2
             while end < len(lines) and not lines[end].startswith("```"):
                 end += 1
@@ -70,7 +72,11 @@ def _comparable(lines: tuple[str, ...] | list[str]) -> list[str]:
 
 def run(command: str, exe: str) -> list[str]:
     argv = shlex.split(command)
-    argv[0] = exe
+    if argv[0] == "coda-slurm":
+        argv[0] = exe
+    else:
+        argv[0] = sys.executable
+        argv[1] = str(DOC.parents[1] / argv[1])
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{command!r} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")

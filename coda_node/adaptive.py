@@ -25,6 +25,7 @@ from coda_node.contention import (
     Eliminator,
     PcieUse,
     Throttle,
+    params_from_config,
     pcie_pairs,
 )
 from coda_node.observe import JobSignal, Progress, Reading, SignalParams
@@ -58,17 +59,7 @@ def probe_params(cfg: CodaConfig, *, why_off: str | None = None) -> ProbeParams:
 
 
 def contention_params(cfg: CodaConfig) -> ContentionParams:
-    return ContentionParams(
-        enabled=cfg.node_contention,
-        trigger_slowdown=cfg.node_contention_trigger_pct / 100.0,
-        release_slowdown=cfg.node_contention_release_pct / 100.0,
-        release_hold_s=cfg.node_release_hold_s,
-        baseline_probe_after_s=cfg.node_baseline_probe_after_s,
-        baseline_reset_s=cfg.node_baseline_reset_s,
-        floor_fraction=cfg.node_throttle_floor_pct / 100.0,
-        floor_mba_pct=max(1, round(cfg.node_throttle_floor_pct)),
-        step_s=max(2.0 * cfg.node_interval_s, 1.0),
-    )
+    return params_from_config(cfg)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,15 @@ below ``floor_fraction`` of its allocation (quota), ``floor_mba_pct`` (MBA) or
 ``floor_l3_ways`` (CAT; never below the hardware's ``min_cbm_bits`` either); DNN jobs are
 never throttled.
 
+**Attribution.** Without per-job bandwidth "draws most" means "uses most CPU", and a
+compute-bound job uses many cores and draws little. So with ``min_effect_per_core`` set, a
+job is judged by its effect: from its first step for a DNN job it alone is stepped for
+that job; at its floor the DNN job must be ``min_effect_per_core`` less slowed per core
+held back (unless back under the trigger already). If not, it is *unproven* (a saturated
+bus hides any one job's share): given back whole as soon as no DNN job beside it is past
+the trigger, and if the DNN job then slows by less than ``min_effect_per_core`` of the
+trigger per core given back, it is *innocent* and left alone for ``retest_s``.
+
 **Baseline probe.** A DNN job that starts beside busy CPU jobs never has a quiet tick, so
 it would never get a baseline and never be shielded (the simulator showed this to be the
 common case on a full cluster). When a training job has gone
@@ -55,6 +64,7 @@ from dataclasses import dataclass, field
 
 from coda_node.allocator import Event
 from coda_node.observe import Progress
+from slurm_plugin.conf import CodaConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +83,8 @@ class ContentionParams:
     mba_fractions: tuple[float, ...] = (0.7, 0.5, 0.3)
     overshoot: float = 1.25
     mba_correction_pct: int = 10
-    floor_fraction: float = 0.1
-    floor_mba_pct: int = 10
+    floor_fraction: float = 0.25
+    floor_mba_pct: int = 25
     step_s: float = 2.0
     release_hold_s: float = 30.0
     max_backoff: int = 8
@@ -89,6 +99,33 @@ class ContentionParams:
     """CAT ladder: the share of the cache's ways a throttled CPU job may allocate in."""
     floor_l3_ways: int = 2
     """Fewest L3 ways a CPU job is limited to (never below the hardware's minimum)."""
+    min_effect_per_core: float = 0.05
+    """Attribution: once a CPU job stepped to its floor has had ``smooth_ticks`` ticks to
+    show, the DNN job it was taken for must be this share less slowed per core held back
+    (0.05: holding back 4 cores must bring a 20 % slowdown to 16 % or less), unless it is
+    back under the trigger already. Otherwise the job is *unproven*: given back whole as
+    soon as no DNN job beside it is past the trigger, and if the DNN job then gets slower
+    by less than this share of the trigger per core given back, it is left alone for
+    ``retest_s``. 0 = no test: contenders are stepped by their draw alone."""
+    retest_s: float = 1800.0
+    """How long a CPU job found not to slow anyone is left alone before it may be tried
+    again (it may have changed phase)."""
+
+
+def params_from_config(cfg: CodaConfig) -> ContentionParams:
+    """The eliminator's settings from coda.conf's ``Node*`` keys."""
+    return ContentionParams(
+        enabled=cfg.node_contention,
+        trigger_slowdown=cfg.node_contention_trigger_pct / 100.0,
+        release_slowdown=cfg.node_contention_release_pct / 100.0,
+        release_hold_s=cfg.node_release_hold_s,
+        baseline_probe_after_s=cfg.node_baseline_probe_after_s,
+        baseline_reset_s=cfg.node_baseline_reset_s,
+        floor_fraction=cfg.node_throttle_floor_pct / 100.0,
+        floor_mba_pct=max(1, round(cfg.node_throttle_floor_pct)),
+        step_s=max(2.0 * cfg.node_interval_s, 1.0),
+        min_effect_per_core=cfg.node_throttle_min_effect_pct / 100.0,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +199,19 @@ class _Throttled:
     l3_step: int = 0
     """Steps down the L3-ways ladder (CAT), taken after MBA's floor, before quota."""
     l3_ways: int | None = None
+    test_victim: int | None = None
+    """Attribution under way: the DNN job the first step was taken for..."""
+    test_slowdown: float = 0.0
+    """... its slowdown then ..."""
+    test_ticks: int = 0
+    """... and the ticks since."""
+    unproven: bool = False
+    """At its floor it showed no effect while the DNN job stayed slowed (a saturated memory
+    bus hides any one job's share): judged again when it is released."""
+    return_slowdown: float | None = None
+    """Released as unproven: the DNN job's slowdown just before, and ..."""
+    return_cores: float = 0.0
+    """... the cores given back."""
 
     @property
     def level(self) -> int:
@@ -214,6 +264,8 @@ class Eliminator:
         self._unresolved: dict[int, float] = {}
         self.probe: _BaselineProbe | None = None
         """The baseline probe under way on this node, if any."""
+        self.innocent: dict[int, float] = {}
+        """CPU jobs whose first step did not speed up the DNN job it was for: since when."""
 
     # -- the view ---------------------------------------------------------------
     def dnn_status(self, job_id: int) -> dict[str, object] | None:
@@ -274,6 +326,8 @@ class Eliminator:
             del self.victims[gone]
         for gone in set(self.throttled) - set(cpu):
             del self.throttled[gone]
+        for gone in set(self.innocent) - set(cpu):
+            del self.innocent[gone]
         if not p.enabled:
             self.throttled.clear()
             self.probe = None
@@ -322,6 +376,9 @@ class Eliminator:
             if job_id not in slowed:
                 v.floor_since_s = None
                 v.floor_rates.clear()
+        if p.min_effect_per_core > 0:
+            self._judge_return(now_s, cpu, out)
+            self._attribute(now_s, cpu, stepped, out)
         for slowdown, job in sorted(victims, key=lambda x: (-x[0], x[1].job_id)):
             exhausted = self._protect(now_s, job, slowdown, drawing, stepped, out)
             self._check_stale_baseline(now_s, job, exhausted, out)
@@ -340,6 +397,98 @@ class Eliminator:
                 if job_id in cpu:
                     out.throttles[job_id] = _tighter(out.throttles.get(job_id), cap)
         return out
+
+    # -- who pays: attribution ---------------------------------------------
+    def _attribute(
+        self, now_s: float, cpu: Mapping[int, CpuJob], stepped: set[int], out: ContentionOutput
+    ) -> None:
+        """Judge each throttled job by its effect. The test starts at its first step and ends
+        when the DNN job it was for is back under the trigger (it helped), or when the job
+        has been at its floor for ``smooth_ticks`` ticks: then the DNN job must be less
+        slowed by ``min_effect_per_core`` per core held back, or the CPU job is released
+        and left alone. Judged at the floor, not after one step: on a saturated memory bus
+        one step of the job that fills it shows nothing yet."""
+        p = self.params
+        for job_id, t in sorted(self.throttled.items()):
+            if t.test_victim is None or t.level == 0:
+                t.test_victim = None
+                continue
+            victim, before = t.test_victim, t.test_slowdown
+            v = self.victims.get(victim)
+            if v is None or v.slowdown is None or before <= 0:
+                t.test_victim = None  # nothing to judge by (it ended or stopped training)
+                continue
+            if v.slowdown <= p.trigger_slowdown:
+                t.test_victim = None  # it helped
+                continue
+            c = cpu[job_id]
+            if not self._at_floor(t, c):
+                t.test_ticks = 0
+                continue
+            t.test_ticks += 1
+            if t.test_ticks < p.smooth_ticks:
+                continue
+            t.test_victim = None
+            kept = throttle_share(self._throttle(t), c.allocated_cores)
+            held_cores = c.allocated_cores * (1.0 - kept)
+            if held_cores <= 0:
+                continue
+            effect = (before - v.slowdown) / before / held_cores
+            t.unproven = effect < p.min_effect_per_core
+
+    def _judge_return(self, now_s: float, cpu: Mapping[int, CpuJob], out: ContentionOutput) -> None:
+        """An unproven job released whole: if the DNN job it was held for got slower by
+        less than ``min_effect_per_core`` of the trigger per core given back, it is not
+        what slows it and is left alone for ``retest_s``."""
+        p = self.params
+        for job_id, t in sorted(self.throttled.items()):
+            if t.return_slowdown is None:
+                continue
+            t.test_ticks += 1
+            if t.test_ticks < p.smooth_ticks:
+                continue
+            before, t.return_slowdown = t.return_slowdown, None
+            v = self.victims.get(t.for_job) if t.for_job is not None else None
+            if v is None or v.slowdown is None or t.return_cores <= 0:
+                continue
+            effect = (v.slowdown - before) / p.trigger_slowdown / t.return_cores
+            if effect >= p.min_effect_per_core:
+                continue  # it does slow it: the ladder takes it again if needed
+            self.innocent[job_id] = now_s
+            out.events.append(
+                Event(
+                    job_id,
+                    "innocent",
+                    f"giving back {t.return_cores:.3g} cores moved job {t.for_job} only "
+                    f"from {before:.0%} to {v.slowdown:.0%} below its baseline: not what "
+                    f"slows it; not throttled for {p.retest_s:g} s",
+                    {"victim": t.for_job, "before": round(before, 4)},
+                )
+            )
+
+    def _at_floor(self, t: _Throttled, c: CpuJob) -> bool:
+        """Nothing left to step on this job's ladder."""
+        p = self.params
+        if self.quota:
+            floor_cores = max(0.1, p.floor_fraction * c.allocated_cores)
+            return t.quota_cores is not None and t.quota_cores <= floor_cores + 1e-9
+        return t.mba_pct is not None and t.mba_pct <= p.floor_mba_pct
+
+    def _release_all(
+        self, now_s: float, job_id: int, t: _Throttled, why: str, out: ContentionOutput
+    ) -> None:
+        victim = t.for_job
+        t.mba_step = t.l3_step = t.quota_step = 0
+        t.mba_pct = t.l3_ways = None
+        t.quota_cores = None
+        t.test_victim = None
+        t.last_change_s = now_s
+        t.released_s = now_s
+        out.events.append(Event(job_id, "release", f"released: {why}", {"victim": victim}))
+
+    @staticmethod
+    def _throttle(t: _Throttled) -> Throttle:
+        return Throttle(quota_cores=t.quota_cores, mem_bw_pct=t.mba_pct, l3_ways=t.l3_ways)
 
     # -- the baseline probe ----------------------------------------------------------
     def _maybe_start_probe(
@@ -488,6 +637,11 @@ class Eliminator:
                     )
                 )
             return False
+        # One suspect at a time: while a job's effect is being judged for this DNN job, it
+        # alone is stepped, so no other job's step is credited to it.
+        suspect = [c for c in near if self._judging(c.job_id) == job.job_id]
+        if suspect:
+            near = suspect
         by_bw = all(c.mem_bw_bytes_per_s is not None for c in near)
         near.sort(
             key=lambda c: (
@@ -496,15 +650,36 @@ class Eliminator:
             )
         )
         for c in near:
+            if self._exempt(now_s, c.job_id):
+                continue
             if c.job_id in stepped:
                 return False  # one step per tick for a job; let it show
             t = self.throttled.get(c.job_id)
             if t is not None and t.level > 0 and now_s - t.last_change_s < p.step_s:
                 return False
+            if t is not None and t.test_victim is not None and self._at_floor(t, c):
+                return False  # being judged at its floor: step no other job meanwhile
             if self._step_down(now_s, c, job, slowdown, out):
                 stepped.add(c.job_id)
                 return False
         return True  # every contender is at its floor: nothing more to take
+
+    def _judging(self, job_id: int) -> int | None:
+        """The DNN job for which this CPU job's effect is being judged, if any."""
+        t = self.throttled.get(job_id)
+        return None if t is None or t.level == 0 else t.test_victim
+
+    def _exempt(self, now_s: float, job_id: int) -> bool:
+        """Not to be stepped now: found not to slow anyone lately, or being judged."""
+        t = self.throttled.get(job_id)
+        if t is not None and t.return_slowdown is not None:
+            return True
+        since = self.innocent.get(job_id)
+        if since is not None:
+            if now_s - since < self.params.retest_s:
+                return True
+            del self.innocent[job_id]
+        return False
 
     def _check_stale_baseline(
         self, now_s: float, job: DnnJob, exhausted: bool, out: ContentionOutput
@@ -582,6 +757,8 @@ class Eliminator:
             # before the next one (damps throttle/release oscillation).
             t.backoff = min(p.max_backoff, t.backoff * 2)
         t.for_job = victim.job_id
+        if p.min_effect_per_core > 0 and t.level == 0:
+            t.test_victim, t.test_slowdown, t.test_ticks = victim.job_id, slowdown, 0
         floor_cores = max(0.1, p.floor_fraction * c.allocated_cores)
         if (
             use_mba
@@ -719,8 +896,12 @@ class Eliminator:
         out: ContentionOutput,
     ) -> None:
         p = self.params
+        # Unproven jobs go first, whole and one at a time, so that the judgement of each
+        # (_judge_return) sees its effect alone.
+        returning = any(t.return_slowdown is not None for t in self.throttled.values())
+        unproven = any(t.unproven and t.level > 0 for t in self.throttled.values())
         for job_id, t in sorted(self.throttled.items()):
-            if t.level == 0 or job_id in stepped:
+            if t.level == 0 or job_id in stepped or returning or (unproven and not t.unproven):
                 continue
             c = cpu[job_id]
             if not self._quiet(c, t):
@@ -733,16 +914,38 @@ class Eliminator:
                 hold_s = p.release_hold_s
             else:
                 hold_s = p.release_hold_s * t.backoff
+                # An unproven job is given back as soon as no DNN job beside it is past
+                # the trigger: it is more likely innocent than not.
+                enough = p.release_slowdown
+                if t.unproven:
+                    hold_s, enough = p.step_s, p.trigger_slowdown
                 needed = False
                 for d in dnn.values():
                     v = self.victims.get(d.job_id)
                     if not (d.sockets & c.sockets) or v is None or v.slowdown is None:
                         continue
-                    if v.slowdown > p.release_slowdown:
+                    if v.slowdown > enough:
                         needed = True
                 if needed:
                     continue
             if now_s - t.last_change_s < hold_s:
+                continue
+            if t.unproven:
+                v = self.victims.get(t.for_job) if t.for_job is not None else None
+                kept = throttle_share(self._throttle(t), c.allocated_cores)
+                cores = c.allocated_cores * (1.0 - kept)
+                self._release_all(
+                    now_s,
+                    job_id,
+                    t,
+                    "holding it back showed no effect on a DNN job still slowed; given back "
+                    "whole to see whether that slows it",
+                    out,
+                )
+                t.unproven = False
+                if v is not None and v.slowdown is not None:
+                    t.return_slowdown, t.return_cores, t.test_ticks = v.slowdown, cores, 0
+                returning = True
                 continue
             # The reverse of the ladder: quota first, then L3 ways, then MBA.
             released = "quota" if t.quota_step else "l3" if t.l3_step else "mba"
@@ -792,6 +995,19 @@ class Eliminator:
                     | ({"l3_ways": t.l3_ways} if self.l3_ways is not None else {}),
                 )
             )
+
+
+def throttle_share(t: Throttle | None, allocated_cores: float) -> float:
+    """The share of its cores (or of its bandwidth, under MBA) a throttled job keeps: what
+    a job whose progress follows its cores or its bandwidth is slowed to."""
+    if t is None:
+        return 1.0
+    share = 1.0
+    if t.quota_cores is not None:
+        share = min(share, t.quota_cores / max(allocated_cores, 1))
+    if t.mem_bw_pct is not None:
+        share = min(share, t.mem_bw_pct / 100.0)
+    return share
 
 
 def _tighter(a: Throttle | None, b: Throttle) -> Throttle:

@@ -401,9 +401,16 @@ CONFIG_KEYS: dict[str, KeySpec] = {
     ),
     "NodeThrottleFloorPct": KeySpec(
         "float",
-        "10",
+        "25",
         "coda-node: a throttled CPU job keeps at least this % of its cores (quota) or of "
         "memory bandwidth (MBA) (1..100).",
+    ),
+    "NodeThrottleMinEffectPct": KeySpec(
+        "float",
+        "5",
+        "coda-node: a CPU job held at its floor must cut the DNN job's slowdown by this % "
+        "per core held back, or it is given back whole; if that does not slow the DNN job "
+        "either, it is left alone for 30 min (0 = throttle by CPU use or bandwidth alone).",
     ),
     "NodeJobMemBw": KeySpec(
         "yes|no",
@@ -527,7 +534,8 @@ class CodaConfig:
     node_release_hold_s: float = 30.0
     node_baseline_probe_after_s: float = 60.0
     node_baseline_reset_s: float = 60.0
-    node_throttle_floor_pct: float = 10.0
+    node_throttle_floor_pct: float = 25.0
+    node_throttle_min_effect_pct: float = 5.0
     node_job_mem_bw: bool = True
     node_metrics_port: int = 0
     node_metrics_address: str = "127.0.0.1"
@@ -843,6 +851,11 @@ def _convert(key: str, value: str) -> tuple[str, object]:
         if number < 0:
             raise ValueError(f"{key} must be 0 or more, got {value}")
         return _snake(key), number
+    if key == "NodeThrottleMinEffectPct":
+        number = _float(key, value)
+        if not 0.0 <= number <= 100.0:
+            raise ValueError(f"{key} must be 0..100, got {value}")
+        return "node_throttle_min_effect_pct", number
     if key in ("NodeProbeMeasureS", "NodeProbeBudgetS", "NodeReleaseHoldS"):
         return _snake(key), _positive_float(key, value)
     if key in (

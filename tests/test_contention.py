@@ -22,11 +22,22 @@ from coda_node.contention import (
     Eliminator,
     Throttle,
     _tighter,
+    params_from_config,
 )
 from coda_node.observe import Progress
+from slurm_plugin.conf import parse_config
 
 DNN, HOG, HOG2 = 1, 2, 3
 GB = 1e9
+
+LADDER = ContentionParams(floor_fraction=0.1, floor_mba_pct=10, min_effect_per_core=0.0)
+"""The ladder's mechanics are tested with a 10 % floor (more steps to see) and without
+attribution, whose scripted DNN rates do not follow the caps; attribution and the
+defaults are tested on their own below."""
+
+
+def _params(**changes: object) -> ContentionParams:
+    return dataclasses.replace(LADDER, **changes)  # type: ignore[arg-type]
 
 
 def prog(rate: float | None, phase: str = "train") -> Progress:
@@ -129,7 +140,7 @@ ONSETS = [
 @pytest.mark.parametrize("fall", [0.5, 0.3, 0.15])
 def test_slowdown_throttles_within_two_ticks(onset: Onset, fall: float) -> None:
     # CODA: up to ~50 % slowdown of a DNN job under memory-bandwidth pressure.
-    run = Run(Eliminator(mba=onset.mba))
+    run = Run(Eliminator(LADDER, mba=onset.mba))
     run.script([({DNN: dnn(100.0 * wobble(i))}, {HOG: cpu(0.0, 0.0)}) for i in range(20)])
     onset_t = len(run.outs)
     for i in range(10):
@@ -154,7 +165,7 @@ def test_slowdown_throttles_within_two_ticks(onset: Onset, fall: float) -> None:
 @pytest.mark.parametrize("mba", [False, True])
 @pytest.mark.parametrize("fall", [0.0, 0.03, 0.05, 0.08])
 def test_small_fall_never_triggers(mba: bool, fall: float) -> None:
-    run = Run(Eliminator(mba=mba))
+    run = Run(Eliminator(LADDER, mba=mba))
     run.script([({DNN: dnn(100.0 * wobble(i))}, {HOG: cpu(0.0, 0.0)}) for i in range(20)])
     run.script(
         [({DNN: dnn((1 - fall) * 100.0 * wobble(i))}, {HOG: cpu(8.0, 12 * GB)}) for i in range(300)]
@@ -165,7 +176,7 @@ def test_small_fall_never_triggers(mba: bool, fall: float) -> None:
 
 @pytest.mark.parametrize("quiet_ticks", [0, 1, 4, 5, 10])
 def test_no_throttle_without_a_baseline(quiet_ticks: int) -> None:
-    params = ContentionParams(baseline_min_ticks=5)
+    params = _params(baseline_min_ticks=5)
     run = Run(Eliminator(params)).script(quiet(quiet_ticks))
     run.script([({DNN: dnn(50.0)}, {HOG: cpu(8.0)}) for _ in range(30)])
     if quiet_ticks < params.baseline_min_ticks:
@@ -178,7 +189,7 @@ def test_no_throttle_without_a_baseline(quiet_ticks: int) -> None:
 
 
 def test_not_training_ticks_do_not_count_towards_the_baseline() -> None:
-    run = Run(Eliminator())
+    run = Run(Eliminator(LADDER))
     run.script([({DNN: dnn(0.0, phase="paused")}, {HOG: cpu(0.0)}) for _ in range(10)])
     run.script([({DNN: dnn(5.0, phase="val")}, {HOG: cpu(0.0)}) for _ in range(10)])
     run.script([({DNN: dnn(50.0)}, {HOG: cpu(8.0)}) for _ in range(10)])
@@ -187,7 +198,7 @@ def test_not_training_ticks_do_not_count_towards_the_baseline() -> None:
 
 def test_cpu_job_on_another_socket_is_never_throttled() -> None:
     other = cpu(8.0, 20 * GB, sockets=frozenset({1}))
-    run = Run(Eliminator(mba=True)).script(quiet(20, hog=other))
+    run = Run(Eliminator(LADDER, mba=True)).script(quiet(20, hog=other))
     run.script([({DNN: dnn(50.0)}, {HOG: other}) for _ in range(100)])
     assert run.first_throttled() is None
     # The slowdown is reported as unexplained, not blamed on the job next door.
@@ -199,7 +210,7 @@ def test_cpu_job_on_another_socket_is_never_throttled() -> None:
 def test_only_the_job_on_the_same_socket_is_throttled() -> None:
     near = cpu(4.0, job_id=HOG)
     far = cpu(8.0, job_id=HOG2, sockets=frozenset({1}))
-    run = Run(Eliminator()).script(
+    run = Run(Eliminator(LADDER)).script(
         [({DNN: dnn(100.0)}, {HOG: cpu(0.0), HOG2: cpu(0.0, job_id=HOG2, sockets=far.sockets)})]
         * 10
     )
@@ -212,7 +223,7 @@ def test_dnn_jobs_are_never_throttled() -> None:
     # Two DNN jobs and a CPU job on one socket; DNN 11 slows down. Only the CPU job is capped,
     # even though DNN 11 "draws" as much as any CPU job could.
     other_dnn = 11
-    run = Run(Eliminator(mba=True))
+    run = Run(Eliminator(LADDER, mba=True))
     for i in range(60):
         slow = 20 <= i < 40
         run.tick(
@@ -228,7 +239,7 @@ def test_dnn_jobs_are_never_throttled() -> None:
 
 
 def test_probing_dnn_jobs_are_ignored() -> None:
-    run = Run(Eliminator()).script(quiet(20))
+    run = Run(Eliminator(LADDER)).script(quiet(20))
     run.script([({DNN: dnn(30.0, probing=True)}, {HOG: cpu(8.0)}) for _ in range(30)])
     assert run.first_throttled() is None
     assert run.events() == []
@@ -242,11 +253,11 @@ def test_probing_dnn_jobs_are_ignored() -> None:
 @pytest.mark.parametrize(
     ("alloc", "params", "ladder"),
     [
-        (8, ContentionParams(), [6.0, 4.0, 2.0, 0.8]),
-        (4, ContentionParams(), [3.0, 2.0, 1.0, 0.4]),
-        (8, ContentionParams(floor_fraction=0.25), [6.0, 4.0, 2.0]),
-        (8, ContentionParams(floor_fraction=0.3), [6.0, 4.0, 2.4]),
-        (2, ContentionParams(), [1.5, 1.0, 0.5, 0.2]),
+        (8, _params(), [6.0, 4.0, 2.0, 0.8]),
+        (4, _params(), [3.0, 2.0, 1.0, 0.4]),
+        (8, _params(floor_fraction=0.25), [6.0, 4.0, 2.0]),
+        (8, _params(floor_fraction=0.3), [6.0, 4.0, 2.4]),
+        (2, _params(), [1.5, 1.0, 0.5, 0.2]),
     ],
 )
 def test_quota_ladder_then_floor(alloc: int, params: ContentionParams, ladder: list[float]) -> None:
@@ -265,7 +276,7 @@ def test_quota_ladder_then_floor(alloc: int, params: ContentionParams, ladder: l
 
 @pytest.mark.parametrize("step_s", [1.0, 2.0, 3.0, 5.0])
 def test_one_step_per_job_per_step_s(step_s: float) -> None:
-    run = Run(Eliminator(ContentionParams(step_s=step_s))).script(quiet(10))
+    run = Run(Eliminator(_params(step_s=step_s))).script(quiet(10))
     for _ in range(40):
         run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
     times = [t for t, _ in run.events("throttle")]
@@ -305,7 +316,7 @@ DRAWERS = [
 @pytest.mark.parametrize("case", DRAWERS, ids=lambda c: c.name)
 def test_top_drawer_is_throttled_first(case: Drawers, mba: bool) -> None:
     idle = {HOG: cpu(0.0, 0.0, job_id=HOG), HOG2: cpu(0.0, 0.0, job_id=HOG2)}
-    run = Run(Eliminator(mba=mba)).script([({DNN: dnn(100.0)}, idle)] * 10)
+    run = Run(Eliminator(LADDER, mba=mba)).script([({DNN: dnn(100.0)}, idle)] * 10)
     out = run.tick({DNN: dnn(50.0)}, {HOG: case.a, HOG2: case.b})
     assert set(out.throttles) == {case.first}
     [ev] = out.events
@@ -313,7 +324,7 @@ def test_top_drawer_is_throttled_first(case: Drawers, mba: bool) -> None:
 
 
 def test_second_drawer_is_throttled_once_the_first_is_at_its_floor() -> None:
-    run = Run(Eliminator()).script(
+    run = Run(Eliminator(LADDER)).script(
         [({DNN: dnn(100.0)}, {HOG: cpu(0.0), HOG2: cpu(0.0, job_id=HOG2)})] * 10
     )
     for _ in range(40):
@@ -329,7 +340,7 @@ def test_second_drawer_is_throttled_once_the_first_is_at_its_floor() -> None:
 
 @pytest.mark.parametrize("hold_s", [5.0, 10.0, 30.0])
 def test_release_one_step_per_hold_after_recovery(hold_s: float) -> None:
-    params = ContentionParams(release_hold_s=hold_s)
+    params = _params(release_hold_s=hold_s)
     run = Run(Eliminator(params)).script(quiet(10))
     for _ in range(5):  # slow: three steps down (6, 4, 2 cores)
         run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
@@ -355,7 +366,7 @@ def test_release_one_step_per_hold_after_recovery(hold_s: float) -> None:
 
 @pytest.mark.parametrize("slowdown", [0.06, 0.09])
 def test_no_release_while_still_slower_than_release_slowdown(slowdown: float) -> None:
-    run = Run(Eliminator(ContentionParams(release_hold_s=5.0))).script(quiet(10))
+    run = Run(Eliminator(_params(release_hold_s=5.0))).script(quiet(10))
     run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
     for _ in range(100):  # better, not below the trigger, not back within release_slowdown
         run.tick({DNN: dnn(100.0 * (1 - slowdown))}, {HOG: cpu(6.0)})
@@ -364,7 +375,7 @@ def test_no_release_while_still_slower_than_release_slowdown(slowdown: float) ->
 
 
 def test_release_when_the_victim_leaves() -> None:
-    run = Run(Eliminator(ContentionParams(release_hold_s=5.0))).script(quiet(10))
+    run = Run(Eliminator(_params(release_hold_s=5.0))).script(quiet(10))
     run.tick({DNN: dnn(50.0)}, {HOG: cpu(8.0)})
     for _ in range(10):
         run.tick({}, {HOG: cpu(8.0)})
@@ -376,7 +387,7 @@ def test_rethrottle_soon_after_release_doubles_the_hold() -> None:
     # The DNN job is slow while the CPU job draws more than 6 cores: one step fixes it, a
     # release brings the slowdown straight back. Release holds: 10, 20, 40, 80, 80 s.
     hold, max_backoff = 10.0, 8
-    run = Run(Eliminator(ContentionParams(release_hold_s=hold, max_backoff=max_backoff)))
+    run = Run(Eliminator(_params(release_hold_s=hold, max_backoff=max_backoff)))
     run.script(quiet(10))
     for _ in range(450):
         t = run.elim.throttled.get(HOG)
@@ -409,7 +420,7 @@ def test_rethrottle_soon_after_release_doubles_the_hold() -> None:
 )
 def test_mba_overshoot_is_corrected_step_by_step(overshoot: float | None, final_mb: int) -> None:
     before = 10 * GB
-    params = ContentionParams(release_hold_s=1000.0)
+    params = _params(release_hold_s=1000.0)
     run = Run(Eliminator(params, mba=True)).script(quiet(10, hog=cpu(0.5, 0.0)))
 
     def bw(mb: int | None) -> float:
@@ -441,7 +452,7 @@ def test_mba_overshoot_is_corrected_step_by_step(overshoot: float | None, final_
 
 
 def test_mba_ladder_while_the_victim_stays_slow() -> None:
-    run = Run(Eliminator(mba=True)).script(quiet(10, hog=cpu(0.5, 0.0)))
+    run = Run(Eliminator(LADDER, mba=True)).script(quiet(10, hog=cpu(0.5, 0.0)))
     for _ in range(40):
         t = run.elim.throttled.get(HOG)
         mb = t.mba_pct if t is not None and t.mba_pct else 100
@@ -456,13 +467,13 @@ def test_mba_ladder_while_the_victim_stays_slow() -> None:
 
 
 def test_disabled_never_throttles_and_drops_existing_caps() -> None:
-    run = Run(Eliminator(ContentionParams(enabled=False))).script(quiet(10))
+    run = Run(Eliminator(_params(enabled=False))).script(quiet(10))
     run.script([({DNN: dnn(50.0)}, {HOG: cpu(8.0)})] * 20)
     assert run.first_throttled() is None and run.events() == []
 
 
 def test_throttle_reason_names_the_victim() -> None:
-    run = Run(Eliminator()).script(quiet(10))
+    run = Run(Eliminator(LADDER)).script(quiet(10))
     out = run.tick({DNN: dnn(40.0)}, {HOG: cpu(8.0)})
     assert out.throttles[HOG] == Throttle(
         quota_cores=6.0, mem_bw_pct=None, reason=f"contention: shielding job {DNN}"
@@ -491,7 +502,7 @@ def closed_loop(
 
 
 def test_a_job_never_quiet_gets_its_baseline_measured_then_is_shielded() -> None:
-    params = ContentionParams(baseline_probe_after_s=60.0)
+    params = _params(baseline_probe_after_s=60.0)
     run = Run(Eliminator(params))
     closed_loop(run, 120)
     [(t_probe, ev)] = run.events("baseline-probe")
@@ -511,14 +522,14 @@ def test_a_job_never_quiet_gets_its_baseline_measured_then_is_shielded() -> None
 
 
 def test_without_the_probe_a_never_quiet_job_is_never_shielded() -> None:
-    run = Run(Eliminator(ContentionParams(baseline_probe_after_s=0.0)))
+    run = Run(Eliminator(_params(baseline_probe_after_s=0.0)))
     closed_loop(run, 200)
     assert run.first_throttled() is None
     assert run.events() == []
 
 
 def test_probe_caps_are_lifted_when_the_job_stops_training() -> None:
-    params = ContentionParams(baseline_probe_after_s=10.0)
+    params = _params(baseline_probe_after_s=10.0)
     run = Run(Eliminator(params))
     closed_loop(run, 40, training=lambda t: t < 13)
     [(t_probe, _ev)] = run.events("baseline-probe")
@@ -532,7 +543,7 @@ def test_probe_caps_are_lifted_when_the_job_stops_training() -> None:
 def test_a_failed_probe_is_not_repeated_before_probe_every_s() -> None:
     # The rate is unknown during the probe window (the job is not training), so no
     # baseline; the next probe waits for baseline_probe_every_s.
-    params = ContentionParams(baseline_probe_after_s=5.0, baseline_probe_every_s=100.0)
+    params = _params(baseline_probe_after_s=5.0, baseline_probe_every_s=100.0)
     run = Run(Eliminator(params))
     closed_loop(run, 150, training=lambda t: not 6 <= t < 30)
     starts = [t for t, _e in run.events("baseline-probe")]
@@ -541,7 +552,7 @@ def test_a_failed_probe_is_not_repeated_before_probe_every_s() -> None:
 
 
 def test_one_probe_gives_every_job_beside_the_capped_cpu_job_its_baseline() -> None:
-    run = Run(Eliminator(ContentionParams(baseline_probe_after_s=20.0)))
+    run = Run(Eliminator(_params(baseline_probe_after_s=20.0)))
     closed_loop(run, 80, dnn_jobs=(DNN, 7))
     assert [e.job_id for _t, e in run.events("baseline-probe")] == [DNN]
     assert run.elim.dnn_status(7)["baseline"] == pytest.approx(95.0)
@@ -549,7 +560,7 @@ def test_one_probe_gives_every_job_beside_the_capped_cpu_job_its_baseline() -> N
 
 def test_one_baseline_probe_per_node_at_a_time() -> None:
     # Two DNN jobs on two sockets, each beside its own CPU job: the probes take turns.
-    run = Run(Eliminator(ContentionParams(baseline_probe_after_s=20.0)))
+    run = Run(Eliminator(_params(baseline_probe_after_s=20.0)))
     s0, s1 = frozenset({0}), frozenset({1})
     for _ in range(80):
         prev = run.outs[-1].throttles if run.outs else {}
@@ -570,7 +581,7 @@ def test_one_baseline_probe_per_node_at_a_time() -> None:
 
 
 def test_probe_leaves_cpu_jobs_on_other_sockets_alone() -> None:
-    params = ContentionParams(baseline_probe_after_s=5.0)
+    params = _params(baseline_probe_after_s=5.0)
     run = Run(Eliminator(params))
     far = cpu(8.0, job_id=HOG2, sockets=frozenset({1}))
     for _ in range(20):
@@ -609,7 +620,7 @@ class CatLadder:
     elim: dict[str, object]
     ladder: list[State]
     mechanism: str
-    params: ContentionParams = field(default_factory=ContentionParams)
+    params: ContentionParams = field(default_factory=lambda: LADDER)
     bw: float | None = 10 * GB
 
 
@@ -665,7 +676,7 @@ CAT_LADDERS = [
         {"l3_ways": 20},
         [(None, 10, None), (None, 5, None), (None, 1, None)] + [(None, 1, q) for q in QUOTA_LADDER],
         "l3+quota",
-        params=ContentionParams(floor_l3_ways=1),
+        params=_params(floor_l3_ways=1),
     ),
     CatLadder(
         "no quota: ways to the floor, then nothing more",
@@ -699,7 +710,7 @@ def test_cat_ladder_order_and_floor(case: CatLadder) -> None:
 
 
 def test_cat_events_say_how_many_ways_and_why() -> None:
-    elim = Eliminator(mba=True, l3_ways=20)
+    elim = Eliminator(LADDER, mba=True, l3_ways=20)
     run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
     for _ in range(40):
         run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim)})
@@ -720,7 +731,7 @@ def test_cat_events_say_how_many_ways_and_why() -> None:
 
 @pytest.mark.parametrize("hold_s", [3.0, 10.0])
 def test_cat_release_is_the_ladder_in_reverse(hold_s: float) -> None:
-    elim = Eliminator(ContentionParams(release_hold_s=hold_s), mba=True, l3_ways=20)
+    elim = Eliminator(_params(release_hold_s=hold_s), mba=True, l3_ways=20)
     run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
     for _ in range(40):  # all the way down: MB 10 %, 2 ways, 0.8 cores
         run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim)})
@@ -761,7 +772,7 @@ def test_cat_release_is_the_ladder_in_reverse(hold_s: float) -> None:
 def test_cat_step_is_not_an_mba_overshoot() -> None:
     """Once the ladder is past MBA, a job that still draws more than MB allows is not
     "corrected" further: the L3 and quota steps have taken over."""
-    elim = Eliminator(ContentionParams(release_hold_s=1000.0), mba=True, l3_ways=20)
+    elim = Eliminator(_params(release_hold_s=1000.0), mba=True, l3_ways=20)
     run = Run(elim).script(quiet(10, hog=cpu(0.5, 0.0)))
     for _ in range(9):  # MB 70, 50, 30, 10, then 10 ways
         run.tick({DNN: dnn(50.0)}, {HOG: _hog_under(elim)})
@@ -803,7 +814,7 @@ def test_tighter_takes_the_lower_of_each_limit(
 def test_probe_floor_cap_keeps_the_jobs_l3_limit() -> None:
     """A CPU job already limited to 2 ways that a baseline probe caps at its CPU floor
     keeps its 2 ways: the probe's cap is merged, never looser."""
-    elim = Eliminator(ContentionParams(baseline_probe_after_s=5.0), l3_ways=20)
+    elim = Eliminator(_params(baseline_probe_after_s=5.0), l3_ways=20)
     run = Run(elim)
     s0 = frozenset({0})
     run.script(quiet(10))
@@ -823,7 +834,7 @@ def test_probe_floor_cap_keeps_the_jobs_l3_limit() -> None:
 def test_without_cat_nothing_says_l3(mba: bool) -> None:
     """``l3_ways=None``: the same decisions as before CAT existed, and no L3 anywhere."""
     runs = []
-    params = ContentionParams(release_hold_s=5.0)
+    params = _params(release_hold_s=5.0)
     for elim in (
         Eliminator(params, mba=mba),
         Eliminator(params, mba=mba, l3_ways=None, l3_min_ways=3),
@@ -855,7 +866,7 @@ def test_a_job_slowed_by_itself_does_not_hold_cpu_jobs_at_their_floor() -> None:
     """The DNN job's own speed drops (a new phase) just as a CPU job starts beside it: the
     ladder goes to the floor, the rate does not come back, so after baseline_reset_s at the
     floor its rate there becomes its baseline and the CPU job gets its cores back."""
-    params = ContentionParams(baseline_reset_s=30.0, release_hold_s=10.0)
+    params = _params(baseline_reset_s=30.0, release_hold_s=10.0)
     elim = Eliminator(params)
     run = Run(elim).script(quiet(10))
     for i in range(200):
@@ -879,7 +890,7 @@ def test_real_contention_is_still_shielded_after_a_reset() -> None:
     """The throttle helps, but not enough to get back within the trigger (the old
     baseline is out of reach): the reset takes the rate at the floor as the baseline, and
     when the released CPU job slows the job below that again, it is throttled again."""
-    params = ContentionParams(baseline_reset_s=30.0, release_hold_s=10.0)
+    params = _params(baseline_reset_s=30.0, release_hold_s=10.0)
     elim = Eliminator(params)
     run = Run(elim).script(quiet(10))
     for i in range(300):
@@ -897,9 +908,80 @@ def test_real_contention_is_still_shielded_after_a_reset() -> None:
 
 
 def test_baseline_reset_off() -> None:
-    elim = Eliminator(ContentionParams(baseline_reset_s=0))
+    elim = Eliminator(_params(baseline_reset_s=0))
     run = Run(elim).script(quiet(10))
     for i in range(200):
         run.tick({DNN: dnn(60.0 * wobble(i))}, {HOG: _capped_hog(elim)})
     assert not run.events("baseline-reset")
     assert _state(run.outs[-1]) == (None, None, 0.8)  # held at the floor for good
+
+
+# -- attribution: who is throttled is judged by the effect it has -----------------------------
+
+
+def bus_loop(
+    elim: Eliminator, jobs: dict[int, tuple[int, float]], ticks: int = 300
+) -> tuple[dict[int, float], float, list[Event]]:
+    """Tick ``elim`` over one DNN job slowed by the memory bandwidth the CPU jobs draw: each
+    CPU job is (cores, bytes/s per busy core) and draws in proportion to the share of its
+    cores it keeps; the DNN job loses half its rate at a saturated bus, as (pressure)^4.
+    Returns each CPU job's share and the DNN job's slowdown at the end, and the events."""
+    node_bw = 200 * GB
+    shares = dict.fromkeys(jobs, 1.0)
+    events: list[Event] = []
+    for _ in range(10):
+        elim.step(0.0, {DNN: dnn(100.0)}, {})
+    slowdown = 0.0
+    for k in range(ticks):
+        drawn = sum(c * bw * shares[j] for j, (c, bw) in jobs.items())
+        slowdown = 0.5 * min(1.0, drawn / node_bw) ** 4
+        cpu_jobs = {j: cpu(c * shares[j], None, job_id=j, alloc=c) for j, (c, bw) in jobs.items()}
+        out = elim.step(float(10 + k), {DNN: dnn(100.0 * (1.0 - slowdown))}, cpu_jobs)
+        events += out.events
+        for j, (c, _) in jobs.items():
+            t = out.throttles.get(j)
+            shares[j] = 1.0 if t is None or t.quota_cores is None else t.quota_cores / c
+    return shares, slowdown, events
+
+
+COMPUTE, MEMORY, MEMORY2 = 11, 12, 13
+
+
+def test_the_job_that_uses_most_cores_but_draws_little_is_left_alone() -> None:
+    """Without per-job bandwidth the biggest CPU user is tried first; holding it back does
+    not speed the DNN job up, so it gets its cores back and the job that draws is capped."""
+    jobs = {COMPUTE: (32, 0.5 * GB), MEMORY: (14, 10 * GB)}
+    shares, slowdown, events = bus_loop(Eliminator(), jobs)
+    assert shares[COMPUTE] == 1.0
+    assert shares[MEMORY] < 1.0
+    assert slowdown <= ContentionParams().trigger_slowdown
+    assert [e.job_id for e in events if e.action == "innocent"] == [COMPUTE]
+
+
+def test_without_attribution_the_biggest_cpu_user_pays() -> None:
+    jobs = {COMPUTE: (32, 0.5 * GB), MEMORY: (14, 10 * GB)}
+    shares, slowdown, _ = bus_loop(Eliminator(_params(floor_fraction=0.25)), jobs)
+    assert shares[COMPUTE] < 0.5
+    assert slowdown <= ContentionParams().trigger_slowdown
+
+
+def test_a_saturated_bus_does_not_clear_the_jobs_that_fill_it() -> None:
+    """Two memory-bound jobs that together draw more than the bus carries: holding either
+    back alone shows nothing, but neither is cleared, and the DNN job is shielded."""
+    jobs = {MEMORY: (16, 10 * GB), MEMORY2: (16, 10 * GB), COMPUTE: (32, 0.5 * GB)}
+    shares, slowdown, events = bus_loop(Eliminator(), jobs)
+    assert slowdown <= ContentionParams().trigger_slowdown
+    assert shares[COMPUTE] == 1.0
+    assert min(shares[MEMORY], shares[MEMORY2]) < 1.0
+    assert {e.job_id for e in events if e.action == "innocent"} <= {COMPUTE}
+
+
+@pytest.mark.parametrize("floor_pct", [10.0, 25.0, 50.0])
+def test_the_floor_and_the_test_come_from_coda_conf(floor_pct: float) -> None:
+    cfg, _ = parse_config(
+        f"NodeThrottleFloorPct={floor_pct:g}\nNodeThrottleMinEffectPct=0", source="test"
+    )
+    params = params_from_config(cfg)
+    assert params.floor_fraction == floor_pct / 100.0
+    assert params.min_effect_per_core == 0.0
+    assert params_from_config(parse_config("", source="test")[0]) == ContentionParams()

@@ -55,6 +55,10 @@ SHORT_TIMES = (
     "NodeProbeMeasureS=6\n"
     "NodeReleaseHoldS=5\n"
     "NodeProgressDir=/run/coda-node/progress\n"
+    # The whole ladder down to a 10 % floor, stepped by draw alone: these tests follow each
+    # step through the daemon (attribution is tested in test_contention.py).
+    "NodeThrottleFloorPct=10\n"
+    "NodeThrottleMinEffectPct=0\n"
 )
 
 

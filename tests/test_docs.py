@@ -45,6 +45,11 @@ def test_every_documented_simulate_command_is_valid_for_todays_cli() -> None:
     blocks = mod.find_blocks((DOCS / "evaluation.md").read_text())
     assert len(blocks) >= 15, [b.command for b in blocks]
     for block in blocks:
+        if not block.command.startswith("coda-slurm simulate "):
+            # A bench script that runs such commands itself (the eliminator's sweep).
+            script = DOCS.parent / shlex.split(block.command)[1]
+            assert script.is_file() and script.parent.name == "bench", block.command
+            continue
         args = shlex.split(block.command)[2:]
         ctx = cs.simulate_cmd.make_context("simulate", args)
         p = ctx.params

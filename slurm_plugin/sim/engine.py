@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from coda_node.allocator import ProbeParams
-from coda_node.contention import ContentionParams
+from coda_node.contention import ContentionParams, params_from_config
 from slurm_plugin.conf import CodaConfig, NodeShape, make_node_cap, make_node_share, parse_config
 from slurm_plugin.curves import throughput_at
 from slurm_plugin.model import is_censored, refit_profile
@@ -121,7 +121,9 @@ class SimParams:
     """Queued jobs per partition that backfill considers (Slurm's bf_max_job_test)."""
     utilisation_bins: int = 200
     probe: ProbeParams = field(default_factory=ProbeParams)
-    contention: ContentionParams = field(default_factory=ContentionParams)
+    contention: ContentionParams | None = None
+    """The eliminator's settings; None: from the coda policy's coda.conf (its ``Node*``
+    keys, as coda-node reads them)."""
     shield_tick_s: float = 2.0
     shield_settle_s: float = 600.0
     rdt: bool = False
@@ -331,8 +333,9 @@ class _Sim:
         self.views: dict[str, ProfileView] = {}
         self.decided: dict[tuple[int, int, int, int], int] = {}
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
+        self.contention = params.contention or params_from_config(self.cfg)
         self.shield = Shield(
-            params.contention, tick_s=params.shield_tick_s, settle_s=params.shield_settle_s
+            self.contention, tick_s=params.shield_tick_s, settle_s=params.shield_settle_s
         )
         self._init_placement(nodes)
 
@@ -1073,9 +1076,9 @@ class _Sim:
             # The eliminator acts only for a job slowed past its trigger that has a
             # baseline to compare with, or will get one from a baseline probe; otherwise
             # its outcome is known without ticking it.
-            probes = self.p.contention.baseline_probe_after_s > 0
+            probes = self.contention.baseline_probe_after_s > 0
             acts = any(
-                s > self.p.contention.trigger_slowdown and (has or probes)
+                s > self.contention.trigger_slowdown and (has or probes)
                 for s, (_, has) in zip(raw, mix.dnn, strict=True)
             )
             if self.pol.shield and acts:

@@ -16,7 +16,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from coda_node.contention import ContentionParams, CpuJob, DnnJob, Eliminator, Throttle
+from coda_node.contention import (
+    ContentionParams,
+    CpuJob,
+    DnnJob,
+    Eliminator,
+    Throttle,
+    throttle_share,
+)
 from coda_node.observe import Progress
 
 _SOCKETS = frozenset({0})
@@ -151,17 +158,10 @@ def settle(
 
 
 def _share(t: Throttle | None, cores: int) -> float:
-    """The share of its cores (and, memory-bound, of its bandwidth) a throttled job keeps."""
-    if t is None:
-        return 1.0
-    share = 1.0
-    if t.quota_cores is not None:
-        share = min(share, t.quota_cores / cores)
-    if t.mem_bw_pct is not None:
-        # MBA caps bandwidth, not cores; modelled as that share of a memory-bound job's
-        # progress and draw (a compute-bound job barely notices, but also barely draws).
-        share = min(share, t.mem_bw_pct / 100.0)
-    return share
+    """The share of its cores (and, memory-bound, of its bandwidth) a throttled job keeps.
+    MBA caps bandwidth, not cores; modelled as that share of a memory-bound job's progress
+    and draw (a compute-bound job barely notices, but also barely draws)."""
+    return throttle_share(t, cores)
 
 
 class Shield:
