@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,11 @@ class DevCluster:
     """GPU nodes: 1 on 127.0.0.1, or more, each in its own network namespace."""
     coda_nodes: bool = False
     """Also start one ``coda-node run`` per node (with its node's coda.conf)."""
+    prometheus: bool = False
+    """Each coda-node serves ``/metrics`` (``NodeMetricsPort``, a free port on 127.0.0.1:
+    the daemons run in the host's namespace) and Debian's ``prometheus`` scrapes them every
+    second (``prometheus/`` under the root: its config and data; web on 127.0.0.1)."""
+    _prometheus_port: int | None = field(default=None, init=False, repr=False)
 
     # -- paths ---------------------------------------------------------------
     @property
@@ -165,6 +171,15 @@ class DevCluster:
         return self.progress_dir if name == NODE_NAME else self.root / "nodes" / name / "progress"
 
     @property
+    def prometheus_dir(self) -> Path:
+        return self.root / "prometheus"
+
+    def prometheus_url(self) -> str | None:
+        """The Prometheus server's base URL (``http://127.0.0.1:PORT``) while it runs."""
+        port = self._load_state().get("prometheus_port")
+        return f"http://127.0.0.1:{port}" if port else None
+
+    @property
     def task_prolog(self) -> Path:
         """A multi-node cluster's TaskProlog: points each task at its node's progress dir."""
         return self.etc / "task-prolog.sh"
@@ -194,12 +209,16 @@ class DevCluster:
         tools = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol"]
         if self.nodes > 1:
             tools += ["ip", "nsenter"]
+        if self.prometheus:
+            if not self.coda_nodes:
+                raise DevClusterError("prometheus scrapes the nodes' coda-node", "none runs")
+            tools.append("prometheus")
         for tool in tools:
             if shutil.which(tool) is None:
                 raise DevClusterError(
                     f"{tool} not found",
                     "install Debian's munge slurmctld slurmd slurm-client iproute2 "
-                    "util-linux packages",
+                    "util-linux prometheus packages",
                 )
         if self.nodes < 1 or self.nodes > 99:
             raise DevClusterError(f"cannot start {self.nodes} nodes", "1 to 99")
@@ -220,8 +239,11 @@ class DevCluster:
             _remove_network()
         install_plugin(self.plugin_dir)
         self._make_gpu_devices()
-        ports = _free_ports(2)
-        self._write_configs(ctld_port=ports[0], slurmd_port=ports[1])
+        # slurmctld, slurmd; with Prometheus: each node's metrics, then Prometheus's web.
+        ports = _free_ports(2 + (self.nodes + 1 if self.prometheus else 0))
+        metrics_ports = dict(zip(self.node_names, ports[2 : 2 + self.nodes], strict=False))
+        self._write_configs(ctld_port=ports[0], slurmd_port=ports[1], metrics_ports=metrics_ports)
+        self._prometheus_port = ports[-1] if self.prometheus else None
         pids: dict[str, int] = {}
         self._save_state(pids)  # so down() undoes the network even if munged fails
         if self.nodes > 1:
@@ -283,6 +305,9 @@ class DevCluster:
                     self.root / "log" / f"coda-node-{name}.log",
                 )
             self._save_state(pids)
+        if self.prometheus:
+            pids["prometheus"] = self._start_prometheus(metrics_ports)
+            self._save_state(pids)
 
     def down(self) -> None:
         """Stop the daemons this cluster started (slurmd, slurmctld, munged), and the jobs
@@ -309,7 +334,7 @@ class DevCluster:
             ):
                 time.sleep(0.2)
         slurmds = [name for name in pids if name == "slurmd" or name.startswith("slurmd-")]
-        for name in (*slurmds, "slurmctld", "munged"):
+        for name in ("prometheus", *slurmds, "slurmctld", "munged"):
             pid = pids.get(name)
             if pid:
                 _stop_pid(int(pid))
@@ -345,6 +370,7 @@ class DevCluster:
             "coda_conf": str(self.coda_conf),
             "cgroups": bool(state.get("cgroups")),
             "accounting": self._accounting().status(),
+            "prometheus": self.prometheus_url() if alive.get("prometheus") else None,
             "daemons": alive,
             "node": NODE_NAME,
             "node_state": states.get(NODE_NAME, "unknown"),
@@ -413,7 +439,9 @@ class DevCluster:
                 # only accepts character devices.
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, index))
 
-    def _write_configs(self, *, ctld_port: int, slurmd_port: int) -> None:
+    def _write_configs(
+        self, *, ctld_port: int, slurmd_port: int, metrics_ports: Mapping[str, int]
+    ) -> None:
         host = socket.gethostname().split(".")[0]
         node = self.node
         if self.cgroups:
@@ -525,6 +553,7 @@ MinJobAge=300
             cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
         (self.etc / "cgroup.conf").write_text(cgroup_conf)
         for name in names:
+            metrics = f"NodeMetricsPort={metrics_ports[name]}\n" if name in metrics_ports else ""
             self.node_coda_conf(name).write_text(
                 f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
                 f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
@@ -532,7 +561,7 @@ MinJobAge=300
                 f"NodeName={name}\nNodeStateDir={self.node_state_dir_of(name)}\n"
                 f"NodeRuntimeDir={self.node_runtime_dir_of(name)}\nNodeIntervalS=1\n"
                 f"NodeProgressDir={self.node_progress_dir_of(name)}\n"
-                f"{self.coda_conf_extra}"
+                f"{metrics}{self.coda_conf_extra}"
             )
 
     def _make_network(self) -> None:
@@ -548,6 +577,46 @@ MinJobAge=300
             _ip("addr", "add", f"{self.node_addr(name)}/{NETWORK_BITS}", "dev", "eth0", netns=ns)
             _ip("link", "set", "eth0", "up", netns=ns)
             _ip("link", "set", "lo", "up", netns=ns)
+
+    def _start_prometheus(self, metrics_ports: Mapping[str, int]) -> int:
+        """Debian's prometheus with its own config and data under the root, scraping each
+        node's coda-node (label ``node``); returns its pid once it answers ``/-/ready``."""
+        d = self.prometheus_dir
+        (d / "data").mkdir(parents=True, exist_ok=True)
+        targets = "".join(
+            f"      - targets: ['127.0.0.1:{port}']\n        labels: {{node: {name}}}\n"
+            for name, port in metrics_ports.items()
+        )
+        (d / "prometheus.yml").write_text(
+            "# Written by coda dev-cluster: every node's coda-node.\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            f"scrape_configs:\n  - job_name: coda-node\n    static_configs:\n{targets}"
+        )
+        url = f"http://127.0.0.1:{self._prometheus_port}"
+        pid = self._spawn(
+            [
+                "prometheus",
+                f"--config.file={d / 'prometheus.yml'}",
+                f"--storage.tsdb.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self._prometheus_port}",
+                f"--web.external-url={url}",
+            ],
+            self.root / "log" / "prometheus.log",
+        )
+
+        def ready() -> bool:
+            if not _pid_alive(pid):
+                raise DevClusterError(
+                    "prometheus exited", f"see {self.root / 'log' / 'prometheus.log'}"
+                )
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+
+        self._wait_for(ready, "prometheus to be ready")
+        return pid
 
     def _start_munged(self) -> int:
         key = self.root / "munge" / "munge.key"
@@ -612,6 +681,7 @@ MinJobAge=300
             "cgroups": self.cgroups,
             "network": self.nodes > 1,
             "nodes": self.node_names,
+            "prometheus_port": self._prometheus_port,
         }
         (self.root / STATE_FILE).write_text(json.dumps(state))
 
@@ -1010,9 +1080,19 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         is_flag=True,
         help="Add slurmdbd on a private MariaDB server (sacct, GPU TRES, AdminComment).",
     )
-    def up(root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool) -> None:
+    @click.option(
+        "--prometheus",
+        is_flag=True,
+        help="With --nodes N > 1: each coda-node serves /metrics and Debian's prometheus "
+        "scrapes them (web on 127.0.0.1, a free port; data under --dir).",
+    )
+    def up(
+        root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool, prometheus: bool
+    ) -> None:
         """Start the cluster and print the SLURM_CONF (and CODA_CONF) to export."""
         multi = nodes > 1
+        if prometheus and not multi:
+            raise CliError("cannot start prometheus", "it scrapes the nodes of --nodes N > 1")
         cgroups = cgroups or multi
         cluster = DevCluster(
             root,
@@ -1021,6 +1101,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
             accounting=accounting,
             nodes=nodes,
             coda_nodes=multi,
+            prometheus=prometheus,
         )
         if cgroups:
             holder = _cgroup_slot_holder()
@@ -1043,6 +1124,12 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
                 err=True,
             )
         click.echo(f"# profiles in {cluster.profile_store}; logs in {root / 'log'}", err=True)
+        if prometheus:
+            click.echo(
+                f"# prometheus at {cluster.prometheus_url()} scrapes every node's coda-node; "
+                f"try `curl -s {cluster.prometheus_url()}/api/v1/query?query=coda_node_jobs`",
+                err=True,
+            )
         if multi:
             click.echo(f"export CODA_CONF={cluster.coda_conf}")
             click.echo(
@@ -1085,6 +1172,8 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
             click.echo(f"{name:17} {'running' if alive else 'stopped'}")
         for name, state in info["nodes"].items():
             click.echo(f"{name:17} {state}")
+        if info["prometheus"]:
+            click.echo(f"{'prometheus url':17} {info['prometheus']}")
         click.echo(f"{'cgroups':17} {'confined' if info['cgroups'] else 'not confined'}")
         click.echo(f"export SLURM_CONF={info['slurm_conf']}")
         if info["cgroups"]:

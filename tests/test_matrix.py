@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
 from tests.matrix import (
+    ROOT_TESTS,
     SLURM_TESTS,
     Counts,
     Leg,
@@ -30,8 +32,8 @@ def test_the_host_runs_everything_and_each_other_version_its_slurm_tests() -> No
     legs = plan(KNOWN, "22.05", SUITES, None)
     assert legs == [
         Leg("22.05", None, None),
-        Leg("24.11", "trixie", SLURM_TESTS),
-        Leg("26.05", "sid", SLURM_TESTS),
+        Leg("24.11", "trixie", ROOT_TESTS),
+        Leg("26.05", "sid", ROOT_TESTS),
     ]
 
 
@@ -48,14 +50,24 @@ def test_one_other_version_leaves_the_host_only_the_tests_that_need_no_slurm() -
     legs = plan(["24.11"], "22.05", SUITES, None)
     assert legs == [
         Leg("22.05", None, f"not ({SLURM_TESTS})", "tests that need no Slurm"),
-        Leg("24.11", "trixie", SLURM_TESTS),
+        Leg("24.11", "trixie", ROOT_TESTS),
     ]
+
+
+def test_the_roots_leave_the_host_only_tests_out() -> None:
+    # The Prometheus test needs Debian's prometheus, which only the host installs.
+    def runs_in_a_root(*markers: str) -> bool:
+        return Expression.compile(ROOT_TESTS).evaluate(lambda m: m in markers)
+
+    assert runs_in_a_root("slurm") and runs_in_a_root("compiled")
+    assert not runs_in_a_root("slurm", "prometheus")
+    assert all(leg.marker == ROOT_TESTS for leg in plan(KNOWN, "22.05", SUITES, None)[1:])
 
 
 def test_the_users_marker_narrows_every_leg() -> None:
     host, root = plan(["24.11"], "22.05", SUITES, "not gpu")
     assert host.marker == f"(not ({SLURM_TESTS})) and (not gpu)"
-    assert root.marker == f"({SLURM_TESTS}) and (not gpu)"
+    assert root.marker == f"({ROOT_TESTS}) and (not gpu)"
     assert plan(["22.05"], "22.05", SUITES, "not gpu") == [Leg("22.05", None, "not gpu")]
 
 
