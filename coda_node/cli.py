@@ -57,18 +57,32 @@ def cli() -> None:
 
 
 @cli.command()
+@CONF_OPTION
 @click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("/"),
-    show_default=True,
-    help="System root (a fixture tree in tests).",
+    default=None,
+    help="System root (a fixture tree in tests; overrides NodeRoot).",
 )
 @click.option("--json", "as_json", is_flag=True)
-def check(root: Path, as_json: bool) -> None:
-    """Which capabilities (cpusets, CPU quota, RDT, uncore PMUs, NVML) are usable here."""
+def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
+    """Which capabilities (cpusets, CPU quota, RDT, uncore PMUs, NVML) are usable here.
+
+    The Slurm job cgroups row shows only the tree of coda.conf's NodeName where one host
+    runs several slurmd (every tree when NodeName is unset).
+    """
+    # check runs before a node is configured: no coda.conf at all means the defaults, quietly.
+    if conf_path is None and not default_conf_path().exists():
+        cfg = CodaConfig()
+    else:
+        cfg = load_node_config(conf_path)
+    system_root = root if root is not None else cfg.node_root
     # Ask slurmctld only about the real system, not about a fixture tree.
-    caps = probe_all(SystemRoot(root), slurm=root.resolve() == Path("/"))
+    caps = probe_all(
+        SystemRoot(system_root),
+        slurm=system_root.resolve() == Path("/"),
+        node_name=cfg.node_name,
+    )
     if as_json:
         emit_json([c.to_dict() for c in caps])
         return

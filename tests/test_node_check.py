@@ -117,6 +117,31 @@ def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "Slurm commands" not in data  # a fixture tree: slurmctld is not asked
 
 
+def test_cli_check_with_conf_shows_only_its_nodes_slurm_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three slurmd on one host (multiple-slurmd): each has its own /slurm_<NodeName> tree.
+    root = make_node(tmp_path, cgroup="v1", resctrl="unmounted", cpu="skx")
+    cpuset = root.path("/sys/fs/cgroup/cpuset")
+    for node in ("gpu01", "gpu02", "gpu03"):
+        (cpuset / f"slurm_{node}").mkdir()
+    conf = tmp_path / "coda-gpu02.conf"
+    conf.write_text(f"NodeName=gpu02\nNodeRoot={root.root}\n")
+
+    assert main(["check", "--conf", str(conf), "--json"]) == 0
+    data = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    detail = data["Slurm job cgroups"]["detail"]
+    assert "slurm_gpu02" in detail
+    assert "slurm_gpu01" not in detail and "slurm_gpu03" not in detail
+    assert "Slurm commands" not in data  # NodeRoot is a fixture tree: slurmctld is not asked
+
+    # Without NodeName: every node's tree.
+    assert main(["check", "--root", str(root.root), "--json"]) == 0
+    data = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    for node in ("gpu01", "gpu02", "gpu03"):
+        assert f"slurm_{node}" in data["Slurm job cgroups"]["detail"]
+
+
 def test_cli_table_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check"]) == 0
     out = capsys.readouterr().out
