@@ -103,7 +103,8 @@ def test_up_with_cgroups_lets_an_admin_limit_a_real_job_with_coda_node(tmp_path:
         )
         script = root / "tmp" / "sleep.sh"
         script.write_text("#!/bin/bash\nsleep 600\n")
-        job = _cli("sbatch", "--parsable", "-c2", "--gpus=1", str(script), env=env)
+        out = f"--output={root / 'tmp' / 'slurm-%j.out'}"  # not in the repo (the cwd)
+        job = _cli("sbatch", "--parsable", "-c2", "--gpus=1", out, str(script), env=env)
         assert job.returncode == 0, job.stderr
         job_id = int(job.stdout.split(";")[0])
 
