@@ -13,6 +13,9 @@ decided:
   them Slurm kept. slurmctld validates much of a submission after job_submit, so a decision
   counts only when a job of Slurm's holds its token (:func:`slurm_plugin.journal.reconcile`).
 
+It reads nothing of the nodes: a node's own view is ``coda-node status`` there, the nodes
+side by side are Prometheus's (coda-node's ``/metrics``).
+
 Each part ends in a plain-language verdict when something is off. ``--json`` prints the same
 data (``schema_version`` :data:`SCHEMA_VERSION`; keys are only ever added).
 """
