@@ -1,0 +1,197 @@
+"""The contention eliminator's trade-off: DNN mean-JCT gain against the CPU jobs' stretch.
+
+Each point is one ``coda-slurm simulate TRACE -p coda --json`` run with the eliminator's
+coda.conf keys set (``--coda-conf``, read by the simulated coda-node as by the real one),
+against one ``-p slurm`` run of the same trace: the gain is slurm's DNN mean JCT minus
+coda's, the cost the CPU jobs' total run time over their run time in the trace
+(``cpu_work_stretch``), with the median and p99 of the per-job stretch. Two victim rules:
+*CPU use* (the biggest CPU user is stepped down to the floor, ``NodeThrottleMinEffectPct=0``)
+and *effect* (a job held at its floor must cut the DNN job's slowdown per core held back,
+or it is given back and, if that changes nothing, left alone), each at several floors
+(``NodeThrottleFloorPct``); ``off`` is ``NodeContention=no``.
+
+    .venv/bin/python bench/bench_shield_tradeoff.py        # table, docs/shield-tradeoff.svg
+    .venv/bin/python bench/bench_shield_tradeoff.py --trace muri --no-plot
+
+Runs ``--workers`` simulations at a time (default 2). The traces are cut to stay within
+minutes on a 2-core machine (see TRACES); the table states each run's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SVG = ROOT / "docs" / "shield-tradeoff.svg"
+
+TRACES: dict[str, tuple[str, ...]] = {
+    "muri": ("muri", "--load", "0.8", "--cpu-load", "0.3"),
+    "philly": ("philly", "--jobs", "2000", "--load", "0.8", "--cpu-load", "0.3"),
+    "alibaba": ("alibaba", "--load", "0.8"),
+}
+"""Each trace's arguments: Muri and Alibaba whole, the first 2,000 jobs of Philly."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    rule: str
+    """``off``, ``cpu use`` or ``effect``."""
+    floor_pct: float
+    conf: tuple[str, ...]
+
+
+def variants() -> list[Variant]:
+    out = [Variant("off", "off", 100.0, ("NodeContention=no",))]
+    for rule, effect in (("cpu use", "0"), ("effect", "5")):
+        for floor in (10, 25, 35, 50):
+            out.append(
+                Variant(
+                    f"{rule}, floor {floor} %",
+                    rule,
+                    float(floor),
+                    (f"NodeThrottleFloorPct={floor}", f"NodeThrottleMinEffectPct={effect}"),
+                )
+            )
+    return out
+
+
+def simulate(args: tuple[str, ...], policy: str, conf: tuple[str, ...]) -> dict[str, float]:
+    exe = str(Path(sys.executable).with_name("coda-slurm"))
+    argv = [exe, "simulate", *args, "-p", policy, "--json"]
+    for item in conf:
+        argv += ["--coda-conf", item]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True)
+    doc = json.loads(proc.stdout)
+    rows = doc["results"]
+    return rows[0]
+
+
+def run(traces: list[str], workers: int) -> list[dict[str, object]]:
+    jobs: list[tuple[str, str, Variant | None]] = []
+    for trace in traces:
+        jobs.append((trace, "slurm", None))
+        jobs += [(trace, "coda", v) for v in variants()]
+
+    def one(job: tuple[str, str, Variant | None]) -> dict[str, float]:
+        trace, policy, v = job
+        return simulate(TRACES[trace], policy, v.conf if v else ())
+
+    with ThreadPoolExecutor(workers) as pool:
+        got = list(pool.map(one, jobs))
+    base = {t: r for (t, pol, _), r in zip(jobs, got, strict=True) if pol == "slurm"}
+    rows: list[dict[str, object]] = []
+    for (trace, _, v), r in zip(jobs, got, strict=True):
+        if v is None:
+            continue
+        b = base[trace]
+        rows.append(
+            {
+                "trace": trace,
+                "variant": v.label,
+                "rule": v.rule,
+                "floor_pct": v.floor_pct,
+                "gain_h": (b["dnn_jct_mean_s"] - r["dnn_jct_mean_s"]) / 3600.0,
+                "slurm_jct_h": b["dnn_jct_mean_s"] / 3600.0,
+                "work_stretch": r["cpu_work_stretch"],
+                "stretch_p50": r["cpu_stretch_p50"],
+                "stretch_p99": r["cpu_stretch_p99"],
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    lines = [
+        "| trace | rule | DNN mean JCT gain | of the deepest shield's | CPU work stretch "
+        "| median stretch | p99 stretch |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for trace in dict.fromkeys(str(r["trace"]) for r in rows):
+        mine = [r for r in rows if r["trace"] == trace]
+        deepest = next(float(r["gain_h"]) for r in mine if r["variant"] == "cpu use, floor 10 %")  # type: ignore[arg-type]
+        for r in mine:
+            gain = float(r["gain_h"])  # type: ignore[arg-type]
+            share = f"{gain / deepest:.0%}" if deepest > 0 else "-"
+            lines.append(
+                f"| {trace} | {r['variant']} | {gain:.2f} h | {share} "
+                f"| {float(r['work_stretch']) - 1:+.1%} | {float(r['stretch_p50']):.2f} "  # type: ignore[arg-type]
+                f"| {float(r['stretch_p99']):.2f} |"  # type: ignore[arg-type]
+            )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.hashsalt"] = "coda"  # the same SVG for the same numbers
+    traces = list(dict.fromkeys(str(r["trace"]) for r in rows))
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
+    for ax, trace in zip(axes[0], traces, strict=True):
+        mine = [r for r in rows if r["trace"] == trace]
+        for rule, style in (("cpu use", "o--"), ("effect", "s-")):
+            pts = [
+                (float(r["work_stretch"]) - 1, float(r["gain_h"]), float(r["floor_pct"]))  # type: ignore[arg-type]
+                for r in sorted(mine, key=lambda r: float(r["floor_pct"]))  # type: ignore[arg-type]
+                if r["rule"] == rule
+            ]
+            ax.plot([100 * x for x, _, _ in pts], [y for _, y, _ in pts], style, label=rule)
+            for x, y, floor in pts:
+                ax.annotate(
+                    f"{floor:g}",
+                    (100 * x, y),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+        off = [r for r in mine if r["rule"] == "off"]
+        if off:
+            ax.plot([0.0], [float(off[0]["gain_h"])], "kx", label="off")  # type: ignore[arg-type]
+        ax.axvline(5.0, color="grey", lw=0.8, ls=":")
+        ax.set_ylim(bottom=0.0)
+        ax.set_title(trace)
+        ax.set_xlabel("CPU work stretch (%)")
+        ax.set_ylabel("DNN mean JCT gain over slurm (h)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(title="victims by (floor %)", fontsize=8, title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", action="append", choices=sorted(TRACES), default=[])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--svg", type=Path, default=SVG)
+    ap.add_argument("--json", action="store_true", help="print the points as JSON")
+    ap.add_argument("--from", dest="source", type=Path, help="points from an earlier --json")
+    a = ap.parse_args(argv)
+    if a.source:
+        rows = json.loads(a.source.read_text())
+        a.trace = list(dict.fromkeys(str(r["trace"]) for r in rows))
+    else:
+        rows = run(a.trace or list(TRACES), a.workers)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        sizes = "; ".join(f"{t}: {' '.join(TRACES[t])}" for t in (a.trace or list(TRACES)))
+        print(f"coda-slurm simulate, seed 1 ({sizes})")
+        print(table(rows))
+    if not a.no_plot:
+        plot(rows, a.svg)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
