@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,11 +27,13 @@ from pathlib import Path
 
 import pytest
 
+import coda_node.progress_client
 from coda_node import cgroups
 from coda_node.daemon import Daemon
 from coda_node.paths import SystemRoot
 from coda_node.state import Limit, StateFile, save_limits
 from slurm_plugin.conf import load_config
+from slurm_plugin.store import ProfileStore
 
 pytestmark = pytest.mark.cgroup_v2_node
 
@@ -61,6 +64,8 @@ def node() -> Iterator[None]:
         f"NodeName={NODE}\nNodeStateDir={STATE_DIR}\nNodeRuntimeDir={RUN_DIR}\n"
         f"NodeProgressDir={RUN_DIR / 'progress'}\nNodeIntervalS=1\n"
         f"ProfileStore={STATE_DIR / 'profiles'}\n"
+        # The online profiler's probe, shortened so that one job is profiled in a test.
+        "NodeProbeWarmupS=2\nNodeProbeSettleS=1\nNodeProbeMeasureS=4.5\n"
     )
     yield
 
@@ -128,7 +133,7 @@ def _allowed(pid: int) -> str:
     return re.search(r"^Cpus_allowed_list:\s*(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
 
 
-def _start(args: list[str], script: str = SLEEP) -> tuple[int, list[int]]:
+def _start(args: list[str], script: str = SLEEP, *, wait: bool = True) -> tuple[int, list[int]]:
     """Submit; wait until the batch script runs in its cgroup (squeue says RUNNING before
     the cgroup has processes)."""
     proc = subprocess.run(
@@ -140,6 +145,8 @@ def _start(args: list[str], script: str = SLEEP) -> tuple[int, list[int]]:
     )
     assert proc.returncode == 0, proc.stderr
     job_id = int(proc.stdout.strip().split(";")[0])
+    if not wait:
+        return job_id, []
     pids = _wait(lambda: _task_pids(job_id), f"job {job_id} to run in its cgroup")
     return job_id, pids
 
@@ -383,3 +390,75 @@ def test_the_systemd_unit_restores_a_job_after_the_daemon_is_killed(clean: None)
         _systemctl("stop", "coda-node")
         UNIT.unlink(missing_ok=True)
         _systemctl("daemon-reload")
+
+
+# A pipelined trainer on the node's fake GPU: loader processes prepare batches on the CPU,
+# the "GPU step" (a sleep) consumes them; it reports iterations with the shipped client.
+TRAIN = """\
+import multiprocessing as mp, os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from progress_client import Progress
+
+def loader(q):
+    while True:
+        sum(i * i for i in range(20000))
+        q.put(1)
+
+if __name__ == "__main__":
+    q = mp.Queue(maxsize=16)
+    mp.Process(target=loader, args=(q,), daemon=True).start()
+    p = Progress(min_interval_s=0.2)
+    while True:
+        q.get()
+        time.sleep(0.01)
+        p.step()
+"""
+
+
+def _events(job_id: int) -> list[dict]:
+    view = StateFile(STATE_DIR, RUN_DIR).load().view
+    return [e for e in view.get("events", []) if e["job_id"] == job_id]
+
+
+def test_the_online_profiler_probes_a_gpu_job_inside_its_allocation(clean: None) -> None:
+    work = Path("/tmp/coda-train")
+    work.mkdir(exist_ok=True)
+    shutil.copy(coda_node.progress_client.__file__, work / "progress_client.py")
+    (work / "train.py").write_text(TRAIN)
+    sig = "workload:0:loader1"
+    job_id, _ = _start(
+        ["--gpus=1", "-c2", "--hold", f"--export=ALL,CODA_PROGRESS_DIR={RUN_DIR / 'progress'}"],
+        f"#!/bin/bash\nexec /usr/bin/python3 {work}/train.py\n",
+        wait=False,
+    )
+    # The submit hook's record of an unknown workload, as an operator can set it.
+    record = f"coda:sig={sig};cpg=;was=;action=skip;src=none;gpn=1;nodes=1"
+    for cmd in (["update", f"JobId={job_id}", f"AdminComment={record}"], ["release", str(job_id)]):
+        done = subprocess.run(["scontrol", *cmd], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    pids = _wait(lambda: _task_pids(job_id), f"job {job_id} to run in its cgroup")
+    proc = _daemon_process()
+    try:
+        # The probe confines the job, down to its tasks, to one of its two cores...
+        _wait(
+            lambda: _read(_job_dir(job_id) / "cpuset.cpus") in ("0", "1"),
+            "the probe at one core",
+            detail=lambda: json.dumps(_events(job_id)),
+        )
+        one = _read(_job_dir(job_id) / "cpuset.cpus")
+        assert _read(_job_dir(job_id) / "step_batch" / "user" / "cpuset.cpus") == one
+        assert {_allowed(p) for p in pids if Path(f"/proc/{p}").exists()} == {one}
+        # ...then gives the whole allocation back and publishes both core counts.
+        _wait(
+            lambda: "probe-done" in [e["what"] for e in _events(job_id)],
+            "the probe to end",
+            detail=lambda: json.dumps(_events(job_id)),
+        )
+        _wait(lambda: _read(_job_dir(job_id) / "cpuset.cpus") == "0-1", "the allocation back")
+        assert {_allowed(p) for p in _task_pids(job_id)} == {"0-1"}
+        prof = ProfileStore(STATE_DIR / "profiles").read(sig)
+        assert prof is not None
+        assert {s.cores for s in prof.samples} == {1.0, 2.0}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
