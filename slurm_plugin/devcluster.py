@@ -322,31 +322,36 @@ class DevCluster:
                 if CGROUP_SLOT.read_text().partition(" ")[2] == str(self.root):
                     CGROUP_SLOT.write_text(f"{os.getpid()} {self.root}")
         pids = state.get("pids", {})
-        for name, pid in pids.items():
-            if name.startswith("coda-node-"):  # first: it puts the jobs' cgroups back
-                _stop_pid(int(pid))
-        if self.is_running():
-            # End them while Slurm can.
-            self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and (
-                _cgroup_tasks() if confined else _job_processes(self.slurm_conf)
-            ):
-                time.sleep(0.2)
-        slurmds = [name for name in pids if name == "slurmd" or name.startswith("slurmd-")]
-        for name in ("prometheus", *slurmds, "slurmctld", "munged"):
-            pid = pids.get(name)
-            if pid:
-                _stop_pid(int(pid))
-        self._accounting().stop()
-        # What scancel did not end (another user's job, a job Slurm lost track of).
-        _kill_job_processes(self.slurm_conf)
-        if confined:
-            _kill_cgroup_jobs()
-        if networked:
-            _remove_network()
-        if confined or networked:
-            _release_cgroup_slot(self.root)
+        try:
+            for name, pid in pids.items():
+                if name.startswith("coda-node-"):  # first: it puts the jobs' cgroups back
+                    _stop_pid(int(pid))
+            if self.is_running():
+                # End them while Slurm can.
+                self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and (
+                    _cgroup_tasks() if confined else _job_processes(self.slurm_conf)
+                ):
+                    time.sleep(0.2)
+        finally:
+            # Whatever failed above, the daemons stop and the host's slot is given back.
+            try:
+                slurmds = [n for n in pids if n == "slurmd" or n.startswith("slurmd-")]
+                for name in ("prometheus", *slurmds, "slurmctld", "munged"):
+                    pid = pids.get(name)
+                    if pid:
+                        _stop_pid(int(pid))
+                self._accounting().stop()
+                # What scancel did not end (another user's job, a job Slurm lost track of).
+                _kill_job_processes(self.slurm_conf)
+                if confined:
+                    _kill_cgroup_jobs()
+                if networked:
+                    _remove_network()
+            finally:
+                if confined or networked:
+                    _release_cgroup_slot(self.root)
         state_path = self.root / STATE_FILE
         if state_path.exists():
             state_path.unlink()
@@ -796,12 +801,20 @@ def _cgroup_trees() -> list[Path]:
     return [p for p in CGROUP_V1.glob("*/slurm_gpu[0-9][0-9]") if p.is_dir()]
 
 
+def _cgroup_dirs(tree: Path) -> list[Path]:
+    """``tree`` and every directory under it, deepest first. Job cgroups vanish while they
+    are walked (slurmstepd removes them as jobs end): os.walk skips what it cannot list,
+    where Path.rglob (Python 3.11) raises FileNotFoundError."""
+    dirs = [Path(top) for top, _, _ in os.walk(tree)]
+    return sorted(dirs, key=lambda p: -len(p.parts))
+
+
 def _cgroup_tasks() -> set[int]:
     pids: set[int] = set()
     for tree in _cgroup_trees():
-        for tasks in tree.rglob("tasks"):
+        for d in _cgroup_dirs(tree):
             with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in tasks.read_text().split())
+                pids.update(int(x) for x in (d / "tasks").read_text().split())
     return pids
 
 
@@ -814,11 +827,9 @@ def _kill_cgroup_jobs() -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
     for tree in _cgroup_trees():
-        for d in sorted((p for p in tree.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        for d in _cgroup_dirs(tree):  # the tree itself last
             with contextlib.suppress(OSError):
                 d.rmdir()
-        with contextlib.suppress(OSError):
-            tree.rmdir()
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
