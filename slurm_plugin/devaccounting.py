@@ -18,13 +18,13 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_plugin.devprocs import free_ports, pid_alive, stop_pid
 
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
@@ -92,7 +92,7 @@ class DevAccounting:
                 f"{', '.join(missing)} not found", "install Debian's mariadb-server and slurmdbd"
             )
         self.dir.mkdir(parents=True, exist_ok=True)
-        db_port, dbd_port = _free_ports(2)
+        db_port, dbd_port = free_ports(2)
         password = secrets.token_hex(16)
         state = self._load_state()
         state.update(db_port=db_port, dbd_port=dbd_port, password=password)
@@ -177,7 +177,7 @@ class DevAccounting:
     def status(self) -> dict[str, bool]:
         """Whether each daemon this module started is alive (empty when none was)."""
         pids = self._load_state().get("pids", {})
-        return {name: _pid_alive(int(pid)) for name, pid in pids.items()}
+        return {name: pid_alive(int(pid)) for name, pid in pids.items()}
 
     # -- internals -----------------------------------------------------------
     def _start_mariadb(self, port: int) -> int:
@@ -279,7 +279,7 @@ class DevAccounting:
         for name in ("slurmdbd", "mariadbd"):
             pid = pids.get(name)
             if pid and _is_program(int(pid), name):
-                _stop_pid(int(pid), timeout_s=30.0)
+                stop_pid(int(pid), timeout_s=30.0)
 
     def _wait_for(self, predicate: Callable[[], bool], what: str, log: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -323,48 +323,4 @@ def _is_program(pid: int, name: str) -> bool:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return False
-    return _pid_alive(pid) and comm == name[:15]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _stop_pid(pid: int, timeout_s: float) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            break
-        time.sleep(0.05)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+    return pid_alive(pid) and comm == name[:15]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_plugin.devaccounting import DevAccounting
+from slurm_plugin.devprocs import free_ports, pid_alive, reap, stop_pid
 from slurm_plugin.install import install_plugin
 
 NODE_NAME = "gpu01"
@@ -240,7 +241,7 @@ class DevCluster:
         install_plugin(self.plugin_dir)
         self._make_gpu_devices()
         # slurmctld, slurmd; with Prometheus: each node's metrics, then Prometheus's web.
-        ports = _free_ports(2 + (self.nodes + 1 if self.prometheus else 0))
+        ports = free_ports(2 + (self.nodes + 1 if self.prometheus else 0))
         metrics_ports = dict(zip(self.node_names, ports[2 : 2 + self.nodes], strict=False))
         self._write_configs(ctld_port=ports[0], slurmd_port=ports[1], metrics_ports=metrics_ports)
         self._prometheus_port = ports[-1] if self.prometheus else None
@@ -325,7 +326,7 @@ class DevCluster:
         try:
             for name, pid in pids.items():
                 if name.startswith("coda-node-"):  # first: it puts the jobs' cgroups back
-                    _stop_pid(int(pid))
+                    stop_pid(int(pid))
             if self.is_running():
                 # End them while Slurm can.
                 self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
@@ -341,7 +342,7 @@ class DevCluster:
                 for name in ("prometheus", *slurmds, "slurmctld", "munged"):
                     pid = pids.get(name)
                     if pid:
-                        _stop_pid(int(pid))
+                        stop_pid(int(pid))
                 self._accounting().stop()
                 # What scancel did not end (another user's job, a job Slurm lost track of).
                 _kill_job_processes(self.slurm_conf)
@@ -359,12 +360,12 @@ class DevCluster:
     def is_running(self) -> bool:
         state = self._load_state()
         pid = state.get("pids", {}).get("slurmctld")
-        return bool(pid) and _pid_alive(int(pid))
+        return bool(pid) and pid_alive(int(pid))
 
     def status(self) -> dict[str, object]:
         state = self._load_state()
         pids = state.get("pids", {})
-        alive = {name: _pid_alive(int(pid)) for name, pid in pids.items()}
+        alive = {name: pid_alive(int(pid)) for name, pid in pids.items()}
         names = state.get("nodes") or [NODE_NAME]
         states = (
             self.node_states(names) if alive.get("slurmctld") else dict.fromkeys(names, "unknown")
@@ -610,7 +611,7 @@ MinJobAge=300
         )
 
         def ready() -> bool:
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 raise DevClusterError(
                     "prometheus exited", f"see {self.root / 'log' / 'prometheus.log'}"
                 )
@@ -923,7 +924,7 @@ def _kill_job_processes(slurm_conf: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
         for pid in pids:
-            _reap(pid)
+            reap(pid)
 
 
 CGROUP_SLOT = Path(os.environ.get("CODA_CGROUP_SLOT", "/dev/shm/coda-dev-cluster-cgroups"))
@@ -945,7 +946,7 @@ def _take_cgroup_slot(root: Path) -> None:
             except FileNotFoundError:
                 continue
             pid_text, _, held_root = holder.partition(" ")
-            if held_root == str(root) or not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+            if held_root == str(root) or not pid_text.isdigit() or not pid_alive(int(pid_text)):
                 if held_root and held_root != str(root):
                     _stop_leftovers(Path(held_root))
                 with contextlib.suppress(FileNotFoundError):
@@ -977,7 +978,7 @@ def _stop_leftovers(root: Path) -> None:
         except (OSError, ValueError):
             continue
         if os.fsencode(str(root)) in cmdline:
-            _stop_pid(int(pid))
+            stop_pid(int(pid))
     _kill_job_processes(root / "etc" / "slurm.conf")
 
 
@@ -987,7 +988,7 @@ def _cgroup_slot_holder() -> tuple[int, str] | None:
         pid_text, _, held_root = CGROUP_SLOT.read_text().partition(" ")
     except OSError:
         return None
-    if not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+    if not pid_text.isdigit() or not pid_alive(int(pid_text)):
         return None
     return int(pid_text), held_root
 
@@ -996,55 +997,6 @@ def _release_cgroup_slot(root: Path) -> None:
     with contextlib.suppress(FileNotFoundError, ValueError):
         if CGROUP_SLOT.read_text().partition(" ")[2] == str(root):
             CGROUP_SLOT.unlink()
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _stop_pid(pid: int, timeout_s: float = 10.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            _reap(pid)
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 DEFAULT_ROOT = Path(os.environ.get("CODA_DEV_CLUSTER", f"/tmp/coda-dev-cluster-{os.getuid()}"))

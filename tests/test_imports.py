@@ -63,7 +63,7 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
         "sim",
         "sim.*",
     ),
-    "dev tools": ("devcluster", "devaccounting", "demo"),
+    "dev tools": ("devprocs", "devcluster", "devaccounting", "demo"),
 }
 # What the node may use of the controller: its configuration, the profile store (and the
 # drop directory that feeds it), the model the profiler publishes through, and the CLI
