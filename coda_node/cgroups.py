@@ -469,7 +469,7 @@ class SubdirCache:
                 load[other] += 1
             now = self._passes % self.refresh_every
             # On a tie, the latest pass: a job just listed in full is not read afresh at
-            # once (its first pass is this one, a full period before the next).
+            # once (this walk is its first, a full period before the next).
             order = [(now - k) % self.refresh_every for k in range(self.refresh_every)]
             phase = self._phase[top] = min(order, key=load.__getitem__)
         return self._passes % self.refresh_every == phase

@@ -330,7 +330,7 @@ def test_the_loop_says_each_condition_once_and_stops_on_sigterm(cluster: DevClus
     cluster.run(["scontrol", "delete", "PartitionName=gpu_spare_b"])
     loop = start_loop(cluster)
     try:
-        wait_until(lambda: max_cpus(cluster, "gpu_spare") == "10", "the loop's first pass")
+        wait_until(lambda: max_cpus(cluster, "gpu_spare") == "10", "the loop's first round")
         time.sleep(2.0)  # several passes at ReserveIntervalS=0.3 while gpu_spare_b is gone
         cluster.run(["scontrol", "create", *SPARE_B.split()])
         wait_until(lambda: max_cpus(cluster, "gpu_spare_b") == "10", "gpu_spare_b to return")
