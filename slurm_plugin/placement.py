@@ -25,12 +25,9 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
+from slurm_plugin.request import ProfileView
 from slurm_plugin.usage import UsageRecord
-
-if TYPE_CHECKING:  # policy.decide imports this module
-    from slurm_plugin.policy import ProfileView
 
 __all__ = [
     "GpuRanking",

@@ -49,10 +49,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from slurm_plugin.policy import ProfileView
+from slurm_plugin.request import ProfileView
 
 # UsageRecord is re-exported (``from slurm_plugin.store import UsageRecord``); it lives in a
-# leaf module so that policy.ProfileView can carry usage records without importing the store.
+# leaf module so that request.ProfileView can carry usage records without importing the store.
 from slurm_plugin.usage import UsageRecord as UsageRecord
 from slurm_plugin.usage import merge_into
 from slurm_plugin.usage import usage_for_model as usage_for_model

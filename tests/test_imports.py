@@ -47,7 +47,16 @@ NODE_LAYERS: dict[str, tuple[str, ...]] = {
 # The controller: the store's and the model's records are what the decision reads and the
 # hook writes; the CLI, reserve, the simulator and the dev tools sit on top.
 CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
-    "leaves": ("curves", "signature", "tres", "usage", "colocate", "paths", "munge"),
+    "leaves": (
+        "curves",
+        "signature",
+        "tres",
+        "usage",
+        "request",
+        "colocate",
+        "paths",
+        "munge",
+    ),
     "configuration": ("conf", "nodecap"),
     "store": ("store",),
     "model": ("model", "dropbox"),
@@ -77,7 +86,16 @@ SIM_MAY_USE_NODE = set(NODE_LAYERS["policy"])
 # Pure: no file, clock, process, thread or hardware access of their own.
 PURE = {
     "coda_node": set(NODE_LAYERS["policy"]),
-    "slurm_plugin": {"policy", "placement", "colocate", "signature", "tres", "usage", "reserve"},
+    "slurm_plugin": {
+        "policy",
+        "placement",
+        "request",
+        "colocate",
+        "signature",
+        "tres",
+        "usage",
+        "reserve",
+    },
 }
 IMPURE_IMPORTS = {
     "os",
@@ -111,11 +129,6 @@ KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
         "the decision module",
     ),
     (
-        "slurm_plugin.store",
-        "slurm_plugin.policy",
-        "ProfileView, the store's snapshot type, lives in the decision module",
-    ),
-    (
         "slurm_plugin.reserve_slurm",
         "coda_node.slurmjobs",
         "reserve reads jobs with the node's squeue --json reader; one Slurm-query module "
@@ -135,10 +148,6 @@ KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
 KNOWN = {(a, b): why for a, b, why in KNOWN_LIST}
 # Import circles that exist today: (modules, why).
 KNOWN_CIRCLES_LIST: tuple[tuple[frozenset[str], str], ...] = (
-    (
-        frozenset({"slurm_plugin.policy", "slurm_plugin.placement"}),
-        "decide() applies placement; placement reads the decision's request and plan types",
-    ),
     (
         frozenset({"coda_node.check", "coda_node.perf"}),
         "Capability, the probe result perf returns, lives in check.py",
