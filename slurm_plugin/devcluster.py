@@ -38,6 +38,7 @@ from pathlib import Path
 from slurm_plugin.devaccounting import DevAccounting
 from slurm_plugin.devprocs import free_ports, pid_alive, reap, stop_pid
 from slurm_plugin.install import install_plugin
+from slurm_plugin.scontrol import parse_scontrol_line
 
 NODE_NAME = "gpu01"
 """The first node's name; a one-node cluster's only node."""
@@ -766,26 +767,6 @@ def gres_conf(node: NodeSpec, dev: Path, node_list: str = NODE_NAME) -> str:
             f"File={dev}/nvidia[{first}-{last}] Cores={cores}\n"
         )
     return "".join(lines)
-
-
-def parse_scontrol_line(line: str) -> dict[str, str]:
-    """Split ``scontrol -o`` output (``Key=Value`` separated by spaces) into a dict.
-
-    Values may contain spaces only in a few fields (Reason, Comment...). A token
-    without ``=`` continues the previous value.
-    """
-    fields: dict[str, str] = {}
-    last: str | None = None
-    for token in line.split(" "):
-        if not token:
-            continue
-        key, sep, value = token.partition("=")
-        if sep and key and key[0].isalpha():
-            fields[key] = value
-            last = key
-        elif last is not None:
-            fields[last] += " " + token
-    return fields
 
 
 CGROUP_V1 = Path("/sys/fs/cgroup")

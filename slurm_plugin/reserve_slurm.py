@@ -48,8 +48,8 @@ from coda_node.slurmjobs import (
     query_active_jobs,
 )
 from slurm_plugin.conf import _gres_gpus, expand_hostlist
-from slurm_plugin.devcluster import parse_scontrol_line
 from slurm_plugin.reserve import NodeLoad, ReservePlan, plan_partition
+from slurm_plugin.scontrol import scontrol_records
 
 __all__ = [
     "STATE_FORMAT",
@@ -161,13 +161,6 @@ def node_is_up(state: str) -> bool:
     return not any(word in _NOT_UP for word in state.upper().split("+"))
 
 
-def _records(text: str, first_key: str) -> list[dict[str, str]]:
-    """``scontrol -o`` lines that start with ``first_key=`` (skips "No jobs in the system")."""
-    return [
-        parse_scontrol_line(line) for line in text.splitlines() if line.startswith(f"{first_key}=")
-    ]
-
-
 def _int_field(rec: Mapping[str, str], key: str, what: str) -> int:
     value = rec.get(key, "")
     if not value.isdigit():
@@ -187,7 +180,7 @@ def _gpus(text: str, what: str) -> int:
 def parse_nodes(text: str) -> dict[str, _NodeRecord]:
     """``scontrol -d -o show node`` -> node name -> record."""
     out: dict[str, _NodeRecord] = {}
-    for rec in _records(text, "NodeName"):
+    for rec in scontrol_records(text, "NodeName"):
         name = rec["NodeName"]
         what = f"node {name}"
         used = rec.get("GresUsed")
@@ -207,7 +200,7 @@ def parse_nodes(text: str) -> dict[str, _NodeRecord]:
 def parse_partitions(text: str) -> dict[str, PartitionInfo]:
     """``scontrol -o show partition`` -> partition name -> info."""
     out: dict[str, PartitionInfo] = {}
-    for rec in _records(text, "PartitionName"):
+    for rec in scontrol_records(text, "PartitionName"):
         name = rec["PartitionName"]
         nodes_expr = rec.get("Nodes", "")
         try:

@@ -56,6 +56,7 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
         "colocate",
         "paths",
         "munge",
+        "scontrol",
     ),
     "configuration": ("conf", "nodecap"),
     "store": ("store",),
@@ -95,6 +96,7 @@ PURE = {
         "tres",
         "usage",
         "reserve",
+        "scontrol",
     },
 }
 IMPURE_IMPORTS = {
@@ -133,11 +135,6 @@ KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
         "coda_node.slurmjobs",
         "reserve reads jobs with the node's squeue --json reader; one Slurm-query module "
         "for both sides is not built yet",
-    ),
-    (
-        "slurm_plugin.reserve_slurm",
-        "slurm_plugin.devcluster",
-        "parses `scontrol -o` node and partition lines with the dev cluster's parser",
     ),
     (
         "slurm_plugin.signature",
