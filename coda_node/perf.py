@@ -34,8 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
-from coda_node import cpulist
 from coda_node.check import Capability
+from coda_node.cpulist import parse_cpulist
 from coda_node.paths import SystemRoot
 
 PMU_DEVICES = "/sys/bus/event_source/devices"
@@ -216,11 +216,6 @@ def parse_format(name: str, text: str) -> FormatField:
     return FormatField(name=name, word=m.group(1), bits=tuple(bits))
 
 
-def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Kernel cpulist (Documentation/admin-guide/cputopology.rst): ``0,28`` -> (0, 28)."""
-    return tuple(sorted(cpulist.parse_cpulist(text)))
-
-
 def _parse_int(text: str) -> int:
     text = text.strip()
     try:
@@ -274,7 +269,7 @@ def _read_pmu(name: str, directory: Path) -> Pmu | None:
     cpumask_path = directory / "cpumask"
     if cpumask_path.exists():
         try:
-            cpumask = parse_cpulist(cpumask_path.read_text())
+            cpumask = tuple(sorted(parse_cpulist(cpumask_path.read_text())))
         except (OSError, ValueError) as exc:
             problems.append(f"cpumask: {exc}")
     return Pmu(name, pmu_type, formats, events, cpumask, tuple(problems))
