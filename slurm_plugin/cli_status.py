@@ -472,241 +472,307 @@ def _ago(now: float, t: float | None) -> str:
     return "never" if t is None else format_age(now - t)
 
 
-def verdicts(doc: dict[str, Any]) -> list[Verdict]:
-    """What needs the admin's attention, in plain words (pure: reads ``doc`` only)."""
-    now = doc["generated_unix_s"]
-    conf = doc["conf"]
-    hook = doc["hook"]
-    stats = hook["stats"] or {}
-    store = doc["store"]
-    journal = doc["journal"]
-    dec = doc["decisions"]
-    sub = doc["submissions"]
-    log = conf["slurmctld_log"]
-    out: list[Verdict] = []
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """The parts of a status document the verdict rules read."""
 
-    submitted = ""
-    if sub["checked"] and sub["jobs"]:
-        submitted = (
-            f"; squeue shows {sub['jobs']} job(s) submitted since "
-            f"{_ago(now, sub['after_unix_s'])} that it did not see"
+    doc: dict[str, Any]
+    now: float
+    conf: dict[str, Any]
+    hook: dict[str, Any]
+    stats: dict[str, Any]
+    store: dict[str, Any]
+    journal: dict[str, Any]
+    dec: dict[str, Any]
+    sub: dict[str, Any]
+    slurm: dict[str, Any]
+    log: str
+    submitted: str
+    """``; squeue shows N job(s) ... that it did not see``, or empty."""
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> _Facts:
+        now = doc["generated_unix_s"]
+        sub = doc["submissions"]
+        submitted = ""
+        if sub["checked"] and sub["jobs"]:
+            submitted = (
+                f"; squeue shows {sub['jobs']} job(s) submitted since "
+                f"{_ago(now, sub['after_unix_s'])} that it did not see"
+            )
+        return cls(
+            doc=doc,
+            now=now,
+            conf=doc["conf"],
+            hook=doc["hook"],
+            stats=doc["hook"]["stats"] or {},
+            store=doc["store"],
+            journal=doc["journal"],
+            dec=doc["decisions"],
+            sub=sub,
+            slurm=doc["slurm"],
+            log=doc["conf"]["slurmctld_log"],
+            submitted=submitted,
         )
+
+    @property
+    def journal_read(self) -> bool:
+        """The journal is configured, readable and written."""
+        j = self.journal
+        return j["path"] is not None and not j["error"] and bool(j["files"])
+
+
+Rule = Callable[[_Facts], Verdict | None]
+"""One health rule: its verdict, or None when it has nothing to say."""
+
+
+def _hook_state(f: _Facts) -> Verdict | None:
+    hook, log, submitted = f.hook, f.log, f.submitted
     if hook["state"] == "disabled":
-        out.append(
-            Verdict(
-                "info", "hook", "HookStatsFile is empty in coda.conf: the hook keeps no counters"
-            )
+        return Verdict(
+            "info", "hook", "HookStatsFile is empty in coda.conf: the hook keeps no counters"
         )
-    elif hook["state"] == "missing":
-        out.append(
-            Verdict(
-                "error",
-                "hook",
-                f"the hook has not written stats at {hook['path']}: is JobSubmitPlugins=coda "
-                f"set and slurmctld restarted?{submitted}",
-            )
+    if hook["state"] == "missing":
+        return Verdict(
+            "error",
+            "hook",
+            f"the hook has not written stats at {hook['path']}: is JobSubmitPlugins=coda "
+            f"set and slurmctld restarted?{submitted}",
         )
-    elif hook["state"] == "unreadable":
-        out.append(Verdict("error", "hook", f"cannot read {hook['path']}: {hook['error']}"))
-    elif hook["state"] == "stale":
-        out.append(
-            Verdict(
-                "error",
-                "hook",
-                f"the hook last wrote {hook['path']} {_ago(now, stats.get('written_unix_s'))} "
-                f"(every {conf['reload_interval_s']:g} s when running): slurmctld is stopped or "
-                f"job_submit/coda is not loaded; grep 'job_submit/coda' {log}{submitted}",
-            )
+    if hook["state"] == "unreadable":
+        return Verdict("error", "hook", f"cannot read {hook['path']}: {hook['error']}")
+    if hook["state"] == "stale":
+        return Verdict(
+            "error",
+            "hook",
+            f"the hook last wrote {hook['path']} {_ago(f.now, f.stats.get('written_unix_s'))} "
+            f"(every {f.conf['reload_interval_s']:g} s when running): slurmctld is stopped or "
+            f"job_submit/coda is not loaded; grep 'job_submit/coda' {log}{submitted}",
         )
-    elif submitted:
-        out.append(
-            Verdict(
-                "error",
-                "hook",
-                f"no hook call for {_ago(now, _last_seen_unix_s(hook)).removesuffix(' ago')}"
-                f"{submitted}: check JobSubmitPlugins in slurm.conf and grep "
-                f"'job_submit/coda' {log}",
-            )
+    if submitted:
+        return Verdict(
+            "error",
+            "hook",
+            f"no hook call for {_ago(f.now, _last_seen_unix_s(hook)).removesuffix(' ago')}"
+            f"{submitted}: check JobSubmitPlugins in slurm.conf and grep "
+            f"'job_submit/coda' {log}",
         )
-    slurm = doc["slurm"]
-    if slurm["error"]:
-        out.append(
-            Verdict(
-                "info",
-                "decisions",
-                f"could not ask Slurm which decisions it kept ({slurm['error']}): "
-                "submissions it refused after the hook are counted as jobs",
-            )
-        )
-    if sub["checked"] and sub["error"]:
-        down = hook["state"] in ("missing", "stale")
-        out.append(
-            Verdict(
-                "info",
-                "hook",
-                f"could not ask squeue about recent submissions: {sub['error']}"
-                + ("; is slurmctld running?" if down else ""),
-            )
-        )
+    return None
 
-    if stats:
-        fail_open = int(stats.get("fail_open") or 0)
-        if fail_open:
-            over = int(stats.get("over_budget") or 0)
-            last = dec["fail_open"]["last_error"]
-            out.append(
-                Verdict(
-                    "warn",
-                    "hook",
-                    f"{fail_open} job(s) passed unchanged after a hook failure since slurmctld "
-                    f"started ({over} over HookBudgetMs)"
-                    + (f"; last: {last}" if last else "")
-                    + f"; see grep 'job passes unchanged' {log}",
-                )
-            )
-        p99_us = stats.get("p99_us")
-        budget_us = conf["hook_budget_ms"] * 1000.0
-        if isinstance(p99_us, int | float) and p99_us > budget_us / 2:
-            out.append(
-                Verdict(
-                    "warn",
-                    "hook",
-                    f"p99 in-hook time {p99_us / 1000:.1f} ms is over half of HookBudgetMs="
-                    f"{conf['hook_budget_ms']:g}: slower calls pass jobs unchanged",
-                )
-            )
-        if stats.get("store_error"):
-            out.append(
-                Verdict(
-                    "error",
-                    "store",
-                    f"the hook cannot read the profile store: {stats['store_error']}",
-                )
-            )
-        jstats = stats.get("journal") or {}
-        if jstats.get("error"):
-            out.append(
-                Verdict(
-                    "error",
-                    "journal",
-                    f"the hook cannot write {jstats.get('path')}: {jstats['error']} "
-                    f"({jstats.get('dropped', 0)} decision(s) not journaled)",
-                )
-            )
-        elif jstats.get("dropped"):
-            out.append(
-                Verdict(
-                    "warn",
-                    "journal",
-                    f"{jstats['dropped']} decision(s) were not journaled since slurmctld "
-                    f"started; see 'cannot write DecisionJournal' in {log}",
-                )
-            )
 
+def _slurm_unasked(f: _Facts) -> Verdict | None:
+    if not f.slurm["error"]:
+        return None
+    return Verdict(
+        "info",
+        "decisions",
+        f"could not ask Slurm which decisions it kept ({f.slurm['error']}): "
+        "submissions it refused after the hook are counted as jobs",
+    )
+
+
+def _squeue_unasked(f: _Facts) -> Verdict | None:
+    if not (f.sub["checked"] and f.sub["error"]):
+        return None
+    down = f.hook["state"] in ("missing", "stale")
+    return Verdict(
+        "info",
+        "hook",
+        f"could not ask squeue about recent submissions: {f.sub['error']}"
+        + ("; is slurmctld running?" if down else ""),
+    )
+
+
+def _hook_fail_open(f: _Facts) -> Verdict | None:
+    fail_open = int(f.stats.get("fail_open") or 0)
+    if not fail_open:
+        return None
+    over = int(f.stats.get("over_budget") or 0)
+    last = f.dec["fail_open"]["last_error"]
+    return Verdict(
+        "warn",
+        "hook",
+        f"{fail_open} job(s) passed unchanged after a hook failure since slurmctld "
+        f"started ({over} over HookBudgetMs)"
+        + (f"; last: {last}" if last else "")
+        + f"; see grep 'job passes unchanged' {f.log}",
+    )
+
+
+def _hook_slow(f: _Facts) -> Verdict | None:
+    p99_us = f.stats.get("p99_us")
+    budget_us = f.conf["hook_budget_ms"] * 1000.0
+    if not (isinstance(p99_us, int | float) and p99_us > budget_us / 2):
+        return None
+    return Verdict(
+        "warn",
+        "hook",
+        f"p99 in-hook time {p99_us / 1000:.1f} ms is over half of HookBudgetMs="
+        f"{f.conf['hook_budget_ms']:g}: slower calls pass jobs unchanged",
+    )
+
+
+def _hook_store_error(f: _Facts) -> Verdict | None:
+    if not f.stats.get("store_error"):
+        return None
+    return Verdict(
+        "error", "store", f"the hook cannot read the profile store: {f.stats['store_error']}"
+    )
+
+
+def _hook_journal_write(f: _Facts) -> Verdict | None:
+    jstats = f.stats.get("journal") or {}
+    if jstats.get("error"):
+        return Verdict(
+            "error",
+            "journal",
+            f"the hook cannot write {jstats.get('path')}: {jstats['error']} "
+            f"({jstats.get('dropped', 0)} decision(s) not journaled)",
+        )
+    if jstats.get("dropped"):
+        return Verdict(
+            "warn",
+            "journal",
+            f"{jstats['dropped']} decision(s) were not journaled since slurmctld "
+            f"started; see 'cannot write DecisionJournal' in {f.log}",
+        )
+    return None
+
+
+def _store_state(f: _Facts) -> Verdict | None:
+    store = f.store
     if not store["readable"]:
-        out.append(
-            Verdict(
-                "error",
-                "store",
-                f"cannot read the profile store {store['path']}: {store['error']} (the hook "
-                "keeps serving the profiles it last read)",
-            )
+        return Verdict(
+            "error",
+            "store",
+            f"cannot read the profile store {store['path']}: {store['error']} (the hook "
+            "keeps serving the profiles it last read)",
         )
-    elif store["profiles"] == 0 and not store["unusable"]:
-        out.append(
-            Verdict(
-                "info",
-                "store",
-                "no profiles yet: GPU jobs keep their own value, DefaultCpusPerGpu or Slurm's "
-                "default until coda-node or an admin publishes one",
-            )
+    if store["profiles"] == 0 and not store["unusable"]:
+        return Verdict(
+            "info",
+            "store",
+            "no profiles yet: GPU jobs keep their own value, DefaultCpusPerGpu or Slurm's "
+            "default until coda-node or an admin publishes one",
         )
-    if store["unusable"]:
-        out.append(
-            Verdict(
-                "warn",
-                "store",
-                f"{store['unusable']} profile file(s) unusable: `coda-slurm profiles list` "
-                "says why",
-            )
-        )
+    return None
 
+
+def _store_unusable(f: _Facts) -> Verdict | None:
+    if not f.store["unusable"]:
+        return None
+    return Verdict(
+        "warn",
+        "store",
+        f"{f.store['unusable']} profile file(s) unusable: `coda-slurm profiles list` says why",
+    )
+
+
+def _journal_state(f: _Facts) -> Verdict | None:
+    journal = f.journal
     if journal["path"] is None:
-        out.append(
-            Verdict(
-                "info",
-                "journal",
-                "DecisionJournal is empty in coda.conf: no history here; decisions are only "
-                f"in {log}",
-            )
+        return Verdict(
+            "info",
+            "journal",
+            "DecisionJournal is empty in coda.conf: no history here; decisions are only "
+            f"in {f.log}",
         )
-    elif journal["error"]:
-        out.append(
-            Verdict("error", "journal", f"cannot read {journal['path']}: {journal['error']}")
+    if journal["error"]:
+        return Verdict("error", "journal", f"cannot read {journal['path']}: {journal['error']}")
+    if journal["files"]:
+        return None
+    gpu_jobs = int(f.stats.get("gpu_jobs") or 0)
+    if gpu_jobs:
+        return Verdict(
+            "warn",
+            "journal",
+            f"the hook decided {gpu_jobs} GPU job(s) but {journal['path']} does not "
+            f"exist: see 'cannot write DecisionJournal' in {f.log}",
         )
-    elif not journal["files"]:
-        gpu_jobs = int(stats.get("gpu_jobs") or 0)
-        if gpu_jobs:
-            out.append(
-                Verdict(
-                    "warn",
-                    "journal",
-                    f"the hook decided {gpu_jobs} GPU job(s) but {journal['path']} does not "
-                    f"exist: see 'cannot write DecisionJournal' in {log}",
-                )
-            )
-        else:
-            out.append(
-                Verdict(
-                    "info",
-                    "journal",
-                    f"no decision journal at {journal['path']} yet (no GPU job decided since "
-                    "the plugin started)",
-                )
-            )
-    else:
-        if journal["malformed"]:
-            out.append(
-                Verdict(
-                    "warn",
-                    "journal",
-                    f"{journal['malformed']} unreadable line(s) in {journal['path']} skipped",
-                )
-            )
-        if journal["newer_format"]:
-            out.append(
-                Verdict(
-                    "warn",
-                    "journal",
-                    f"{journal['newer_format']} entries were written by a newer coda and "
-                    "skipped: upgrade coda-slurm on this host",
-                )
-            )
-        oldest = journal["oldest_unix_s"]
-        rotated = str(rotated_path(Path(journal["path"])))
-        if rotated in journal["files"] and oldest is not None and oldest > doc["since_unix_s"]:
-            out.append(
-                Verdict(
-                    "warn",
-                    "journal",
-                    f"the journal reaches back only {_ago(now, oldest).removesuffix(' ago')}, "
-                    f"not {format_duration(doc['since_s'])}: older decisions were rotated "
-                    f"away; raise JournalMaxBytes (now {journal['max_bytes']})",
-                )
-            )
+    return Verdict(
+        "info",
+        "journal",
+        f"no decision journal at {journal['path']} yet (no GPU job decided since "
+        "the plugin started)",
+    )
 
-    if conf["mode"] == "off":
-        out.append(Verdict("warn", "conf", "Mode=off in coda.conf: coda changes no job"))
-    elif conf["mode"] == "advise":
-        would = dec["advise_would_return"]
-        out.append(
-            Verdict(
-                "info",
-                "conf",
-                "Mode=advise: no job was changed; Mode=enforce would have returned "
-                f"{would['cores']} core(s) from {would['jobs']} job(s) in this window",
-            )
+
+def _journal_malformed(f: _Facts) -> Verdict | None:
+    if not (f.journal_read and f.journal["malformed"]):
+        return None
+    return Verdict(
+        "warn",
+        "journal",
+        f"{f.journal['malformed']} unreadable line(s) in {f.journal['path']} skipped",
+    )
+
+
+def _journal_newer_format(f: _Facts) -> Verdict | None:
+    if not (f.journal_read and f.journal["newer_format"]):
+        return None
+    return Verdict(
+        "warn",
+        "journal",
+        f"{f.journal['newer_format']} entries were written by a newer coda and "
+        "skipped: upgrade coda-slurm on this host",
+    )
+
+
+def _journal_rotated_away(f: _Facts) -> Verdict | None:
+    journal = f.journal
+    if not f.journal_read:
+        return None
+    oldest = journal["oldest_unix_s"]
+    rotated = str(rotated_path(Path(journal["path"])))
+    if rotated not in journal["files"] or oldest is None or oldest <= f.doc["since_unix_s"]:
+        return None
+    return Verdict(
+        "warn",
+        "journal",
+        f"the journal reaches back only {_ago(f.now, oldest).removesuffix(' ago')}, "
+        f"not {format_duration(f.doc['since_s'])}: older decisions were rotated "
+        f"away; raise JournalMaxBytes (now {journal['max_bytes']})",
+    )
+
+
+def _mode(f: _Facts) -> Verdict | None:
+    if f.conf["mode"] == "off":
+        return Verdict("warn", "conf", "Mode=off in coda.conf: coda changes no job")
+    if f.conf["mode"] == "advise":
+        would = f.dec["advise_would_return"]
+        return Verdict(
+            "info",
+            "conf",
+            "Mode=advise: no job was changed; Mode=enforce would have returned "
+            f"{would['cores']} core(s) from {would['jobs']} job(s) in this window",
         )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    _hook_state,
+    _slurm_unasked,
+    _squeue_unasked,
+    _hook_fail_open,
+    _hook_slow,
+    _hook_store_error,
+    _hook_journal_write,
+    _store_state,
+    _store_unusable,
+    _journal_state,
+    _journal_malformed,
+    _journal_newer_format,
+    _journal_rotated_away,
+    _mode,
+)
+"""The health rules, in the order their verdicts are shown."""
+
+
+def verdicts(doc: dict[str, Any]) -> list[Verdict]:
+    """What needs the admin's attention, in plain words (pure: reads ``doc`` only): the
+    verdict of each of :data:`RULES` that has one, led by ``ok`` when none warns."""
+    facts = _Facts.of(doc)
+    out = [v for rule in RULES if (v := rule(facts)) is not None]
     if not any(v.level in ("warn", "error") for v in out):
         out.insert(0, Verdict("ok", "all", "nothing needs attention"))
     return out
@@ -756,81 +822,68 @@ _ACTION_ROWS = (
 _LEVEL_COLOUR = {"ok": "green", "info": "blue", "warn": "yellow", "error": "red"}
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The screen (plain text; colour is added by click only on a terminal)."""
-    now = doc["generated_unix_s"]
-    conf = doc["conf"]
-    hook = doc["hook"]
+def _hook_lines(doc: dict[str, Any]) -> list[str]:
+    now, conf, hook = doc["generated_unix_s"], doc["conf"], doc["hook"]
     stats = hook["stats"] or {}
-    store = doc["store"]
-    journal = doc["journal"]
-    dec = doc["decisions"]
-    window = format_duration(doc["since_s"])
-    lines = [
-        f"coda-slurm status: last {window}, Mode={conf['mode']} UserValue={conf['user_value']} "
-        f"({conf['path']})",
-        "",
+    if not stats:
+        if hook["state"] == "disabled":
+            return ["Hook     no stats (HookStatsFile is empty)"]
+        return [f"Hook     no stats at {hook['path']} ({hook['error'] or hook['state']})"]
+    replayed = stats.get("replayed")
+    return [
+        f"Hook     {stats.get('calls', 0)} calls since {_when(stats.get('started_unix_s'))}: "
+        f"{stats.get('gpu_jobs', 0)} GPU jobs, {stats.get('changed', 0)} changed, "
+        f"{stats.get('rejected', 0)} rejected; last call "
+        f"{_ago(now, stats.get('last_call_unix_s'))}",
+        f"         in-hook p50 {_us(stats.get('p50_us'))}, p99 {_us(stats.get('p99_us'))} "
+        f"(budget {conf['hook_budget_ms']:g} ms); fail-open {stats.get('fail_open', 0)} "
+        f"({stats.get('over_budget', 0)} over budget)"
+        + (f"; {replayed} calls answered in C (HookFastPath)" if replayed else ""),
+        f"         stats written {_ago(now, stats.get('written_unix_s'))}; coda.conf loaded "
+        f"{_ago(now, stats.get('conf_loaded_unix_s'))}; profile store read "
+        f"{_ago(now, stats.get('store_refreshed_unix_s'))}",
     ]
 
-    # Hook
-    if stats:
-        lines.append(
-            f"Hook     {stats.get('calls', 0)} calls since {_when(stats.get('started_unix_s'))}: "
-            f"{stats.get('gpu_jobs', 0)} GPU jobs, {stats.get('changed', 0)} changed, "
-            f"{stats.get('rejected', 0)} rejected; last call "
-            f"{_ago(now, stats.get('last_call_unix_s'))}"
-        )
-        replayed = stats.get("replayed")
-        lines.append(
-            f"         in-hook p50 {_us(stats.get('p50_us'))}, p99 {_us(stats.get('p99_us'))} "
-            f"(budget {conf['hook_budget_ms']:g} ms); fail-open {stats.get('fail_open', 0)} "
-            f"({stats.get('over_budget', 0)} over budget)"
-            + (f"; {replayed} calls answered in C (HookFastPath)" if replayed else "")
-        )
-        lines.append(
-            f"         stats written {_ago(now, stats.get('written_unix_s'))}; coda.conf loaded "
-            f"{_ago(now, stats.get('conf_loaded_unix_s'))}; profile store read "
-            f"{_ago(now, stats.get('store_refreshed_unix_s'))}"
-        )
-    elif hook["state"] == "disabled":
-        lines.append("Hook     no stats (HookStatsFile is empty)")
-    else:
-        lines.append(f"Hook     no stats at {hook['path']} ({hook['error'] or hook['state']})")
 
-    # Store
-    if store["readable"]:
-        text = f"Store    {store['path']}: {store['profiles']} profiles"
-        if store["profiles"]:
-            text += (
-                f", newest written {_ago(now, store['newest_updated_unix_s'])}, oldest "
-                f"{_ago(now, store['oldest_updated_unix_s'])}"
-            )
-        if store["unusable"]:
-            text += f", {store['unusable']} unusable"
-        lines.append(text)
-    else:
-        lines.append(f"Store    {store['path']}: unreadable ({store['error']})")
+def _store_lines(doc: dict[str, Any]) -> list[str]:
+    now, store = doc["generated_unix_s"], doc["store"]
+    if not store["readable"]:
+        return [f"Store    {store['path']}: unreadable ({store['error']})"]
+    text = f"Store    {store['path']}: {store['profiles']} profiles"
+    if store["profiles"]:
+        text += (
+            f", newest written {_ago(now, store['newest_updated_unix_s'])}, oldest "
+            f"{_ago(now, store['oldest_updated_unix_s'])}"
+        )
+    if store["unusable"]:
+        text += f", {store['unusable']} unusable"
+    return [text]
 
-    # Journal
+
+def _journal_lines(doc: dict[str, Any]) -> list[str]:
+    now, journal = doc["generated_unix_s"], doc["journal"]
     if journal["path"] is None:
-        lines.append("Journal  off (DecisionJournal is empty)")
-    elif journal["error"]:
-        lines.append(f"Journal  {journal['path']}: unreadable ({journal['error']})")
-    elif not journal["files"]:
-        lines.append(f"Journal  {journal['path']}: not written yet")
-    else:
-        text = f"Journal  {journal['path']}: {dec['decisions']} decisions in the last {window}"
-        if journal["oldest_unix_s"] is not None:
-            text += f" (oldest entry {_ago(now, journal['oldest_unix_s'])})"
-        lines.append(text)
-    lines.append("")
+        return ["Journal  off (DecisionJournal is empty)"]
+    if journal["error"]:
+        return [f"Journal  {journal['path']}: unreadable ({journal['error']})"]
+    if not journal["files"]:
+        return [f"Journal  {journal['path']}: not written yet"]
+    window = format_duration(doc["since_s"])
+    text = (
+        f"Journal  {journal['path']}: {doc['decisions']['decisions']} decisions in the last "
+        f"{window}"
+    )
+    if journal["oldest_unix_s"] is not None:
+        text += f" (oldest entry {_ago(now, journal['oldest_unix_s'])})"
+    return [text]
 
-    # Decisions
-    lines.append(f"Jobs in the last {window}")
-    by_action = dec["by_action"]
+
+def _decision_lines(doc: dict[str, Any]) -> list[str]:
+    dec, journal = doc["decisions"], doc["journal"]
+    lines = [f"Jobs in the last {format_duration(doc['since_s'])}"]
     rows = []
     for action, label in _ACTION_ROWS:
-        slot = by_action.get(action)
+        slot = dec["by_action"].get(action)
         if slot:
             rows.append([f"  {action}", label, str(slot["jobs"]), str(slot["gpus"])])
     if dec["fail_open"]["jobs"]:
@@ -850,7 +903,11 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"  not known: the decision journal is unreadable ({journal['error']})")
     else:
         lines.append("  no GPU job decided")
-    slurm = doc["slurm"]
+    return lines + _slurm_lines(doc["slurm"])
+
+
+def _slurm_lines(slurm: dict[str, Any]) -> list[str]:
+    lines = []
     if slurm["refused"]:
         lines.append(
             f"  {_n(slurm['refused'], 'decision')} {'was' if slurm['refused'] == 1 else 'were'} "
@@ -863,14 +920,15 @@ def render(doc: dict[str, Any]) -> str:
             f"the last {slurm['settle_s']:g} s"
             + (f" or before MinJobAge={age:g} s, for jobs it no longer holds" if age else "")
         )
-    lines.append("")
+    return lines
 
-    # Cores
+
+def _core_lines(dec: dict[str, Any]) -> list[str]:
     avg = dec["asked_vs_given"]
     ret = dec["returned"]
     add = dec["added"]
     none = dec["no_user_value"]
-    lines.append("Cores")
+    lines = ["Cores"]
     if avg["jobs"]:
         lines.append(
             f"  asked for a value: {_n(avg['jobs'], 'job')}, {_n(avg['gpus'], 'GPU')}; asked "
@@ -901,38 +959,57 @@ def render(doc: dict[str, Any]) -> str:
             f"  Mode=advise: enforce would have returned {would['cores']} cores from "
             f"{_n(would['jobs'], 'job')} and added {dec['advise_would_add']['cores']}"
         )
-    lines.append("")
+    return lines
 
-    # Profiles
-    profiles = doc["profiles"]
-    lines.append(f"Profiles ({len(profiles)})")
-    if profiles:
-        rows = [
-            [
-                f"  {p['signature']}",
-                str(p["cpus_per_gpu"]),
-                f"{p['confidence']:.2f}",
-                str(p["n_samples"]),
-                format_age(now - p["updated_unix_s"]),
-                str(p["jobs"]),
-            ]
-            for p in profiles[:PROFILE_ROWS]
+
+def _profile_lines(doc: dict[str, Any]) -> list[str]:
+    now, profiles = doc["generated_unix_s"], doc["profiles"]
+    lines = [f"Profiles ({len(profiles)})"]
+    if not profiles:
+        return [*lines, "  none"]
+    rows = [
+        [
+            f"  {p['signature']}",
+            str(p["cpus_per_gpu"]),
+            f"{p['confidence']:.2f}",
+            str(p["n_samples"]),
+            format_age(now - p["updated_unix_s"]),
+            str(p["jobs"]),
         ]
-        headers = ["  SIGNATURE", "CORES/GPU", "CONFIDENCE", "SAMPLES", "UPDATED", "JOBS"]
-        lines.append(format_table(headers, rows, right={1, 2, 3, 5}))
-        if len(profiles) > PROFILE_ROWS:
-            lines.append(
-                f"  ... and {len(profiles) - PROFILE_ROWS} more (`coda-slurm profiles list`)"
-            )
-    else:
-        lines.append("  none")
-    lines.append("")
+        for p in profiles[:PROFILE_ROWS]
+    ]
+    headers = ["  SIGNATURE", "CORES/GPU", "CONFIDENCE", "SAMPLES", "UPDATED", "JOBS"]
+    lines.append(format_table(headers, rows, right={1, 2, 3, 5}))
+    if len(profiles) > PROFILE_ROWS:
+        lines.append(f"  ... and {len(profiles) - PROFILE_ROWS} more (`coda-slurm profiles list`)")
+    return lines
 
-    lines.append("Verdict")
+
+def _verdict_lines(doc: dict[str, Any]) -> list[str]:
+    lines = ["Verdict"]
     for v in doc["verdicts"]:
         level = click.style(f"{v['level']:<5}", fg=_LEVEL_COLOUR[v["level"]], bold=True)
         lines.append(f"  {level} {v['message']}")
-    return "\n".join(lines)
+    return lines
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The screen (plain text; colour is added by click only on a terminal): a title line,
+    then blocks of lines separated by an empty one."""
+    conf = doc["conf"]
+    title = (
+        f"coda-slurm status: last {format_duration(doc['since_s'])}, Mode={conf['mode']} "
+        f"UserValue={conf['user_value']} ({conf['path']})"
+    )
+    blocks = (
+        [title],
+        _hook_lines(doc) + _store_lines(doc) + _journal_lines(doc),
+        _decision_lines(doc),
+        _core_lines(doc["decisions"]),
+        _profile_lines(doc),
+        _verdict_lines(doc),
+    )
+    return "\n\n".join("\n".join(block) for block in blocks)
 
 
 # -- the command ------------------------------------------------------------------------------
