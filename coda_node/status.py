@@ -261,54 +261,15 @@ def build_status(
     age_s = None
     if _is(written_unix_s, NUMBER):
         age_s = max(0.0, now_unix_s - float(written_unix_s))  # type: ignore[arg-type]
-    counters = f.opt(daemon_in, "counters", dict) or {}
-
-    if view is None:
-        status = "absent"
-    elif daemon_in is not None and daemon_in.get("running") is False:
-        status = "stopped"
-        problems.append(
-            f"the daemon stopped (it put every job back) at {_clock(written_unix_s)}; "
-            "start it with: systemctl start coda-node"
-        )
-    elif age_s is None or age_s > stale_after_s:
-        status = "stale"
-        problems.append(
-            f"view at {state_path} is {age_s:.0f} s old: the daemon seems stopped (last tick "
-            f"at {_clock(written_unix_s)}; it ticks every {used_interval_s:g} s)"
-            if age_s is not None
-            else f"view at {state_path} has no time: the daemon seems stopped"
-        )
-    else:
-        status = "running"
+    status = _daemon_state(
+        view, daemon_in, problems, state_path, written_unix_s, age_s, used_interval_s
+    )
     if format_version is not None and format_version != FORMAT_VERSION:
         problems.append(
             f"view format {format_version} (this coda-node reads {FORMAT_VERSION}): shown as "
             "far as it goes"
         )
-
-    daemon = {
-        "status": status,
-        "pid": f.get(daemon_in, "pid", int, "daemon.") if daemon_in else None,
-        "version": f.get(daemon_in, "version", str, "daemon.") if daemon_in else None,
-        "node_name": f.get(daemon_in, "node_name", str, "daemon.") if daemon_in else None,
-        "started_unix_s": f.opt(daemon_in, "started_unix_s", NUMBER),
-        "interval_s": used_interval_s,
-        "enforce": [str(x) for x in (f.opt(daemon_in, "enforce", list) or [])],
-        "profiling": f.get(daemon_in, "profiling", str, "daemon.") if daemon_in else None,
-        "contention": f.get(daemon_in, "contention", str, "daemon.") if daemon_in else None,
-        "metrics": f.opt(daemon_in, "metrics", str),
-        "ticks_total": f.opt(counters, "ticks_total", int),
-        "tick_errors_total": f.opt(counters, "tick_errors_total", int),
-        "events_total": {
-            str(k): int(v)
-            for k, v in (f.opt(counters, "events_total", dict) or {}).items()
-            if _is(v, int)
-        },
-        "tick_cpu_s": f.opt(view, "tick_cpu_s", NUMBER),
-    }
-    if view is not None and daemon_in is not None and "counters" not in daemon_in:
-        f.missing.add("daemon.counters")
+    daemon = _daemon(f, view, daemon_in, status, used_interval_s)
 
     raw_jobs = f.get(view, "jobs", list, "") if view is not None else None
     jobs_in = [j for j in raw_jobs or [] if isinstance(j, Mapping) and _is(j.get("job_id"), int)]
@@ -336,6 +297,69 @@ def build_status(
         "problems": problems,
         "missing": sorted(f.missing),
     }
+
+
+def _daemon_state(
+    view: Mapping[str, Any] | None,
+    daemon_in: Mapping[str, Any] | None,
+    problems: list[str],
+    state_path: Path | str,
+    written_unix_s: float | None,
+    age_s: float | None,
+    interval_s: float,
+) -> str:
+    """One of DAEMON_STATES for the view; a daemon not running adds why to ``problems``."""
+    if view is None:
+        return "absent"
+    if daemon_in is not None and daemon_in.get("running") is False:
+        problems.append(
+            f"the daemon stopped (it put every job back) at {_clock(written_unix_s)}; "
+            "start it with: systemctl start coda-node"
+        )
+        return "stopped"
+    if age_s is None or age_s > STALE_INTERVALS * interval_s:
+        problems.append(
+            f"view at {state_path} is {age_s:.0f} s old: the daemon seems stopped (last tick "
+            f"at {_clock(written_unix_s)}; it ticks every {interval_s:g} s)"
+            if age_s is not None
+            else f"view at {state_path} has no time: the daemon seems stopped"
+        )
+        return "stale"
+    return "running"
+
+
+def _daemon(
+    f: _Fields,
+    view: Mapping[str, Any] | None,
+    daemon_in: Mapping[str, Any] | None,
+    status: str,
+    interval_s: float,
+) -> dict[str, Any]:
+    """The document's ``daemon`` object: the view's daemon entry and its counters."""
+    counters = f.opt(daemon_in, "counters", dict) or {}
+    daemon = {
+        "status": status,
+        "pid": f.get(daemon_in, "pid", int, "daemon.") if daemon_in else None,
+        "version": f.get(daemon_in, "version", str, "daemon.") if daemon_in else None,
+        "node_name": f.get(daemon_in, "node_name", str, "daemon.") if daemon_in else None,
+        "started_unix_s": f.opt(daemon_in, "started_unix_s", NUMBER),
+        "interval_s": interval_s,
+        "enforce": [str(x) for x in (f.opt(daemon_in, "enforce", list) or [])],
+        "profiling": f.get(daemon_in, "profiling", str, "daemon.") if daemon_in else None,
+        "contention": f.get(daemon_in, "contention", str, "daemon.") if daemon_in else None,
+        "metrics": f.opt(daemon_in, "metrics", str),
+        "ticks_total": f.opt(counters, "ticks_total", int),
+        "tick_errors_total": f.opt(counters, "tick_errors_total", int),
+        "events_total": {
+            str(k): int(v)
+            for k, v in (f.opt(counters, "events_total", dict) or {}).items()
+            if _is(v, int)
+        },
+        "tick_cpu_s": f.opt(view, "tick_cpu_s", NUMBER),
+    }
+    if view is not None and daemon_in is not None and "counters" not in daemon_in:
+        f.missing.add("daemon.counters")
+    return daemon
 
 
 def _clock(unix_s: object) -> str:
@@ -490,21 +514,7 @@ def _job(j: Mapping[str, Any], f: _Fields, last: dict[str, Any] | None) -> dict[
     in_force: float | None = cores_now
     if quota is not None and (in_force is None or quota < in_force):
         in_force = float(quota)
-    record = f.get(j, "hook_record", dict, w)
-    predicted = None
-    if record is not None:
-        try:
-            cpg = int(str(record.get("cpg") or ""))
-        except ValueError:
-            cpg = None
-        if cpg is not None:
-            n_gpus = len(gpu_idx)
-            if not n_gpus:
-                try:
-                    n_gpus = int(str(record.get("gpn") or "0"))
-                except ValueError:
-                    n_gpus = 0
-            predicted = cpg * n_gpus if n_gpus else None
+    predicted = _predicted_cores(f.get(j, "hook_record", dict, w), len(gpu_idx))
     progress_in = f.get(j, "progress", dict, w)
     progress = None
     if progress_in is not None:
@@ -515,49 +525,15 @@ def _job(j: Mapping[str, Any], f: _Fields, last: dict[str, Any] | None) -> dict[
         }
     profiling = f.get(j, "profiling", dict, w)
     profile_state = _profile_state(j, profiling)
-    profile = None
-    if profiling is not None:
-        profile = {
-            "why": str(profiling.get("why") or ""),
-            "cores_now": f.opt(profiling, "cores_now", int),
-            "probes": f.opt(profiling, "probes", int),
-            "sweet_spot_cores": f.opt(profiling, "sweet_spot_cores", int),
-            "confidence": f.opt(profiling, "confidence", NUMBER),
-        }
+    profile = _profile(f, profiling)
     contention = f.get(j, "contention", dict, w)
-    throttle = None
-    if contention is not None and "level" in contention:
-        throttle = {
-            "level": f.opt(contention, "level", int) or 0,
-            "mechanism": f.opt(contention, "mechanism", str),
-            "mem_bw_pct": f.opt(contention, "mem_bw_pct", int),
-            "l3_ways": f.opt(contention, "l3_ways", int),
-            "l3_ways_total": f.opt(contention, "l3_ways_total", int),
-            "quota_cores": f.opt(contention, "quota_cores", NUMBER),
-            "for_job": f.opt(contention, "for_job", int),
-        }
+    throttle = _throttle(f, contention)
     slowdown = None
     if contention is not None and "slowdown" in contention:
         slowdown = f.opt(contention, "slowdown", NUMBER)
-    limit_in = f.get(j, "limit", dict, w)
-    limit = None
-    if limit_in is not None:
-        cpus = f.opt(limit_in, "cpus", list)
-        limit = {
-            "cores": f.opt(limit_in, "cores", int),
-            "cpus": [c for c in cpus if _is(c, int)] if cpus is not None else None,
-            "quota_cores": f.opt(limit_in, "quota_cores", NUMBER),
-            "mem_bw_pct": f.opt(limit_in, "mem_bw_pct", int),
-            "reason": str(limit_in.get("reason") or ""),
-        }
+    limit = _limit(f, f.get(j, "limit", dict, w))
     failed = [str(x) for x in f.get(j, "last_failed", list, w) or []]
-    target_reason = f.get(j, "target_reason", str, w)
-    if last is not None:
-        decision = {"unix_s": last["unix_s"], "action": last["action"], "reason": last["reason"]}
-    elif target_reason:
-        decision = {"unix_s": None, "action": "target", "reason": target_reason}
-    else:
-        decision = None
+    decision = _decision(last, f.get(j, "target_reason", str, w))
     kind = f.get(j, "kind", str, w)
     return {
         "job_id": j["job_id"],
@@ -586,3 +562,68 @@ def _job(j: Mapping[str, Any], f: _Fields, last: dict[str, Any] | None) -> dict[
         "last_decision": decision,
         "failed": failed,
     }
+
+
+def _predicted_cores(record: Mapping[str, Any] | None, n_gpus: int) -> int | None:
+    """The cores the hook predicted: its CPUs per GPU times the job's GPUs (those the view
+    lists, else the record's GPUs per node); None without a readable record."""
+    if record is None:
+        return None
+    try:
+        cpg = int(str(record.get("cpg") or ""))
+    except ValueError:
+        return None
+    if not n_gpus:
+        try:
+            n_gpus = int(str(record.get("gpn") or "0"))
+        except ValueError:
+            n_gpus = 0
+    return cpg * n_gpus if n_gpus else None
+
+
+def _profile(f: _Fields, profiling: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if profiling is None:
+        return None
+    return {
+        "why": str(profiling.get("why") or ""),
+        "cores_now": f.opt(profiling, "cores_now", int),
+        "probes": f.opt(profiling, "probes", int),
+        "sweet_spot_cores": f.opt(profiling, "sweet_spot_cores", int),
+        "confidence": f.opt(profiling, "confidence", NUMBER),
+    }
+
+
+def _throttle(f: _Fields, contention: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if contention is None or "level" not in contention:
+        return None
+    return {
+        "level": f.opt(contention, "level", int) or 0,
+        "mechanism": f.opt(contention, "mechanism", str),
+        "mem_bw_pct": f.opt(contention, "mem_bw_pct", int),
+        "l3_ways": f.opt(contention, "l3_ways", int),
+        "l3_ways_total": f.opt(contention, "l3_ways_total", int),
+        "quota_cores": f.opt(contention, "quota_cores", NUMBER),
+        "for_job": f.opt(contention, "for_job", int),
+    }
+
+
+def _limit(f: _Fields, limit_in: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if limit_in is None:
+        return None
+    cpus = f.opt(limit_in, "cpus", list)
+    return {
+        "cores": f.opt(limit_in, "cores", int),
+        "cpus": [c for c in cpus if _is(c, int)] if cpus is not None else None,
+        "quota_cores": f.opt(limit_in, "quota_cores", NUMBER),
+        "mem_bw_pct": f.opt(limit_in, "mem_bw_pct", int),
+        "reason": str(limit_in.get("reason") or ""),
+    }
+
+
+def _decision(last: dict[str, Any] | None, target_reason: str | None) -> dict[str, Any] | None:
+    """The job's last event, else the reason of its target (an older view's only trace)."""
+    if last is not None:
+        return {"unix_s": last["unix_s"], "action": last["action"], "reason": last["reason"]}
+    if target_reason:
+        return {"unix_s": None, "action": "target", "reason": target_reason}
+    return None
