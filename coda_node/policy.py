@@ -66,6 +66,14 @@ def choose_cpus(
     return frozenset(sorted(allocated, key=lambda cpu: (cpu not in near, cpu))[:cores])
 
 
+def quota_that_caps(quota_cores: float | None, cpu_count: int) -> float | None:
+    """``quota_cores``, or None where it is at or above ``cpu_count``: a CPU quota of the
+    job's CPUs or more changes nothing, so it is no quota."""
+    if quota_cores is not None and quota_cores >= cpu_count:
+        return None
+    return quota_cores
+
+
 def plan(
     jobs: Mapping[int, JobFacts],
     limits: Mapping[int, Limit],
@@ -108,8 +116,7 @@ def plan(
         if quota is not None and quota <= 0:
             problems.append(PlanProblem(job_id, "a CPU quota must be more than 0 cores"))
             quota = None
-        if quota is not None and quota >= len(cpus if cpus is not None else allocated):
-            quota = None  # a cap at or above the job's CPUs changes nothing
+        quota = quota_that_caps(quota, len(cpus if cpus is not None else allocated))
         mem_bw = limit.mem_bw_pct
         if mem_bw is not None and mba is not None:
             problems.append(PlanProblem(job_id, f"memory-bandwidth limit not applied: {mba}"))
