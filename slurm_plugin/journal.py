@@ -507,6 +507,157 @@ def _percentile(ordered: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _per_gpu(cores: int, gpus: int) -> float | None:
+    return round(cores / gpus, 2) if gpus else None
+
+
+@dataclass(slots=True)
+class _JobsCores:
+    """Jobs counted and the cores summed over them."""
+
+    jobs: int = 0
+    cores: int = 0
+
+    def add(self, cores: int) -> None:
+        self.jobs += 1
+        self.cores += cores
+
+    def to_json(self) -> dict[str, int]:
+        return {"jobs": self.jobs, "cores": self.cores}
+
+
+@dataclass(slots=True)
+class _DecisionSums:
+    """The running sums of :func:`summarize_decisions`, one journal entry at a time."""
+
+    decisions: int = 0
+    first_unix_s: float | None = None
+    last_unix_s: float | None = None
+    by_action: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_src: Counter[str] = field(default_factory=Counter)
+    would: Counter[str] = field(default_factory=Counter)
+    profiles_used: Counter[str] = field(default_factory=Counter)
+    asked_jobs: int = 0
+    asked_gpus: int = 0
+    asked_cores: int = 0
+    given_cores: int = 0
+    returned: _JobsCores = field(default_factory=_JobsCores)
+    added: _JobsCores = field(default_factory=_JobsCores)
+    advise_returned: _JobsCores = field(default_factory=_JobsCores)
+    advise_added: _JobsCores = field(default_factory=_JobsCores)
+    none_jobs: int = 0
+    none_given_jobs: int = 0
+    none_gpus: int = 0
+    none_given_cores: int = 0
+    fail_open: int = 0
+    last_error: str | None = None
+    last_error_unix_s: float | None = None
+    hook_us: list[float] = field(default_factory=list)
+
+    def add(self, e: dict[str, Any]) -> None:
+        self.decisions += 1
+        t = float(e["t"])
+        self.first_unix_s = t if self.first_unix_s is None else min(self.first_unix_s, t)
+        self.last_unix_s = t if self.last_unix_s is None else max(self.last_unix_s, t)
+        us = e.get("hook_us")
+        if isinstance(us, int | float) and not isinstance(us, bool):
+            self.hook_us.append(float(us))
+        if e.get("fail_open"):
+            self.fail_open += 1
+            if self.last_error_unix_s is None or t >= self.last_error_unix_s:
+                self.last_error_unix_s = t
+                self.last_error = e.get("error") or None
+            return
+        action = e.get("action")
+        if isinstance(action, str):
+            self._add_decision(e, action)
+
+    def _add_decision(self, e: dict[str, Any], action: str) -> None:
+        gpus = _num(e, "gpus") or 0
+        slot = self.by_action.setdefault(action, {"jobs": 0, "gpus": 0})
+        slot["jobs"] += 1
+        slot["gpus"] += gpus
+        src = e.get("src")
+        if isinstance(src, str):
+            self.by_src[src] += 1
+        if isinstance(e.get("would"), str):
+            self.would[e["would"]] += 1
+        if isinstance(e.get("profile"), str):
+            self.profiles_used[e["profile"]] += 1
+        asked = _num(e, "asked_cores")
+        given = _num(e, "given_cores")
+        if asked is not None and gpus:
+            self._add_asked(e, action, gpus, asked, given)
+        elif asked is None and action not in ("reject",):
+            self.none_jobs += 1
+            if given is not None and gpus:
+                self.none_given_jobs += 1
+                self.none_gpus += gpus
+                self.none_given_cores += given
+
+    def _add_asked(
+        self, e: dict[str, Any], action: str, gpus: int, asked: int, given: int | None
+    ) -> None:
+        """A job whose user asked for ``asked`` cores."""
+        self.asked_jobs += 1
+        self.asked_gpus += gpus
+        self.asked_cores += asked
+        self.given_cores += given if given is not None else asked
+        if given is not None and given < asked:
+            self.returned.add(asked - given)
+        elif given is not None and given > asked:
+            self.added.add(given - asked)
+        cpg = _num(e, "cpg")
+        would_write = e.get("would") in ("raise", "lower", "replace")
+        if action == "advise" and cpg is not None and would_write:
+            would_give = cpg * gpus
+            if would_give < asked:
+                self.advise_returned.add(asked - would_give)
+            elif would_give > asked:
+                self.advise_added.add(would_give - asked)
+
+    def to_json(self) -> dict[str, Any]:
+        ordered = sorted(self.hook_us)
+        return {
+            "decisions": self.decisions,
+            "first_unix_s": self.first_unix_s,
+            "last_unix_s": self.last_unix_s,
+            "by_action": dict(sorted(self.by_action.items())),
+            "by_src": dict(sorted(self.by_src.items())),
+            "would": dict(sorted(self.would.items())),
+            "profiles_used": dict(sorted(self.profiles_used.items())),
+            "asked_vs_given": {
+                "jobs": self.asked_jobs,
+                "gpus": self.asked_gpus,
+                "asked_cores": self.asked_cores,
+                "given_cores": self.given_cores,
+                "asked_cores_per_gpu": _per_gpu(self.asked_cores, self.asked_gpus),
+                "given_cores_per_gpu": _per_gpu(self.given_cores, self.asked_gpus),
+            },
+            "returned": self.returned.to_json(),
+            "added": self.added.to_json(),
+            "no_user_value": {
+                "jobs": self.none_jobs,
+                "given_jobs": self.none_given_jobs,
+                "gpus": self.none_gpus,
+                "given_cores": self.none_given_cores,
+                "given_cores_per_gpu": _per_gpu(self.none_given_cores, self.none_gpus),
+            },
+            "advise_would_return": self.advise_returned.to_json(),
+            "advise_would_add": self.advise_added.to_json(),
+            "fail_open": {
+                "jobs": self.fail_open,
+                "last_error": self.last_error,
+                "last_unix_s": self.last_error_unix_s,
+            },
+            "hook_us": {
+                "p50": _percentile(ordered, 0.50),
+                "p99": _percentile(ordered, 0.99),
+                "max": ordered[-1] if ordered else None,
+            },
+        }
+
+
 def summarize_decisions(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """What the hook did over ``entries`` (journal dicts), JSON-ready; pure.
 
@@ -521,118 +672,7 @@ def summarize_decisions(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
       default) and how many cores; the others keep Slurm's default.
     - ``advise_would_return`` / ``advise_would_add``: the same sums for Mode=advise entries.
     """
-    n = 0
-    by_action: dict[str, dict[str, int]] = {}
-    by_src: Counter[str] = Counter()
-    would: Counter[str] = Counter()
-    profiles_used: Counter[str] = Counter()
-    asked_jobs = asked_gpus = asked_cores = given_cores = 0
-    returned_jobs = returned_cores = added_jobs = added_cores = 0
-    advise_ret_jobs = advise_ret_cores = advise_add_jobs = advise_add_cores = 0
-    none_jobs = none_given_jobs = none_gpus = none_given_cores = 0
-    fail_open = 0
-    last_error: str | None = None
-    last_error_unix_s: float | None = None
-    first_unix_s: float | None = None
-    last_unix_s: float | None = None
-    hook_us: list[float] = []
+    sums = _DecisionSums()
     for e in entries:
-        n += 1
-        t = float(e["t"])
-        first_unix_s = t if first_unix_s is None else min(first_unix_s, t)
-        last_unix_s = t if last_unix_s is None else max(last_unix_s, t)
-        us = e.get("hook_us")
-        if isinstance(us, int | float) and not isinstance(us, bool):
-            hook_us.append(float(us))
-        if e.get("fail_open"):
-            fail_open += 1
-            if last_error_unix_s is None or t >= last_error_unix_s:
-                last_error_unix_s = t
-                last_error = e.get("error") or None
-            continue
-        action = e.get("action")
-        if not isinstance(action, str):
-            continue
-        gpus = _num(e, "gpus") or 0
-        slot = by_action.setdefault(action, {"jobs": 0, "gpus": 0})
-        slot["jobs"] += 1
-        slot["gpus"] += gpus
-        src = e.get("src")
-        if isinstance(src, str):
-            by_src[src] += 1
-        if isinstance(e.get("would"), str):
-            would[e["would"]] += 1
-        if isinstance(e.get("profile"), str):
-            profiles_used[e["profile"]] += 1
-        asked = _num(e, "asked_cores")
-        given = _num(e, "given_cores")
-        cpg = _num(e, "cpg")
-        if asked is not None and gpus:
-            asked_jobs += 1
-            asked_gpus += gpus
-            asked_cores += asked
-            given_cores += given if given is not None else asked
-            if given is not None and given < asked:
-                returned_jobs += 1
-                returned_cores += asked - given
-            elif given is not None and given > asked:
-                added_jobs += 1
-                added_cores += given - asked
-            would_write = e.get("would") in ("raise", "lower", "replace")
-            if action == "advise" and cpg is not None and would_write:
-                would_give = cpg * gpus
-                if would_give < asked:
-                    advise_ret_jobs += 1
-                    advise_ret_cores += asked - would_give
-                elif would_give > asked:
-                    advise_add_jobs += 1
-                    advise_add_cores += would_give - asked
-        elif asked is None and action not in ("reject",):
-            none_jobs += 1
-            if given is not None and gpus:
-                none_given_jobs += 1
-                none_gpus += gpus
-                none_given_cores += given
-
-    def per_gpu(cores: int, gpus: int) -> float | None:
-        return round(cores / gpus, 2) if gpus else None
-
-    ordered = sorted(hook_us)
-    return {
-        "decisions": n,
-        "first_unix_s": first_unix_s,
-        "last_unix_s": last_unix_s,
-        "by_action": dict(sorted(by_action.items())),
-        "by_src": dict(sorted(by_src.items())),
-        "would": dict(sorted(would.items())),
-        "profiles_used": dict(sorted(profiles_used.items())),
-        "asked_vs_given": {
-            "jobs": asked_jobs,
-            "gpus": asked_gpus,
-            "asked_cores": asked_cores,
-            "given_cores": given_cores,
-            "asked_cores_per_gpu": per_gpu(asked_cores, asked_gpus),
-            "given_cores_per_gpu": per_gpu(given_cores, asked_gpus),
-        },
-        "returned": {"jobs": returned_jobs, "cores": returned_cores},
-        "added": {"jobs": added_jobs, "cores": added_cores},
-        "no_user_value": {
-            "jobs": none_jobs,
-            "given_jobs": none_given_jobs,
-            "gpus": none_gpus,
-            "given_cores": none_given_cores,
-            "given_cores_per_gpu": per_gpu(none_given_cores, none_gpus),
-        },
-        "advise_would_return": {"jobs": advise_ret_jobs, "cores": advise_ret_cores},
-        "advise_would_add": {"jobs": advise_add_jobs, "cores": advise_add_cores},
-        "fail_open": {
-            "jobs": fail_open,
-            "last_error": last_error,
-            "last_unix_s": last_error_unix_s,
-        },
-        "hook_us": {
-            "p50": _percentile(ordered, 0.50),
-            "p99": _percentile(ordered, 0.99),
-            "max": ordered[-1] if ordered else None,
-        },
-    }
+        sums.add(e)
+    return sums.to_json()
