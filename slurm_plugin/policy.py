@@ -93,6 +93,7 @@ from slurm_plugin.request import (
 )
 from slurm_plugin.signature import (
     DirectiveError,
+    Directives,
     Signature,
     global_key,
     parse_coda_directives,
@@ -302,17 +303,74 @@ def decide(
     """
     if cfg.mode == "off":
         return _skip(req, "Mode=off")
+    admitted = _admit(req, cfg)
+    if isinstance(admitted, Decision):
+        return admitted
+
+    nodes = req.min_nodes if _set32(req.min_nodes) else 1
+    tasks_per_node = job_tasks_per_node(req, nodes)
+    gpn = _gpus_per_node(req, admitted.gpus, nodes, tasks_per_node)
+    user_cpg = admitted.user_cpg
+    user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
+
+    sig = workload_signature(
+        req.uid, req.job_name, req.script, admitted.directives, cfg.signature_ignore
+    )
+    profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
+    place = _placement(req, cfg, sig, profiles, gpn, node_features, admitted.sep)
+    pred, src, note = _prediction(profile, src, gpn, nodes, cfg, node_cap, node_share)
+    was, user_flag = _user_value(user_cpg, user_cpt)
+
+    # A bound that changed the prediction is said in the log line too, not only to the user.
+    bound_note = note.removeprefix(", ") if "capped" in note or "raised to" in note else ""
+    job = _Job(req, cfg, sig, was, src, gpn, nodes, place, admitted.sep, bound_note)
+    choice = _Choice(
+        profile=profile,
+        pred=pred,
+        unknown=weak or "no profile for this workload yet",
+        label=quote_label(sig.workload),
+        basis=_basis(profile, src, nodes) + note,
+    )
+    if not user_flag:
+        return _without_user_value(job, choice)
+    user_total = _user_total(user_cpg, user_cpt, gpn, tasks_per_node)
+    return _with_user_value(job, choice, user_cpg, user_flag, user_total)
+
+
+# -- the stages of decide() --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """What :func:`_admit` parsed of a GPU job CODA manages."""
+
+    gpus: tuple[int, int, int, int]
+    """GPUs asked per node, per job, per task and per socket (0 where not asked)."""
+    sep: str
+    """How the job's Slurm spells a GRES (:func:`~slurm_plugin.tres.gres_separator`)."""
+    user_cpg: int | None
+    """The user's ``--cpus-per-gpu``, None when not given."""
+    directives: Directives
+
+
+def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | Decision:
+    """The checks a job passes before CODA decides its CPUs: a GPU request that parses and
+    asks for GPUs, CPU fields it understands, managed partitions, ``coda:`` directives that
+    parse and do not say ``coda:off``.  The Decision (skip, reject, a CPU-only job's route)
+    of the first check that fails."""
     try:
-        per_node = gpu_count(req.tres_per_node)
-        per_job = gpu_count(req.tres_per_job)
-        per_task = gpu_count(req.tres_per_task)
-        per_socket = gpu_count(req.tres_per_socket)
+        gpus = (
+            gpu_count(req.tres_per_node),
+            gpu_count(req.tres_per_job),
+            gpu_count(req.tres_per_task),
+            gpu_count(req.tres_per_socket),
+        )
         sep = gres_separator(
             req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket
         )
     except TresError as exc:
         return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
-    if not (per_node or per_job or per_task or per_socket):
+    if not any(gpus):
         if cfg.cpu_job_partitions and not req.partition:
             return _route_cpu_job(req, cfg)
         return _skip(req, "no GPUs requested")
@@ -329,105 +387,144 @@ def decide(
     try:
         directives = parse_coda_directives(req.comment)
     except DirectiveError as exc:
-        if cfg.mode == "advise":
-            return _skip(
-                req, f"invalid coda directive (advise mode): {exc}", f"{exc} (ignored for now)"
-            )
-        return Decision(
-            action="reject",
-            cpus_per_tres=None,
-            clear_cpus_per_task=False,
-            user_msg=str(exc),
-            log_msg=f"coda: {_job_label(req)} action=reject: {exc}",
-            admin_comment=None,
-            reason="invalid coda directive in --comment",
-        )
+        return _invalid_directive(req, cfg, exc)
     if directives.off:
         return _skip(
             req,
             "coda:off in --comment",
             "coda: off for this job (coda:off in --comment); CPUs per GPU left as submitted",
         )
+    return _Admitted(gpus=gpus, sep=sep, user_cpg=user_cpg, directives=directives)
 
-    nodes = req.min_nodes if _set32(req.min_nodes) else 1
-    tasks_per_node = job_tasks_per_node(req, nodes)
+
+def _invalid_directive(req: JobRequest, cfg: CodaConfig, exc: DirectiveError) -> Decision:
+    """A malformed ``coda:`` directive: reported and ignored in advise mode, else refused."""
+    if cfg.mode == "advise":
+        return _skip(
+            req, f"invalid coda directive (advise mode): {exc}", f"{exc} (ignored for now)"
+        )
+    return Decision(
+        action="reject",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg=str(exc),
+        log_msg=f"coda: {_job_label(req)} action=reject: {exc}",
+        admin_comment=None,
+        reason="invalid coda directive in --comment",
+    )
+
+
+def _gpus_per_node(
+    req: JobRequest, gpus: tuple[int, int, int, int], nodes: int, tasks_per_node: int
+) -> int:
+    """GPUs per node from the first field that asks for GPUs (the module docstring)."""
+    per_node, per_job, per_task, per_socket = gpus
     if per_node:
-        gpn = per_node
-    elif per_job:
-        gpn = -(-per_job // nodes)
-    elif per_task:
-        gpn = per_task * tasks_per_node
-    else:
-        gpn = per_socket * (req.sockets_per_node if _set16(req.sockets_per_node) else 1)
-    user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
+        return per_node
+    if per_job:
+        return -(-per_job // nodes)
+    if per_task:
+        return per_task * tasks_per_node
+    return per_socket * (req.sockets_per_node if _set16(req.sockets_per_node) else 1)
 
-    sig = workload_signature(req.uid, req.job_name, req.script, directives, cfg.signature_ignore)
-    profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
-    place = _placement(req, cfg, sig, profiles, gpn, node_features, sep)
-    pred: int | None = None
-    note = ""
+
+def _prediction(
+    profile: ProfileView | None,
+    src: str,
+    gpn: int,
+    nodes: int,
+    cfg: CodaConfig,
+    node_cap: Callable[[int], int | None],
+    node_share: Callable[[int], int | None] | None,
+) -> tuple[int | None, str, str]:
+    """``(CPUs per GPU or None, src, note)``: the confident profile's prediction, else
+    DefaultCpusPerGpu (``src`` becomes ``default``), clamped; the note says which bound or
+    share applied ("" when none)."""
     if profile is not None:
         pred, note = _clamp(
             predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, node_cap
         )
-    elif cfg.default_cpus_per_gpu is not None:
-        default = cfg.default_cpus_per_gpu
-        if default == "share":
-            default = node_share(gpn) if node_share is not None else None
-            note = f", the node's share of {default} per GPU" if default is not None else ""
-        if default is not None:
-            src = "default"
-            pred, clamped = _clamp(default, gpn, cfg, node_cap)
-            note += clamped
+        return pred, src, note
+    if cfg.default_cpus_per_gpu is None:
+        return None, src, ""
+    default = cfg.default_cpus_per_gpu
+    note = ""
+    if default == "share":
+        default = node_share(gpn) if node_share is not None else None
+        note = f", the node's share of {default} per GPU" if default is not None else ""
+    if default is None:
+        return None, src, note
+    pred, clamped = _clamp(default, gpn, cfg, node_cap)
+    return pred, "default", note + clamped
 
+
+def _user_value(user_cpg: int | None, user_cpt: int | None) -> tuple[str, str]:
+    """``(was, flag)``: the user's own CPU request as the admin record's ``was=`` and as
+    the option the user gave (``("", "")`` when none)."""
     if user_cpg is not None:
-        was = f"cpg:{user_cpg}"
-        user_flag = f"--cpus-per-gpu={user_cpg}"
-    elif user_cpt is not None:
-        was = f"cpt:{user_cpt}"
-        user_flag = f"--cpus-per-task={user_cpt}"
+        return f"cpg:{user_cpg}", f"--cpus-per-gpu={user_cpg}"
+    if user_cpt is not None:
+        return f"cpt:{user_cpt}", f"--cpus-per-task={user_cpt}"
+    return "", ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """What the user-value rules weigh: the prediction and how it is explained."""
+
+    profile: ProfileView | None
+    """The confident profile, None when there is none."""
+    pred: int | None
+    """CPUs per GPU CODA would write, None when it has no value."""
+    unknown: str
+    """Why there is no confident profile (for reasons)."""
+    label: str
+    """The workload's name, quoted for messages."""
+    basis: str
+    """Where the prediction comes from, for the user's line."""
+
+    def rewrite_msg(self, verb: str, user_flag: str) -> str:
+        return (
+            f"coda: --cpus-per-gpu={self.pred} for workload {self.label} "
+            f"({verb} {user_flag}; {self.basis})"
+        )
+
+
+def _without_user_value(job: _Job, c: _Choice) -> Decision:
+    """No ``--cpus-per-gpu`` or ``--cpus-per-task``: set, default or skip."""
+    if c.pred is None:
+        return _finish(job, "skip", None, c.unknown, None, False)
+    if c.profile is not None:
+        action, reason = "set", "confident profile"
     else:
-        was = ""
-        user_flag = ""
+        action, reason = "default", f"{c.unknown}; DefaultCpusPerGpu"
+    msg = f"coda: --cpus-per-gpu={c.pred} for workload {c.label} ({c.basis})"
+    return _finish(job, action, c.pred, reason, msg, False)
 
-    label = quote_label(sig.workload)
-    basis = _basis(profile, src, nodes) + note
-    # A bound that changed the prediction is said in the log line too, not only to the user.
-    bound_note = note.removeprefix(", ") if "capped" in note or "raised to" in note else ""
-    job = _Job(req, cfg, sig, was, src, gpn, nodes, place, sep, bound_note)
 
-    if not user_flag:
-        if pred is None:
-            reason = weak or "no profile for this workload yet"
-            return _finish(job, "skip", None, reason, None, False)
-        if profile is not None:
-            action, reason = "set", "confident profile"
-        else:
-            action = "default"
-            reason = f"{weak or 'no profile for this workload yet'}; DefaultCpusPerGpu"
-        msg = f"coda: --cpus-per-gpu={pred} for workload {label} ({basis})"
-        return _finish(job, action, pred, reason, msg, False)
-
+def _with_user_value(
+    job: _Job, c: _Choice, user_cpg: int | None, user_flag: str, user_total: int
+) -> Decision:
+    """The user gave ``--cpus-per-gpu`` or ``--cpus-per-task`` (``user_total`` CPUs per
+    node): raise, replace, lower or keep, by UnprofiledUserValue and UserValue."""
+    cfg, pred, gpn = job.cfg, c.pred, job.gpn
     if (
-        profile is None
+        c.profile is None
         and pred is not None
         and cfg.unprofiled_user_value == "raise"
-        and pred * gpn > _user_total(user_cpg, user_cpt, gpn, tasks_per_node)
+        and pred * gpn > user_total
     ):
-        msg = f"coda: --cpus-per-gpu={pred} for workload {label} (raises {user_flag}; {basis})"
-        reason = f"{weak or 'no profile for this workload yet'}; UnprofiledUserValue=raise"
-        return _finish(job, "raise", pred, reason, msg, True)
-    if profile is None or pred is None:
-        reason = f"{weak or 'no profile for this workload yet'}; user value kept"
-        return _finish(job, "keep", pred, reason, None, False)
+        msg = c.rewrite_msg("raises", user_flag)
+        return _finish(job, "raise", pred, f"{c.unknown}; UnprofiledUserValue=raise", msg, True)
+    if c.profile is None or pred is None:
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None, False)
     if cfg.user_value == "replace":
-        msg = f"coda: --cpus-per-gpu={pred} for workload {label} (replaces {user_flag}; {basis})"
-        reason = "UserValue=replace"
-        return _finish(job, "replace", pred, reason, msg, True)
+        msg = c.rewrite_msg("replaces", user_flag)
+        return _finish(job, "replace", pred, "UserValue=replace", msg, True)
     if cfg.user_value == "lower":
         # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
-        if pred * gpn < _user_total(user_cpg, user_cpt, gpn, tasks_per_node):
-            msg = f"coda: --cpus-per-gpu={pred} for workload {label} (lowers {user_flag}; {basis})"
+        if pred * gpn < user_total:
+            msg = c.rewrite_msg("lowers", user_flag)
             reason = "UserValue=lower, prediction below the user value"
             return _finish(job, "lower", pred, reason, msg, True)
         reason = "UserValue=lower, prediction not below the user value"
@@ -436,8 +533,8 @@ def decide(
     msg = None
     if user_cpg != pred:
         msg = (
-            f"coda: kept your {user_flag}; the profile of workload {label} suggests "
-            f"--cpus-per-gpu={pred} ({basis})"
+            f"coda: kept your {user_flag}; the profile of workload {c.label} suggests "
+            f"--cpus-per-gpu={pred} ({c.basis})"
         )
     return _finish(job, "keep", pred, reason, msg, False)
 
