@@ -33,7 +33,13 @@ from slurm_plugin.colocate import (
 )
 from slurm_plugin.conf import CodaConfig, load_config
 from slurm_plugin.paths import default_conf_path
-from slurm_plugin.store import Profile, ProfileStore, UsageRecord, usage_for_model
+from slurm_plugin.store import (
+    Profile,
+    ProfileFormatError,
+    ProfileStore,
+    UsageRecord,
+    usage_for_model,
+)
 
 NO_USAGE_HINT = "no NVML usage yet: run once under coda-node"
 
@@ -120,6 +126,132 @@ def _usage_json(u: UsageRecord) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Report:
+    """What ``coda-slurm colocate`` found, for the screen or ``--json``."""
+
+    store_root: Path
+    margin: float
+    gpu_model: str | None
+    rows: list[_Row]
+    pairs: list[PairVerdict]
+    shareable: list[str]
+    errors: list[ProfileFormatError]
+
+    @property
+    def missing(self) -> list[_Row]:
+        """The workloads without usage to judge them by."""
+        return [r for r in self.rows if r.usage is None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": str(self.store_root),
+            "margin": self.margin,
+            "gpu_model": self.gpu_model,
+            "workloads": [
+                {
+                    "workload": r.label,
+                    "signature": r.profile.signature,
+                    "usage": _usage_json(r.usage) if r.usage else None,
+                }
+                for r in self.rows
+            ],
+            "pairs": [
+                {
+                    "a": v.a,
+                    "b": v.b,
+                    "speedup": round(v.speedup, 4),
+                    "verdict": v.verdict,
+                    "reason": v.reason,
+                }
+                for v in self.pairs
+            ],
+            "shareable": self.shareable,
+            "no_usage": [
+                {"workload": r.label, "signature": r.profile.signature} for r in self.missing
+            ],
+            "errors": [{"path": e.path, "problem": e.problem} for e in self.errors],
+        }
+
+
+def _judge(
+    store_root: Path,
+    margin: float,
+    gpu_model: str | None,
+    rows: list[_Row],
+    errors: list[ProfileFormatError],
+) -> _Report:
+    """Every pair of the measured ``rows`` judged, and the workloads that may all share."""
+    cands = [
+        ShareCandidate(r.label, r.usage.gpu_util, r.usage.gpu_mem_bw_util)
+        for r in rows
+        if r.usage is not None
+    ]
+    return _Report(
+        store_root=store_root,
+        margin=margin,
+        gpu_model=gpu_model,
+        rows=rows,
+        pairs=judge_pairs(cands, margin=margin),
+        shareable=shareable_workloads(cands, margin=margin),
+        errors=errors,
+    )
+
+
+def _echo_pairs(report: _Report) -> None:
+    """The judged pairs, one table per verdict, and the workloads that may all share."""
+    by_label = {r.label: r.usage for r in report.rows if r.usage is not None}
+    headers = ["WORKLOAD A", "WORKLOAD B", "SPEEDUP", "GPU BUSY", "MEM BUSY"]
+    sections = (
+        ("share", f"Gain from sharing a GPU (speedup >= {1 + report.margin:.2f})"),
+        ("neutral", f"Little to gain (1.00 <= speedup < {1 + report.margin:.2f})"),
+        ("avoid", "Must not share a GPU (speedup < 1: slower together)"),
+    )
+    for verdict, title in sections:
+        chosen = [v for v in report.pairs if v.verdict == verdict]
+        if not chosen:
+            continue
+        click.echo("")
+        click.echo(f"{title}:")
+        table = format_table(headers, _pair_rows(chosen, by_label), right={2, 3, 4})
+        click.echo("\n".join("  " + line for line in table.splitlines()))
+    if not report.pairs:
+        click.echo("")
+        click.echo("No workload has usage data yet: nothing to judge.")
+    else:
+        # The set an admin can give shard GRES: every pair inside it is predicted to gain
+        # (slurm_plugin.colocate.shareable_workloads).
+        click.echo("")
+        names = ", ".join(report.shareable) if report.shareable else "none"
+        click.echo(f"May share a GPU with each other (every pair among them gains): {names}")
+
+
+def _echo_report(report: _Report) -> None:
+    if not report.rows:
+        click.echo(f"No profiles in {report.store_root}.")
+        _warn_unusable(report.errors)
+        return
+    gpu_model = report.gpu_model
+    on = f" on {gpu_model}" if gpu_model else ""
+    click.echo(
+        f"GPU sharing{on}: predicted speedup = time one after another / time together "
+        f"(> 1: sharing gains; Tabrizian 2020, eq. 4.1)"
+    )
+    _echo_pairs(report)
+    missing = report.missing
+    if missing:
+        click.echo("")
+        what = (
+            f"no NVML usage on {gpu_model} yet: run once under coda-node"
+            if gpu_model
+            else NO_USAGE_HINT
+        )
+        click.echo(f"Not judged ({what}):")
+        for r in missing:
+            click.echo(f"  {r.label}")
+    _warn_unusable(report.errors)
+
+
 @click.command("colocate")
 @conf_option("ProfileStore= and ColocateMargin=")
 @store_option()
@@ -164,91 +296,8 @@ def colocate_cmd(
         margin = _margin_from_conf(conf_path, store_path)
     store = ProfileStore(resolve_store(store_path, conf_path))
     found, errors = _load_all(store)
-    rows = _rows(found, workloads, gpu_model)
-    measured = [r for r in rows if r.usage is not None]
-    missing = [r for r in rows if r.usage is None]
-    by_label = {r.label: r.usage for r in measured if r.usage is not None}
-    cands = [
-        ShareCandidate(r.label, r.usage.gpu_util, r.usage.gpu_mem_bw_util)
-        for r in measured
-        if r.usage is not None
-    ]
-    pairs = judge_pairs(cands, margin=margin)
-    shareable = shareable_workloads(cands, margin=margin)
-
+    report = _judge(store.root, margin, gpu_model, _rows(found, workloads, gpu_model), errors)
     if as_json:
-        emit_json(
-            {
-                "store": str(store.root),
-                "margin": margin,
-                "gpu_model": gpu_model,
-                "workloads": [
-                    {
-                        "workload": r.label,
-                        "signature": r.profile.signature,
-                        "usage": _usage_json(r.usage) if r.usage else None,
-                    }
-                    for r in rows
-                ],
-                "pairs": [
-                    {
-                        "a": v.a,
-                        "b": v.b,
-                        "speedup": round(v.speedup, 4),
-                        "verdict": v.verdict,
-                        "reason": v.reason,
-                    }
-                    for v in pairs
-                ],
-                "shareable": shareable,
-                "no_usage": [
-                    {"workload": r.label, "signature": r.profile.signature} for r in missing
-                ],
-                "errors": [{"path": e.path, "problem": e.problem} for e in errors],
-            }
-        )
+        emit_json(report.to_json())
         return
-
-    if not rows:
-        click.echo(f"No profiles in {store.root}.")
-        _warn_unusable(errors)
-        return
-    on = f" on {gpu_model}" if gpu_model else ""
-    click.echo(
-        f"GPU sharing{on}: predicted speedup = time one after another / time together "
-        f"(> 1: sharing gains; Tabrizian 2020, eq. 4.1)"
-    )
-    headers = ["WORKLOAD A", "WORKLOAD B", "SPEEDUP", "GPU BUSY", "MEM BUSY"]
-    sections = (
-        ("share", f"Gain from sharing a GPU (speedup >= {1 + margin:.2f})"),
-        ("neutral", f"Little to gain (1.00 <= speedup < {1 + margin:.2f})"),
-        ("avoid", "Must not share a GPU (speedup < 1: slower together)"),
-    )
-    for verdict, title in sections:
-        chosen = [v for v in pairs if v.verdict == verdict]
-        if not chosen:
-            continue
-        click.echo("")
-        click.echo(f"{title}:")
-        table = format_table(headers, _pair_rows(chosen, by_label), right={2, 3, 4})
-        click.echo("\n".join("  " + line for line in table.splitlines()))
-    if not pairs:
-        click.echo("")
-        click.echo("No workload has usage data yet: nothing to judge.")
-    else:
-        # The set an admin can give shard GRES: every pair inside it is predicted to gain
-        # (slurm_plugin.colocate.shareable_workloads).
-        click.echo("")
-        names = ", ".join(shareable) if shareable else "none"
-        click.echo(f"May share a GPU with each other (every pair among them gains): {names}")
-    if missing:
-        click.echo("")
-        what = (
-            f"no NVML usage on {gpu_model} yet: run once under coda-node"
-            if gpu_model
-            else NO_USAGE_HINT
-        )
-        click.echo(f"Not judged ({what}):")
-        for r in missing:
-            click.echo(f"  {r.label}")
-    _warn_unusable(errors)
+    _echo_report(report)
