@@ -48,7 +48,7 @@ from typing import Any
 
 from slurm_plugin import placement
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
-from slurm_plugin.journal import DecisionJournal
+from slurm_plugin.journal import DecisionJournal, PendingEntry
 from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.paths import default_conf_path, slurm_conf_for
 from slurm_plugin.policy import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
@@ -869,37 +869,17 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         plan = memo.plans.get(key)
         if plan is None:
             who = req = _request_from_key(key)
-            decision = decide(
-                req,
-                state.cfg,
-                profiles,
-                state.node_cap,
-                node_features=state.node_features,
-                node_share=state.node_cap.share,
-            )
-            plan = make_plan(req, decision)
-            memo.add(key, plan)
+            plan = _plan_miss(state, memo, key, req, profiles)
         who = plan
         decision = plan.decision
         action = decision.action
         if action == "reject":
-            stats.rejected += 1
             journaled = decision
-            _append_user_msg(err_msg, plan.user_msg or b"")
-            if plan.log_level <= state.log_level:
-                _lib.coda_log(plan.log_level, plan.log_line)
-            return _ERROR
+            return _reject(state, plan, err_msg)
         if action == "skip" and decision.admin_comment is None:
             # CPU-only job, coda:off, or one routed by CpuJobPartitions: not a GPU decision,
             # so neither counted nor journaled (coda-slurm status is about GPU jobs' cores).
-            # Only the route is written and said at info (make_plan set the level).
-            if memo.c_gen:
-                _c_put(desc, submit_uid, memo, plan, state)
-            if plan.partition is not None:
-                _apply(desc, plan, err_msg)
-            if plan.log_level <= state.log_level:
-                _lib.coda_log(plan.log_level, plan.log_line)
-            return _SUCCESS
+            return _pass_unmanaged(desc, submit_uid, state, memo, plan, err_msg)
         stats.gpu_jobs += 1
         journaled = decision
         elapsed_ms = (_perf_ns() - t0) / 1e6
@@ -931,26 +911,94 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         stats.record(elapsed_ns)
         journal = state.journal
         if journal is not None and (journaled is not None or fail_open):
-            # journal.pending_entry() inline: plain values, no call (see PendingEntry).
-            if who is None:  # failed before the job was read
-                who = JobRequest(uid=submit_uid)
-            d = journaled
             journal.record(
-                (
+                _journal_entry(
+                    desc,
+                    submit_uid,
                     now_unix_s,
-                    _lib.coda_job_id(desc),
-                    who.uid,
-                    who.job_name,
-                    who.ntasks_per_node,
-                    who.num_tasks,
-                    None if d is None else d.action,
-                    None if d is None else d.admin_comment,
+                    who,
+                    journaled,
                     elapsed_ns,
                     fail_open,
                     error,
                     token,
                 )
             )
+
+
+def _plan_miss(
+    state: HookState,
+    memo: DecisionMemo,
+    key: RequestKey,
+    req: JobRequest,
+    profiles: Mapping[str, ProfileView],
+) -> Plan:
+    """A job the memo has no plan for: decide it and remember the plan."""
+    decision = decide(
+        req,
+        state.cfg,
+        profiles,
+        state.node_cap,
+        node_features=state.node_features,
+        node_share=state.node_cap.share,
+    )
+    plan = make_plan(req, decision)
+    memo.add(key, plan)
+    return plan
+
+
+def _reject(state: HookState, plan: Plan, err_msg: Any) -> int:
+    """Refuse the job: its line to the user and to the log."""
+    state.stats.rejected += 1
+    _append_user_msg(err_msg, plan.user_msg or b"")
+    if plan.log_level <= state.log_level:
+        _lib.coda_log(plan.log_level, plan.log_line)
+    return _ERROR
+
+
+def _pass_unmanaged(
+    desc: Any, submit_uid: int, state: HookState, memo: DecisionMemo, plan: Plan, err_msg: Any
+) -> int:
+    """A job CODA does not manage passes; only a CPU-only job's route is written and said at
+    info (make_plan set the level)."""
+    if memo.c_gen:
+        _c_put(desc, submit_uid, memo, plan, state)
+    if plan.partition is not None:
+        _apply(desc, plan, err_msg)
+    if plan.log_level <= state.log_level:
+        _lib.coda_log(plan.log_level, plan.log_line)
+    return _SUCCESS
+
+
+def _journal_entry(
+    desc: Any,
+    submit_uid: int,
+    now_unix_s: float,
+    who: Plan | JobRequest | None,
+    decision: Decision | None,
+    elapsed_ns: int,
+    fail_open: bool,
+    error: str | None,
+    token: int,
+) -> PendingEntry:
+    """The journal's entry of one call, as journal.pending_entry() builds it (``who`` is
+    the plan or the request: plain values, see PendingEntry)."""
+    if who is None:  # failed before the job was read
+        who = JobRequest(uid=submit_uid)
+    return (
+        now_unix_s,
+        _lib.coda_job_id(desc),
+        who.uid,
+        who.job_name,
+        who.ntasks_per_node,
+        who.num_tasks,
+        None if decision is None else decision.action,
+        None if decision is None else decision.admin_comment,
+        elapsed_ns,
+        fail_open,
+        error,
+        token,
+    )
 
 
 def _failed_job_label(who: Plan | JobRequest | None, submit_uid: int) -> str:
