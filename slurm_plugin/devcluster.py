@@ -32,8 +32,9 @@ import sysconfig
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from slurm_plugin.devaccounting import DevAccounting
 from slurm_plugin.devprocs import free_ports, pid_alive, reap, stop_pid
@@ -52,6 +53,46 @@ NETWORK_BITS = 24
 STATE_FILE = "cluster.json"
 # Slurm's daemons keep their own idea of time-outs; these bound our waiting only.
 START_TIMEOUT_S = 30.0
+
+
+# slurm.conf of the dev cluster; DevCluster._write_configs fills in the fields.
+SLURM_CONF_TEMPLATE = """# Written by coda dev-cluster; a private {shape} cluster.
+ClusterName=coda-dev
+SlurmctldHost={host}({ctld_addr})
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={munge_socket}
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={spool}
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={slurmd_pid}
+SlurmctldLogFile={ctld_log}
+SlurmdLogFile={slurmd_log}
+SlurmctldDebug=info
+SlurmdDebug=info
+PluginDir={plugin_dirs}
+{submit}SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes={gres_types}
+ProctrackType={proctrack}
+TaskPlugin={task}
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+{accounting}JobCompType=jobcomp/none
+JobAcctGatherType={acct}
+ReturnToService=2
+MailProg=/bin/true
+SlurmdParameters=config_overrides
+SlurmctldTimeout=30
+SlurmdTimeout=30
+MinJobAge=300
+{node_lines}PartitionName=gpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP{def_cpg}
+{extra_partitions}"""
 
 
 class DevClusterError(RuntimeError):
@@ -208,37 +249,8 @@ class DevCluster:
     # -- lifecycle -----------------------------------------------------------
     def up(self) -> None:
         """Write the configuration, start the three daemons, wait for an idle node."""
-        tools = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol"]
-        if self.nodes > 1:
-            tools += ["ip", "nsenter"]
-        if self.prometheus:
-            if not self.coda_nodes:
-                raise DevClusterError("prometheus scrapes the nodes' coda-node", "none runs")
-            tools.append("prometheus")
-        for tool in tools:
-            if shutil.which(tool) is None:
-                raise DevClusterError(
-                    f"{tool} not found",
-                    "install Debian's munge slurmctld slurmd slurm-client iproute2 "
-                    "util-linux prometheus packages",
-                )
-        if self.nodes < 1 or self.nodes > 99:
-            raise DevClusterError(f"cannot start {self.nodes} nodes", "1 to 99")
-        if self.is_running():
-            raise DevClusterError(f"a dev cluster is already running in {self.root}")
-        _stop_leftovers(self.root)
-        for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.profile_store.mkdir(mode=0o755, exist_ok=True)
-        if self.cgroups or self.nodes > 1:
-            # One confined or multi-node dev cluster per host: its trees are
-            # /sys/fs/cgroup/*/slurm_gpuNN and its bridge and namespaces have fixed names,
-            # shared with clusters in the test roots (tests/slurm-root).  Wait for the
-            # host's slot, then clear what a cluster that was never stopped left there,
-            # which would otherwise be mistaken for ours.
-            _take_cgroup_slot(self.root)
-            _kill_cgroup_jobs()
-            _remove_network()
+        self._check_can_start()
+        self._prepare_root()
         install_plugin(self.plugin_dir)
         self._make_gpu_devices()
         # slurmctld, slurmd; with Prometheus: each node's metrics, then Prometheus's web.
@@ -263,53 +275,104 @@ class DevCluster:
         if self.cgroups or self.nodes > 1:  # the slot lives as long as this slurmctld
             CGROUP_SLOT.write_text(f"{pids['slurmctld']} {self.root}")
         self._wait_for(lambda: self._scontrol_ok(), "slurmctld to answer")
-        if self.nodes == 1:
-            pids["slurmd"] = self._spawn(
-                ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", NODE_NAME],
-                self.root / "log" / "slurmd.stderr",
-            )
-        else:
-            for name in self.node_names:
-                # nsenter execs slurmd in the node's network namespace only: the mounts
-                # (the cgroup hierarchies under /sys) stay the host's, which `ip netns
-                # exec` would replace with a fresh sysfs.
-                pids[f"slurmd-{name}"] = self._spawn(
-                    [
-                        "nsenter",
-                        f"--net=/run/netns/{NETNS_PREFIX}{name}",
-                        "slurmd",
-                        "-D",
-                        "-f",
-                        str(self.slurm_conf),
-                        "-N",
-                        name,
-                    ],
-                    self.root / "log" / f"slurmd-{name}.stderr",
-                )
+        pids.update(self._start_slurmds())
         self._save_state(pids)
         self._wait_for(
             lambda: all(s.startswith("IDLE") for s in self.node_states().values()),
             "every node to be IDLE",
         )
         if self.coda_nodes:
-            for name in self.node_names:
-                for d in (self.node_state_dir_of(name), self.node_runtime_dir_of(name)):
-                    d.mkdir(parents=True, exist_ok=True)
-                pids[f"coda-node-{name}"] = self._spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "coda_node.cli",
-                        "run",
-                        "--conf",
-                        str(self.node_coda_conf(name)),
-                    ],
-                    self.root / "log" / f"coda-node-{name}.log",
-                )
+            pids.update(self._start_coda_nodes())
             self._save_state(pids)
         if self.prometheus:
             pids["prometheus"] = self._start_prometheus(metrics_ports)
             self._save_state(pids)
+
+    def _check_can_start(self) -> None:
+        """Raise DevClusterError unless the tools are installed, the node count is one
+        ``up`` starts and no cluster runs in the root."""
+        tools = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol"]
+        if self.nodes > 1:
+            tools += ["ip", "nsenter"]
+        if self.prometheus:
+            if not self.coda_nodes:
+                raise DevClusterError("prometheus scrapes the nodes' coda-node", "none runs")
+            tools.append("prometheus")
+        for tool in tools:
+            if shutil.which(tool) is None:
+                raise DevClusterError(
+                    f"{tool} not found",
+                    "install Debian's munge slurmctld slurmd slurm-client iproute2 "
+                    "util-linux prometheus packages",
+                )
+        if self.nodes < 1 or self.nodes > 99:
+            raise DevClusterError(f"cannot start {self.nodes} nodes", "1 to 99")
+        if self.is_running():
+            raise DevClusterError(f"a dev cluster is already running in {self.root}")
+
+    def _prepare_root(self) -> None:
+        """Stop what an earlier cluster in the root left running and make its folders; a
+        confined or multi-node cluster also takes the host's slot and clears the host."""
+        _stop_leftovers(self.root)
+        for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.profile_store.mkdir(mode=0o755, exist_ok=True)
+        if self.cgroups or self.nodes > 1:
+            # One confined or multi-node dev cluster per host: its trees are
+            # /sys/fs/cgroup/*/slurm_gpuNN and its bridge and namespaces have fixed names,
+            # shared with clusters in the test roots (tests/slurm-root).  Wait for the
+            # host's slot, then clear what a cluster that was never stopped left there,
+            # which would otherwise be mistaken for ours.
+            _take_cgroup_slot(self.root)
+            _kill_cgroup_jobs()
+            _remove_network()
+
+    def _start_slurmds(self) -> dict[str, int]:
+        """One slurmd per node; their pids by the name the state file keeps."""
+        if self.nodes == 1:
+            pid = self._spawn(
+                ["slurmd", "-D", "-f", str(self.slurm_conf), "-N", NODE_NAME],
+                self.root / "log" / "slurmd.stderr",
+            )
+            return {"slurmd": pid}
+        pids: dict[str, int] = {}
+        for name in self.node_names:
+            # nsenter execs slurmd in the node's network namespace only: the mounts
+            # (the cgroup hierarchies under /sys) stay the host's, which `ip netns
+            # exec` would replace with a fresh sysfs.
+            pids[f"slurmd-{name}"] = self._spawn(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{NETNS_PREFIX}{name}",
+                    "slurmd",
+                    "-D",
+                    "-f",
+                    str(self.slurm_conf),
+                    "-N",
+                    name,
+                ],
+                self.root / "log" / f"slurmd-{name}.stderr",
+            )
+        return pids
+
+    def _start_coda_nodes(self) -> dict[str, int]:
+        """One ``coda-node run`` per node with its node's coda.conf; pids by name."""
+        pids: dict[str, int] = {}
+        for name in self.node_names:
+            for d in (self.node_state_dir_of(name), self.node_runtime_dir_of(name)):
+                d.mkdir(parents=True, exist_ok=True)
+            pids[f"coda-node-{name}"] = self._spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "coda_node.cli",
+                    "run",
+                    "--conf",
+                    str(self.node_coda_conf(name)),
+                ],
+                self.root / "log" / f"coda-node-{name}.log",
+            )
+        return pids
 
     def down(self) -> None:
         """Stop the daemons this cluster started (slurmd, slurmctld, munged), and the jobs
@@ -450,19 +513,70 @@ class DevCluster:
         self, *, ctld_port: int, slurmd_port: int, metrics_ports: Mapping[str, int]
     ) -> None:
         host = socket.gethostname().split(".")[0]
-        node = self.node
-        if self.cgroups:
-            # ConstrainCores writes real cpusets: a node bigger than the host would be
-            # folded onto its CPUs, so declare exactly what the host has.
-            node = NodeSpec(
-                cpus=os.cpu_count() or 1,
-                sockets=1,
-                gpus=node.gpus,
-                gpu_type=node.gpu_type,
-                real_memory_mb=node.real_memory_mb,
-                extra_gres=node.extra_gres,
-                features=node.features,
+        node = self._declared_node()
+        proctrack, task, acct, accounting = self._plugin_types()
+        r = self.root
+        if self.nodes == 1:
+            ctld_addr = "127.0.0.1"
+            spool, slurmd_pid, slurmd_log = f"{r}/spool", f"{r}/run/slurmd.pid", self.slurmd_log()
+        else:
+            ctld_addr = CTLD_ADDR
+            spool, slurmd_pid = f"{r}/spool/%n", f"{r}/run/slurmd-%n.pid"
+            slurmd_log = r / "log" / "slurmd-%n.log"
+            for name in self.node_names:
+                (r / "spool" / name).mkdir(parents=True, exist_ok=True)
+        gres_types, node_gres = _gres_lists(node)
+        node_lines = self._node_lines(node, node_gres, host, slurmd_port)
+        node_list = NODE_NAME if self.nodes == 1 else f"gpu[01-{self.nodes:02d}]"
+        if self.nodes > 1:
+            self._write_task_prolog()
+            node_lines = f"TaskProlog={self.task_prolog}\n{node_lines}"
+        self.slurm_conf.write_text(
+            SLURM_CONF_TEMPLATE.format(
+                shape="one-node" if self.nodes == 1 else f"{self.nodes}-node",
+                host=host,
+                ctld_addr=ctld_addr,
+                ctld_port=ctld_port,
+                slurmd_port=slurmd_port,
+                munge_socket=self.munge_socket,
+                root=r,
+                spool=spool,
+                slurmd_pid=slurmd_pid,
+                ctld_log=self.ctld_log,
+                slurmd_log=slurmd_log,
+                plugin_dirs=f"{self.plugin_dir}:{system_plugin_dir()}",
+                submit=f"JobSubmitPlugins={self.job_submit_plugins}\n"
+                if self.job_submit_plugins
+                else "",
+                gres_types=gres_types,
+                proctrack=proctrack,
+                task=task,
+                accounting=accounting,
+                acct=acct,
+                node_lines=node_lines,
+                node_list=node_list,
+                def_cpg=f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else "",
+                extra_partitions=self.extra_partitions,
             )
+        )
+        (self.etc / "gres.conf").write_text(gres_conf(node, r / "dev", node_list))
+        cgroup_conf = "CgroupPlugin=cgroup/v1\n"
+        if self.cgroups:
+            cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
+        (self.etc / "cgroup.conf").write_text(cgroup_conf)
+        self._write_node_coda_confs(metrics_ports)
+
+    def _declared_node(self) -> NodeSpec:
+        """The node shape slurm.conf declares: ``node``, or with cgroups this host's CPUs
+        on one socket (ConstrainCores writes real cpusets: a node bigger than the host
+        would be folded onto its CPUs)."""
+        if self.cgroups:
+            return replace(self.node, cpus=os.cpu_count() or 1, sockets=1)
+        return self.node
+
+    def _plugin_types(self) -> tuple[str, str, str, str]:
+        """``ProctrackType``, ``TaskPlugin``, ``JobAcctGatherType`` and the accounting
+        lines of slurm.conf (with accounting: slurmdbd.conf written, its ports picked)."""
         if self.cgroups:
             proctrack, task, acct = (
                 "proctrack/cgroup",
@@ -475,91 +589,36 @@ class DevCluster:
         if self.accounting:
             accounting = self._accounting().configure()
             acct = acct if self.cgroups else "jobacct_gather/linux"  # sacct's TRESUsageIn*
+        return proctrack, task, acct, accounting
+
+    def _node_lines(self, node: NodeSpec, node_gres: str, host: str, slurmd_port: int) -> str:
+        """slurm.conf's ``NodeName=`` line of every node."""
         cores_per_socket = node.cpus // node.sockets
-        def_cpg = f" DefCpuPerGPU={self.def_cpu_per_gpu}" if self.def_cpu_per_gpu else ""
-        plugin_dirs = f"{self.plugin_dir}:{system_plugin_dir()}"
-        extra_gres = [g.strip() for g in node.extra_gres.split(",") if g.strip()]
-        gres_types = ",".join(["gpu", *dict.fromkeys(g.split(":")[0] for g in extra_gres)])
-        node_gres = ",".join([f"gpu:{node.gpu_type}:{node.gpus}", *extra_gres])
         feature = f" Feature={node.features}" if node.features else ""
-        submit = f"JobSubmitPlugins={self.job_submit_plugins}\n" if self.job_submit_plugins else ""
-        r = self.root
-        names = self.node_names
-        if self.nodes == 1:
-            ctld_addr = "127.0.0.1"
-            spool, slurmd_pid, slurmd_log = f"{r}/spool", f"{r}/run/slurmd.pid", self.slurmd_log()
-        else:
-            ctld_addr = CTLD_ADDR
-            spool, slurmd_pid = f"{r}/spool/%n", f"{r}/run/slurmd-%n.pid"
-            slurmd_log = r / "log" / "slurmd-%n.log"
-            for name in names:
-                (r / "spool" / name).mkdir(parents=True, exist_ok=True)
-        node_lines = "".join(
+        return "".join(
             f"NodeName={name} NodeAddr={self.node_addr(name)} NodeHostname={host} "
             f"Port={slurmd_port} Sockets={node.sockets} CoresPerSocket={cores_per_socket} "
             f"ThreadsPerCore=1 RealMemory={node.real_memory_mb} Gres={node_gres}{feature} "
             "State=UNKNOWN\n"
-            for name in names
+            for name in self.node_names
         )
-        node_list = NODE_NAME if self.nodes == 1 else f"gpu[01-{len(names):02d}]"
-        if self.nodes > 1:
-            # slurmd runs it before every task (the batch script's too) and exports what
-            # it prints; SLURMD_NODENAME is the node the task runs on.
-            self.task_prolog.write_text(
-                "#!/bin/sh\n# Written by coda dev-cluster: each node's progress directory.\n"
-                f'case "$SLURMD_NODENAME" in\n'
-                f"  {NODE_NAME}) echo export CODA_PROGRESS_DIR={self.progress_dir} ;;\n"
-                f'  *) echo "export CODA_PROGRESS_DIR={r}/nodes/$SLURMD_NODENAME/progress" ;;\n'
-                "esac\n"
-            )
-            self.task_prolog.chmod(0o755)
-            node_lines = f"TaskProlog={self.task_prolog}\n{node_lines}"
-        shape = "one-node" if self.nodes == 1 else f"{self.nodes}-node"
-        self.slurm_conf.write_text(
-            f"""# Written by coda dev-cluster; a private {shape} cluster.
-ClusterName=coda-dev
-SlurmctldHost={host}({ctld_addr})
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={self.munge_socket}
-CredType=cred/munge
-StateSaveLocation={r}/state
-SlurmdSpoolDir={spool}
-SlurmctldPidFile={r}/run/slurmctld.pid
-SlurmdPidFile={slurmd_pid}
-SlurmctldLogFile={self.ctld_log}
-SlurmdLogFile={slurmd_log}
-SlurmctldDebug=info
-SlurmdDebug=info
-PluginDir={plugin_dirs}
-{submit}SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-GresTypes={gres_types}
-ProctrackType={proctrack}
-TaskPlugin={task}
-MpiDefault=none
-SwitchType=switch/none
-SchedulerType=sched/backfill
-{accounting}JobCompType=jobcomp/none
-JobAcctGatherType={acct}
-ReturnToService=2
-MailProg=/bin/true
-SlurmdParameters=config_overrides
-SlurmctldTimeout=30
-SlurmdTimeout=30
-MinJobAge=300
-{node_lines}PartitionName=gpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP{def_cpg}
-{self.extra_partitions}"""
+
+    def _write_task_prolog(self) -> None:
+        """A multi-node cluster's TaskProlog: slurmd runs it before every task (the batch
+        script's too) and exports what it prints; SLURMD_NODENAME is the task's node."""
+        self.task_prolog.write_text(
+            "#!/bin/sh\n# Written by coda dev-cluster: each node's progress directory.\n"
+            f'case "$SLURMD_NODENAME" in\n'
+            f"  {NODE_NAME}) echo export CODA_PROGRESS_DIR={self.progress_dir} ;;\n"
+            f'  *) echo "export CODA_PROGRESS_DIR={self.root}/nodes/$SLURMD_NODENAME/progress" ;;\n'
+            "esac\n"
         )
-        (self.etc / "gres.conf").write_text(gres_conf(node, r / "dev", node_list))
-        cgroup_conf = "CgroupPlugin=cgroup/v1\n"
-        if self.cgroups:
-            cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
-        (self.etc / "cgroup.conf").write_text(cgroup_conf)
-        for name in names:
+        self.task_prolog.chmod(0o755)
+
+    def _write_node_coda_confs(self, metrics_ports: Mapping[str, int]) -> None:
+        """Each node's coda.conf: the shared store, hook files and journal, its own name
+        and folders, and its metrics port where it serves one."""
+        for name in self.node_names:
             metrics = f"NodeMetricsPort={metrics_ports[name]}\n" if name in metrics_ports else ""
             self.node_coda_conf(name).write_text(
                 f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
@@ -748,6 +807,14 @@ def slurm_version() -> tuple[int, int]:
     except FileNotFoundError:
         raise DevClusterError("slurmctld not found", "install Debian's slurmctld package") from None
     return parse_slurm_version(proc.stdout)
+
+
+def _gres_lists(node: NodeSpec) -> tuple[str, str]:
+    """slurm.conf's ``GresTypes`` and the node's ``Gres``: its GPUs, then ``extra_gres``."""
+    extra_gres = [g.strip() for g in node.extra_gres.split(",") if g.strip()]
+    gres_types = ",".join(["gpu", *dict.fromkeys(g.split(":")[0] for g in extra_gres)])
+    node_gres = ",".join([f"gpu:{node.gpu_type}:{node.gpus}", *extra_gres])
+    return gres_types, node_gres
 
 
 def gres_conf(node: NodeSpec, dev: Path, node_list: str = NODE_NAME) -> str:
@@ -983,6 +1050,77 @@ def _release_cgroup_slot(root: Path) -> None:
 DEFAULT_ROOT = Path(os.environ.get("CODA_DEV_CLUSTER", f"/tmp/coda-dev-cluster-{os.getuid()}"))
 
 
+def _say_if_waiting_for_slot(root: Path) -> None:
+    """Tell the user when another confined cluster holds the host's slot ``up`` waits for."""
+    import click
+
+    holder = _cgroup_slot_holder()
+    if holder is not None and holder[1] != str(root):
+        click.echo(
+            f"# waiting for the confined cluster of pid {holder[0]} ({holder[1]}) "
+            f"to stop (at most {CGROUP_SLOT_WAIT_S:g} s)",
+            err=True,
+        )
+
+
+def _say_started(cluster: DevCluster) -> None:
+    """What ``dev-cluster up`` prints once the cluster runs: the exports on stdout, its
+    nodes and how to try it on stderr."""
+    import click
+
+    click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
+    cpus = os.cpu_count() if cluster.cgroups else cluster.node.cpus
+    for name in cluster.node_names:
+        click.echo(
+            f"# node {name} ({cluster.node_addr(name)}): {cpus} CPUs, "
+            f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}",
+            err=True,
+        )
+    click.echo(f"# profiles in {cluster.profile_store}; logs in {cluster.root / 'log'}", err=True)
+    if cluster.prometheus:
+        click.echo(
+            f"# prometheus at {cluster.prometheus_url()} scrapes every node's coda-node; "
+            f"try `curl -s {cluster.prometheus_url()}/api/v1/query?query=coda_node_jobs`",
+            err=True,
+        )
+    if cluster.nodes > 1:
+        click.echo(f"export CODA_CONF={cluster.coda_conf}")
+        click.echo(
+            "# each node's coda-node runs with its own coda.conf "
+            f"({cluster.etc}/coda-gpuNN.conf; {cluster.coda_conf} for {NODE_NAME}); "
+            f"try `sbatch -N2 --gpus-per-node=1 --wrap 'srun sleep 300'` and "
+            f"`coda-node status --conf {cluster.node_coda_conf(cluster.node_names[1])}`",
+            err=True,
+        )
+    elif cluster.cgroups:
+        click.echo(f"export CODA_CONF={cluster.coda_conf}")
+        click.echo(
+            "# jobs run in real cgroups: start `coda-node run` (as root) and try "
+            "`coda-node limit <job> --cores 1`, `coda-node status`, `coda-node release "
+            "<job>`; `dev-cluster down` ends the jobs and frees the host's slot",
+            err=True,
+        )
+
+
+def _status_lines(root: Path, info: Mapping[str, Any]) -> list[str]:
+    """``dev-cluster status`` as text: each daemon and node, then the exports."""
+    daemons = info["daemons"] or {}
+    if not daemons:
+        return [f"no dev cluster in {root}"]
+    lines = [
+        f"{name:17} {'running' if alive else 'stopped'}"
+        for name, alive in {**daemons, **info["accounting"]}.items()
+    ]
+    lines += [f"{name:17} {state}" for name, state in info["nodes"].items()]
+    if info["prometheus"]:
+        lines.append(f"{'prometheus url':17} {info['prometheus']}")
+    lines.append(f"{'cgroups':17} {'confined' if info['cgroups'] else 'not confined'}")
+    lines.append(f"export SLURM_CONF={info['slurm_conf']}")
+    if info["cgroups"]:
+        lines.append(f"export CODA_CONF={info['coda_conf']}")
+    return lines
+
+
 def _cli():  # built lazily: importing this module must stay cheap for the tests
     import click
 
@@ -1048,49 +1186,12 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
             prometheus=prometheus,
         )
         if cgroups:
-            holder = _cgroup_slot_holder()
-            if holder is not None and holder[1] != str(root):
-                click.echo(
-                    f"# waiting for the confined cluster of pid {holder[0]} ({holder[1]}) "
-                    f"to stop (at most {CGROUP_SLOT_WAIT_S:g} s)",
-                    err=True,
-                )
+            _say_if_waiting_for_slot(root)
         try:
             cluster.up()
         except (DevClusterError, AccountingError, OSError, subprocess.SubprocessError) as exc:
             raise CliError("cannot start the dev cluster", str(exc)) from exc
-        click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
-        cpus = os.cpu_count() if cgroups else cluster.node.cpus
-        for name in cluster.node_names:
-            click.echo(
-                f"# node {name} ({cluster.node_addr(name)}): {cpus} CPUs, "
-                f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}",
-                err=True,
-            )
-        click.echo(f"# profiles in {cluster.profile_store}; logs in {root / 'log'}", err=True)
-        if prometheus:
-            click.echo(
-                f"# prometheus at {cluster.prometheus_url()} scrapes every node's coda-node; "
-                f"try `curl -s {cluster.prometheus_url()}/api/v1/query?query=coda_node_jobs`",
-                err=True,
-            )
-        if multi:
-            click.echo(f"export CODA_CONF={cluster.coda_conf}")
-            click.echo(
-                "# each node's coda-node runs with its own coda.conf "
-                f"({cluster.etc}/coda-gpuNN.conf; {cluster.coda_conf} for {NODE_NAME}); "
-                f"try `sbatch -N2 --gpus-per-node=1 --wrap 'srun sleep 300'` and "
-                f"`coda-node status --conf {cluster.node_coda_conf(cluster.node_names[1])}`",
-                err=True,
-            )
-        elif cgroups:
-            click.echo(f"export CODA_CONF={cluster.coda_conf}")
-            click.echo(
-                "# jobs run in real cgroups: start `coda-node run` (as root) and try "
-                "`coda-node limit <job> --cores 1`, `coda-node status`, `coda-node release "
-                "<job>`; `dev-cluster down` ends the jobs and frees the host's slot",
-                err=True,
-            )
+        _say_started(cluster)
 
     @dev_cluster.command()
     @dir_option
@@ -1108,20 +1209,8 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
         if as_json:
             click.echo(json.dumps(info, indent=2))
             return
-        daemons = info["daemons"] or {}
-        if not daemons:
-            click.echo(f"no dev cluster in {root}")
-            return
-        for name, alive in {**daemons, **info["accounting"]}.items():
-            click.echo(f"{name:17} {'running' if alive else 'stopped'}")
-        for name, state in info["nodes"].items():
-            click.echo(f"{name:17} {state}")
-        if info["prometheus"]:
-            click.echo(f"{'prometheus url':17} {info['prometheus']}")
-        click.echo(f"{'cgroups':17} {'confined' if info['cgroups'] else 'not confined'}")
-        click.echo(f"export SLURM_CONF={info['slurm_conf']}")
-        if info["cgroups"]:
-            click.echo(f"export CODA_CONF={info['coda_conf']}")
+        for line in _status_lines(root, info):
+            click.echo(line)
 
     return dev_cluster
 
