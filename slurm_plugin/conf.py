@@ -22,12 +22,11 @@ import glob
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from slurm_plugin.signature import (
-    DEFAULT_IGNORE,
     DEFAULT_SPEC,
     ScriptIgnore,
     SignatureIgnoreError,
@@ -71,113 +70,396 @@ class ConfigError(ValueError):
 
 
 class KeySpec(NamedTuple):
-    """Documentation of one ``coda.conf`` key: ``(type, default, help)``."""
+    """One ``coda.conf`` key: how it is documented, read and stored."""
 
+    name: str
+    """The key as documented (the file's keys are matched case-insensitively)."""
     type: str
     """Value syntax, e.g. ``int``, ``float``, ``path``, ``enforce|advise|off``, ``list``."""
     default: str
     """The default as it would be written in the file (``""`` = empty)."""
     help: str
+    parse: Callable[[str, str], Any]
+    """``parse(key, value)`` -> the :class:`CodaConfig` value; ValueError (the message the
+    user sees) when the value is invalid."""
+    field: str = ""
+    """The :class:`CodaConfig` field the key fills."""
 
 
-CONFIG_KEYS: dict[str, KeySpec] = {
-    "ProfileStore": KeySpec(
+# ---------------------------------------------------------------------- value parsing
+
+Parser = Callable[[str, str], Any]
+"""``parser(key, value)`` -> typed value; ValueError when invalid."""
+
+_INT = re.compile(r"\+?[0-9]{1,9}")
+_FLOAT = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,2})?")
+_GRES_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_FEATURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NODE_MECHANISMS = ("cpuset", "quota", "rdt")
+
+
+def _int(key: str, value: str, low: int, high: int = MAX_CPUS) -> int:
+    if _INT.fullmatch(value) is None:
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    number = int(value)
+    if not low <= number <= high:
+        raise ValueError(f"{key} must be {low}..{high}, got {number}")
+    return number
+
+
+def _ints(low: int, high: int = MAX_CPUS) -> Parser:
+    """A whole number in ``low..high``."""
+    return lambda key, value: _int(key, value, low, high)
+
+
+def _float(key: str, value: str) -> float:
+    if _FLOAT.fullmatch(value) is None:
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _positive_float(key: str, value: str) -> float:
+    number = _float(key, value)
+    if not number > 0:
+        raise ValueError(f"{key} must be greater than 0, got {value}")
+    return number
+
+
+def _float_at_least_0(key: str, value: str) -> float:
+    number = _float(key, value)
+    if number < 0:
+        raise ValueError(f"{key} must be 0 or more, got {value}")
+    return number
+
+
+def _float_range(low: int, high: int) -> Parser:
+    """A number in ``low..high``, both ends included."""
+
+    def parse(key: str, value: str) -> float:
+        number = _float(key, value)
+        if not low <= number <= high:
+            raise ValueError(f"{key} must be {low}..{high}, got {value}")
+        return number
+
+    return parse
+
+
+def _percent(high: float) -> Parser:
+    """A number above 0 and at most ``high``."""
+
+    def parse(key: str, value: str) -> float:
+        number = _float(key, value)
+        if not 0.0 < number <= high:
+            raise ValueError(f"{key} must be more than 0 and at most {high:g}, got {value}")
+        return number
+
+    return parse
+
+
+def _or_none(parse: Parser) -> Parser:
+    """``parse``, or None for an empty value."""
+    return lambda key, value: parse(key, value) if value else None
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
+    lowered = value.lower()
+    if lowered not in choices:
+        raise ValueError(f"{key} must be one of {'|'.join(choices)}, got {value!r}")
+    return lowered
+
+
+def _one_of(*choices: str) -> Parser:
+    """One of ``choices``, any case; the lower-case choice."""
+    return lambda key, value: _choice(key, value, choices)
+
+
+def _yes_no(key: str, value: str) -> bool:
+    return _choice(key, value, ("yes", "no")) == "yes"
+
+
+def _abs_path(key: str, value: str) -> Path:
+    path = Path(value)
+    if not value or not path.is_absolute():
+        raise ValueError(f"{key} must be an absolute path, got {value!r}")
+    return path
+
+
+def _profile_store(key: str, value: str) -> Path:
+    if not value:
+        raise ValueError(f"{key} needs a value")
+    return _abs_path(key, value)
+
+
+def _abs_path_or_none(key: str, value: str) -> Path | None:
+    return _abs_path(key, value) if value else None
+
+
+def _path_or_none(key: str, value: str) -> Path | None:
+    return Path(value) if value else None
+
+
+def _partition_list(key: str, value: str) -> tuple[str, ...]:
+    names: list[str] = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if any(c.isspace() for c in part):
+            raise ValueError(f"{key}: partition name {part!r} contains blanks")
+        if part not in names:
+            names.append(part)
+    return tuple(names)
+
+
+def _uids(key: str, value: str) -> tuple[int, ...]:
+    uids = _partition_list(key, value)
+    if not uids:
+        raise ValueError(f"{key} needs at least one uid")
+    return tuple(_int(key, uid, 0, 2**31 - 1) for uid in uids)
+
+
+def _cpus_or_share(key: str, value: str) -> int | Literal["share"] | None:
+    if value.lower() == "share":
+        return "share"
+    return _int(key, value, 1) if value else None
+
+
+def _signature_ignore(key: str, value: str) -> ScriptIgnore:
+    try:
+        return parse_script_ignore(value)
+    except SignatureIgnoreError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _gres_name(key: str, value: str) -> str | None:
+    if value and (not _GRES_NAME.fullmatch(value) or value.lower() == "gpu"):
+        raise ValueError(
+            f"{key} must be a GRES name (letters, digits, _) other than gpu, got {value!r}"
+        )
+    return value or None
+
+
+def _gpu_types(key: str, value: str) -> tuple[str, ...]:
+    types = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+    bad = [t for t in types if not _FEATURE_NAME.fullmatch(t)]
+    if bad:
+        raise ValueError(f"{key}: {bad[0]!r} is not a GPU type name")
+    if len(types) == 1:
+        raise ValueError(
+            f"{key} needs at least two GPU types, fastest first (one type leaves nothing to prefer)"
+        )
+    return types
+
+
+def _gpu_features(key: str, value: str) -> tuple[tuple[str, str], ...]:
+    pairs: dict[str, str] = {}
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        gpu_type, sep, feature = item.partition(":")
+        gpu_type = gpu_type.strip().lower()
+        feature = feature.strip()
+        if not sep or not _FEATURE_NAME.fullmatch(gpu_type):
+            raise ValueError(f"{key}: expected type:feature, got {item!r}")
+        if not _FEATURE_NAME.fullmatch(feature):
+            # --prefer takes a feature expression; & | , [ ] * ( ) would change it.
+            raise ValueError(
+                f"{key}: {feature!r} is not a node feature name (letters, digits, _ . -)"
+            )
+        pairs[gpu_type] = feature
+    return tuple(pairs.items())
+
+
+def _node_name(key: str, value: str) -> str | None:
+    if value and not _NODE_NAME.fullmatch(value):
+        raise ValueError(f"{key} {value!r} is not a Slurm node name")
+    return value or None
+
+
+def _mechanisms(key: str, value: str) -> tuple[str, ...]:
+    items = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+    bad = [v for v in items if v not in _NODE_MECHANISMS]
+    if bad:
+        raise ValueError(
+            f"{key}: unknown mechanism {bad[0]!r} (choose from " + ", ".join(_NODE_MECHANISMS) + ")"
+        )
+    return items
+
+
+def _ip_address(key: str, value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{key} must be an IP address, got {value!r}") from None
+    return value
+
+
+# ------------------------------------------------------------------------- the keys
+
+_SPEC = "coda.conf"
+"""Where a :class:`CodaConfig` field keeps its :class:`KeySpec` (field metadata)."""
+
+
+def _key(name: str, syntax: str, default: str, parse: Parser, help: str) -> Any:
+    """The :class:`CodaConfig` field of key ``name``: its default is ``default`` as read
+    by ``parse``; :data:`CONFIG_KEYS` collects the specs."""
+    spec = KeySpec(name, syntax, default, help, parse)
+    return field(default=parse(name, default), metadata={_SPEC: spec})
+
+
+@dataclass(frozen=True, slots=True)
+class CodaConfig:
+    """Parsed ``coda.conf``.  Each field is one key: its name in the file, value syntax,
+    default as written in the file, parser (which checks bounds) and help text."""
+
+    profile_store: Path = _key(
+        "ProfileStore",
         "path",
         "/var/lib/coda/profiles",
+        _profile_store,
         "Directory of the workload profile store (absolute path).",
-    ),
-    "ProfilePublish": KeySpec(
+    )
+    profile_publish: str = _key(
+        "ProfilePublish",
         "store|munge",
         "store",
+        _one_of("store", "munge"),
         "How coda-node hands a probing run's samples to the controller: store, merged straight "
         "into ProfileStore (which the node daemon must be able to write as root); munge, "
         "written as a munge credential into ProfileDropDir, where coda-slurm profiles collect "
         "on the controller checks and merges it (NFS with root_squash).",
-    ),
-    "ProfileDropDir": KeySpec(
+    )
+    """``store`` or ``munge`` (lower case)."""
+    profile_drop_dir: Path = _key(
+        "ProfileDropDir",
         "path",
         "/var/spool/coda/drop",
+        _abs_path,
         "ProfilePublish=munge: the directory the node daemons drop credentials into and "
         "coda-slurm profiles collect reads (absolute path; root-owned, mode 1733 or 1777).",
-    ),
-    "MungeSocket": KeySpec(
+    )
+    munge_socket: Path = _key(
+        "MungeSocket",
         "path",
         "/run/munge/munge.socket.2",
+        _abs_path,
         "ProfilePublish=munge: munged's socket, for munge on the nodes and unmunge on the "
         "controller (absolute path).",
-    ),
-    "ProfileDropUids": KeySpec(
+    )
+    profile_drop_uids: tuple[int, ...] = _key(
+        "ProfileDropUids",
         "list",
         "0",
+        _uids,
         "coda-slurm profiles collect: uids whose credentials are accepted (comma-separated "
         "numbers; the uid coda-node runs as).",
-    ),
-    "ProfileDropHosts": KeySpec(
+    )
+    profile_drop_hosts: tuple[str, ...] = _key(
+        "ProfileDropHosts",
         "list",
         "",
+        _partition_list,
         "coda-slurm profiles collect: hosts a credential may come from (munge's ENCODE_HOST): "
         "addresses, CIDR networks or host names, comma-separated; empty = the NodeAddr and "
         "NodeHostName of every node scontrol show node lists.",
-    ),
-    "ProfileDropTtlS": KeySpec(
+    )
+    """Addresses, CIDR networks or host names; empty = the nodes scontrol lists."""
+    profile_drop_ttl_s: int = _key(
+        "ProfileDropTtlS",
         "int",
         "3600",
+        _ints(1, 86400),
         "ProfilePublish=munge: seconds a dropped credential stays valid; one not collected "
         "by then is refused as expired (1..86400; munged refuses more than its --max-ttl, "
         "3600 by default).",
-    ),
-    "Mode": KeySpec(
+    )
+    mode: str = _key(
+        "Mode",
         "enforce|advise|off",
         "enforce",
+        _one_of("enforce", "advise", "off"),
         "enforce: rewrite --cpus-per-gpu; advise: record and log the decision but leave the "
         "job unchanged; off: do nothing.",
-    ),
-    "UserValue": KeySpec(
+    )
+    """``enforce``, ``advise`` or ``off`` (lower case)."""
+    user_value: str = _key(
+        "UserValue",
         "keep|lower|replace",
         "keep",
+        _one_of("keep", "lower", "replace"),
         "What to do when the user gave --cpus-per-gpu or --cpus-per-task: keep it, lower it "
         "to the profile's value when that is smaller, or replace it with the profile's value.",
-    ),
-    "MinCpusPerGpu": KeySpec("int", "1", "Smallest --cpus-per-gpu CODA sets (1 or more)."),
-    "MaxCpusPerGpu": KeySpec(
-        "int", "64", "Largest --cpus-per-gpu CODA sets (MinCpusPerGpu or more)."
-    ),
-    "DefaultCpusPerGpu": KeySpec(
+    )
+    """``keep``, ``lower`` or ``replace`` (lower case)."""
+    min_cpus_per_gpu: int = _key(
+        "MinCpusPerGpu", "int", "1", _ints(1), "Smallest --cpus-per-gpu CODA sets (1 or more)."
+    )
+    max_cpus_per_gpu: int = _key(
+        "MaxCpusPerGpu",
+        "int",
+        "64",
+        _ints(1),
+        "Largest --cpus-per-gpu CODA sets (MinCpusPerGpu or more).",
+    )
+    default_cpus_per_gpu: int | Literal["share"] | None = _key(
+        "DefaultCpusPerGpu",
         "int, share or empty",
         "",
+        _cpus_or_share,
         "--cpus-per-gpu for workloads without a confident profile: a number, or share (the "
         "node's cores per GPU: the fewest CPUs per GPU among the slurm.conf nodes that can "
         "hold the job's GPUs); empty leaves Slurm's DefCpuPerGPU in charge.",
-    ),
-    "UnprofiledUserValue": KeySpec(
+    )
+    """A number, ``"share"`` (the node's cores per GPU, from slurm.conf) or None."""
+    unprofiled_user_value: str = _key(
+        "UnprofiledUserValue",
         "keep|raise",
         "keep",
+        _one_of("keep", "raise"),
         "What to do with a user's own --cpus-per-gpu or --cpus-per-task when the workload "
         "has no confident profile: keep it, or raise it to DefaultCpusPerGpu when it is "
         "lower, so a first run is not starved of cores and coda-node can profile it from "
         "above its sweet spot. raise needs DefaultCpusPerGpu.",
-    ),
-    "MinConfidence": KeySpec(
-        "float", "0.8", "A profile is used only when its confidence is at least this (0..1)."
-    ),
-    "MultiNodeGpuCap": KeySpec(
+    )
+    """``keep`` or ``raise``: a user's lower value is raised to the default without a profile."""
+    min_confidence: float = _key(
+        "MinConfidence",
+        "float",
+        "0.8",
+        _float_range(0, 1),
+        "A profile is used only when its confidence is at least this (0..1).",
+    )
+    multi_node_gpu_cap: int = _key(
+        "MultiNodeGpuCap",
         "int",
         "2",
+        _ints(1),
         "Multi-node jobs: per-GPU CPU demand is scaled as if a node had at most this many "
         "GPUs (CODA: multi-node demand is at most the 1-node-2-GPU demand).",
-    ),
-    "HookBudgetMs": KeySpec("float", "20", "Time budget of the submit hook in milliseconds (> 0)."),
-    "HookFastPath": KeySpec(
+    )
+    hook_budget_ms: float = _key(
+        "HookBudgetMs",
+        "float",
+        "20",
+        _positive_float,
+        "Time budget of the submit hook in milliseconds (> 0).",
+    )
+    hook_fast_path: bool = _key(
+        "HookFastPath",
         "yes|no",
         "yes",
+        _yes_no,
         "yes: a job whose decision fields (user, name, partition, GPU and CPU requests, comment, "
         "script, --prefer) match one already decided under the same coda.conf and profiles is "
         "answered by the plugin's C side without entering Python (same fields, message, log "
         "line and journal entry); no: every GPU job goes through Python.",
-    ),
-    "SignatureIgnore": KeySpec(
+    )
+    signature_ignore: ScriptIgnore = _key(
+        "SignatureIgnore",
         "@sets and patterns",
         DEFAULT_SPEC,
+        _signature_ignore,
         "Parts of a batch script that do not make a new workload: each match becomes a "
         "placeholder before the script is hashed into the workload signature. Blank-separated "
         "items: @builtin (the three sets below), @dask-jobqueue (the dask worker's command "
@@ -188,361 +470,396 @@ CONFIG_KEYS: dict[str, KeySpec] = {
         "possessive: *+, ++, {m,n}+; no back references), run line by line on lines of up to "
         "1024 characters, giving up (the job passes unchanged) after 5 ms on one script. "
         "Patterns see the first 64 KiB of a script; empty = hash scripts as written.",
-    ),
-    "ReloadIntervalS": KeySpec(
-        "float", "5", "Seconds between checks for a changed profile store or coda.conf (> 0)."
-    ),
-    "Partitions": KeySpec(
-        "list", "", "Comma-separated partitions CODA manages; empty = all partitions."
-    ),
-    "ExcludePartitions": KeySpec(
-        "list", "", "Comma-separated partitions CODA never touches (wins over Partitions)."
-    ),
-    "LogLevel": KeySpec(
-        "error|info|verbose|debug", "info", "How much the hook writes to slurmctld's log."
-    ),
-    "HookStatsFile": KeySpec(
+    )
+    """What the workload signature leaves out of a script (``SignatureIgnore``)."""
+    reload_interval_s: float = _key(
+        "ReloadIntervalS",
+        "float",
+        "5",
+        _positive_float,
+        "Seconds between checks for a changed profile store or coda.conf (> 0).",
+    )
+    partitions: tuple[str, ...] = _key(
+        "Partitions",
+        "list",
+        "",
+        _partition_list,
+        "Comma-separated partitions CODA manages; empty = all partitions.",
+    )
+    """Managed partitions; empty = all."""
+    exclude_partitions: tuple[str, ...] = _key(
+        "ExcludePartitions",
+        "list",
+        "",
+        _partition_list,
+        "Comma-separated partitions CODA never touches (wins over Partitions).",
+    )
+    log_level: str = _key(
+        "LogLevel",
+        "error|info|verbose|debug",
+        "info",
+        _one_of("error", "info", "verbose", "debug"),
+        "How much the hook writes to slurmctld's log.",
+    )
+    hook_stats_file: Path | None = _key(
+        "HookStatsFile",
         "path or empty",
         "/var/lib/coda/hook-stats.json",
+        _abs_path_or_none,
         "Where the hook writes its counters (calls, p50/p99 time, fail-open count) every "
         "ReloadIntervalS, for coda-slurm status; empty = do not write them.",
-    ),
-    "DecisionJournal": KeySpec(
+    )
+    """None = the hook keeps its counters in memory only."""
+    decision_journal: Path | None = _key(
+        "DecisionJournal",
         "path or empty",
         "/var/lib/coda/decisions.jsonl",
+        _abs_path_or_none,
         "Where the hook appends one JSON line per decision (for coda-slurm status), flushed "
         "at least once a second; empty = keep no journal.",
-    ),
-    "JournalMaxBytes": KeySpec(
+    )
+    """None = no decision journal."""
+    journal_max_bytes: int = _key(
+        "JournalMaxBytes",
         "int",
         "8388608",
+        _ints(65536, 999_999_999),
         "Size at which DecisionJournal is rotated to DecisionJournal.1 (the previous .1 is "
         "dropped); 65536 or more.",
-    ),
-    "SlurmConf": KeySpec(
+    )
+    slurm_conf: Path | None = _key(
+        "SlurmConf",
         "path or empty",
         "",
+        _path_or_none,
         "slurm.conf to read node shapes from; empty = the slurm.conf beside coda.conf; a "
         "relative path is relative to coda.conf's directory.",
-    ),
-    # -- submit hook placement; every switch is off by default --------------
-    "PcieSpreadGres": KeySpec(
+    )
+    """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
+
+    # -- submit hook placement; every switch is off by default
+    pcie_spread_gres: str | None = _key(
+        "PcieSpreadGres",
         "name or empty",
         "",
+        _gres_name,
         "Count-only GRES (its per-node count = the node's PCIe domains) that PCIe-heavy "
         "multi-GPU jobs get one unit of, so Slurm never puts more of them on a node than it "
         "has domains; empty = off.",
-    ),
-    "PcieHeavyBytesPerS": KeySpec(
+    )
+    """Count-only GRES PCIe-heavy jobs request one unit of; None = off."""
+    pcie_heavy_bytes_per_s: float = _key(
+        "PcieHeavyBytesPerS",
         "float",
         "8e9",
+        _positive_float,
         "A multi-GPU job is PCIe-heavy when its measured PCIe traffic per GPU times its GPUs "
         "per node reaches this many bytes/s (CODA: AlexNet/ResNet50 at 8-12 GB/s) (> 0).",
-    ),
-    "PreferGpuTypes": KeySpec(
+    )
+    prefer_gpu_types: tuple[str, ...] = _key(
+        "PreferGpuTypes",
         "list",
         "",
+        _gpu_types,
         "GPU types, fastest first (e.g. h100,a100,v100): a job that names no GPU type gets "
         "--prefer toward the type it gains most from, or away from the newest when it gains "
         "little; empty = off.",
-    ),
-    "PreferGpuFeatures": KeySpec(
+    )
+    """Lower-case GPU types, fastest first; empty = no --prefer."""
+    prefer_gpu_features: tuple[tuple[str, str], ...] = _key(
+        "PreferGpuFeatures",
         "list of type:feature",
         "",
+        _gpu_features,
         "Node feature --prefer names for each type of PreferGpuTypes (e.g. "
         "h100:gpu_h100,a100:gpu_a100); a type not listed uses its own name as the feature.",
-    ),
-    "CpuJobPartitions": KeySpec(
+    )
+    """``(type, node feature)`` pairs; a type not listed is its own feature."""
+    cpu_job_partitions: tuple[str, ...] = _key(
+        "CpuJobPartitions",
         "list",
         "",
+        _partition_list,
         "CPU-only jobs submitted without --partition get this partition list (e.g. "
         "batch,gpu_spare; Slurm starts them in whichever can run them first); empty = off.",
-    ),
-    # -- coda-slurm reserve: spare cores of GPU nodes for CPU jobs ---------
-    "ReservePartitions": KeySpec(
+    )
+    """Partition list for CPU-only jobs submitted without one; empty = off."""
+
+    # -- coda-slurm reserve: spare cores of GPU nodes for CPU jobs
+    reserve_partitions: tuple[str, ...] = _key(
+        "ReservePartitions",
         "list",
         "",
+        _partition_list,
         "coda-slurm reserve: CPU partitions over GPU nodes whose MaxCPUsPerNode it keeps at "
         "the cores GPU jobs do not need; empty = off.",
-    ),
-    "ReserveIntervalS": KeySpec(
-        "float", "60", "coda-slurm reserve: seconds between two passes of the loop (> 0)."
-    ),
-    "ReserveMinCpus": KeySpec(
+    )
+    """Spare CPU partitions coda-slurm reserve manages; empty = off."""
+    reserve_interval_s: float = _key(
+        "ReserveIntervalS",
+        "float",
+        "60",
+        _positive_float,
+        "coda-slurm reserve: seconds between two passes of the loop (> 0).",
+    )
+    reserve_min_cpus: int = _key(
+        "ReserveMinCpus",
         "int",
         "1",
+        _ints(0),
         "coda-slurm reserve: MaxCPUsPerNode is never set below this (0 closes the partition "
         "to new CPU work when GPU jobs need every core).",
-    ),
-    "ReserveCpusPerGpu": KeySpec(
+    )
+    reserve_cpus_per_gpu: float | None = _key(
+        "ReserveCpusPerGpu",
         "float or empty",
         "",
+        _or_none(_positive_float),
         "coda-slurm reserve: cores an idle GPU keeps reserved when no GPU job is pending; "
         "empty = the largest DefCpuPerGPU of the GPU partitions over the same nodes, else 4.",
-    ),
-    "ReserveStateFile": KeySpec(
+    )
+    """None = DefCpuPerGPU of the GPU partitions over the same nodes, else 4."""
+    reserve_state_file: Path = _key(
+        "ReserveStateFile",
         "path",
         "/var/lib/coda/reserve.json",
+        _abs_path,
         "coda-slurm reserve: where each partition's original MaxCPUsPerNode is saved before "
         "the first change, for --revert.",
-    ),
-    "ColocateMargin": KeySpec(
+    )
+    colocate_margin: float = _key(
+        "ColocateMargin",
         "float",
         "0.05",
+        _float_range(0, 1),
         "coda-slurm colocate: a pair is reported as gaining from sharing a GPU only when its "
         "predicted speedup is at least 1 + this (0..1).",
-    ),
-    # -- coda-node, the daemon on each GPU node --------------------------------------
-    "NodeName": KeySpec(
+    )
+
+    # -- coda-node, the daemon on each GPU node
+    node_name: str | None = _key(
+        "NodeName",
         "name or empty",
         "",
+        _node_name,
         "coda-node: this node's NodeName in slurm.conf; empty = the short host name.",
-    ),
-    "NodeStateDir": KeySpec(
+    )
+    """None = the short host name."""
+    node_state_dir: Path = _key(
+        "NodeStateDir",
         "path",
         "/var/lib/coda-node",
+        _abs_path,
         "coda-node: directory of its state file (everything it changed, so that a restart or "
         "coda-node restore can put jobs back) and of admin limits. Written only when what "
         "it changed changes.",
-    ),
-    "NodeRuntimeDir": KeySpec(
+    )
+    node_runtime_dir: Path = _key(
+        "NodeRuntimeDir",
         "path",
         "/run/coda-node",
+        _abs_path,
         "coda-node: directory of view.json, the last tick's view that coda-node status "
         "reads, rewritten every tick: keep it on tmpfs (/run) so that a node does not write "
         "it to disk every second. A restart of the daemon reads it back (what each job's "
         "profiling had reached); a reboot may clear it.",
-    ),
-    "NodeIntervalS": KeySpec(
-        "float", "1", "coda-node: seconds between two sample-plan-enforce passes (> 0)."
-    ),
-    "NodeRoot": KeySpec(
+    )
+    node_interval_s: float = _key(
+        "NodeIntervalS",
+        "float",
+        "1",
+        _positive_float,
+        "coda-node: seconds between two sample-plan-enforce passes (> 0).",
+    )
+    node_root: Path = _key(
+        "NodeRoot",
         "path",
         "/",
+        _abs_path,
         "coda-node: system root every /sys, /proc and /dev path is read under (tests point "
         "it at a fixture tree).",
-    ),
-    "NodeEnforce": KeySpec(
+    )
+    node_enforce: tuple[str, ...] = _key(
+        "NodeEnforce",
         "list",
         "cpuset,quota,rdt",
+        _mechanisms,
         "coda-node: mechanisms the daemon may use (cpuset, quota, rdt); empty = observe only, "
         "change nothing.",
-    ),
-    "NodeProgressDir": KeySpec(
+    )
+    node_progress_dir: Path = _key(
+        "NodeProgressDir",
         "path",
         "/run/coda-node/progress",
+        _abs_path,
         "coda-node: directory of the per-job progress files jobs may write (created root-owned "
         "0755; one file per job, owned by the job's user).",
-    ),
-    "NodeProfile": KeySpec(
+    )
+    node_profile: bool = _key(
+        "NodeProfile",
         "yes|no",
         "yes",
+        _yes_no,
         "coda-node: profile GPU jobs of unknown workloads online (probe core counts inside "
         "their allocation) and publish the profile to ProfileStore.",
-    ),
-    "NodeProbeWarmupS": KeySpec(
+    )
+    node_probe_warmup_s: float = _key(
+        "NodeProbeWarmupS",
         "float",
         "300",
+        _float_at_least_0,
         "coda-node: seconds after a job starts before it is probed or gets a baseline (>= 0).",
-    ),
-    "NodeProbeSettleS": KeySpec(
-        "float", "30", "coda-node: seconds a probe waits after changing cores before measuring."
-    ),
-    "NodeProbeMeasureS": KeySpec(
-        "float", "60", "coda-node: seconds a probe measures (three samples) (> 0)."
-    ),
-    "NodeProbeMaxJobs": KeySpec("int", "1", "coda-node: jobs probed at once on a node (0 = none)."),
-    "NodeProbeBudgetS": KeySpec(
+    )
+    node_probe_settle_s: float = _key(
+        "NodeProbeSettleS",
         "float",
-        "900",
-        "coda-node: most seconds one job spends below its allocation while probed (> 0).",
-    ),
-    "NodeProbeMaxSlowdownPct": KeySpec(
-        "float",
-        "50",
-        "coda-node: a probe slower than this % below the job's full-allocation rate ends at "
-        "once, and fewer cores are not tried (1..99).",
-    ),
-    "NodeContention": KeySpec(
-        "yes|no",
-        "yes",
-        "coda-node: throttle CPU jobs that slow a DNN job on the same socket (MBA, else CPU "
-        "quota).",
-    ),
-    "NodeContentionTriggerPct": KeySpec(
-        "float",
-        "10",
-        "coda-node: throttle when a DNN job runs this % below its uncontended baseline (1..99).",
-    ),
-    "NodeContentionReleasePct": KeySpec(
-        "float",
-        "5",
-        "coda-node: release one step when every DNN job nearby is within this % of its "
-        "baseline (< NodeContentionTriggerPct).",
-    ),
-    "NodeBaselineProbeAfterS": KeySpec(
+        "30",
+        _float_at_least_0,
+        "coda-node: seconds a probe waits after changing cores before measuring.",
+    )
+    node_probe_measure_s: float = _key(
+        "NodeProbeMeasureS",
         "float",
         "60",
+        _positive_float,
+        "coda-node: seconds a probe measures (three samples) (> 0).",
+    )
+    node_probe_max_jobs: int = _key(
+        "NodeProbeMaxJobs",
+        "int",
+        "1",
+        _ints(0),
+        "coda-node: jobs probed at once on a node (0 = none).",
+    )
+    node_probe_budget_s: float = _key(
+        "NodeProbeBudgetS",
+        "float",
+        "900",
+        _positive_float,
+        "coda-node: most seconds one job spends below its allocation while probed (> 0).",
+    )
+    node_probe_max_slowdown_pct: float = _key(
+        "NodeProbeMaxSlowdownPct",
+        "float",
+        "50",
+        _percent(99),
+        "coda-node: a probe slower than this % below the job's full-allocation rate ends at "
+        "once, and fewer cores are not tried (1..99).",
+    )
+    node_contention: bool = _key(
+        "NodeContention",
+        "yes|no",
+        "yes",
+        _yes_no,
+        "coda-node: throttle CPU jobs that slow a DNN job on the same socket (MBA, else CPU "
+        "quota).",
+    )
+    node_contention_trigger_pct: float = _key(
+        "NodeContentionTriggerPct",
+        "float",
+        "10",
+        _percent(99),
+        "coda-node: throttle when a DNN job runs this % below its uncontended baseline (1..99).",
+    )
+    node_contention_release_pct: float = _key(
+        "NodeContentionReleasePct",
+        "float",
+        "5",
+        _percent(99),
+        "coda-node: release one step when every DNN job nearby is within this % of its "
+        "baseline (< NodeContentionTriggerPct).",
+    )
+    node_baseline_probe_after_s: float = _key(
+        "NodeBaselineProbeAfterS",
+        "float",
+        "60",
+        _float_at_least_0,
         "coda-node: a DNN job that has trained this long beside drawing CPU jobs without an "
         "uncontended baseline gets one measured by capping those CPU jobs at their floor for "
         "up to 20 s (0 = never).",
-    ),
-    "NodeBaselineResetS": KeySpec(
+    )
+    node_baseline_reset_s: float = _key(
+        "NodeBaselineResetS",
         "float",
         "60",
+        _float_at_least_0,
         "coda-node: a DNN job still slowed after this long with every CPU job beside it at "
         "its floor gets its rate there as its new baseline, and the CPU jobs are released "
         "(0 = never: they stay at their floor while the job stays slow).",
-    ),
-    "NodeReleaseHoldS": KeySpec(
+    )
+    node_release_hold_s: float = _key(
+        "NodeReleaseHoldS",
         "float",
         "30",
+        _positive_float,
         "coda-node: seconds between two release steps of a throttled CPU job (> 0).",
-    ),
-    "NodeThrottleFloorPct": KeySpec(
+    )
+    node_throttle_floor_pct: float = _key(
+        "NodeThrottleFloorPct",
         "float",
         "25",
+        _percent(100),
         "coda-node: a throttled CPU job keeps at least this % of its cores (quota) or of "
         "memory bandwidth (MBA) (1..100).",
-    ),
-    "NodeThrottleMinEffectPct": KeySpec(
+    )
+    node_throttle_min_effect_pct: float = _key(
+        "NodeThrottleMinEffectPct",
         "float",
         "5",
+        _float_range(0, 100),
         "coda-node: a CPU job held at its floor must cut the DNN job's slowdown by this % "
         "per core held back, or it is given back whole; if that does not slow the DNN job "
         "either, it is left alone for 30 min (0 = throttle by CPU use or bandwidth alone).",
-    ),
-    "NodeJobMemBw": KeySpec(
+    )
+    node_job_mem_bw: bool = _key(
+        "NodeJobMemBw",
         "yes|no",
         "yes",
+        _yes_no,
         "coda-node: measure each CPU job's memory bandwidth with its own resctrl monitoring "
         "group (Intel RDT MBM, one RMID per job), so contention control can cap the job that "
         "draws most with MBA; no = contention control does without MBA.",
-    ),
-    "NodeMetricsPort": KeySpec(
+    )
+    node_metrics_port: int = _key(
+        "NodeMetricsPort",
         "int",
         "0",
+        _ints(0, 65535),
         "coda-node: TCP port of its Prometheus endpoint (/metrics); 0 = no endpoint (0..65535).",
-    ),
-    "NodeMetricsAddress": KeySpec(
+    )
+    node_metrics_address: str = _key(
+        "NodeMetricsAddress",
         "address",
         "127.0.0.1",
+        _ip_address,
         "coda-node: address the Prometheus endpoint listens on (0.0.0.0 or :: = every "
         "interface; keep 127.0.0.1 unless the scraper is elsewhere).",
-    ),
-    "NodeUsageFlushS": KeySpec(
+    )
+    node_usage_flush_s: float = _key(
+        "NodeUsageFlushS",
         "float",
         "600",
+        _float_at_least_0,
         "coda-node: seconds between two writes of a running job's GPU usage record to its "
         "profile (also written when the job ends); 0 = only when the job ends.",
-    ),
-    "NodeUsageMinTicks": KeySpec(
+    )
+    """0 = write usage records only when the job ends."""
+    node_usage_min_ticks: int = _key(
+        "NodeUsageMinTicks",
         "int",
         "30",
+        _ints(1, 999_999_999),
         "coda-node: ticks of GPU usage a job must have collected before a usage record is "
         "written (1 or more).",
-    ),
+    )
+
+
+CONFIG_KEYS: dict[str, KeySpec] = {
+    spec.name: spec._replace(field=f.name)
+    for f in fields(CodaConfig)
+    for spec in (f.metadata[_SPEC],)
 }
-
-_MODES = ("enforce", "advise", "off")
-_NODE_MECHANISMS = ("cpuset", "quota", "rdt")
-_NODE_DIRS = {
-    "NodeStateDir": "node_state_dir",
-    "NodeRuntimeDir": "node_runtime_dir",
-    "NodeRoot": "node_root",
-}
-_USER_VALUES = ("keep", "lower", "replace")
-_UNPROFILED_USER_VALUES = ("keep", "raise")
-_LOG_LEVELS = ("error", "info", "verbose", "debug")
-
-
-@dataclass(frozen=True, slots=True)
-class CodaConfig:
-    """Parsed ``coda.conf``; defaults as in :data:`CONFIG_KEYS`."""
-
-    profile_store: Path = Path("/var/lib/coda/profiles")
-    profile_publish: str = "store"
-    """``store`` or ``munge`` (lower case)."""
-    profile_drop_dir: Path = Path("/var/spool/coda/drop")
-    munge_socket: Path = Path("/run/munge/munge.socket.2")
-    profile_drop_uids: tuple[int, ...] = (0,)
-    profile_drop_hosts: tuple[str, ...] = ()
-    """Addresses, CIDR networks or host names; empty = the nodes scontrol lists."""
-    profile_drop_ttl_s: int = 3600
-    mode: str = "enforce"
-    """``enforce``, ``advise`` or ``off`` (lower case)."""
-    user_value: str = "keep"
-    """``keep``, ``lower`` or ``replace`` (lower case)."""
-    min_cpus_per_gpu: int = 1
-    max_cpus_per_gpu: int = 64
-    default_cpus_per_gpu: int | Literal["share"] | None = None
-    """A number, ``"share"`` (the node's cores per GPU, from slurm.conf) or None."""
-    unprofiled_user_value: str = "keep"
-    """``keep`` or ``raise``: a user's lower value is raised to the default without a profile."""
-    min_confidence: float = 0.8
-    multi_node_gpu_cap: int = 2
-    hook_budget_ms: float = 20.0
-    hook_fast_path: bool = True
-    signature_ignore: ScriptIgnore = DEFAULT_IGNORE
-    """What the workload signature leaves out of a script (``SignatureIgnore``)."""
-    reload_interval_s: float = 5.0
-    partitions: tuple[str, ...] = ()
-    """Managed partitions; empty = all."""
-    exclude_partitions: tuple[str, ...] = ()
-    log_level: str = "info"
-    hook_stats_file: Path | None = Path("/var/lib/coda/hook-stats.json")
-    """None = the hook keeps its counters in memory only."""
-    decision_journal: Path | None = Path("/var/lib/coda/decisions.jsonl")
-    """None = no decision journal."""
-    journal_max_bytes: int = 8 * 1024 * 1024
-    slurm_conf: Path | None = None
-    """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
-    pcie_spread_gres: str | None = None
-    """Count-only GRES PCIe-heavy jobs request one unit of; None = off."""
-    pcie_heavy_bytes_per_s: float = 8e9
-    prefer_gpu_types: tuple[str, ...] = ()
-    """Lower-case GPU types, fastest first; empty = no --prefer."""
-    prefer_gpu_features: tuple[tuple[str, str], ...] = ()
-    """``(type, node feature)`` pairs; a type not listed is its own feature."""
-    cpu_job_partitions: tuple[str, ...] = ()
-    """Partition list for CPU-only jobs submitted without one; empty = off."""
-    reserve_partitions: tuple[str, ...] = ()
-    """Spare CPU partitions coda-slurm reserve manages; empty = off."""
-    reserve_interval_s: float = 60.0
-    reserve_min_cpus: int = 1
-    reserve_cpus_per_gpu: float | None = None
-    """None = DefCpuPerGPU of the GPU partitions over the same nodes, else 4."""
-    reserve_state_file: Path = Path("/var/lib/coda/reserve.json")
-    node_name: str | None = None
-    """None = the short host name."""
-    node_state_dir: Path = Path("/var/lib/coda-node")
-    node_runtime_dir: Path = Path("/run/coda-node")
-    node_interval_s: float = 1.0
-    node_root: Path = Path("/")
-    node_enforce: tuple[str, ...] = ("cpuset", "quota", "rdt")
-    node_progress_dir: Path = Path("/run/coda-node/progress")
-    node_profile: bool = True
-    node_probe_warmup_s: float = 300.0
-    node_probe_settle_s: float = 30.0
-    node_probe_measure_s: float = 60.0
-    node_probe_max_jobs: int = 1
-    node_probe_budget_s: float = 900.0
-    node_probe_max_slowdown_pct: float = 50.0
-    node_contention: bool = True
-    node_contention_trigger_pct: float = 10.0
-    node_contention_release_pct: float = 5.0
-    node_release_hold_s: float = 30.0
-    node_baseline_probe_after_s: float = 60.0
-    node_baseline_reset_s: float = 60.0
-    node_throttle_floor_pct: float = 25.0
-    node_throttle_min_effect_pct: float = 5.0
-    node_job_mem_bw: bool = True
-    node_metrics_port: int = 0
-    node_metrics_address: str = "127.0.0.1"
-    colocate_margin: float = 0.05
-    node_usage_flush_s: float = 600.0
-    """0 = write usage records only when the job ends."""
-    node_usage_min_ticks: int = 30
+"""Every ``coda.conf`` key, in the order of :class:`CodaConfig`'s fields."""
 
 
 # ----------------------------------------------------------------------------- lexing
@@ -634,269 +951,6 @@ def _tokenize(line: str, source: str, lineno: int) -> list[tuple[str, str]]:
     return pairs
 
 
-# ---------------------------------------------------------------------- value parsing
-
-_INT = re.compile(r"\+?[0-9]{1,9}")
-_FLOAT = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,2})?")
-
-
-def _int(key: str, value: str, low: int, high: int = MAX_CPUS) -> int:
-    if _INT.fullmatch(value) is None:
-        raise ValueError(f"{key} must be a whole number, got {value!r}")
-    number = int(value)
-    if not low <= number <= high:
-        raise ValueError(f"{key} must be {low}..{high}, got {number}")
-    return number
-
-
-def _float(key: str, value: str) -> float:
-    if _FLOAT.fullmatch(value) is None:
-        raise ValueError(f"{key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _positive_float(key: str, value: str) -> float:
-    number = _float(key, value)
-    if not number > 0:
-        raise ValueError(f"{key} must be greater than 0, got {value}")
-    return number
-
-
-def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
-    lowered = value.lower()
-    if lowered not in choices:
-        raise ValueError(f"{key} must be one of {'|'.join(choices)}, got {value!r}")
-    return lowered
-
-
-def _partition_list(key: str, value: str) -> tuple[str, ...]:
-    names: list[str] = []
-    for part in value.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if any(c.isspace() for c in part):
-            raise ValueError(f"{key}: partition name {part!r} contains blanks")
-        if part not in names:
-            names.append(part)
-    return tuple(names)
-
-
-_GRES_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_FEATURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def _convert(key: str, value: str) -> tuple[str, object]:
-    """``(CodaConfig field, typed value)`` for canonical ``key``; ValueError if invalid."""
-    if key == "ProfileStore":
-        if not value:
-            raise ValueError("ProfileStore needs a value")
-        path = Path(value)
-        if not path.is_absolute():
-            raise ValueError(f"ProfileStore must be an absolute path, got {value!r}")
-        return "profile_store", path
-    if key == "ProfilePublish":
-        return "profile_publish", _choice(key, value, ("store", "munge"))
-    if key in ("ProfileDropDir", "MungeSocket"):
-        path = Path(value)
-        if not value or not path.is_absolute():
-            raise ValueError(f"{key} must be an absolute path, got {value!r}")
-        return _snake(key), path
-    if key == "ProfileDropUids":
-        uids = _partition_list(key, value)
-        if not uids:
-            raise ValueError("ProfileDropUids needs at least one uid")
-        return "profile_drop_uids", tuple(_int(key, uid, 0, 2**31 - 1) for uid in uids)
-    if key == "ProfileDropHosts":
-        return "profile_drop_hosts", _partition_list(key, value)
-    if key == "ProfileDropTtlS":
-        return "profile_drop_ttl_s", _int(key, value, 1, 86400)
-    if key == "Mode":
-        return "mode", _choice(key, value, _MODES)
-    if key == "UserValue":
-        return "user_value", _choice(key, value, _USER_VALUES)
-    if key == "MinCpusPerGpu":
-        return "min_cpus_per_gpu", _int(key, value, 1)
-    if key == "MaxCpusPerGpu":
-        return "max_cpus_per_gpu", _int(key, value, 1)
-    if key == "DefaultCpusPerGpu":
-        if value.lower() == "share":
-            return "default_cpus_per_gpu", "share"
-        return "default_cpus_per_gpu", _int(key, value, 1) if value else None
-    if key == "UnprofiledUserValue":
-        return "unprofiled_user_value", _choice(key, value, _UNPROFILED_USER_VALUES)
-    if key == "MinConfidence":
-        number = _float(key, value)
-        if not 0.0 <= number <= 1.0:
-            raise ValueError(f"MinConfidence must be 0..1, got {value}")
-        return "min_confidence", number
-    if key == "MultiNodeGpuCap":
-        return "multi_node_gpu_cap", _int(key, value, 1)
-    if key == "HookBudgetMs":
-        return "hook_budget_ms", _positive_float(key, value)
-    if key == "SignatureIgnore":
-        try:
-            return "signature_ignore", parse_script_ignore(value)
-        except SignatureIgnoreError as exc:
-            raise ValueError(str(exc)) from None
-    if key == "ReloadIntervalS":
-        return "reload_interval_s", _positive_float(key, value)
-    if key == "Partitions":
-        return "partitions", _partition_list(key, value)
-    if key == "ExcludePartitions":
-        return "exclude_partitions", _partition_list(key, value)
-    if key == "LogLevel":
-        return "log_level", _choice(key, value, _LOG_LEVELS)
-    if key == "HookStatsFile":
-        if value and not Path(value).is_absolute():
-            raise ValueError(f"HookStatsFile must be an absolute path, got {value!r}")
-        return "hook_stats_file", Path(value) if value else None
-    if key == "DecisionJournal":
-        if value and not Path(value).is_absolute():
-            raise ValueError(f"DecisionJournal must be an absolute path, got {value!r}")
-        return "decision_journal", Path(value) if value else None
-    if key == "JournalMaxBytes":
-        return "journal_max_bytes", _int(key, value, 65536, 999_999_999)
-    if key == "SlurmConf":
-        return "slurm_conf", Path(value) if value else None
-    if key == "PcieSpreadGres":
-        if value and (not _GRES_NAME.fullmatch(value) or value.lower() == "gpu"):
-            raise ValueError(
-                f"PcieSpreadGres must be a GRES name (letters, digits, _) other than gpu, "
-                f"got {value!r}"
-            )
-        return "pcie_spread_gres", value or None
-    if key == "PcieHeavyBytesPerS":
-        return "pcie_heavy_bytes_per_s", _positive_float(key, value)
-    if key == "PreferGpuTypes":
-        types = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
-        bad = [t for t in types if not _FEATURE_NAME.fullmatch(t)]
-        if bad:
-            raise ValueError(f"PreferGpuTypes: {bad[0]!r} is not a GPU type name")
-        if len(types) == 1:
-            raise ValueError(
-                "PreferGpuTypes needs at least two GPU types, fastest first (one type "
-                "leaves nothing to prefer)"
-            )
-        return "prefer_gpu_types", types
-    if key == "PreferGpuFeatures":
-        pairs: dict[str, str] = {}
-        for item in (v.strip() for v in value.split(",")):
-            if not item:
-                continue
-            gpu_type, sep, feature = item.partition(":")
-            gpu_type = gpu_type.strip().lower()
-            feature = feature.strip()
-            if not sep or not _FEATURE_NAME.fullmatch(gpu_type):
-                raise ValueError(f"PreferGpuFeatures: expected type:feature, got {item!r}")
-            if not _FEATURE_NAME.fullmatch(feature):
-                # --prefer takes a feature expression; & | , [ ] * ( ) would change it.
-                raise ValueError(
-                    f"PreferGpuFeatures: {feature!r} is not a node feature name "
-                    "(letters, digits, _ . -)"
-                )
-            pairs[gpu_type] = feature
-        return "prefer_gpu_features", tuple(pairs.items())
-    if key == "CpuJobPartitions":
-        return "cpu_job_partitions", _partition_list(key, value)
-    if key == "ReservePartitions":
-        return "reserve_partitions", _partition_list(key, value)
-    if key == "ReserveIntervalS":
-        return "reserve_interval_s", _positive_float(key, value)
-    if key == "ReserveMinCpus":
-        return "reserve_min_cpus", _int(key, value, 0)
-    if key == "ReserveCpusPerGpu":
-        return "reserve_cpus_per_gpu", _positive_float(key, value) if value else None
-    if key == "ReserveStateFile":
-        if not value or not Path(value).is_absolute():
-            raise ValueError(f"ReserveStateFile must be an absolute path, got {value!r}")
-        return "reserve_state_file", Path(value)
-    if key == "NodeName":
-        if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
-            raise ValueError(f"NodeName {value!r} is not a Slurm node name")
-        return "node_name", value or None
-    if key in _NODE_DIRS:
-        path = Path(value)
-        if not value or not path.is_absolute():
-            raise ValueError(f"{key} must be an absolute path, got {value!r}")
-        return _NODE_DIRS[key], path
-    if key == "NodeIntervalS":
-        return "node_interval_s", _positive_float(key, value)
-    if key == "NodeEnforce":
-        items = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
-        bad = [v for v in items if v not in _NODE_MECHANISMS]
-        if bad:
-            raise ValueError(
-                f"NodeEnforce: unknown mechanism {bad[0]!r} (choose from "
-                + ", ".join(_NODE_MECHANISMS)
-                + ")"
-            )
-        return "node_enforce", items
-    if key == "NodeProgressDir":
-        path = Path(value)
-        if not value or not path.is_absolute():
-            raise ValueError(f"{key} must be an absolute path, got {value!r}")
-        return "node_progress_dir", path
-    if key in ("NodeProfile", "NodeContention", "NodeJobMemBw", "HookFastPath"):
-        return _snake(key), _choice(key, value, ("yes", "no")) == "yes"
-    if key == "NodeProbeMaxJobs":
-        return "node_probe_max_jobs", _int(key, value, 0)
-    if key == "NodeProbeWarmupS":
-        number = _float(key, value)
-        if number < 0:
-            raise ValueError(f"{key} must be 0 or more, got {value}")
-        return "node_probe_warmup_s", number
-    if key in ("NodeProbeSettleS", "NodeBaselineProbeAfterS", "NodeBaselineResetS"):
-        number = _float(key, value)
-        if number < 0:
-            raise ValueError(f"{key} must be 0 or more, got {value}")
-        return _snake(key), number
-    if key == "NodeThrottleMinEffectPct":
-        number = _float(key, value)
-        if not 0.0 <= number <= 100.0:
-            raise ValueError(f"{key} must be 0..100, got {value}")
-        return "node_throttle_min_effect_pct", number
-    if key in ("NodeProbeMeasureS", "NodeProbeBudgetS", "NodeReleaseHoldS"):
-        return _snake(key), _positive_float(key, value)
-    if key in (
-        "NodeProbeMaxSlowdownPct",
-        "NodeContentionTriggerPct",
-        "NodeContentionReleasePct",
-        "NodeThrottleFloorPct",
-    ):
-        number = _float(key, value)
-        high = 100.0 if key == "NodeThrottleFloorPct" else 99.0
-        if not 0.0 < number <= high:
-            raise ValueError(f"{key} must be more than 0 and at most {high:g}, got {value}")
-        return _snake(key), number
-    if key == "NodeMetricsPort":
-        return "node_metrics_port", _int(key, value, 0, 65535)
-    if key == "NodeMetricsAddress":
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{key} must be an IP address, got {value!r}") from None
-        return "node_metrics_address", value
-    if key == "ColocateMargin":
-        number = _float(key, value)
-        if not 0.0 <= number <= 1.0:
-            raise ValueError(f"ColocateMargin must be 0..1, got {value}")
-        return "colocate_margin", number
-    if key == "NodeUsageFlushS":
-        number = _float(key, value)
-        if number < 0:
-            raise ValueError(f"{key} must be 0 or more, got {value}")
-        return "node_usage_flush_s", number
-    if key == "NodeUsageMinTicks":
-        return "node_usage_min_ticks", _int(key, value, 1, 999_999_999)
-    raise AssertionError(f"no converter for {key}")  # CONFIG_KEYS and _convert disagree
-
-
-def _snake(key: str) -> str:
-    """``NodeProbeBudgetS`` -> ``node_probe_budget_s``."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
-
-
 _CANONICAL = {key.lower(): key for key in CONFIG_KEYS}
 
 
@@ -933,14 +987,22 @@ def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list
     values: dict[str, object] = {}
     lines: dict[str, int] = {}
     for key, (value, lineno) in seen.items():
+        spec = CONFIG_KEYS[key]
         try:
-            name, typed = _convert(key, value)
+            values[spec.field] = spec.parse(key, value)
         except ValueError as exc:
             raise ConfigError(source, lineno, str(exc)) from None
-        values[name] = typed
         lines[key] = lineno
-    config = CodaConfig(**values)  # type: ignore[arg-type]
+    config = CodaConfig(**values)
+    _check_together(config, lines, source, warnings)
+    return config, warnings
 
+
+def _check_together(
+    config: CodaConfig, lines: dict[str, int], source: str, warnings: list[str]
+) -> None:
+    """The rules that tie keys together; ``lines`` maps each key given to its line.
+    Raises :class:`ConfigError`; appends warnings."""
     if config.max_cpus_per_gpu < config.min_cpus_per_gpu:
         line = max(lines.get("MaxCpusPerGpu", 0), lines.get("MinCpusPerGpu", 0)) or None
         raise ConfigError(
@@ -987,7 +1049,6 @@ def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list
                 f"{source}:{lines['ExcludePartitions']}: partition {name!r} is in both "
                 "Partitions and ExcludePartitions; it is excluded"
             )
-    return config, warnings
 
 
 def _read_text(path: Path, source: str | None = None) -> str:
