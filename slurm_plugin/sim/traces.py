@@ -44,7 +44,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -1058,173 +1058,21 @@ def load_sacct(path: Path) -> Trace:
         lenient_text=True,
         free_text="JobName",
     )
-    missing = [c for c in _SACCT_NEEDED if c not in table.columns]
-    tres_cols = [c for c in _TRES_COLUMNS if c in table.columns]
-    cpu_cols = [c for c in _CPU_COLUMNS if c in table.columns]
-    gres_cols = [c for c in _GRES_COLUMNS if c in table.columns]
-    if not tres_cols and not (cpu_cols and gres_cols):
-        missing.append("AllocTRES or ReqTRES (or AllocCPUS/ReqCPUS with AllocGRES/ReqGRES)")
-    if missing:
-        raise TraceError(
-            f"missing column(s) {', '.join(missing)} (the header has "
-            f"{', '.join(table.header)}); export the accounting with:  {SACCT_COMMAND}",
-            path=path,
-            line=1,
-        )
-    col = table.columns
-    users = col.get("User")
-    nnodes = col.get("NNodes")
-    skipped: Counter[str] = Counter()
-    states: Counter[str] = Counter()
-    fallback_req = 0
-    nodes_from_default = 0
-    submit: list[float] = []
-    duration: list[float] = []
-    gpus: list[int] = []
-    cpus: list[int] = []
-    nodes: list[int] = []
-    labels: list[str] = []
-    models: list[str] = []
-    multi_type = 0
-    submit_col, start_col, end_col = col["Submit"], col["Start"], col["End"]
+    cols = _sacct_columns(table, path)
+    jobs = _SacctJobs()
     for i in range(len(table)):
-        job_id = col["JobID"][i].strip()
-        if not job_id:
-            raise table.error(i, "JobID", "empty; expected a job id such as 1234 or 1234_7")
-        if "." in job_id:
-            skipped["step"] += 1
-            continue
-        if "[" in job_id:
-            skipped["array"] += 1
-            continue
-        try:
-            submit_t = _sacct_time(submit_col[i])
-            start_t = _sacct_time(start_col[i])
-            end_t = _sacct_time(end_col[i])
-        except ValueError:
-            bad = next(c for c in ("Submit", "Start", "End") if not _is_sacct_time(col[c][i]))
-            raise table.error(
-                i, bad, f"{col[bad][i]!r}; expected a time like 2024-03-01T10:00:00 or Unknown"
-            ) from None
-        if submit_t is None:
-            raise table.error(i, "Submit", f"{submit_col[i]!r}; every job has a submit time")
-        if start_t is None:
-            skipped["never"] += 1
-            continue
-        if end_t is None:
-            skipped["no_end"] += 1
-            continue
-        run_s = end_t - start_t
-        if run_s <= 0:
-            skipped["zero"] += 1
-            continue
-
-        tres: _Tres | None = None
-        for c in tres_cols:
-            text = col[c][i].strip()
-            if text:
-                try:
-                    tres = _parse_sacct_tres(text)
-                except ValueError as e:
-                    raise table.error(i, c, f"{e}; expected e.g. cpu=8,gres/gpu=2,node=1") from None
-                if c == "ReqTRES" and "AllocTRES" in tres_cols:
-                    fallback_req += 1
-                break
-        n_cpus: int | None = tres.cpus if tres is not None else None
-        n_gpus = tres.gpus if tres is not None else 0
-        types = tres.gpu_types if tres is not None else ()
-        if tres is None:
-            for c in cpu_cols:
-                text = col[c][i].strip()
-                if text:
-                    if not text.isdigit():
-                        raise table.error(i, c, f"{text!r}; expected a whole number of cores")
-                    n_cpus = int(text)
-                    break
-            for c in gres_cols:
-                text = col[c][i].strip()
-                if text:
-                    try:
-                        n_gpus, types = gpu_count(text), gpu_types(text)
-                    except TresError as e:
-                        raise table.error(i, c, f"{e}; expected e.g. gpu:a100:2") from None
-                    break
-        n_nodes: int | None = None
-        if nnodes is not None:
-            text = nnodes[i].strip()
-            if not text.isdigit() or int(text) < 1:
-                raise table.error(i, "NNodes", f"{text!r}; expected a whole number >= 1")
-            n_nodes = int(text)
-        elif tres is not None and tres.nodes:
-            n_nodes = tres.nodes
-        if n_nodes is None:
-            n_nodes = 1
-            nodes_from_default += 1
-        if len(types) > 1:
-            multi_type += 1
-        name = col["JobName"][i].strip() or UNNAMED
-        user = users[i].strip() if users is not None else ""
-        state = col["State"][i].split()[0] if "State" in col and col["State"][i].strip() else "?"
-        states[state] += 1
-        submit.append(submit_t)
-        duration.append(run_s)
-        gpus.append(n_gpus)
-        cpus.append(n_cpus if n_cpus and n_cpus > 0 else -1)
-        nodes.append(n_nodes)
-        labels.append(f"{user}/{name}" if user else name)
-        models.append("|".join(types) if n_gpus > 0 else "")
-
-    notes = [
-        f"{_count(skipped[kind], one, many)} skipped"
-        for kind, (one, many) in _SACCT_SKIPS.items()
-        if skipped[kind]
-    ]
-    if not submit:
-        raise TraceError(
-            f"no job that ran in {_count(len(table), 'data line')}"
-            + (f" ({'; '.join(notes)})" if notes else "")
-            + f"; export finished jobs with:  {SACCT_COMMAND}",
-            path=path,
-        )
-    source_cols = tres_cols[0] if tres_cols else "/".join(cpu_cols + gres_cols)
-    notes.append(
-        f"GPUs and cores from {source_cols}"
-        + (" (what each job got)" if source_cols.startswith("Alloc") else " (what was asked)")
-        + (
-            f"; {_count(fallback_req, 'job')} with an empty AllocTRES used ReqTRES"
-            if fallback_req
-            else ""
-        )
-    )
-    gpu_arr = np.array(gpus, dtype=np.int64)
-    cpu_arr = np.array(cpus, dtype=np.int64)
-    unknown_cpus = int(np.count_nonzero(cpu_arr < 0))
-    if unknown_cpus:
-        notes.append(f"{_count(unknown_cpus, 'job')} without a core count (cpus = -1)")
-    if nodes_from_default:
-        notes.append(f"{_count(nodes_from_default, 'job')} without a node count: nodes = 1")
-    typed = sum(1 for m in models if m)
-    notes.append(
-        f"{_count(typed, 'GPU job')} with a GPU type (gres/gpu:TYPE=N) → gpu_model"
-        + (f"; {multi_type:,} held several types, recorded as 'A|B'" if multi_type else "")
-    )
-    notes.append(
-        "workload = "
-        + ("User/JobName" if users is not None else "JobName")
-        + f": {len(set(labels)):,} distinct among {_count(len(labels), 'job')}"
-    )
-    notes.append("job states: " + ", ".join(f"{s} {c:,}" for s, c in states.most_common()))
-    notes.append("times are the export's naive local times, used as-is (DST shifts ignored)")
-    workload, names = _index_labels(labels)
-    model_idx, model_names = _index_labels(models)
+        _sacct_row(table, i, cols, jobs)
+    notes = _sacct_notes(table, cols, jobs, path)
+    workload, names = _index_labels(jobs.labels)
+    model_idx, model_names = _index_labels(jobs.models)
     return _finish(
         name=f"sacct:{path.name}",
         path=path,
-        submit_s=np.array(submit, dtype=np.float64),
-        duration_s=np.array(duration, dtype=np.float64),
-        gpus=gpu_arr,
-        cpus=cpu_arr,
-        nodes=np.array(nodes, dtype=np.int64),
+        submit_s=np.array(jobs.submit, dtype=np.float64),
+        duration_s=np.array(jobs.duration, dtype=np.float64),
+        gpus=np.array(jobs.gpus, dtype=np.int64),
+        cpus=np.array(jobs.cpus, dtype=np.int64),
+        nodes=np.array(jobs.nodes, dtype=np.int64),
         workload=workload,
         workload_names=names,
         gpu_model=model_idx,
@@ -1233,6 +1081,212 @@ def load_sacct(path: Path) -> Trace:
         source=f"the site's own Slurm accounting (sacct export {path}); not public",
         notes=notes,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _SacctColumns:
+    """Which of the resource columns an export has, in the order they are read."""
+
+    tres: list[str]
+    cpu: list[str]
+    gres: list[str]
+
+
+@dataclass(slots=True)
+class _SacctJobs:
+    """The jobs :func:`load_sacct` keeps, column by column, and what it counted on the way."""
+
+    submit: list[float] = field(default_factory=list)
+    duration: list[float] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Lines left out, by :data:`_SACCT_SKIPS` kind."""
+    states: Counter[str] = field(default_factory=Counter)
+    fallback_req: int = 0
+    """Jobs whose AllocTRES was empty, read from ReqTRES."""
+    nodes_from_default: int = 0
+    multi_type: int = 0
+    """Jobs that held several GPU types."""
+
+
+def _sacct_columns(table: _Table, path: Path) -> _SacctColumns:
+    """The export's resource columns; TraceError when a needed column is missing."""
+    missing = [c for c in _SACCT_NEEDED if c not in table.columns]
+    cols = _SacctColumns(
+        tres=[c for c in _TRES_COLUMNS if c in table.columns],
+        cpu=[c for c in _CPU_COLUMNS if c in table.columns],
+        gres=[c for c in _GRES_COLUMNS if c in table.columns],
+    )
+    if not cols.tres and not (cols.cpu and cols.gres):
+        missing.append("AllocTRES or ReqTRES (or AllocCPUS/ReqCPUS with AllocGRES/ReqGRES)")
+    if missing:
+        raise TraceError(
+            f"missing column(s) {', '.join(missing)} (the header has "
+            f"{', '.join(table.header)}); export the accounting with:  {SACCT_COMMAND}",
+            path=path,
+            line=1,
+        )
+    return cols
+
+
+def _sacct_row(table: _Table, i: int, cols: _SacctColumns, jobs: _SacctJobs) -> None:
+    """Add the job of data line ``i`` to ``jobs``, or count why it is skipped."""
+    times = _sacct_times(table, i)
+    if isinstance(times, str):
+        jobs.skipped[times] += 1
+        return
+    submit_t, run_s = times
+    tres, n_cpus, n_gpus, types = _sacct_resources(table, i, cols, jobs)
+    n_nodes = _sacct_nodes(table, i, tres, jobs)
+    if len(types) > 1:
+        jobs.multi_type += 1
+    col = table.columns
+    users = col.get("User")
+    name = col["JobName"][i].strip() or UNNAMED
+    user = users[i].strip() if users is not None else ""
+    state = col["State"][i].split()[0] if "State" in col and col["State"][i].strip() else "?"
+    jobs.states[state] += 1
+    jobs.submit.append(submit_t)
+    jobs.duration.append(run_s)
+    jobs.gpus.append(n_gpus)
+    jobs.cpus.append(n_cpus if n_cpus and n_cpus > 0 else -1)
+    jobs.nodes.append(n_nodes)
+    jobs.labels.append(f"{user}/{name}" if user else name)
+    jobs.models.append("|".join(types) if n_gpus > 0 else "")
+
+
+def _sacct_times(table: _Table, i: int) -> tuple[float, float] | str:
+    """``(submit, run time)`` of data line ``i`` in seconds, or the :data:`_SACCT_SKIPS`
+    kind that leaves it out; TraceError for a missing JobID or a bad time."""
+    col = table.columns
+    job_id = col["JobID"][i].strip()
+    if not job_id:
+        raise table.error(i, "JobID", "empty; expected a job id such as 1234 or 1234_7")
+    if "." in job_id:
+        return "step"
+    if "[" in job_id:
+        return "array"
+    try:
+        submit_t = _sacct_time(col["Submit"][i])
+        start_t = _sacct_time(col["Start"][i])
+        end_t = _sacct_time(col["End"][i])
+    except ValueError:
+        bad = next(c for c in ("Submit", "Start", "End") if not _is_sacct_time(col[c][i]))
+        raise table.error(
+            i, bad, f"{col[bad][i]!r}; expected a time like 2024-03-01T10:00:00 or Unknown"
+        ) from None
+    if submit_t is None:
+        raise table.error(i, "Submit", f"{col['Submit'][i]!r}; every job has a submit time")
+    if start_t is None:
+        return "never"
+    if end_t is None:
+        return "no_end"
+    run_s = end_t - start_t
+    if run_s <= 0:
+        return "zero"
+    return submit_t, run_s
+
+
+def _sacct_resources(
+    table: _Table, i: int, cols: _SacctColumns, jobs: _SacctJobs
+) -> tuple[_Tres | None, int | None, int, tuple[str, ...]]:
+    """``(TRES, cores, GPUs, GPU types)`` of data line ``i``: from the first non-empty TRES
+    column, else from the CPU and GRES columns (TRES None)."""
+    col = table.columns
+    for c in cols.tres:
+        text = col[c][i].strip()
+        if text:
+            try:
+                tres = _parse_sacct_tres(text)
+            except ValueError as e:
+                raise table.error(i, c, f"{e}; expected e.g. cpu=8,gres/gpu=2,node=1") from None
+            if c == "ReqTRES" and "AllocTRES" in cols.tres:
+                jobs.fallback_req += 1
+            return tres, tres.cpus, tres.gpus, tres.gpu_types
+    n_cpus: int | None = None
+    n_gpus = 0
+    types: tuple[str, ...] = ()
+    for c in cols.cpu:
+        text = col[c][i].strip()
+        if text:
+            if not text.isdigit():
+                raise table.error(i, c, f"{text!r}; expected a whole number of cores")
+            n_cpus = int(text)
+            break
+    for c in cols.gres:
+        text = col[c][i].strip()
+        if text:
+            try:
+                n_gpus, types = gpu_count(text), gpu_types(text)
+            except TresError as e:
+                raise table.error(i, c, f"{e}; expected e.g. gpu:a100:2") from None
+            break
+    return None, n_cpus, n_gpus, types
+
+
+def _sacct_nodes(table: _Table, i: int, tres: _Tres | None, jobs: _SacctJobs) -> int:
+    """Nodes of data line ``i``: NNodes, else the TRES ``node=``, else 1 (counted)."""
+    nnodes = table.columns.get("NNodes")
+    if nnodes is not None:
+        text = nnodes[i].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise table.error(i, "NNodes", f"{text!r}; expected a whole number >= 1")
+        return int(text)
+    if tres is not None and tres.nodes:
+        return tres.nodes
+    jobs.nodes_from_default += 1
+    return 1
+
+
+def _sacct_notes(table: _Table, cols: _SacctColumns, jobs: _SacctJobs, path: Path) -> list[str]:
+    """What :func:`load_sacct` skipped, read from where and assumed; TraceError when no
+    job ran."""
+    skipped = jobs.skipped
+    notes = [
+        f"{_count(skipped[kind], one, many)} skipped"
+        for kind, (one, many) in _SACCT_SKIPS.items()
+        if skipped[kind]
+    ]
+    if not jobs.submit:
+        raise TraceError(
+            f"no job that ran in {_count(len(table), 'data line')}"
+            + (f" ({'; '.join(notes)})" if notes else "")
+            + f"; export finished jobs with:  {SACCT_COMMAND}",
+            path=path,
+        )
+    source_cols = cols.tres[0] if cols.tres else "/".join(cols.cpu + cols.gres)
+    notes.append(
+        f"GPUs and cores from {source_cols}"
+        + (" (what each job got)" if source_cols.startswith("Alloc") else " (what was asked)")
+        + (
+            f"; {_count(jobs.fallback_req, 'job')} with an empty AllocTRES used ReqTRES"
+            if jobs.fallback_req
+            else ""
+        )
+    )
+    unknown_cpus = sum(1 for c in jobs.cpus if c < 0)
+    if unknown_cpus:
+        notes.append(f"{_count(unknown_cpus, 'job')} without a core count (cpus = -1)")
+    if jobs.nodes_from_default:
+        notes.append(f"{_count(jobs.nodes_from_default, 'job')} without a node count: nodes = 1")
+    typed = sum(1 for m in jobs.models if m)
+    multi_type = jobs.multi_type
+    notes.append(
+        f"{_count(typed, 'GPU job')} with a GPU type (gres/gpu:TYPE=N) → gpu_model"
+        + (f"; {multi_type:,} held several types, recorded as 'A|B'" if multi_type else "")
+    )
+    notes.append(
+        "workload = "
+        + ("User/JobName" if "User" in table.columns else "JobName")
+        + f": {len(set(jobs.labels)):,} distinct among {_count(len(jobs.labels), 'job')}"
+    )
+    notes.append("job states: " + ", ".join(f"{s} {c:,}" for s, c in jobs.states.most_common()))
+    notes.append("times are the export's naive local times, used as-is (DST shifts ignored)")
+    return notes
 
 
 def _is_sacct_time(value: str) -> bool:
