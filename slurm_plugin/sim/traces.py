@@ -604,6 +604,60 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
     file when there is one.
     """
     pods_csv = Path(pods_csv)
+    table = _read_alibaba_pods(pods_csv)
+    n_rows = len(table)
+    cpu_milli = _integers(table, "cpu_milli", "requested milli-cores >= 0, e.g. 12000", minimum=0)
+    num_gpu = _integers(table, "num_gpu", "a whole number of GPUs >= 0", minimum=0)
+    gpu_milli = _integers(table, "gpu_milli", "milli-GPUs >= 0, e.g. 1000 or 460", minimum=0)
+    creation = _numbers(table, "creation_time", "a time in seconds")
+    scheduled = _numbers(
+        table, "scheduled_time", "a time in seconds, or empty if never scheduled", allow_empty=True
+    )
+    deletion = _numbers(table, "deletion_time", "a time in seconds")
+    has_spec = "gpu_spec" in table.columns
+    spec = [s.strip() for s in table.columns["gpu_spec"]] if has_spec else [""] * n_rows
+
+    duration = deletion - scheduled
+    keep, notes = _alibaba_runs(table, creation, scheduled, deletion, duration)
+    notes += _alibaba_request_notes(keep, cpu_milli, num_gpu, gpu_milli)
+    cpus = np.maximum((cpu_milli + 999) // 1000, 1)
+    spec_kept = [s if k else "" for s, k in zip(spec, keep, strict=True)]
+    constrained = sum(1 for s in spec_kept if s)
+    if not has_spec:
+        notes.append("no gpu_spec column: no pod has a GPU type constraint (gpu_model = -1)")
+    else:
+        notes.append(
+            f"{_count(constrained, 'pod')} with a GPU type constraint (gpu_spec, kept whole "
+            "as the model name; 'A|B' = either)"
+        )
+    notes.append("pods are single-node (nodes = 1); the trace has no workload names (-1)")
+    node_specs = _alibaba_node_specs(pods_csv, nodes_csv, notes)
+
+    model_idx, model_names = _index_labels(spec_kept)
+    stem = pods_csv.name
+    trace_name = "alibaba-gpu-v2023"
+    if stem != ALIBABA_PODS.name:
+        trace_name += ":" + pods_csv.stem
+    return _finish(
+        name=trace_name,
+        path=pods_csv,
+        submit_s=creation[keep],
+        duration_s=duration[keep],
+        gpus=num_gpu[keep],
+        cpus=cpus[keep],
+        nodes=np.ones(int(keep.sum()), dtype=np.int32),
+        workload=np.full(int(keep.sum()), -1, dtype=np.int32),
+        workload_names=[],
+        gpu_model=model_idx[keep],
+        gpu_model_names=model_names,
+        node_specs=node_specs,
+        source=_ALIBABA_SOURCE.format(file=stem),
+        notes=notes,
+    )
+
+
+def _read_alibaba_pods(pods_csv: Path) -> _Table:
+    """The pod list, with the columns a replay needs; TraceError naming the missing ones."""
     what = "Alibaba pod list (name,cpu_milli,...,creation_time,deletion_time,scheduled_time)"
     table = _read_table(pods_csv, what)
     missing_times = [c for c in _ALIBABA_TIMES if c not in table.columns]
@@ -616,22 +670,22 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
             line=1,
         )
     _require(table, ("name", "cpu_milli", "num_gpu", "gpu_milli", *_ALIBABA_TIMES), "pod list")
-    n_rows = len(table)
-    cpu_milli = _integers(table, "cpu_milli", "requested milli-cores >= 0, e.g. 12000", minimum=0)
-    num_gpu = _integers(table, "num_gpu", "a whole number of GPUs >= 0", minimum=0)
-    gpu_milli = _integers(table, "gpu_milli", "milli-GPUs >= 0, e.g. 1000 or 460", minimum=0)
-    creation = _numbers(table, "creation_time", "a time in seconds")
-    scheduled = _numbers(
-        table, "scheduled_time", "a time in seconds, or empty if never scheduled", allow_empty=True
-    )
-    deletion = _numbers(table, "deletion_time", "a time in seconds")
-    has_spec = "gpu_spec" in table.columns
-    spec = [s.strip() for s in table.columns["gpu_spec"]] if has_spec else [""] * n_rows
-    phase = table.columns.get("pod_phase", [""] * n_rows)
+    return table
 
+
+def _alibaba_runs(
+    table: _Table,
+    creation: np.ndarray,
+    scheduled: np.ndarray,
+    deletion: np.ndarray,
+    duration: np.ndarray,
+) -> tuple[np.ndarray, list[str]]:
+    """``(keep, notes)``: the pods that ran (scheduled, run time > 0), and notes on the
+    dropped ones, the queueing left out, the pods alive at the end and the kept phases."""
+    n_rows = len(table)
+    phase = table.columns.get("pod_phase", [""] * n_rows)
     notes: list[str] = []
     never = np.isnan(scheduled)
-    duration = deletion - scheduled
     nonpositive = ~never & ~(duration > 0)
     keep = ~never & ~nonpositive
     never_phases = Counter(p for p, k in zip(phase, never, strict=True) if k)
@@ -666,6 +720,14 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
             "pod_phase of the kept pods (all replayed, they held their resources): "
             + ", ".join(f"{p} {c:,}" for p, c in kept_phases.most_common())
         )
+    return keep, notes
+
+
+def _alibaba_request_notes(
+    keep: np.ndarray, cpu_milli: np.ndarray, num_gpu: np.ndarray, gpu_milli: np.ndarray
+) -> list[str]:
+    """How the kept pods' fractional GPU and CPU requests are counted."""
+    notes: list[str] = []
     shared = keep & (num_gpu > 0) & (gpu_milli < 1000)
     if shared.any():
         notes.append(
@@ -678,7 +740,6 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
             f"{_count(gpu_no_milli.sum(), 'pod')} with num_gpu = 0 but gpu_milli > 0 kept as "
             "CPU-only (num_gpu decides)"
         )
-    cpus = np.maximum((cpu_milli + 999) // 1000, 1)
     fractional = keep & (cpu_milli % 1000 != 0)
     if fractional.any():
         notes.append(
@@ -688,54 +749,29 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
     zero_cpu = keep & (cpu_milli == 0)
     if zero_cpu.any():
         notes.append(f"{_count(zero_cpu.sum(), 'pod')} with cpu_milli = 0 counted as 1 core")
-    spec_kept = [s if k else "" for s, k in zip(spec, keep, strict=True)]
-    constrained = sum(1 for s in spec_kept if s)
-    if not has_spec:
-        notes.append("no gpu_spec column: no pod has a GPU type constraint (gpu_model = -1)")
-    else:
-        notes.append(
-            f"{_count(constrained, 'pod')} with a GPU type constraint (gpu_spec, kept whole "
-            "as the model name; 'A|B' = either)"
-        )
-    notes.append("pods are single-node (nodes = 1); the trace has no workload names (-1)")
+    return notes
 
+
+def _alibaba_node_specs(
+    pods_csv: Path, nodes_csv: Path | None, notes: list[str]
+) -> list[NodeSpec] | None:
+    """The node inventory (``nodes_csv``, else the node list next to the pods file, else
+    None), said in ``notes``."""
     if nodes_csv is None:
         candidate = pods_csv.parent / ALIBABA_NODES_NAME
         nodes_csv = candidate if candidate.is_file() else None
-    node_specs = None
-    if nodes_csv is not None:
-        node_specs = _load_alibaba_nodes(Path(nodes_csv))
-        models = Counter(node.gpu_model or "(none)" for node in node_specs)
-        notes.append(
-            f"node inventory from {Path(nodes_csv).name}: {_count(len(node_specs), 'node')}, "
-            f"{sum(n.gpus for n in node_specs):,} GPUs, {sum(n.cores for n in node_specs):,} "
-            "cores (cpu_milli // 1000); models "
-            + ", ".join(f"{m} {c:,}" for m, c in models.most_common())
-        )
-    else:
+    if nodes_csv is None:
         notes.append(f"no node inventory ({ALIBABA_NODES_NAME} not next to the pods file)")
-
-    model_idx, model_names = _index_labels(spec_kept)
-    stem = pods_csv.name
-    trace_name = "alibaba-gpu-v2023"
-    if stem != ALIBABA_PODS.name:
-        trace_name += ":" + pods_csv.stem
-    return _finish(
-        name=trace_name,
-        path=pods_csv,
-        submit_s=creation[keep],
-        duration_s=duration[keep],
-        gpus=num_gpu[keep],
-        cpus=cpus[keep],
-        nodes=np.ones(int(keep.sum()), dtype=np.int32),
-        workload=np.full(int(keep.sum()), -1, dtype=np.int32),
-        workload_names=[],
-        gpu_model=model_idx[keep],
-        gpu_model_names=model_names,
-        node_specs=node_specs,
-        source=_ALIBABA_SOURCE.format(file=stem),
-        notes=notes,
+        return None
+    node_specs = _load_alibaba_nodes(Path(nodes_csv))
+    models = Counter(node.gpu_model or "(none)" for node in node_specs)
+    notes.append(
+        f"node inventory from {Path(nodes_csv).name}: {_count(len(node_specs), 'node')}, "
+        f"{sum(n.gpus for n in node_specs):,} GPUs, {sum(n.cores for n in node_specs):,} "
+        "cores (cpu_milli // 1000); models "
+        + ", ".join(f"{m} {c:,}" for m, c in models.most_common())
     )
+    return node_specs
 
 
 # ---------------------------------------------------------------------------------- Philly
