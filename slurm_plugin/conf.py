@@ -21,7 +21,7 @@ from __future__ import annotations
 import glob
 import ipaddress
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -42,10 +42,6 @@ __all__ = [
     "count_hostlist",
     "expand_hostlist",
     "load_config",
-    "make_node_cap",
-    "make_node_share",
-    "max_cpus_per_gpu_on_any_node",
-    "node_share_cpus_per_gpu",
     "parse_config",
     "read_slurm_nodes",
     "split_outside",
@@ -1305,49 +1301,3 @@ def read_slurm_nodes(path: Path) -> tuple[NodeShape, ...]:
     nodes: list[NodeShape] = []
     _read_slurm_file(path, path.parent, nodes, {}, ())
     return tuple(nodes)
-
-
-def max_cpus_per_gpu_on_any_node(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
-    """The largest ``cpus // gpus_per_node`` over nodes with at least ``gpus_per_node``
-    GPUs: the most CPUs per GPU any node can give such a job.  None when no node fits (or
-    there is no node information, or ``gpus_per_node`` < 1)."""
-    if gpus_per_node < 1:
-        return None
-    best: int | None = None
-    for node in nodes:
-        if node.gpus >= gpus_per_node:
-            per_gpu = node.cpus // gpus_per_node
-            if best is None or per_gpu > best:
-                best = per_gpu
-    return best
-
-
-def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
-    """``DefaultCpusPerGpu=share``: the fewest ``cpus // gpus`` over the nodes with at least
-    ``gpus_per_node`` GPUs, i.e. each GPU's even share of its node's cores on the leanest node
-    that could run the job (so the job fits on any of them beside jobs sized the same way).
-    None when no node fits, or there is no node information."""
-    if gpus_per_node < 1:
-        return None
-    shares = [node.cpus // node.gpus for node in nodes if node.gpus >= gpus_per_node]
-    return max(1, min(shares)) if shares else None
-
-
-def make_node_share(nodes: Iterable[NodeShape]) -> Callable[[int], int | None]:
-    """A fast ``node_share(gpus_per_node)`` for :func:`slurm_plugin.policy.decide`: the
-    answers of :func:`node_share_cpus_per_gpu` precomputed for every GPU count."""
-    shapes = tuple(nodes)
-    most_gpus = max((node.gpus for node in shapes), default=0)
-    table = {gpn: node_share_cpus_per_gpu(shapes, gpn) for gpn in range(1, most_gpus + 1)}
-    return table.get
-
-
-def make_node_cap(nodes: Iterable[NodeShape]) -> Callable[[int], int | None]:
-    """A fast ``node_cap(gpus_per_node)`` for :func:`slurm_plugin.policy.decide`: the
-    answers of :func:`max_cpus_per_gpu_on_any_node` precomputed for every GPU count."""
-    shapes = tuple(nodes)
-    most_gpus = max((node.gpus for node in shapes), default=0)
-    table: dict[int, int | None] = {
-        gpn: max_cpus_per_gpu_on_any_node(shapes, gpn) for gpn in range(1, most_gpus + 1)
-    }
-    return table.get

@@ -1,21 +1,43 @@
-"""How many cores per GPU the largest suitable node can hold, from slurm.conf.
+"""Cores per GPU the nodes of slurm.conf can give a job, by its GPUs per node.
 
 Read once when coda.conf is (re)loaded, off the hot path; the hook then asks
-``node_cap(gpus_per_node)`` from a small dict.
+``node_cap(gpus_per_node)`` from a small dict.  The simulator builds one from its nodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from slurm_plugin.conf import (
-    ConfigError,
-    NodeShape,
-    max_cpus_per_gpu_on_any_node,
-    node_share_cpus_per_gpu,
-    read_slurm_nodes,
-)
+from slurm_plugin.conf import ConfigError, NodeShape, read_slurm_nodes
+
+__all__ = ["NodeCap", "max_cpus_per_gpu_on_any_node", "node_share_cpus_per_gpu"]
+
+
+def max_cpus_per_gpu_on_any_node(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
+    """The largest ``cpus // gpus_per_node`` over nodes with at least ``gpus_per_node``
+    GPUs: the most CPUs per GPU any node can give such a job.  None when no node fits (or
+    there is no node information, or ``gpus_per_node`` < 1)."""
+    if gpus_per_node < 1:
+        return None
+    best: int | None = None
+    for node in nodes:
+        if node.gpus >= gpus_per_node:
+            per_gpu = node.cpus // gpus_per_node
+            if best is None or per_gpu > best:
+                best = per_gpu
+    return best
+
+
+def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
+    """``DefaultCpusPerGpu=share``: the fewest ``cpus // gpus`` over the nodes with at least
+    ``gpus_per_node`` GPUs, i.e. each GPU's even share of its node's cores on the leanest node
+    that could run the job (so the job fits on any of them beside jobs sized the same way).
+    None when no node fits, or there is no node information."""
+    if gpus_per_node < 1:
+        return None
+    shares = [node.cpus // node.gpus for node in nodes if node.gpus >= gpus_per_node]
+    return max(1, min(shares)) if shares else None
 
 
 class NodeCap:

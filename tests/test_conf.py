@@ -14,11 +14,10 @@ from slurm_plugin.conf import (
     NodeShape,
     count_hostlist,
     load_config,
-    make_node_cap,
-    max_cpus_per_gpu_on_any_node,
     parse_config,
     read_slurm_nodes,
 )
+from slurm_plugin.nodecap import NodeCap, max_cpus_per_gpu_on_any_node
 
 # ------------------------------------------------------------------------- coda.conf
 
@@ -363,9 +362,9 @@ NODES = (
 )
 def test_max_cpus_per_gpu_on_any_node(gpus_per_node: int, cap: int | None) -> None:
     assert max_cpus_per_gpu_on_any_node(NODES, gpus_per_node) == cap
-    assert make_node_cap(NODES)(gpus_per_node) == cap
+    assert NodeCap(NODES, "slurm.conf")(gpus_per_node) == cap
 
 
 def test_no_node_info_means_no_cap() -> None:
     assert max_cpus_per_gpu_on_any_node((), 1) is None
-    assert make_node_cap(())(4) is None
+    assert NodeCap((), "slurm.conf")(4) is None

@@ -18,12 +18,10 @@ from slurm_plugin.conf import (
     CodaConfig,
     ConfigError,
     NodeShape,
-    make_node_share,
-    node_share_cpus_per_gpu,
     parse_config,
 )
 from slurm_plugin.journal import summarize_decisions
-from slurm_plugin.nodecap import NodeCap
+from slurm_plugin.nodecap import NodeCap, node_share_cpus_per_gpu
 from slurm_plugin.policy import Decision, JobRequest, ProfileView, decide, parse_admin_record
 
 # Two node shapes: 8 GPUs over 96 cores (12 per GPU), 4 GPUs over 32 cores (8 per GPU).
@@ -60,7 +58,7 @@ def run(req: JobRequest, config: CodaConfig = SHARE_RAISE) -> Decision:
 def test_share_is_the_leanest_node_that_can_hold_the_job() -> None:
     # 1-4 GPUs fit both shapes: the small one's 8 per GPU; 5-8 GPUs only fit the big one.
     assert [node_share_cpus_per_gpu(NODES, g) for g in (1, 4, 5, 8, 9)] == [8, 8, 12, 12, None]
-    share = make_node_share(NODES)
+    share = NodeCap(NODES, "slurm.conf").share
     assert [share(g) for g in (1, 4, 5, 8, 9)] == [8, 8, 12, 12, None]
     assert node_share_cpus_per_gpu((), 1) is None
     assert node_share_cpus_per_gpu(NODES, 0) is None

@@ -52,9 +52,10 @@ import numpy as np
 
 from coda_node.allocator import ProbeParams
 from coda_node.contention import ContentionParams, params_from_config
-from slurm_plugin.conf import CodaConfig, NodeShape, make_node_cap, make_node_share, parse_config
+from slurm_plugin.conf import CodaConfig, NodeShape, parse_config
 from slurm_plugin.curves import throughput_at
 from slurm_plugin.model import is_censored, refit_profile
+from slurm_plugin.nodecap import NodeCap
 from slurm_plugin.policy import JobRequest, ProfileView, decide
 from slurm_plugin.sim.cluster import busy_window
 from slurm_plugin.sim.mechanisms import PlacementModel, ShareModel, spare_cpus_by_shape
@@ -327,8 +328,8 @@ class _Sim:
             NodeShape(str(i), int(c), int(g))
             for i, (c, g) in enumerate(zip(self.node_cores, self.node_gpus, strict=True))
         )
-        self.node_cap = make_node_cap(shapes)
-        self.node_share = make_node_share(shapes)
+        self.node_cap = NodeCap(shapes, "the simulated nodes")
+        self.node_share = self.node_cap.share
         self.profiles: dict[str, Profile] = {}
         self.views: dict[str, ProfileView] = {}
         self.decided: dict[tuple[int, int, int, int], int] = {}
