@@ -1376,47 +1376,20 @@ def synthetic(
       so popular workloads recur; what a workload needs is the engine's model's business.
     * node_specs: ``n_gpus / gpus_per_node`` identical nodes.
     """
-    if n_jobs < 1:
-        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
-    if gpus_per_node < 1 or cores_per_node < 1:
-        raise ValueError(
-            f"gpus_per_node and cores_per_node must be >= 1, got {gpus_per_node}, {cores_per_node}"
-        )
-    if n_gpus < 1 or n_gpus % gpus_per_node:
-        raise ValueError(
-            f"n_gpus must be a positive multiple of gpus_per_node={gpus_per_node}, got {n_gpus}"
-        )
-    largest = int(_SYN_GPU_SIZES[-1])
-    if n_gpus < largest:
-        raise ValueError(
-            f"n_gpus={n_gpus} is smaller than the largest synthetic job ({largest} GPUs)"
-        )
-    uneven = [int(s) for s in _SYN_GPU_SIZES if s > gpus_per_node and s % gpus_per_node]
-    if uneven:
-        raise ValueError(
-            f"gpus_per_node={gpus_per_node} does not divide the multi-node job sizes {uneven}; "
-            "use a power of two"
-        )
-    if not 0.0 <= cpu_job_fraction < 1.0:
-        raise ValueError(f"cpu_job_fraction must be in [0, 1), got {cpu_job_fraction}")
-    if not load > 0 or not math.isfinite(load):
-        raise ValueError(f"load must be > 0, got {load}")
-    if not mean_duration_s > 0 or not math.isfinite(mean_duration_s):
-        raise ValueError(f"mean_duration_s must be > 0, got {mean_duration_s}")
-    if n_workloads < 1:
-        raise ValueError(f"n_workloads must be >= 1, got {n_workloads}")
-
+    _check_synthetic(
+        n_jobs,
+        n_gpus=n_gpus,
+        load=load,
+        cpu_job_fraction=cpu_job_fraction,
+        gpus_per_node=gpus_per_node,
+        cores_per_node=cores_per_node,
+        mean_duration_s=mean_duration_s,
+        n_workloads=n_workloads,
+    )
     rng = np.random.default_rng(seed)
-    is_cpu_job = rng.random(n_jobs) < cpu_job_fraction
-    gpus = rng.choice(_SYN_GPU_SIZES, size=n_jobs, p=_SYN_GPU_P)
-    gpus[is_cpu_job] = 0
-    nodes = np.maximum(-(-gpus // gpus_per_node), 1)
-    cpus_per_gpu = rng.choice(_SYN_CPUS_PER_GPU, size=n_jobs, p=_SYN_CPUS_PER_GPU_P)
-    wanted = cpus_per_gpu * gpus
-    cpu_cores = rng.integers(1, 17, size=n_jobs)
-    wanted[is_cpu_job] = cpu_cores[is_cpu_job]
-    cpus = np.minimum(wanted, cores_per_node * nodes)
-    capped = int(np.count_nonzero(cpus < wanted))
+    is_cpu_job, gpus, nodes, cpus, capped = _synthetic_shapes(
+        rng, n_jobs, cpu_job_fraction, gpus_per_node, cores_per_node
+    )
     mu = math.log(mean_duration_s) - _SYN_DURATION_SIGMA**2 / 2
     duration = np.maximum(rng.lognormal(mu, _SYN_DURATION_SIGMA, size=n_jobs), _SYN_MIN_DURATION_S)
     weights = 1.0 / np.arange(1, n_workloads + 1, dtype=np.float64) ** _SYN_ZIPF_EXPONENT
@@ -1469,6 +1442,71 @@ def synthetic(
     )
     trace.validate()
     return trace
+
+
+def _check_synthetic(
+    n_jobs: int,
+    *,
+    n_gpus: int,
+    load: float,
+    cpu_job_fraction: float,
+    gpus_per_node: int,
+    cores_per_node: int,
+    mean_duration_s: float,
+    n_workloads: int,
+) -> None:
+    """ValueError naming the first of :func:`synthetic`'s arguments that cannot be used."""
+    if n_jobs < 1:
+        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    if gpus_per_node < 1 or cores_per_node < 1:
+        raise ValueError(
+            f"gpus_per_node and cores_per_node must be >= 1, got {gpus_per_node}, {cores_per_node}"
+        )
+    if n_gpus < 1 or n_gpus % gpus_per_node:
+        raise ValueError(
+            f"n_gpus must be a positive multiple of gpus_per_node={gpus_per_node}, got {n_gpus}"
+        )
+    largest = int(_SYN_GPU_SIZES[-1])
+    if n_gpus < largest:
+        raise ValueError(
+            f"n_gpus={n_gpus} is smaller than the largest synthetic job ({largest} GPUs)"
+        )
+    uneven = [int(s) for s in _SYN_GPU_SIZES if s > gpus_per_node and s % gpus_per_node]
+    if uneven:
+        raise ValueError(
+            f"gpus_per_node={gpus_per_node} does not divide the multi-node job sizes {uneven}; "
+            "use a power of two"
+        )
+    if not 0.0 <= cpu_job_fraction < 1.0:
+        raise ValueError(f"cpu_job_fraction must be in [0, 1), got {cpu_job_fraction}")
+    if not load > 0 or not math.isfinite(load):
+        raise ValueError(f"load must be > 0, got {load}")
+    if not mean_duration_s > 0 or not math.isfinite(mean_duration_s):
+        raise ValueError(f"mean_duration_s must be > 0, got {mean_duration_s}")
+    if n_workloads < 1:
+        raise ValueError(f"n_workloads must be >= 1, got {n_workloads}")
+
+
+def _synthetic_shapes(
+    rng: np.random.Generator,
+    n_jobs: int,
+    cpu_job_fraction: float,
+    gpus_per_node: int,
+    cores_per_node: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``(is_cpu_job, gpus, nodes, cpus, capped)`` of the synthetic jobs, the first draws
+    from ``rng``; ``capped``: how many jobs were cut to the cores of their nodes."""
+    is_cpu_job = rng.random(n_jobs) < cpu_job_fraction
+    gpus = rng.choice(_SYN_GPU_SIZES, size=n_jobs, p=_SYN_GPU_P)
+    gpus[is_cpu_job] = 0
+    nodes = np.maximum(-(-gpus // gpus_per_node), 1)
+    cpus_per_gpu = rng.choice(_SYN_CPUS_PER_GPU, size=n_jobs, p=_SYN_CPUS_PER_GPU_P)
+    wanted = cpus_per_gpu * gpus
+    cpu_cores = rng.integers(1, 17, size=n_jobs)
+    wanted[is_cpu_job] = cpu_cores[is_cpu_job]
+    cpus = np.minimum(wanted, cores_per_node * nodes)
+    capped = int(np.count_nonzero(cpus < wanted))
+    return is_cpu_job, gpus, nodes, cpus, capped
 
 
 # ---------------------------------------------------------------------------------- dispatch
