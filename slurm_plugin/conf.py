@@ -10,8 +10,9 @@ Syntax (as in ``cgroup.conf`` or ``gres.conf``)::
 
 ``#`` starts a comment outside double quotes (``\\#`` is a literal ``#``); a line ending
 in ``\\`` continues on the next.  Unknown keys are errors (``coda.conf:7: unknown key
-...``); a key given twice keeps the last value and produces a warning.  :data:`CONFIG_KEYS`
-documents every key.
+...``); a key given twice keeps the last value and produces a warning.  Each key is
+defined once, as a :class:`CodaConfig` field that carries its name, value syntax, default,
+parser and help; :data:`CONFIG_KEYS` lists them.
 
 Only :func:`load_config` and :func:`read_slurm_nodes` read files; everything else is pure.
 """
