@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -12,8 +13,8 @@ import numpy as np
 from slurm_plugin.cli_common import CliError, emit_json
 from slurm_plugin.conf import ConfigError, parse_config
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
-from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, simulate
-from slurm_plugin.sim.report import SCHEMA_VERSION, plot, render_table, summarise
+from slurm_plugin.sim.engine import CODA_CONF, POLICIES, RunResult, SimParams, simulate
+from slurm_plugin.sim.report import SCHEMA_VERSION, Summary, plot, render_table, summarise
 from slurm_plugin.sim.traces import (
     ALIBABA_PODS,
     MURI_CSV,
@@ -26,7 +27,7 @@ from slurm_plugin.sim.traces import (
     trace_file,
     uniform_nodes,
 )
-from slurm_plugin.sim.workloads import JobModel, assign_workloads, muri_classes
+from slurm_plugin.sim.workloads import JobModel, Workloads, assign_workloads, muri_classes
 
 _EPILOG = """
 \b
@@ -160,6 +161,140 @@ def _donor() -> Trace | None:
         return None
 
 
+def _cluster(trace: Trace, nodes_spec: str | None, load: float, shape: str) -> list[NodeSpec]:
+    """The nodes of ``--nodes`` (``trace``: the trace's own inventory), else a cluster of
+    ``--shape`` nodes sized for ``--load``."""
+    if nodes_spec == "trace":
+        if not trace.node_specs:
+            raise CliError("--nodes trace", f"{trace.name} has no node inventory")
+        return list(trace.node_specs)
+    if nodes_spec is not None:
+        count, cores, gpus = _parse_nodes(nodes_spec)
+        return uniform_nodes(count, cores, gpus)
+    return size_for_load(trace, load, shape=_parse_shape(shape))
+
+
+def _with_cpu_jobs(trace: Trace, nodes: list[NodeSpec], cpu_load: float, seed: int) -> Trace:
+    """``trace`` with CPU-only jobs offering ``cpu_load`` of the cluster's cores."""
+    donor = _donor()
+    if donor is None:
+        click.echo(
+            "coda-slurm: note: CPU jobs drawn from 1-16 cores and the GPU jobs' run times: "
+            "the Alibaba trace, whose CPU pods they are resampled from otherwise, is not "
+            "installed (`coda-slurm simulate alibaba` says how to get it)",
+            err=True,
+        )
+    return add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=donor)
+
+
+def _muri_inputs(
+    trace: Trace, trace_spec: str, model: JobModel, mechanisms: list[str]
+) -> tuple[
+    dict[str, tuple[float, tuple[float, float, float]]] | None,
+    list[tuple[str, int, float, float, float]],
+]:
+    """For a Muri trace: its models' classes, and (when a mechanism shares GPUs) each model's
+    stage times per job size; ``(None, [])`` for other traces."""
+    if not trace.name.startswith("muri"):
+        return None, []
+    path = trace_file(MURI_CSV) or MURI_CSV
+    if trace_spec.startswith("muri:"):
+        path = Path(trace_spec.split(":", 1)[1])
+    named = muri_classes(muri_stage_times(path), model)
+    stage_ms: list[tuple[str, int, float, float, float]] = []
+    if any(m.startswith("share") for m in mechanisms):
+        # GPU sharing reads each model's GPU and communication stages per job size.
+        for gpus in sorted({int(g) for g in trace.gpus if g > 0}):
+            try:
+                by_model = muri_stage_times(path, num_gpu=gpus)
+            except TraceError:
+                continue
+            stage_ms += [(name, gpus, *st) for name, st in by_model.items()]
+    return named, stage_ms
+
+
+def _checked_coda_conf(items: tuple[str, ...]) -> tuple[str, ...]:
+    """The coda policy's coda.conf lines: :data:`CODA_CONF` under ``--coda-conf``."""
+    coda_conf = _merge_conf(CODA_CONF + items)
+    try:
+        parse_config("\n".join(coda_conf), source="--coda-conf")
+    except ConfigError as exc:
+        raise CliError("bad --coda-conf", str(exc)) from exc
+    return coda_conf
+
+
+def _run_policies(
+    trace: Trace,
+    nodes: list[NodeSpec],
+    wl: Workloads,
+    model: JobModel,
+    chosen: list[str],
+    runs: list[tuple[str, SimParams]],
+    show_bar: bool,
+) -> tuple[list[RunResult], dict[str, str]]:
+    """Every run of every chosen policy, and the baseline policy of each placement row."""
+    results = []
+    baseline_of: dict[str, str] = {}
+    for name in chosen:
+        for suffix, params in runs:
+            label = name + suffix
+            if suffix:
+                baseline_of[label] = name
+            if show_bar:
+                with click.progressbar(
+                    length=len(trace), label=f"{label:7s}", file=sys.stderr, width=30
+                ) as bar:
+                    r = simulate(
+                        trace, nodes, wl, model, POLICIES[name], params, progress=bar.update
+                    )
+            else:
+                r = simulate(trace, nodes, wl, model, POLICIES[name], params)
+            r.policy = label
+            results.append(r)
+    return results, baseline_of
+
+
+def _run_info(
+    trace: Trace, nodes: list[NodeSpec], seed: int, coda_conf: tuple[str, ...]
+) -> dict[str, Any]:
+    """What was replayed on what: the head of the report."""
+    w0, w1 = busy_window(trace)
+    return {
+        "trace": trace.name,
+        "source": trace.source,
+        "jobs": len(trace),
+        "gpu_jobs": int(np.sum(trace.gpus > 0)),
+        "cpu_jobs": int(np.sum(trace.gpus == 0)),
+        "nodes": len(nodes),
+        "gpus": sum(n.gpus for n in nodes),
+        "cores": sum(n.cores for n in nodes),
+        "window_s": [w0, w1],
+        "seed": seed,
+        "coda_conf": list(coda_conf),
+        "notes": trace.notes,
+    }
+
+
+def _echo_results(
+    info: dict[str, Any],
+    chosen: list[str],
+    rows: list[Summary],
+    baseline_of: dict[str, str],
+) -> None:
+    click.echo(
+        f"{info['trace']}: {info['jobs']:,} jobs ({info['gpu_jobs']:,} GPU, "
+        f"{info['cpu_jobs']:,} CPU) on {info['nodes']:,} nodes, {info['gpus']:,} GPUs, "
+        f"{info['cores']:,} cores; seed {info['seed']}"
+    )
+    if "coda" in chosen:
+        click.echo(f"coda policy's coda.conf: {' '.join(info['coda_conf'])}")
+    click.echo(render_table(rows, baseline_of=baseline_of or None))
+    events = sum(r.events for r in rows)
+    wall = sum(r.wall_s for r in rows)
+    if events:
+        click.echo(f"\n{events:,} events in {wall:.1f} s ({1e6 * wall / events:.1f} µs per event)")
+
+
 @click.command("simulate", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("trace_spec", metavar="TRACE")
 @click.option(
@@ -265,89 +400,20 @@ def simulate_cmd(
         raise CliError(f"cannot load trace {trace_spec!r}", str(exc)) from exc
     if jobs is not None:
         trace = trace.head(jobs)
-    if nodes_spec == "trace":
-        if not trace.node_specs:
-            raise CliError("--nodes trace", f"{trace.name} has no node inventory")
-        nodes: list[NodeSpec] = list(trace.node_specs)
-    elif nodes_spec is not None:
-        count, cores, gpus = _parse_nodes(nodes_spec)
-        nodes = uniform_nodes(count, cores, gpus)
-    else:
-        nodes = size_for_load(trace, load, shape=_parse_shape(shape))
+    nodes = _cluster(trace, nodes_spec, load, shape)
     if cpu_load > 0:
-        donor = _donor()
-        if donor is None:
-            click.echo(
-                "coda-slurm: note: CPU jobs drawn from 1-16 cores and the GPU jobs' run times: "
-                "the Alibaba trace, whose CPU pods they are resampled from otherwise, is not "
-                "installed (`coda-slurm simulate alibaba` says how to get it)",
-                err=True,
-            )
-        trace = add_cpu_jobs(trace, nodes, cpu_load, seed=seed, donor=donor)
-    named = None
-    stage_ms: list[tuple[str, int, float, float, float]] = []
-    if trace.name.startswith("muri"):
-        path = trace_file(MURI_CSV) or MURI_CSV
-        if trace_spec.startswith("muri:"):
-            path = Path(trace_spec.split(":", 1)[1])
-        named = muri_classes(muri_stage_times(path), model)
-        if any(m.startswith("share") for m in mechanisms):
-            # GPU sharing reads each model's GPU and communication stages per job size.
-            for gpus in sorted({int(g) for g in trace.gpus if g > 0}):
-                try:
-                    by_model = muri_stage_times(path, num_gpu=gpus)
-                except TraceError:
-                    continue
-                stage_ms += [(name, gpus, *st) for name, st in by_model.items()]
-    wl = assign_workloads(
-        trace,
-        model,
-        seed,
-        named_classes=named,
-    )
-    coda_conf = _merge_conf(CODA_CONF + coda_conf_items)
-    try:
-        parse_config("\n".join(coda_conf), source="--coda-conf")
-    except ConfigError as exc:
-        raise CliError("bad --coda-conf", str(exc)) from exc
+        trace = _with_cpu_jobs(trace, nodes, cpu_load, seed)
+    named, stage_ms = _muri_inputs(trace, trace_spec, model, mechanisms)
+    wl = assign_workloads(trace, model, seed, named_classes=named)
+    coda_conf = _checked_coda_conf(coda_conf_items)
     base = SimParams(rdt=rdt, coda_conf=coda_conf, share_stage_ms=tuple(stage_ms))
-    runs = placement_runs(base, mechanisms)
     chosen = list(policies) or list(POLICIES)
-    results = []
-    baseline_of: dict[str, str] = {}
     show_bar = sys.stderr.isatty() and not as_json
-    for name in chosen:
-        for suffix, params in runs:
-            label = name + suffix
-            if suffix:
-                baseline_of[label] = name
-            if show_bar:
-                with click.progressbar(
-                    length=len(trace), label=f"{label:7s}", file=sys.stderr, width=30
-                ) as bar:
-                    r = simulate(
-                        trace, nodes, wl, model, POLICIES[name], params, progress=bar.update
-                    )
-            else:
-                r = simulate(trace, nodes, wl, model, POLICIES[name], params)
-            r.policy = label
-            results.append(r)
+    results, baseline_of = _run_policies(
+        trace, nodes, wl, model, chosen, placement_runs(base, mechanisms), show_bar
+    )
     rows = [summarise(trace, r) for r in results]
-    w0, w1 = busy_window(trace)
-    info = {
-        "trace": trace.name,
-        "source": trace.source,
-        "jobs": len(trace),
-        "gpu_jobs": int(np.sum(trace.gpus > 0)),
-        "cpu_jobs": int(np.sum(trace.gpus == 0)),
-        "nodes": len(nodes),
-        "gpus": sum(n.gpus for n in nodes),
-        "cores": sum(n.cores for n in nodes),
-        "window_s": [w0, w1],
-        "seed": seed,
-        "coda_conf": list(coda_conf),
-        "notes": trace.notes,
-    }
+    info = _run_info(trace, nodes, seed, coda_conf)
     if as_json:
         emit_json(
             {
@@ -360,20 +426,7 @@ def simulate_cmd(
             }
         )
     else:
-        click.echo(
-            f"{trace.name}: {info['jobs']:,} jobs ({info['gpu_jobs']:,} GPU, "
-            f"{info['cpu_jobs']:,} CPU) on {info['nodes']:,} nodes, {info['gpus']:,} GPUs, "
-            f"{info['cores']:,} cores; seed {seed}"
-        )
-        if "coda" in chosen:
-            click.echo(f"coda policy's coda.conf: {' '.join(coda_conf)}")
-        click.echo(render_table(rows, baseline_of=baseline_of or None))
-        events = sum(r.events for r in rows)
-        wall = sum(r.wall_s for r in rows)
-        if events:
-            click.echo(
-                f"\n{events:,} events in {wall:.1f} s ({1e6 * wall / events:.1f} µs per event)"
-            )
+        _echo_results(info, chosen, rows, baseline_of)
     if plot_dir is not None:
         try:
             paths = plot(trace, results, plot_dir, plot_format)
