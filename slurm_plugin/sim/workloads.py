@@ -335,7 +335,7 @@ def assign_workloads(
     their memory behaviour. The same seed gives the same answer.
     """
     gpus, cpus = trace.gpus, trace.cpus
-    trace_workload, trace_workload_names = trace.workload, trace.workload_names
+    trace_workload = trace.workload
     rng = np.random.default_rng(seed)
     n = len(gpus)
     is_gpu = gpus > 0
@@ -344,60 +344,105 @@ def assign_workloads(
         raise ValueError("class_weights must be non-negative, one per class, not all zero")
     weights = weights / weights.sum()
 
-    names: list[str] = []
-    klass: list[int] = []
-    theta: list[float] = []
-    extra_sens: list[tuple[float, float, float]] = []
+    table = _WorkloadTable()
     workload = np.full(n, -1, dtype=np.int32)
-
-    def jittered(base: float, key: str) -> float:
-        r = np.random.default_rng(_stable_seed(seed, key))
-        value = base * math.exp(model.sweet_spot_jitter * float(r.standard_normal()))
-        return float(min(model.max_cores_per_gpu, max(1.0, value)))
-
-    # Named workloads from the trace.
-    named_ids: dict[int, int] = {}
-    for idx, name in enumerate(trace_workload_names):
-        wid = len(names)
-        named_ids[idx] = wid
-        names.append(name)
-        known = (named_classes or {}).get(name)
-        if known is not None:
-            klass.append(len(CLASSES) + len(extra_sens))
-            extra_sens.append(known[1])
-            theta.append(float(min(model.max_cores_per_gpu, max(1.0, known[0]))))
-        else:
-            r = np.random.default_rng(_stable_seed(seed, "class", name))
-            k = int(r.choice(len(CLASSES), p=weights))
-            klass.append(k)
-            theta.append(jittered(CLASSES[k].cores_per_gpu, name))
+    lut = table.add_named(trace.workload_names, model, seed, weights, named_classes or {})
     named = is_gpu & (trace_workload >= 0)
     if named.any():
-        lut = np.array([named_ids[i] for i in range(len(trace_workload_names))], dtype=np.int32)
         workload[named] = lut[trace_workload[named]]
-
-    # Unnamed GPU jobs: a Zipf-popular pool of synthetic recurring workloads.
     unnamed = np.flatnonzero(is_gpu & (trace_workload < 0))
     if len(unnamed):
-        pool = max(1, round(model.distinct_workload_fraction * len(unnamed)))
+        base = len(table.names)
+        picks = table.add_pool(rng, len(unnamed), model, seed, weights)
+        workload[unnamed] = base + picks.astype(np.int32)
+    sens = np.array([c.sensitivity for c in CLASSES] + table.extra_sens, dtype=float)
+    user = _user_cpus_per_gpu(rng, gpus, cpus, is_gpu, model)
+    return Workloads(
+        workload=workload,
+        names=table.names,
+        klass=np.array(table.klass, dtype=np.int16),
+        cores_per_gpu=np.array(table.theta, dtype=float),
+        sensitivity=sens.reshape(-1, 3),
+        user_cpus_per_gpu=user,
+        cpu_bw_per_core=_cpu_bw_per_core(rng, is_gpu, model),
+    )
+
+
+@dataclass(slots=True)
+class _WorkloadTable:
+    """The workloads :func:`assign_workloads` builds, one entry per workload id."""
+
+    names: list[str] = field(default_factory=list)
+    klass: list[int] = field(default_factory=list)
+    """Index into CLASSES, or past it into ``extra_sens`` (a caller's named class)."""
+    theta: list[float] = field(default_factory=list)
+    """True cores per GPU."""
+    extra_sens: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def add_named(
+        self,
+        trace_names: list[str],
+        model: JobModel,
+        seed: int,
+        weights: np.ndarray,
+        named_classes: dict[str, tuple[float, tuple[float, float, float]]],
+    ) -> np.ndarray:
+        """Add the trace's named workloads; the workload id of each trace name index.
+
+        A name in ``named_classes`` gets its θ and sensitivity; any other picks a class by
+        a stable hash of the name."""
+        ids: list[int] = []
+        for name in trace_names:
+            ids.append(len(self.names))
+            self.names.append(name)
+            known = named_classes.get(name)
+            if known is not None:
+                self.klass.append(len(CLASSES) + len(self.extra_sens))
+                self.extra_sens.append(known[1])
+                self.theta.append(float(min(model.max_cores_per_gpu, max(1.0, known[0]))))
+            else:
+                r = np.random.default_rng(_stable_seed(seed, "class", name))
+                k = int(r.choice(len(CLASSES), p=weights))
+                self.klass.append(k)
+                self.theta.append(_jittered(CLASSES[k].cores_per_gpu, name, model, seed))
+        return np.array(ids, dtype=np.int32)
+
+    def add_pool(
+        self, rng: np.random.Generator, n_jobs: int, model: JobModel, seed: int, weights: np.ndarray
+    ) -> np.ndarray:
+        """Add a Zipf-popular pool of synthetic recurring workloads for ``n_jobs`` unnamed
+        GPU jobs; each job's pick, an index into the pool."""
+        pool = max(1, round(model.distinct_workload_fraction * n_jobs))
         ranks = np.arange(1, pool + 1, dtype=float)
         pop = ranks**-model.zipf_exponent
         pop /= pop.sum()
-        picks = rng.choice(pool, size=len(unnamed), p=pop)
+        picks = rng.choice(pool, size=n_jobs, p=pop)
         pool_classes = rng.choice(len(CLASSES), size=pool, p=weights)
-        base = len(names)
         for i in range(pool):
             name = f"w{i:06d}"
-            names.append(name)
+            self.names.append(name)
             k = int(pool_classes[i])
-            klass.append(k)
-            theta.append(jittered(CLASSES[k].cores_per_gpu, name))
-        workload[unnamed] = base + picks.astype(np.int32)
+            self.klass.append(k)
+            self.theta.append(_jittered(CLASSES[k].cores_per_gpu, name, model, seed))
+        return picks
 
-    sens = np.array([c.sensitivity for c in CLASSES] + extra_sens, dtype=float).reshape(-1, 3)
 
-    # What users asked per GPU: the trace's request, or a draw from the assumed mix.
-    user = np.zeros(n, dtype=float)
+def _jittered(base: float, key: str, model: JobModel, seed: int) -> float:
+    """``base`` cores per GPU with the workload's own stable jitter, within 1..max."""
+    r = np.random.default_rng(_stable_seed(seed, key))
+    value = base * math.exp(model.sweet_spot_jitter * float(r.standard_normal()))
+    return float(min(model.max_cores_per_gpu, max(1.0, value)))
+
+
+def _user_cpus_per_gpu(
+    rng: np.random.Generator,
+    gpus: np.ndarray,
+    cpus: np.ndarray,
+    is_gpu: np.ndarray,
+    model: JobModel,
+) -> np.ndarray:
+    """What users asked per GPU: the trace's request, or a draw from the assumed mix."""
+    user = np.zeros(len(gpus), dtype=float)
     known_cpus = is_gpu & (cpus > 0)
     user[known_cpus] = np.maximum(1.0, np.ceil(cpus[known_cpus] / gpus[known_cpus]))
     unknown = np.flatnonzero(is_gpu & ~known_cpus)
@@ -405,9 +450,13 @@ def assign_workloads(
         vals = np.array([v for v, _ in model.user_cpus_per_gpu], dtype=float)
         ps = np.array([p for _, p in model.user_cpus_per_gpu], dtype=float)
         user[unknown] = rng.choice(vals, size=len(unknown), p=ps / ps.sum())
+    return user
 
+
+def _cpu_bw_per_core(rng: np.random.Generator, is_gpu: np.ndarray, model: JobModel) -> np.ndarray:
+    """Memory bandwidth per core of the CPU jobs: memory-bound or compute-bound by draw."""
     cpu_jobs = np.flatnonzero(~is_gpu)
-    bw = np.zeros(n, dtype=float)
+    bw = np.zeros(len(is_gpu), dtype=float)
     if len(cpu_jobs):
         mem_bound = rng.random(len(cpu_jobs)) < model.cpu_mem_bound_fraction
         bw[cpu_jobs] = np.where(
@@ -415,12 +464,4 @@ def assign_workloads(
             model.mem_bound_bw_per_core_bytes_per_s,
             model.compute_bound_bw_per_core_bytes_per_s,
         )
-    return Workloads(
-        workload=workload,
-        names=names,
-        klass=np.array(klass, dtype=np.int16),
-        cores_per_gpu=np.array(theta, dtype=float),
-        sensitivity=sens,
-        user_cpus_per_gpu=user,
-        cpu_bw_per_core=bw,
-    )
+    return bw
