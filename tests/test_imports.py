@@ -25,6 +25,7 @@ PACKAGES = ("slurm_plugin", "coda_node")
 NODE_LAYERS: dict[str, tuple[str, ...]] = {
     "interfaces": (
         "paths",
+        "capability",
         "cpulist",
         "cpu_ids",
         "cgroups",
@@ -41,7 +42,7 @@ NODE_LAYERS: dict[str, tuple[str, ...]] = {
     "policy": ("policy", "observe", "allocator", "contention", "usage"),
     "enforce": ("enforce", "state"),
     "status": ("status", "status_text", "metrics"),
-    "daemon": ("daemon", "adaptive", "cli"),
+    "daemon": ("daemon", "wiring", "recovery", "tick", "view", "adaptive", "cli"),
     "dev tools": ("demo",),
 }
 # The controller: the store's and the model's records are what the decision reads and the
@@ -145,10 +146,6 @@ KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
 KNOWN = {(a, b): why for a, b, why in KNOWN_LIST}
 # Import circles that exist today: (modules, why).
 KNOWN_CIRCLES_LIST: tuple[tuple[frozenset[str], str], ...] = (
-    (
-        frozenset({"coda_node.check", "coda_node.perf"}),
-        "Capability, the probe result perf returns, lives in check.py",
-    ),
 )
 KNOWN_CIRCLES = dict(KNOWN_CIRCLES_LIST)
 
