@@ -6,23 +6,13 @@ with a reason an admin can act on. Probes only read.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from coda_node.capability import Capability
 from coda_node.paths import SystemRoot
 
 if TYPE_CHECKING:
     from coda_node.nvml import Nvml
-
-
-@dataclass(frozen=True, slots=True)
-class Capability:
-    name: str
-    available: bool
-    detail: str
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def _mounts(root: SystemRoot) -> list[tuple[str, str, str, str]]:

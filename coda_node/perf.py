@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
-from coda_node.check import Capability
+from coda_node.capability import Capability
 from coda_node.cpulist import parse_cpulist
 from coda_node.paths import SystemRoot
 
