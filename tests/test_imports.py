@@ -42,7 +42,7 @@ NODE_LAYERS: dict[str, tuple[str, ...]] = {
     "policy": ("policy", "observe", "allocator", "contention", "usage"),
     "enforce": ("enforce", "state"),
     "status": ("status", "status_text", "metrics"),
-    "daemon": ("daemon", "adaptive", "cli"),
+    "daemon": ("daemon", "wiring", "recovery", "tick", "view", "adaptive", "cli"),
     "dev tools": ("demo",),
 }
 # The controller: the store's and the model's records are what the decision reads and the
