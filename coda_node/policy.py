@@ -1,18 +1,55 @@
 """Node policy: a snapshot of the jobs in, the wanted state of each job out. Pure.
 
 No ``os``, no files, no NVML here: the daemon hands in what sampling read, and
-:mod:`coda_node.enforce` makes the cgroups match what this returns. Today the targets
-come from operators' limits (``coda-node limit``); the adaptive allocator and the
-contention eliminator add theirs through the same :class:`JobTarget`.
+:mod:`coda_node.enforce` makes the cgroups match what this returns. The targets come
+from operators' limits (:class:`Limit`, ``coda-node limit``, stored by
+:mod:`coda_node.state`); the adaptive allocator and the contention eliminator add theirs
+through the same :class:`JobTarget`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from coda_node.cpulist import format_cpulist
-from coda_node.state import Limit
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """An operator's limit on one job (``coda-node limit``); None = leave as Slurm set."""
+
+    cores: int | None = None
+    """Keep the job on this many of its allocated cores (cpuset)."""
+    cpus: tuple[int, ...] | None = None
+    """Keep the job on exactly these of its allocated CPUs (cpuset)."""
+    quota_cores: float | None = None
+    """Cap the job's CPU time at this many cores' worth (CFS bandwidth)."""
+    mem_bw_pct: int | None = None
+    """Cap the job's memory bandwidth (Intel RDT MBA, percent of a socket's, or MBps on
+    an mba_MBps mount)."""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "cpus": list(self.cpus) if self.cpus is not None else None,
+            "quota_cores": self.quota_cores,
+            "mem_bw_pct": self.mem_bw_pct,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Limit:
+        cpus = d.get("cpus")
+        return cls(
+            cores=d.get("cores"),
+            cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
+            quota_cores=d.get("quota_cores"),
+            mem_bw_pct=d.get("mem_bw_pct"),
+            reason=str(d.get("reason", "")),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_node.cpulist import parse_cpulist
+from coda_node.policy import Limit
 
 FORMAT = "coda-node-state"
 FORMAT_VERSION = 2
@@ -530,42 +531,6 @@ def write_bytes_atomic(
 
 
 # -- admin limits: what an operator asked for with `coda-node limit` -----------------
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """An operator's limit on one job (``coda-node limit``); None = leave as Slurm set."""
-
-    cores: int | None = None
-    """Keep the job on this many of its allocated cores (cpuset)."""
-    cpus: tuple[int, ...] | None = None
-    """Keep the job on exactly these of its allocated CPUs (cpuset)."""
-    quota_cores: float | None = None
-    """Cap the job's CPU time at this many cores' worth (CFS bandwidth)."""
-    mem_bw_pct: int | None = None
-    """Cap the job's memory bandwidth (Intel RDT MBA, percent of a socket's, or MBps on
-    an mba_MBps mount)."""
-    reason: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "cores": self.cores,
-            "cpus": list(self.cpus) if self.cpus is not None else None,
-            "quota_cores": self.quota_cores,
-            "mem_bw_pct": self.mem_bw_pct,
-            "reason": self.reason,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Limit:
-        cpus = d.get("cpus")
-        return cls(
-            cores=d.get("cores"),
-            cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
-            quota_cores=d.get("quota_cores"),
-            mem_bw_pct=d.get("mem_bw_pct"),
-            reason=str(d.get("reason", "")),
-        )
 
 
 def load_limits(state_dir: Path) -> dict[int, Limit]:

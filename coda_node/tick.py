@@ -17,7 +17,14 @@ from coda_node.cgroups import DETAIL_RANK, CgroupJob, CgroupLayout, Detail
 from coda_node.enforce import JobResult
 from coda_node.nvml import GpuSample
 from coda_node.observe import Progress
-from coda_node.policy import JobFacts, JobTarget, PlanProblem, choose_cpus, plan
+from coda_node.policy import (
+    JobFacts,
+    JobTarget,
+    PlanProblem,
+    choose_cpus,
+    plan,
+    quota_that_caps,
+)
 from coda_node.sampling import JobView, NodeSnapshot
 from coda_node.state import JobChanges, Limit
 from coda_node.usage import UsageTick
@@ -119,11 +126,8 @@ def decide(
             targets[job_id] = JobTarget(cpus=cpus, reason=f"probe: {cores} cores")
     for job_id, th in out.throttles.items():
         if job_id in facts and job_id not in targets:
-            quota = th.quota_cores
-            if quota is not None and quota >= len(facts[job_id].allocated_cpus):
-                quota = None
             targets[job_id] = JobTarget(
-                quota_cores=quota,
+                quota_cores=quota_that_caps(th.quota_cores, len(facts[job_id].allocated_cpus)),
                 mem_bw_pct=th.mem_bw_pct,
                 reason=th.reason,
                 l3_ways=th.l3_ways,

@@ -1,6 +1,6 @@
 """Usage records: what a workload did with its GPUs, per GPU model (profile format v2).
 
-A leaf module (stdlib only) so that both :mod:`slurm_plugin.policy` (the hook's
+A leaf module (stdlib only) so that both :mod:`slurm_plugin.request` (the hook's
 ``ProfileView``) and :mod:`slurm_plugin.store` (the file format) can import it without a
 cycle; :mod:`slurm_plugin.store` re-exports :class:`UsageRecord`.
 

@@ -121,11 +121,6 @@ IMPURE_IMPORTS = {
 # Each break of a rule above that exists today: (importer, imported, why). Full module names.
 KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
     (
-        "coda_node.policy",
-        "coda_node.state",
-        "Limit, the admins' limit record, lives in state.py beside the file that stores it",
-    ),
-    (
         "coda_node.slurmjobs",
         "slurm_plugin.policy",
         "the hook's admin_comment record format (ADMIN_PREFIX, parse_admin_record) lives in "
