@@ -895,7 +895,6 @@ class Eliminator:
         stepped: set[int],
         out: ContentionOutput,
     ) -> None:
-        p = self.params
         # Unproven jobs go first, whole and one at a time, so that the judgement of each
         # (_judge_return) sees its effect alone.
         returning = any(t.return_slowdown is not None for t in self.throttled.values())
@@ -904,97 +903,127 @@ class Eliminator:
             if t.level == 0 or job_id in stepped or returning or (unproven and not t.unproven):
                 continue
             c = cpu[job_id]
-            if not self._quiet(c, t):
-                t.quiet_since_s = None
-            elif t.quiet_since_s is None:
-                t.quiet_since_s = now_s
-            quiet = t.quiet_since_s is not None and now_s - t.quiet_since_s >= p.release_hold_s
-            if quiet:
-                # The job went quiet: nothing to shield from; release at the base pace.
-                hold_s = p.release_hold_s
-            else:
-                hold_s = p.release_hold_s * t.backoff
-                # An unproven job is given back as soon as no DNN job beside it is past
-                # the trigger: it is more likely innocent than not.
-                enough = p.release_slowdown
-                if t.unproven:
-                    hold_s, enough = p.step_s, p.trigger_slowdown
-                needed = False
-                for d in dnn.values():
-                    v = self.victims.get(d.job_id)
-                    if not (d.sockets & c.sockets) or v is None or v.slowdown is None:
-                        continue
-                    if v.slowdown > enough:
-                        needed = True
-                if needed:
-                    continue
+            hold = self._release_hold(now_s, t, c, dnn)
+            if hold is None:
+                continue
+            hold_s, quiet = hold
             if now_s - t.last_change_s < hold_s:
                 continue
             if t.unproven:
-                v = self.victims.get(t.for_job) if t.for_job is not None else None
-                kept = throttle_share(self._throttle(t), c.allocated_cores)
-                cores = c.allocated_cores * (1.0 - kept)
-                self._release_all(
-                    now_s,
-                    job_id,
-                    t,
-                    "holding it back showed no effect on a DNN job still slowed; given back "
-                    "whole to see whether that slows it",
-                    out,
-                )
-                t.unproven = False
-                if v is not None and v.slowdown is not None:
-                    t.return_slowdown, t.return_cores, t.test_ticks = v.slowdown, cores, 0
+                self._give_back_unproven(now_s, job_id, t, c, out)
                 returning = True
                 continue
-            # The reverse of the ladder: quota first, then L3 ways, then MBA.
-            released = "quota" if t.quota_step else "l3" if t.l3_step else "mba"
-            if released == "quota":
-                t.quota_step -= 1
-                t.quota_cores = (
-                    self._quota_at(t.quota_step, c.allocated_cores) if t.quota_step else None
-                )
-            elif released == "l3":
-                t.l3_step -= 1
-                t.l3_ways = self._l3_at(t.l3_step) if t.l3_step else None
-            else:
-                t.mba_step -= 1
-                t.mba_pct = self._mba_at(t.mba_step) if t.mba_step else None
-            t.last_change_s = now_s
-            t.released_s = now_s
-            if t.level == 0:
-                what = "released"
-            elif released == "l3":
-                what = (
-                    f"L3 limit raised to {t.l3_ways} of {self.l3_ways} ways"
-                    if t.l3_ways is not None
-                    else f"L3 limit lifted (all {self.l3_ways} ways)"
-                )
-            elif t.quota_cores is not None:
-                what = f"CPU cap raised to {t.quota_cores:g} cores"
-            elif t.l3_ways is not None:
-                what = f"CPU cap lifted (L3 stays at {t.l3_ways} of {self.l3_ways} ways)"
-            else:
-                what = f"memory bandwidth cap raised to MB {t.mba_pct}%"
-            out.events.append(
-                Event(
-                    job_id,
-                    "release" if t.level == 0 else "release-step",
-                    f"{what}: "
-                    + (
-                        f"the job has been quiet for {hold_s:g} s"
-                        if quiet
-                        else f"no DNN job on its socket(s) is more than "
-                        f"{p.release_slowdown:.0%} below its baseline for {hold_s:g} s"
-                    ),
-                    {
-                        "victim": t.for_job,
-                        "level": t.level,
-                        "cpu_rate_cores": cpu[job_id].cpu_rate_cores,
-                    }
-                    | ({"l3_ways": t.l3_ways} if self.l3_ways is not None else {}),
-                )
+            self._release_step(now_s, job_id, t, c, hold_s, quiet, out)
+
+    def _release_hold(
+        self, now_s: float, t: _Throttled, c: CpuJob, dnn: Mapping[int, DnnJob]
+    ) -> tuple[float, bool] | None:
+        """How long ``t`` must have stayed unchanged before its next release step, and
+        whether that is because the job went quiet; None while a DNN job beside it still
+        needs it held back."""
+        p = self.params
+        if not self._quiet(c, t):
+            t.quiet_since_s = None
+        elif t.quiet_since_s is None:
+            t.quiet_since_s = now_s
+        if t.quiet_since_s is not None and now_s - t.quiet_since_s >= p.release_hold_s:
+            # The job went quiet: nothing to shield from; release at the base pace.
+            return p.release_hold_s, True
+        hold_s = p.release_hold_s * t.backoff
+        # An unproven job is given back as soon as no DNN job beside it is past the
+        # trigger: it is more likely innocent than not.
+        enough = p.release_slowdown
+        if t.unproven:
+            hold_s, enough = p.step_s, p.trigger_slowdown
+        for d in dnn.values():
+            v = self.victims.get(d.job_id)
+            if not (d.sockets & c.sockets) or v is None or v.slowdown is None:
+                continue
+            if v.slowdown > enough:
+                return None
+        return hold_s, False
+
+    def _give_back_unproven(
+        self, now_s: float, job_id: int, t: _Throttled, c: CpuJob, out: ContentionOutput
+    ) -> None:
+        """Release an unproven job whole and remember the DNN job's slowdown, so the next
+        ticks judge whether giving it back slowed that job (:meth:`_judge_return`)."""
+        v = self.victims.get(t.for_job) if t.for_job is not None else None
+        kept = throttle_share(self._throttle(t), c.allocated_cores)
+        cores = c.allocated_cores * (1.0 - kept)
+        self._release_all(
+            now_s,
+            job_id,
+            t,
+            "holding it back showed no effect on a DNN job still slowed; given back "
+            "whole to see whether that slows it",
+            out,
+        )
+        t.unproven = False
+        if v is not None and v.slowdown is not None:
+            t.return_slowdown, t.return_cores, t.test_ticks = v.slowdown, cores, 0
+
+    def _release_step(
+        self,
+        now_s: float,
+        job_id: int,
+        t: _Throttled,
+        c: CpuJob,
+        hold_s: float,
+        quiet: bool,
+        out: ContentionOutput,
+    ) -> None:
+        """One step back up the ladder, in reverse: quota first, then L3 ways, then MBA."""
+        p = self.params
+        released = "quota" if t.quota_step else "l3" if t.l3_step else "mba"
+        if released == "quota":
+            t.quota_step -= 1
+            t.quota_cores = (
+                self._quota_at(t.quota_step, c.allocated_cores) if t.quota_step else None
             )
+        elif released == "l3":
+            t.l3_step -= 1
+            t.l3_ways = self._l3_at(t.l3_step) if t.l3_step else None
+        else:
+            t.mba_step -= 1
+            t.mba_pct = self._mba_at(t.mba_step) if t.mba_step else None
+        t.last_change_s = now_s
+        t.released_s = now_s
+        why = (
+            f"the job has been quiet for {hold_s:g} s"
+            if quiet
+            else f"no DNN job on its socket(s) is more than "
+            f"{p.release_slowdown:.0%} below its baseline for {hold_s:g} s"
+        )
+        out.events.append(
+            Event(
+                job_id,
+                "release" if t.level == 0 else "release-step",
+                f"{self._released_what(t, released)}: {why}",
+                {
+                    "victim": t.for_job,
+                    "level": t.level,
+                    "cpu_rate_cores": c.cpu_rate_cores,
+                }
+                | ({"l3_ways": t.l3_ways} if self.l3_ways is not None else {}),
+            )
+        )
+
+    def _released_what(self, t: _Throttled, released: str) -> str:
+        """What a release step left in place, for its event."""
+        if t.level == 0:
+            return "released"
+        if released == "l3":
+            return (
+                f"L3 limit raised to {t.l3_ways} of {self.l3_ways} ways"
+                if t.l3_ways is not None
+                else f"L3 limit lifted (all {self.l3_ways} ways)"
+            )
+        if t.quota_cores is not None:
+            return f"CPU cap raised to {t.quota_cores:g} cores"
+        if t.l3_ways is not None:
+            return f"CPU cap lifted (L3 stays at {t.l3_ways} of {self.l3_ways} ways)"
+        return f"memory bandwidth cap raised to MB {t.mba_pct}%"
 
 
 def throttle_share(t: Throttle | None, allocated_cores: float) -> float:
