@@ -14,7 +14,6 @@ from pathlib import Path
 
 import click
 
-from coda_node.slurmjobs import Runner, SlurmQueryError, make_runner
 from slurm_plugin.cli_common import CliError, conf_option, emit_json
 from slurm_plugin.conf import CodaConfig, ConfigError, load_config
 from slurm_plugin.paths import default_conf_path
@@ -27,6 +26,7 @@ from slurm_plugin.reserve_slurm import (
     revert,
     run_loop,
 )
+from slurm_plugin.slurmjson import Runner, SlurmQueryError, make_runner
 
 
 def _load(conf_path: Path) -> CodaConfig:

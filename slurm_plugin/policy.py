@@ -20,29 +20,8 @@ Actions (:data:`ACTIONS`, a closed set)::
              malformed TRES, or no confident profile and no DefaultCpusPerGpu)
     reject   refuse the submission: a malformed ``coda:`` directive in --comment
 
-Admin record (``Decision.admin_comment``), one token without blanks, < 200 characters::
-
-    coda:sig=<KEY>;cpg=<N>;was=<WAS>;action=<ACTION>;src=<SRC>[;would=<ACTION>];gpn=<N>;nodes=<N>
-
-    sig     signature key (slurm_plugin.signature), e.g. workload:1000:resnet50,
-            script:1000:0123456789abcdef, name:1000:0123456789abcdef
-    cpg     CPUs per GPU CODA chose: written (set/default/raise/lower/replace), suggested
-            (keep/advise); empty when there is none (skip of an unknown workload)
-    was     the user's explicit request before CODA: cpg:<N> (--cpus-per-gpu=N),
-            cpt:<N> (--cpus-per-task=N), empty when none
-    action  Decision.action
-    src     profile (the user's own key), global (workload:*:<NAME>), default
-            (DefaultCpusPerGpu), none (no confident profile)
-    would   only with action=advise: the action enforce mode would have taken
-    gpn     GPUs per node as CODA computed it;  nodes: node count assumed
-
-Placement fields, appended only when the hook changed the job that way::
-
-    pcie    1: PCIe-heavy, one unit of the PcieSpreadGres GRES added per node
-    prefer  the node feature set as --prefer (PreferGpuTypes)
-
-Fields are ``;``-separated ``key=value`` pairs; values never hold ``;``, ``=`` or blanks.
-:func:`parse_admin_record` reads it back (also from inside a longer admin comment).  Jobs
+Admin record (``Decision.admin_comment``): one token, its format in
+:mod:`slurm_plugin.adminrecord`; :func:`parse_admin_record` reads it back.  Jobs
 CODA skips for good (CPU-only, Mode=off, partition filter, coda:off, malformed TRES,
 reject) get no record; an unknown workload's skip does, so node daemons can profile it.
 A CPU-only job routed by ``CpuJobPartitions`` gets no record either (it has no workload
@@ -82,6 +61,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from slurm_plugin import placement
+from slurm_plugin.adminrecord import ADMIN_PREFIX, parse_admin_record
 from slurm_plugin.conf import CodaConfig
 from slurm_plugin.request import (
     INFINITE,
@@ -131,7 +111,6 @@ ACTIONS = frozenset(
 """Every value :attr:`Decision.action` can take (see the module docstring)."""
 
 _WRITING = frozenset({"set", "default", "raise", "lower", "replace"})
-ADMIN_PREFIX = "coda:sig="
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,33 +141,6 @@ class Decision:
     """``(user's CPUs per GPU, written CPUs per GPU)`` when a user's ``--cpus-per-gpu`` is
     rewritten: sbatch from 23.11 on sends ``min_cpus`` = that value x GPUs, which the hook
     scales to the new value (left alone, Slurm refuses a job lowered below it)."""
-
-
-def parse_admin_record(s: str) -> dict[str, str]:
-    """The fields of the admin record in ``s`` (``{"sig": ..., "cpg": ..., ...}``).
-
-    ``s`` may be the record alone or a longer admin comment holding it (the record runs
-    from ``coda:sig=`` to the next blank).  Raises ValueError when there is no record or
-    it is malformed.
-    """
-    start = s.find(ADMIN_PREFIX)
-    if start < 0:
-        raise ValueError("no coda record (coda:sig=...) in the admin comment")
-    end = start
-    while end < len(s) and not s[end].isspace():
-        end += 1
-    fields: dict[str, str] = {}
-    for part in s[start + len("coda:") : end].split(";"):
-        key, eq, value = part.partition("=")
-        if not eq or not key or "=" in value:
-            raise ValueError(f"malformed field {part!r} in coda record")
-        if key in fields:
-            raise ValueError(f"field {key!r} twice in coda record")
-        fields[key] = value
-    for key in ("sig", "cpg", "was", "action", "src"):
-        if key not in fields:
-            raise ValueError(f"coda record lacks {key}=")
-    return fields
 
 
 def predict_cpus_per_gpu(

@@ -37,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_node.slurmjobs import (
+from slurm_plugin.conf import _gres_gpus, expand_hostlist
+from slurm_plugin.reserve import NodeLoad, ReservePlan, plan_partition
+from slurm_plugin.scontrol import scontrol_records
+from slurm_plugin.slurmjson import (
     ACTIVE_STATES,
     Runner,
     SlurmQueryError,
@@ -47,9 +50,6 @@ from coda_node.slurmjobs import (
     job_text,
     query_active_jobs,
 )
-from slurm_plugin.conf import _gres_gpus, expand_hostlist
-from slurm_plugin.reserve import NodeLoad, ReservePlan, plan_partition
-from slurm_plugin.scontrol import scontrol_records
 
 __all__ = [
     "STATE_FORMAT",

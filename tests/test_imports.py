@@ -58,8 +58,10 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
         "paths",
         "munge",
         "scontrol",
+        "adminrecord",
     ),
     "configuration": ("conf", "nodecap"),
+    "slurm queries": ("slurmjson",),
     "store": ("store",),
     "model": ("model", "dropbox"),
     "decision": ("policy", "placement"),
@@ -77,10 +79,19 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
     "dev tools": ("devprocs", "devcluster", "devaccounting", "demo"),
 }
 # What the node may use of the controller: its configuration, the profile store (and the
-# drop directory that feeds it), the model the profiler publishes through, and the CLI
-# plumbing both commands share. The node's dev tools (its half of the demo) may use the
-# controller's dev cluster too.
-NODE_MAY_USE = {"conf", "paths", "store", "dropbox", "model", "cli_common"}
+# drop directory that feeds it), the model the profiler publishes through, the hook's
+# admin record format, Slurm's JSON reader, and the CLI plumbing both commands share. The
+# node's dev tools (its half of the demo) may use the controller's dev cluster too.
+NODE_MAY_USE = {
+    "conf",
+    "paths",
+    "store",
+    "dropbox",
+    "model",
+    "cli_common",
+    "adminrecord",
+    "slurmjson",
+}
 # Of the controller only the simulator and the CLI use the node, and the simulator only its
 # pure policies (it ticks coda-node's own allocator and eliminator).
 CONTROLLER_MAY_USE_NODE = ("sim.*", "cli*")
@@ -98,6 +109,7 @@ PURE = {
         "usage",
         "reserve",
         "scontrol",
+        "adminrecord",
     },
 }
 IMPURE_IMPORTS = {
@@ -120,18 +132,6 @@ IMPURE_IMPORTS = {
 
 # Each break of a rule above that exists today: (importer, imported, why). Full module names.
 KNOWN_LIST: tuple[tuple[str, str, str], ...] = (
-    (
-        "coda_node.slurmjobs",
-        "slurm_plugin.policy",
-        "the hook's admin_comment record format (ADMIN_PREFIX, parse_admin_record) lives in "
-        "the decision module",
-    ),
-    (
-        "slurm_plugin.reserve_slurm",
-        "coda_node.slurmjobs",
-        "reserve reads jobs with the node's squeue --json reader; one Slurm-query module "
-        "for both sides is not built yet",
-    ),
     (
         "slurm_plugin.signature",
         "time",
