@@ -46,7 +46,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "coda-slurm=slurm_plugin.cli:main",
+            "coda-slurm=slurm_plugin.cli.main:main",
             "coda-node=coda_node.cli:main",
         ],
     },

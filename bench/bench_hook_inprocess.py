@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slurm_plugin import hook
-from slurm_plugin.store import Profile, ProfileStore
+from slurm_plugin.hook import submit as hook
+from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests import compiled_hook
 
 

@@ -35,7 +35,7 @@ as on a node, however fast the ticks run here:
    before a change, fsynced; ``tick()`` saves the view, without fsync, and the record only
    if it changed; each file is a JSON encoding, a write and a rename).
 
-Then the per-job memory-bandwidth monitor (``NodeJobMemBw``, coda_node/mbm.py), side by
+Then the per-job memory-bandwidth monitor (``NodeJobMemBw``, coda_node/sampling/mbm.py), side by
 side: two more fixture nodes built alike, each with the fake resctrl mount of
 tests/resctrl_fixtures.py (variant ``full``: MBM, two L3 domains) and every thread in its
 default group, one daemon with ``NodeJobMemBw=no`` and one with ``yes`` (nothing injected,
@@ -51,7 +51,7 @@ hardware each ``mon_L3_*`` counter read also makes the kernel read the counter M
 of that domain (an IPI when it is not the reading CPU); that cost is not in these numbers.
 
 Then the resident memory of this process (which also holds the fixture, pynvml and psutil)
-and, for comparison, of a fresh ``python -c "import coda_node.daemon"``.
+and, for comparison, of a fresh ``python -c "import coda_node.daemon.service"``.
 Targets: < 5 ms CPU per tick, < 60 MB resident.
 """
 
@@ -76,13 +76,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 
-from coda_node.daemon import Daemon, TickReport
-from coda_node.enforce import VERIFY_EVERY_TICKS
-from coda_node.mbm import mon_group_name
-from coda_node.nvml import Nvml
-from coda_node.policy import JobFacts, plan
-from coda_node.state import LIMITS_SETTLED_S, Limit
-from slurm_plugin.conf import load_config
+from coda_node.daemon.service import Daemon, TickReport
+from coda_node.enforce.enforcer import VERIFY_EVERY_TICKS
+from coda_node.enforce.state import LIMITS_SETTLED_S, Limit
+from coda_node.policy.targets import JobFacts, plan
+from coda_node.sampling.mbm import mon_group_name
+from coda_node.system.nvml import Nvml
+from slurm_plugin.config.codaconf import load_config
 from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node, mknod_reason
 from tests.test_daemon_loop_fixture import mount_resctrl
@@ -253,8 +253,8 @@ def _breakdown_ms(daemon: Daemon, ticks: int, clock: _Clock) -> tuple[dict[str, 
 
 
 def _fresh_import_rss_mb() -> float:
-    """Resident memory of a new interpreter that has imported coda_node.daemon."""
-    code = "import sys, coda_node.daemon; print('ready', flush=True); sys.stdin.read()"
+    """Resident memory of a new interpreter that has imported coda_node.daemon.service."""
+    code = "import sys, coda_node.daemon.service; print('ready', flush=True); sys.stdin.read()"
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -734,7 +734,7 @@ def main() -> int:
     verdict = "ok" if rss_mbm_mb < TARGET_RSS_MB else "OVER"
     after = "... after the monitor comparison (3 nodes)"
     print(f"{after:<44} {rss_mbm_mb:>7.1f}  <{TARGET_RSS_MB:g} {verdict}")
-    fresh = "fresh python -c 'import coda_node.daemon'"
+    fresh = "fresh python -c 'import coda_node.daemon.service'"
     print(f"{fresh:<44} {fresh_mb:>7.1f}")
     if not measured:
         print("bench_node_tick: the monitor did not measure every CPU job", file=sys.stderr)

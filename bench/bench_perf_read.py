@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coda_node import perf
-from coda_node.paths import SystemRoot
+from coda_node.system import perf
+from coda_node.system.paths import SystemRoot
 
 N_MANY = 8
 

@@ -3,7 +3,7 @@
 Run as root: ``.venv/bin/python bench/bench_submit.py [--jobs 200] [--parallel 16]
 [--profiles 10000] [--unique] [--out results.json]``
 
-Four private one-node clusters (:class:`slurm_plugin.devcluster.DevCluster`) run side by
+Four private one-node clusters (:class:`slurm_plugin.devtools.cluster.DevCluster`) run side by
 side, identical except for ``JobSubmitPlugins`` (and coda.conf's ``HookFastPath``):
 
 * ``none``: no job_submit plugin;
@@ -65,9 +65,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_plugin.conf import load_config
-from slurm_plugin.devcluster import DevCluster, DevClusterError, parse_scontrol_line
-from slurm_plugin.store import Profile, ProfileStore, Sample
+from slurm_plugin.config.codaconf import load_config
+from slurm_plugin.devtools.cluster import DevCluster, DevClusterError, parse_scontrol_line
+from slurm_plugin.store.profiles import Profile, ProfileStore, Sample
 
 CONFIGS = ("none", "lua", "coda", "coda-b")
 PLUGINS = {"none": "", "lua": "lua", "coda": "coda", "coda-b": "coda"}

@@ -15,14 +15,21 @@ from typing import Any
 import click
 
 from coda_node import __version__
-from coda_node.check import probe_all
-from coda_node.paths import SystemRoot
-from coda_node.state import STATE_FILE, VIEW_FILE, Limit, StateError, load_limits, save_limits
-from coda_node.status import load_status
-from coda_node.status_text import render
-from slurm_plugin.cli_common import CliError, conf_option, emit_json, run_cli
-from slurm_plugin.conf import CodaConfig, ConfigError, load_config
-from slurm_plugin.paths import default_conf_path
+from coda_node.enforce.state import (
+    STATE_FILE,
+    VIEW_FILE,
+    Limit,
+    StateError,
+    load_limits,
+    save_limits,
+)
+from coda_node.status.document import load_status
+from coda_node.status.text import render
+from coda_node.system.check import probe_all
+from coda_node.system.paths import SystemRoot
+from slurm_plugin.cli.common import CliError, conf_option, emit_json, run_cli
+from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
+from slurm_plugin.config.paths import default_conf_path
 
 WATCH_DEFAULT_S = 2.0
 TERMINAL_FALLBACK = (160, 50)
@@ -107,7 +114,7 @@ def run(conf_path: Path | None, root: Path | None, once: bool, verbose: bool) ->
 
     SIGTERM or SIGINT puts every job back as Slurm set it, then exits.
     """
-    from coda_node.daemon import Daemon, default_state_dir_ok, install_signal_handlers
+    from coda_node.daemon.service import Daemon, default_state_dir_ok, install_signal_handlers
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -142,7 +149,7 @@ def restore(conf_path: Path | None) -> None:
 
     The systemd unit runs this after the daemon stops for any reason.
     """
-    from coda_node.daemon import Daemon, default_state_dir_ok
+    from coda_node.daemon.service import Daemon, default_state_dir_ok
 
     logging.basicConfig(level=logging.INFO, format="coda-node: %(message)s")
     cfg = load_node_config(conf_path)
@@ -211,7 +218,7 @@ def limit(
     Limits stay within the job's Slurm allocation and are undone by `coda-node release`,
     when the job ends, or when the daemon stops.
     """
-    from coda_node.cgroups import parse_cpulist
+    from coda_node.system.cgroups import parse_cpulist
 
     if cores is not None and cpu_list is not None:
         raise CliError("give --cores or --cpus, not both")

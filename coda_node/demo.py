@@ -12,12 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from coda_node.daemon import Daemon
-from coda_node.state import Limit, save_limits
-from coda_node.status import load_status
-from coda_node.status_text import render
-from slurm_plugin.conf import load_config
-from slurm_plugin.devcluster import DevCluster
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.state import Limit, save_limits
+from coda_node.status.document import load_status
+from coda_node.status.text import render
+from slurm_plugin.config.codaconf import load_config
+from slurm_plugin.devtools.cluster import DevCluster
 
 
 def _cgroup_v1_missing() -> str | None:

@@ -6,7 +6,7 @@ setup.py names this in ``cffi_modules``; it can also be built by hand::
 
 API mode, out of line: cffi compiles ``csrc/perf_event.c`` into an ordinary
 extension module. The C side only makes syscalls and returns raw numbers or
-``-errno``; everything else is in ``coda_node/perf.py``.
+``-errno``; everything else is in ``coda_node/system/perf.py``.
 """
 
 from __future__ import annotations

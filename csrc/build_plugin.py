@@ -6,7 +6,7 @@ setup.py names this in ``cffi_modules``; it can also be run by hand::
 
 The module is built in cffi's *embedding* mode: the shared object starts its own
 interpreter (the Python this script runs on, e.g. Debian's libpython3.11) inside slurmctld
-and runs ``slurm_plugin.hook``.  Only the fields of ``job_desc_msg_t`` the hook reads or
+and runs ``slurm_plugin.hook.submit``.  Only the fields of ``job_desc_msg_t`` the hook reads or
 writes are declared; the ``...;`` lets cffi take their offsets from Slurm's own
 ``slurm/slurm.h`` at compile time, so the build follows the Slurm headers installed, and
 a field that moved is a compile error, never a wrong offset.
@@ -156,7 +156,7 @@ int coda_py_modify(job_desc_msg_t *job_desc, uint32_t submit_uid, char **err_msg
 # coda_start() in job_submit_coda.c.
 EMBEDDING_INIT_CODE = r"""
 from slurm_plugin._job_submit import ffi, lib
-from slurm_plugin import hook as _hook
+from slurm_plugin.hook import submit as _hook
 
 _hook.bind(ffi, lib)
 

@@ -11,7 +11,7 @@
  *   - the replay table: a job whose decision fields match one Python already
  *     decided, under the same coda.conf and profile snapshot, is answered here
  *     without entering Python (see "replay" below).
- * Every decision is made in slurm_plugin/hook.py.
+ * Every decision is made in slurm_plugin/hook/submit.py.
  *
  * Failure policy: nothing in here may stop slurmctld from scheduling.  If Python
  * cannot start, init() logs why at error level and still returns SLURM_SUCCESS;
@@ -46,7 +46,7 @@ const char plugin_type[] = "job_submit/coda";
  * SLURM_VERSION_NUMBER of the headers we are built against. */
 const uint32_t plugin_version = SLURM_VERSION_NUMBER;
 
-/* 1 once Python is running and slurm_plugin.hook is loaded. */
+/* 1 once Python is running and slurm_plugin.hook.submit is loaded. */
 static int coda_active = 0;
 
 #define CODA_LOG_ERROR 0
@@ -803,7 +803,7 @@ extern int job_modify(job_desc_msg_t *job_desc, void *job_ptr,
  *    them), add the site directories the package was installed into, and
  *    capture sys.stderr so that cffi's start-up errors reach slurmctld's log
  *    instead of a stderr nobody reads.
- * 3. Let cffi run the embedding init code (imports slurm_plugin.hook) and call
+ * 3. Let cffi run the embedding init code (imports slurm_plugin.hook.submit) and call
  *    the hook's own init, which loads coda.conf and the profile store.
  */
 static int coda_start(void)

@@ -3,7 +3,7 @@
  *
  * This file only makes syscalls and returns raw numbers or -errno, as psutil's
  * _psutil_linux.c does; PMU discovery, event encoding, unit scaling and the
- * multiplexing / wrap arithmetic live in coda_node/perf.py.
+ * multiplexing / wrap arithmetic live in coda_node/system/perf.py.
  *
  * Every counter is opened with
  *   read_format = PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING

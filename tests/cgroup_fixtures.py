@@ -16,8 +16,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coda_node.cgroups import format_cpulist, parse_cpulist
-from coda_node.paths import SystemRoot
+from coda_node.system.cgroups import format_cpulist, parse_cpulist
+from coda_node.system.paths import SystemRoot
 
 CGROUP = "sys/fs/cgroup"
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin import hook
+from slurm_plugin.hook import submit as hook
 
 STANDIN_C = r"""
 #include <stdarg.h>

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.devtools.cluster import DevCluster
 
 SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 
@@ -89,7 +89,7 @@ def ctld_log(cluster: DevCluster) -> LogWatch:
 def gres(text: str) -> str:
     """``text`` (written as Slurm 22.05 spells TRES: ``gres:gpu:6``) as this host's Slurm
     spells it: ``gres/gpu:6`` from 23.11 on."""
-    from slurm_plugin.sbatchopts import local_gres_separator
+    from slurm_plugin.cli.sbatchopts import local_gres_separator
 
     if local_gres_separator() == ":":
         return text

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_plugin.devcluster import DevClusterError, slurm_version
+from slurm_plugin.devtools.cluster import DevClusterError, slurm_version
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_ROOT = REPO / "tests" / "slurm-root"

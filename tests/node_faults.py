@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coda_node.cpulist import format_cpulist, parse_cpulist
-from coda_node.state import STATE_FILE, Limit, save_limits
-from slurm_plugin.devcluster import NODE_NAME, DevCluster
+from coda_node.enforce.state import STATE_FILE, Limit, save_limits
+from coda_node.system.cpulist import format_cpulist, parse_cpulist
+from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 CODA_CPU = Path("/sys/fs/cgroup/cpu/coda")

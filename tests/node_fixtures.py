@@ -1,6 +1,7 @@
 """A whole GPU node for the daemon: cgroups, /proc, /dev/nvidia*, Slurm configs, scontrol, NVML.
 
-:func:`build_node` lays out, under one fixture root, everything :class:`coda_node.daemon.Daemon`
+:func:`build_node` lays out, under one fixture root, everything
+:class:`coda_node.daemon.service.Daemon`
 reads on a node like Slurm 22.05 sets it up (``proctrack/cgroup``, ``task/cgroup,task/affinity``,
 ``jobacct_gather/cgroup``), and gives the doubles it talks to:
 
@@ -9,7 +10,7 @@ reads on a node like Slurm 22.05 sets it up (``proctrack/cgroup``, ``task/cgroup
   controller enabled down to every job) with steps ``extern``, ``batch`` and ``0`` (two
   tasks); the jobs' threads in ``/proc``; ``/dev/nvidia0..N`` as real character devices (major 195);
 - ``<tmp>/etc``: ``slurm.conf``, ``gres.conf`` and ``coda.conf`` (read with
-  :func:`slurm_plugin.conf.load_config`); ``<tmp>/state``: the daemon's state directory;
+  :func:`slurm_plugin.config.codaconf.load_config`); ``<tmp>/state``: the daemon's state directory;
 - :class:`FakeSlurm`: answers ``squeue --json``, ``squeue -w`` and ``sinfo --json`` like
   Slurm 22.05 does, and counts the calls;
 - a :class:`~tests.nvml_double.FakeNvml` whose NVML index order (PCI order) is not the order
@@ -26,7 +27,7 @@ load). Thread ids start above PID_MAX_LIMIT (4194304), so no id names a real thr
 a writer without the fake affinity hooks reached sched_setaffinity(2).
 
 gres.conf says ``File=/dev/nvidia[0-N]``, the path a production node has: NodeRoot re-roots
-it like every other system path (:func:`coda_node.slurmjobs.gres_gpu_devices`).
+it like every other system path (:func:`coda_node.system.slurmjobs.gres_gpu_devices`).
 """
 
 from __future__ import annotations
@@ -42,18 +43,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from coda_node.cgroups import (
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.state import STATE_FILE, VIEW_FILE, Limit, save_limits
+from coda_node.system.cgroups import (
     CgroupLayout,
     CpuQuotaWriter,
     CpusetWriter,
     format_cpulist,
     parse_cpulist,
 )
-from coda_node.daemon import Daemon
-from coda_node.nvml import Nvml
-from coda_node.slurmjobs import SlurmQueryError
-from coda_node.state import STATE_FILE, VIEW_FILE, Limit, save_limits
-from slurm_plugin.conf import CodaConfig, load_config
+from coda_node.system.nvml import Nvml
+from coda_node.system.slurmjobs import SlurmQueryError
+from slurm_plugin.config.codaconf import CodaConfig, load_config
 from tests.cgroup_fixtures import (
     CGROUP,
     MOUNTS_V1_DEBIAN,
@@ -192,7 +193,7 @@ def squeue_record(job: FakeJob, cores_per_socket: int, node_name: str = NODE_NAM
 
 
 class FakeSlurm:
-    """The Slurm client commands coda-node runs (a :data:`coda_node.slurmjobs.Runner`), as
+    """The Slurm client commands coda-node runs (a :data:`coda_node.system.slurmjobs.Runner`), as
     Slurm 22.05 answers them: ``squeue --json`` prints every job whatever ``--jobs`` says,
     ``scontrol`` has no ``--json`` and ``sinfo --json`` gives the node's layout.
 

@@ -1,4 +1,4 @@
-"""An NVML double with pynvml's surface, for hardware-free tests of coda_node.nvml.
+"""An NVML double with pynvml's surface, for hardware-free tests of coda_node.system.nvml.
 
 :class:`FakeNvml` instances look like the ``pynvml`` module: the same function names and
 parameter lists, the real ``pynvml.NVMLError`` (so ``NVMLError(code)`` gives the same
@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-# Every function coda_node.nvml may call; test_nvml checks each against pynvml's signature.
+# Every function coda_node.system.nvml may call; test_nvml checks each against pynvml's signature.
 FUNCTIONS = (
     "nvmlInit",
     "nvmlShutdown",

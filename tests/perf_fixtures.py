@@ -1,4 +1,4 @@
-"""sysfs/procfs trees for coda_node.perf, laid out like the kernel's.
+"""sysfs/procfs trees for coda_node.system.perf, laid out like the kernel's.
 
 The kernel puts each PMU at ``/sys/devices/<pmu>`` and links it from
 ``/sys/bus/event_source/devices/<pmu> -> ../../../devices/<pmu>``; a PMU directory has
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coda_node.paths import SystemRoot
+from coda_node.system.paths import SystemRoot
 
 SKX_SOCKETS = 2
 SKX_CORES_PER_SOCKET = 28

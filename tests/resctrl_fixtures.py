@@ -28,8 +28,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda_node.paths import SystemRoot
-from coda_node.resctrl import MBA_MAX_MBPS, ResctrlControl, ResctrlInfo, discover
+from coda_node.system.paths import SystemRoot
+from coda_node.system.resctrl import MBA_MAX_MBPS, ResctrlControl, ResctrlInfo, discover
 
 VARIANTS = ("full", "nomb", "nombm", "mba_mbps", "cat_only", "cdp", "unmounted")
 

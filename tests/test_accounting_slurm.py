@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devaccounting import DevAccounting, missing_tools
-from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.jobreport import parse_duration_s
-from slurm_plugin.policy import parse_admin_record
+from slurm_plugin.cli.jobreport import parse_duration_s
+from slurm_plugin.decision.decide import parse_admin_record
+from slurm_plugin.devtools.accounting import DevAccounting, missing_tools
+from slurm_plugin.devtools.cluster import DevCluster
 from slurm_plugin.sim.traces import SACCT_COMMAND, load_trace
 from tests.conftest import require_slurm, started
 from tests.test_node_slurm import _cgroup_v1_reason, _wait
 
 pytestmark = pytest.mark.slurm
 
-CODA_SLURM = [sys.executable, "-m", "slurm_plugin.cli"]
+CODA_SLURM = [sys.executable, "-m", "slurm_plugin.cli.main"]
 DEFAULT_CPG = 3
 HOSTILE_NAME = "evil|name\nline2|\udcffend"
 """A name with the delimiter, a line break and a byte that is not UTF-8 (sbatch gets the raw

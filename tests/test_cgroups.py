@@ -1,4 +1,5 @@
-"""coda_node.cgroups against fixture trees laid out like Slurm's, plus one real v1 cpuset test."""
+"""coda_node.system.cgroups against fixture trees laid out like Slurm's, plus one real v1
+cpuset test."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node import cgroups
-from coda_node.cgroups import (
+from coda_node.system import cgroups
+from coda_node.system.cgroups import (
     CgroupJob,
     CgroupLayout,
     CgroupStep,
@@ -28,7 +29,7 @@ from coda_node.cgroups import (
     list_jobs,
     parse_cpulist,
 )
-from coda_node.paths import SystemRoot
+from coda_node.system.paths import SystemRoot
 from tests.cgroup_fixtures import (
     V2_SCOPE,
     CgroupFixture,

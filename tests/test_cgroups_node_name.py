@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coda_node.cgroups import discover_layout, list_jobs
+from coda_node.system.cgroups import discover_layout, list_jobs
 from tests.cgroup_fixtures import (
     CGROUP,
     build_v1_debian,

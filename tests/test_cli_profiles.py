@@ -1,4 +1,4 @@
-"""End-to-end tests of ``coda-slurm profiles`` (slurm_plugin.cli_profiles) in tmp dirs."""
+"""End-to-end tests of ``coda-slurm profiles`` (slurm_plugin.cli.profiles) in tmp dirs."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 import pytest
 from click.testing import CliRunner
 
-from slurm_plugin import cli_profiles
-from slurm_plugin.cli_common import CliError, run_cli
-from slurm_plugin.cli_profiles import profiles, read_profile_store_key, resolve_store
-from slurm_plugin.store import Profile, ProfileStore, Sample, profile_stem
+from slurm_plugin.cli import profiles as cli_profiles
+from slurm_plugin.cli.common import CliError, run_cli
+from slurm_plugin.cli.profiles import profiles, read_profile_store_key, resolve_store
+from slurm_plugin.store.profiles import Profile, ProfileStore, Sample, profile_stem
 
 
 class Result(NamedTuple):

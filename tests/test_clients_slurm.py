@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.devcluster import DevCluster, parse_scontrol_line
-from slurm_plugin.policy import parse_admin_record
+from slurm_plugin.decision.decide import parse_admin_record
+from slurm_plugin.devtools.cluster import DevCluster, parse_scontrol_line
 from tests.conftest import LogWatch, gres
 from tests.test_submit_slurm import coda_conf, put_profile, set_conf, wait_for_reload
 

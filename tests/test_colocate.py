@@ -1,4 +1,4 @@
-"""GPU sharing prediction (slurm_plugin.colocate) and ``coda-slurm colocate``."""
+"""GPU sharing prediction (slurm_plugin.decision.colocate) and ``coda-slurm colocate``."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Any, NamedTuple
 import pytest
 from click.testing import CliRunner
 
-from slurm_plugin.cli_colocate import colocate_cmd
-from slurm_plugin.cli_common import run_cli
-from slurm_plugin.colocate import (
+from slurm_plugin.cli.colocate import colocate_cmd
+from slurm_plugin.cli.common import run_cli
+from slurm_plugin.decision.colocate import (
     ShareCandidate,
     judge_pairs,
     predict_speedup,
     shareable_workloads,
 )
-from slurm_plugin.store import Profile, ProfileStore, UsageRecord
+from slurm_plugin.store.profiles import Profile, ProfileStore, UsageRecord
 
 THESIS_CSV = Path(__file__).parent / "data" / "colocate_thesis.csv"
 

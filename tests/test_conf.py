@@ -1,4 +1,4 @@
-"""coda.conf parsing and slurm.conf node shapes (slurm_plugin.conf)."""
+"""coda.conf parsing and slurm.conf node shapes (slurm_plugin.config.codaconf)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.conf import (
+from slurm_plugin.config.codaconf import (
     CONFIG_KEYS,
     CodaConfig,
     ConfigError,
@@ -17,7 +17,7 @@ from slurm_plugin.conf import (
     parse_config,
     read_slurm_nodes,
 )
-from slurm_plugin.nodecap import NodeCap, max_cpus_per_gpu_on_any_node
+from slurm_plugin.config.nodecap import NodeCap, max_cpus_per_gpu_on_any_node
 
 # ------------------------------------------------------------------------- coda.conf
 

@@ -1,4 +1,4 @@
-"""coda_node.contention: throttling CPU jobs that slow a DNN job on the same socket.
+"""coda_node.policy.contention: throttling CPU jobs that slow a DNN job on the same socket.
 
 Scripted tick sequences (1-s ticks, time passed in). Where the outcome depends on what the
 throttle does, the CPU job's draw follows (or ignores) its cap and the DNN job's rate
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from coda_node.allocator import Event
-from coda_node.contention import (
+from coda_node.policy.allocator import Event
+from coda_node.policy.contention import (
     ContentionOutput,
     ContentionParams,
     CpuJob,
@@ -24,8 +24,8 @@ from coda_node.contention import (
     _tighter,
     params_from_config,
 )
-from coda_node.observe import Progress
-from slurm_plugin.conf import parse_config
+from coda_node.policy.observe import Progress
+from slurm_plugin.config.codaconf import parse_config
 
 DNN, HOG, HOG2 = 1, 2, 3
 GB = 1e9

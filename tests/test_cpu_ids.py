@@ -1,4 +1,4 @@
-"""Slurm's CPU ids read as the kernel's CPU numbers (coda_node/cpu_ids.py), on sysfs trees
+"""Slurm's CPU ids read as the kernel's CPU numbers (coda_node/system/cpu_ids.py), on sysfs trees
 laid out as the kernel lays them out on each kind of node."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.cpu_ids import SlurmCpuIds
-from coda_node.paths import SystemRoot
+from coda_node.system.cpu_ids import SlurmCpuIds
+from coda_node.system.paths import SystemRoot
 
 
 def _sysfs(root: Path, cpus: dict[int, tuple[int, int]]) -> SystemRoot:

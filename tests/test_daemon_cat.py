@@ -17,10 +17,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from coda_node.daemon import TickReport
-from coda_node.resctrl import parse_schemata
-from coda_node.status import load_status
-from coda_node.status_text import render
+from coda_node.daemon.service import TickReport
+from coda_node.status.document import load_status
+from coda_node.status.text import render
+from coda_node.system.resctrl import parse_schemata
 from tests import resctrl_fixtures
 from tests.test_daemon_loop_fixture import CPU, CPU_CORES, DNN, R0, Sim, mount_resctrl
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from coda_node.enforce import VERIFY_EVERY_TICKS
-from coda_node.state import FORMAT_VERSION, Limit, StateError
+from coda_node.enforce.enforcer import VERIFY_EVERY_TICKS
+from coda_node.enforce.state import FORMAT_VERSION, Limit, StateError
 from tests.node_fixtures import FakeNode, build_node
 
 # Job 5001 is a GPU job on CPUs 0-1,32 holding Slurm's GPUs 0 and 1; step 0's task_0 is

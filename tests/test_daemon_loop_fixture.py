@@ -1,6 +1,6 @@
 """The daemon's closed loop on a fixture node: sample, decide, enforce, and the jobs react.
 
-Each test drives :meth:`coda_node.daemon.Daemon.tick` with a fake monotonic clock advanced
+Each test drives :meth:`coda_node.daemon.service.Daemon.tick` with a fake monotonic clock advanced
 1 s per tick (no sleeping). Between ticks the modelled jobs react to what the daemon
 enforced, read back from the fixture files the daemon wrote: a CPU job's memory bandwidth
 follows the MB value of the resctrl group its threads are in and the CPU quota of its
@@ -29,15 +29,15 @@ import numpy as np
 import pynvml
 import pytest
 
-from coda_node.cgroups import format_cpulist, parse_cpulist
-from coda_node.daemon import MAX_EVENTS, Daemon, TickReport
-from coda_node.nvml import Nvml
-from coda_node.resctrl import parse_schemata
-from coda_node.state import Limit
-from coda_node.status import event_action
-from slurm_plugin.conf import load_config
-from slurm_plugin.curves import cores_for_fraction, throughput_curve
-from slurm_plugin.store import ProfileStore
+from coda_node.daemon.service import MAX_EVENTS, Daemon, TickReport
+from coda_node.enforce.state import Limit
+from coda_node.status.document import event_action
+from coda_node.system.cgroups import format_cpulist, parse_cpulist
+from coda_node.system.nvml import Nvml
+from coda_node.system.resctrl import parse_schemata
+from slurm_plugin.config.codaconf import load_config
+from slurm_plugin.model.curves import cores_for_fraction, throughput_curve
+from slurm_plugin.store.profiles import ProfileStore
 from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node
 

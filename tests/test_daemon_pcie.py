@@ -21,11 +21,11 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from coda_node import perf
 from coda_node.cli import cli
-from coda_node.daemon import Daemon
-from coda_node.metrics import StatusCollector
-from coda_node.perf import CounterReading, EventSpec, PerfError, PlannedCounter
+from coda_node.daemon.service import Daemon
+from coda_node.status.metrics import StatusCollector
+from coda_node.system import perf
+from coda_node.system.perf import CounterReading, EventSpec, PerfError, PlannedCounter
 from tests.node_fixtures import FakeNode, build_node
 from tests.perf_fixtures import make_skx_tree
 from tests.test_perf import Clock, FakeBackend

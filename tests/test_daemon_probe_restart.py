@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.allocator import ProbeRecord
+from coda_node.policy.allocator import ProbeRecord
 from tests.test_daemon_loop_fixture import DNN, Sim, _curve_rate
 
 ALLOCATION = 48  # job 5001's CPUs

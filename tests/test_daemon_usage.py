@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.state import Limit
-from slurm_plugin.store import Profile
+from coda_node.enforce.state import Limit
+from slurm_plugin.store.profiles import Profile
 from tests import test_daemon_loop_fixture as loopfix
 from tests.test_daemon_loop_fixture import DNN, Sim
 

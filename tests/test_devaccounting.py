@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin import devaccounting
-from slurm_plugin.devaccounting import AccountingError, DevAccounting
+from slurm_plugin.devtools import accounting as devaccounting
+from slurm_plugin.devtools.accounting import AccountingError, DevAccounting
 
 
 def _acct(tmp_path: Path) -> DevAccounting:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import (
+from slurm_plugin.devtools.cluster import (
     DevClusterError,
     parse_slurm_version,
     plugin_dir_candidates,

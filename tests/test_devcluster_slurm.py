@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import CGROUP_SLOT, DevCluster
+from slurm_plugin.devtools.cluster import CGROUP_SLOT, DevCluster
 from tests.conftest import require_slurm
 from tests.test_node_slurm import _cgroup_v1_reason, _wait
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parent.parent
-DEV_CLUSTER = [sys.executable, "-m", "slurm_plugin.devcluster"]
+DEV_CLUSTER = [sys.executable, "-m", "slurm_plugin.devtools.cluster"]
 CODA_NODE = [sys.executable, "-m", "coda_node.cli"]
 
 # A job whose script, its child and a grandchild that left the script's process group all

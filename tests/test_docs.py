@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_plugin.conf import CONFIG_KEYS, parse_config
+from slurm_plugin.config.codaconf import CONFIG_KEYS, parse_config
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -33,7 +33,7 @@ def test_every_documented_simulate_command_is_valid_for_todays_cli() -> None:
     import shlex
     import sys
 
-    from slurm_plugin import cli_simulate as cs
+    from slurm_plugin.cli import simulate as cs
     from slurm_plugin.sim.workloads import JobModel
 
     path = DOCS.parent / "bench" / "check_evaluation.py"

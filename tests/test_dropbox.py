@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin import dropbox, munge
-from slurm_plugin.dropbox import (
+from slurm_plugin.store import dropbox, munge
+from slurm_plugin.store.dropbox import (
     MAX_DROP_FILE_BYTES,
     Collector,
     Drop,
     DropError,
     HostFilter,
 )
-from slurm_plugin.store import ProfileStore, Sample
+from slurm_plugin.store.profiles import ProfileStore, Sample
 
 NOW_S = 1_800_000_000.0
 SIG = "workload:1000:train"

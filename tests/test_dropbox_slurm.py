@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import NODE_NAME, DevCluster
-from slurm_plugin.dropbox import Drop, drop
-from slurm_plugin.store import ProfileStore, Sample
+from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
+from slurm_plugin.store.dropbox import Drop, drop
+from slurm_plugin.store.profiles import ProfileStore, Sample
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _events, _export, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait
@@ -48,7 +48,7 @@ USER = [
     "--",
 ]
 
-COLLECT = [sys.executable, "-m", "slurm_plugin.cli", "profiles", "collect"]
+COLLECT = [sys.executable, "-m", "slurm_plugin.cli.main", "profiles", "collect"]
 
 
 def _conf(cluster: DevCluster, path: Path, drop_dir: Path, extra: str = "") -> Path:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.cgroups import CgroupJob, discover_layout, list_jobs
-from coda_node.enforce import Enforcer
-from coda_node.policy import JobFacts, JobTarget, plan
-from coda_node.resctrl import parse_schemata
-from coda_node.state import JobChanges, Limit, NodeState
+from coda_node.enforce.enforcer import Enforcer
+from coda_node.enforce.state import JobChanges, Limit, NodeState
+from coda_node.policy.targets import JobFacts, JobTarget, plan
+from coda_node.system.cgroups import CgroupJob, discover_layout, list_jobs
+from coda_node.system.resctrl import parse_schemata
 from tests import cgroup_fixtures, resctrl_fixtures
 
 JOB_TIDS = {101: (1100, 1101, 1102, 1110, 1111, 1112), 202: (2200, 2201, 2202)}

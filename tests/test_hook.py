@@ -1,7 +1,7 @@
 """The hook's C boundary, in process: a cffi struct with job_desc's field names.
 
 The real struct layout is only known inside slurmctld (tests/test_submit_slurm.py
-covers that); here we drive slurm_plugin.hook through the same ffi calls it makes
+covers that); here we drive slurm_plugin.hook.submit through the same ffi calls it makes
 there, to reach the paths a real job cannot trigger on demand: an exception inside
 the decision, and the exact bytes written into each field.
 """
@@ -17,8 +17,8 @@ from typing import Any
 import cffi
 import pytest
 
-from slurm_plugin import hook
-from slurm_plugin.store import Profile, ProfileStore
+from slurm_plugin.hook import submit as hook
+from slurm_plugin.store.profiles import Profile, ProfileStore
 
 NO_VAL = 0xFFFFFFFE
 NO_VAL16 = 0xFFFE
@@ -305,7 +305,7 @@ def test_stats_file_stays_whole_under_concurrent_writers(lib: FakeLib, tmp_path:
 
 def _placement_setup(tmp_path: Path, *, features: str = "a100,v100") -> None:
     """Profiles with usage records, the three placement switches on, and a reload."""
-    from slurm_plugin.store import UsageRecord
+    from slurm_plugin.store.profiles import UsageRecord
 
     def usage(model: str, iters: float, pcie: float | None = None) -> UsageRecord:
         return UsageRecord(model, 0.9, 0.4, pcie, iters, 10, time.time())

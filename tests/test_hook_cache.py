@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin import hook
-from slurm_plugin.policy import decide as real_decide
-from slurm_plugin.store import Profile, ProfileStore
+from slurm_plugin.decision.decide import decide as real_decide
+from slurm_plugin.hook import submit as hook
+from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests.test_hook import NO_VAL, FakeLib, ffi, field, make_desc, start_hook
 
 WRITTEN = ("cpus_per_tres", "tres_per_node", "partition", "prefer", "admin_comment")

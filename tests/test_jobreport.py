@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.jobreport import (
+from slurm_plugin.cli.jobreport import (
     SACCT_FIELDS,
     ReportError,
     build_report,

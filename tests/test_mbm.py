@@ -1,4 +1,4 @@
-"""Per-job memory bandwidth from resctrl MON groups (coda_node.mbm), on the fake resctrl
+"""Per-job memory bandwidth from resctrl MON groups (coda_node.sampling.mbm), on the fake resctrl
 kernel of tests/resctrl_fixtures.py, and through the daemon's closed loop on a fixture node
 (tests/test_daemon_loop_fixture.py's Sim) with no bandwidth injected."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.cgroups import CgroupReadError
-from coda_node.daemon import TickReport
-from coda_node.mbm import JobMonitor, job_of_mon_group, mon_group_name
-from coda_node.resctrl import ResctrlError
+from coda_node.daemon.service import TickReport
+from coda_node.sampling.mbm import JobMonitor, job_of_mon_group, mon_group_name
+from coda_node.system.cgroups import CgroupReadError
+from coda_node.system.resctrl import ResctrlError
 from tests import resctrl_fixtures
 from tests.resctrl_fixtures import FakeResctrl
 from tests.test_daemon_loop_fixture import CPU, CPU_CORES, DNN, ONSET, R0, B, S, Sim, mount_resctrl

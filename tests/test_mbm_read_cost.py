@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.mbm import JobMonitor
-from coda_node.resctrl import MbmCounters, MbmReading, discover, read_mbm
+from coda_node.sampling.mbm import JobMonitor
+from coda_node.system.resctrl import MbmCounters, MbmReading, discover, read_mbm
 from tests import resctrl_fixtures
 from tests.resctrl_fixtures import FakeResctrl
 from tests.test_mbm import JOBS, Rig

@@ -10,15 +10,15 @@ import click
 import numpy as np
 import pytest
 
-from slurm_plugin.cli_common import run_cli
-from slurm_plugin.cli_model import model
-from slurm_plugin.curves import (
+from slurm_plugin.cli.common import run_cli
+from slurm_plugin.cli.model import model
+from slurm_plugin.model.curves import (
     REFERENCE_WORKLOADS,
     cores_for_fraction,
     noisy_samples,
     throughput_curve,
 )
-from slurm_plugin.model import (
+from slurm_plugin.model.fit import (
     Fit,
     InconsistentSamples,
     InsufficientSamples,

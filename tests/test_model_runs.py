@@ -3,7 +3,7 @@ own top, so runs on other allocations or GPU counts must be put on one scale.
 
 The runs are what coda-node's own allocator publishes when ticked over a known curve
 (``slurm_plugin.sim.profiling.probe_run``, the simulator's driver of
-``coda_node.allocator.Allocator``): a ``g``-GPU job with a sweet spot of ``θ`` cores per
+``coda_node.policy.allocator.Allocator``): a ``g``-GPU job with a sweet spot of ``θ`` cores per
 GPU has its knee at ``g·θ`` node cores, as in the simulator.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from coda_node.allocator import ProbeParams
-from slurm_plugin.curves import cores_for_fraction
-from slurm_plugin.model import is_censored, refit_profile, run_labels
+from coda_node.policy.allocator import ProbeParams
+from slurm_plugin.model.curves import cores_for_fraction
+from slurm_plugin.model.fit import is_censored, refit_profile, run_labels
 from slurm_plugin.sim.profiling import probe_run
-from slurm_plugin.store import Profile, Sample
+from slurm_plugin.store.profiles import Profile, Sample
 
 SIG = "workload:1000:train"
 

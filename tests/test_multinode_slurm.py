@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.state import StateFile
-from slurm_plugin.devcluster import DevCluster, NodeSpec, parse_scontrol_line
-from slurm_plugin.store import Profile, ProfileStore
+from coda_node.enforce.state import StateFile
+from slurm_plugin.devtools.cluster import DevCluster, NodeSpec, parse_scontrol_line
+from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _squeue, _wait
@@ -245,7 +245,7 @@ def test_a_two_node_gpu_job_gets_the_multi_node_rule_and_each_daemon_its_part(
 
 def _reserve(cluster: DevCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "slurm_plugin.cli", "reserve", *args],
+        [sys.executable, "-m", "slurm_plugin.cli.main", "reserve", *args],
         env=cluster.env,
         cwd=REPO,
         capture_output=True,

@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 
 import coda_node.progress_client
-from coda_node import cgroups
-from coda_node.daemon import Daemon
-from coda_node.paths import SystemRoot
-from coda_node.state import Limit, StateFile, save_limits
-from slurm_plugin.conf import load_config
-from slurm_plugin.store import ProfileStore
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.state import Limit, StateFile, save_limits
+from coda_node.system import cgroups
+from coda_node.system.paths import SystemRoot
+from slurm_plugin.config.codaconf import load_config
+from slurm_plugin.store.profiles import ProfileStore
 
 pytestmark = pytest.mark.cgroup_v2_node
 

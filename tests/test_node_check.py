@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.check import probe_all
 from coda_node.cli import main
-from coda_node.paths import SystemRoot
+from coda_node.system.check import probe_all
+from coda_node.system.paths import SystemRoot
 from tests import cgroup_fixtures, perf_fixtures, resctrl_fixtures
 
 

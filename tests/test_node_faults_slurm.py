@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import DevCluster
+from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
 from tests.node_faults import fault_cluster, injector
 from tests.test_node_slurm import _cgroup_v1_reason

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from coda_node.cpulist import parse_cpulist
-from coda_node.daemon import Daemon
-from coda_node.state import STATE_FILE, Limit, StateFile, save_limits
-from slurm_plugin.conf import load_config
-from slurm_plugin.devcluster import DevCluster
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.state import STATE_FILE, Limit, StateFile, save_limits
+from coda_node.system.cpulist import parse_cpulist
+from slurm_plugin.config.codaconf import load_config
+from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
 from tests.test_node_slurm import (
     SLEEP,

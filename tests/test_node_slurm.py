@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from coda_node import cgroups
-from coda_node.daemon import Daemon
-from coda_node.state import Limit, StateFile, load_limits, save_limits
-from slurm_plugin.conf import load_config
-from slurm_plugin.devcluster import DevCluster
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.state import Limit, StateFile, load_limits, save_limits
+from coda_node.system import cgroups
+from slurm_plugin.config.codaconf import load_config
+from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
 
 pytestmark = pytest.mark.slurm

@@ -26,7 +26,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from coda_node.cli import cli
-from coda_node.state import (
+from coda_node.enforce.state import (
     FORMAT,
     STATE_FILE,
     VIEW_FILE,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from coda_node.status import build_status, event_action
-from coda_node.status_text import bytes_rate, fit, render
+from coda_node.status.document import build_status, event_action
+from coda_node.status.text import bytes_rate, fit, render
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -1,10 +1,10 @@
-"""The usage accumulator (coda_node.usage): means, when records are written, and when not."""
+"""The usage accumulator (coda_node.policy.usage): means, when records are written, and when not."""
 
 from __future__ import annotations
 
 import pytest
 
-from coda_node.usage import UsageAccumulator, UsageTick
+from coda_node.policy.usage import UsageAccumulator, UsageTick
 
 SIG = "workload:1000:train"
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from coda_node.cgroups import format_cpulist, parse_cpulist
-from coda_node.daemon import Daemon
-from coda_node.state import REPAIR_ALL, Limit
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.state import REPAIR_ALL, Limit
+from coda_node.system.cgroups import format_cpulist, parse_cpulist
 from tests.node_fixtures import FakeNode, build_node
 
 JOBS = (5001, 5002, 5003)  # a GPU job on 0-1,32, a CPU job on 33, a GPU job on 2-3,34

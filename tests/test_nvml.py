@@ -1,4 +1,5 @@
-"""coda_node.nvml against an NVML double with pynvml's surface (and a real GPU where present)."""
+"""coda_node.system.nvml against an NVML double with pynvml's surface (and a real GPU where
+present)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import pynvml
 import pytest
 
-from coda_node.nvml import NA, GpuProcess, GpuSample, Nvml
+from coda_node.system.nvml import NA, GpuProcess, GpuSample, Nvml
 from tests.nvml_double import FUNCTIONS, GIB, FakeGpu, FakeNvml
 
 MINORS_OUT_OF_ORDER = [2, 0, 3, 1]
@@ -80,7 +81,7 @@ def test_double_shares_pynvml_errors_and_constants() -> None:
 def test_import_and_construction_touch_nothing() -> None:
     code = (
         "import sys\n"
-        "from coda_node.nvml import Nvml\n"
+        "from coda_node.system.nvml import Nvml\n"
         "Nvml()\n"
         "assert 'pynvml' not in sys.modules, 'pynvml imported'\n"
     )

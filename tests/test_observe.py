@@ -1,4 +1,4 @@
-"""coda_node.observe: per-tick readings of one job into Progress (rate, phase, level).
+"""coda_node.policy.observe: per-tick readings of one job into Progress (rate, phase, level).
 
 Table-driven over scripted tick sequences; time comes in with the readings, no clocks.
 """
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coda_node.observe import JobSignal, Progress, Reading, SignalParams
+from coda_node.policy.observe import JobSignal, Progress, Reading, SignalParams
 
 # No warm-up unless a test is about it, so phases are "train" from the first tick.
 NO_WARMUP = SignalParams(warmup_s=0.0)

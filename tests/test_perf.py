@@ -1,4 +1,4 @@
-"""coda_node.perf: sysfs parsing and encoding (tables), uncore plans and samplers on
+"""coda_node.system.perf: sysfs parsing and encoding (tables), uncore plans and samplers on
 fixture trees with a fake backend, and the real perf_event_open path through the cffi
 extension on this machine's software PMU."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from coda_node import perf
-from coda_node.cpulist import parse_cpulist
-from coda_node.paths import SystemRoot
-from coda_node.perf import (
+from coda_node.system import perf
+from coda_node.system.cpulist import parse_cpulist
+from coda_node.system.paths import SystemRoot
+from coda_node.system.perf import (
     CounterReading,
     CounterSet,
     EventSpec,
@@ -553,7 +553,7 @@ def test_errno_messages(err: int, op: str, needle: str) -> None:
 
 
 def test_import_does_not_load_the_extension() -> None:
-    code = "import sys, coda_node.perf; print('coda_node._perf' in sys.modules)"
+    code = "import sys, coda_node.system.perf; print('coda_node._perf' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout

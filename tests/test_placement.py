@@ -1,4 +1,4 @@
-"""Placement decisions (slurm_plugin.placement) and how decide() applies them."""
+"""Placement decisions (slurm_plugin.decision.placement) and how decide() applies them."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin import placement
-from slurm_plugin.conf import CodaConfig, ConfigError, parse_config
-from slurm_plugin.placement import (
+from slurm_plugin.config.codaconf import CodaConfig, ConfigError, parse_config
+from slurm_plugin.decision import placement
+from slurm_plugin.decision.decide import (
+    Decision,
+    JobRequest,
+    ProfileView,
+    decide,
+    parse_admin_record,
+)
+from slurm_plugin.decision.placement import (
     GpuRanking,
     gpu_ranking,
     is_pcie_heavy,
@@ -18,8 +25,7 @@ from slurm_plugin.placement import (
     route_cpu_job,
     workload_speedup,
 )
-from slurm_plugin.policy import Decision, JobRequest, ProfileView, decide, parse_admin_record
-from slurm_plugin.usage import UsageRecord
+from slurm_plugin.store.usage import UsageRecord
 
 UID = 1000
 GB = 1e9

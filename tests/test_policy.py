@@ -1,4 +1,4 @@
-"""The submit-time decision (slurm_plugin.policy.decide)."""
+"""The submit-time decision (slurm_plugin.decision.decide.decide)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.conf import CodaConfig
-from slurm_plugin.policy import (
+from slurm_plugin.config.codaconf import CodaConfig
+from slurm_plugin.decision.decide import (
     ACTIONS,
     NO_VAL,
     NO_VAL16,
@@ -20,7 +20,7 @@ from slurm_plugin.policy import (
     parse_admin_record,
     predict_cpus_per_gpu,
 )
-from slurm_plugin.signature import Directives, workload_signature
+from slurm_plugin.decision.signature import Directives, workload_signature
 
 UID = 1000
 SCRIPT = "#!/bin/bash\n#SBATCH --gpus-per-node=2\npython train.py\n"

@@ -14,15 +14,21 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.conf import (
+from slurm_plugin.config.codaconf import (
     CodaConfig,
     ConfigError,
     NodeShape,
     parse_config,
 )
-from slurm_plugin.journal import summarize_decisions
-from slurm_plugin.nodecap import NodeCap, node_share_cpus_per_gpu
-from slurm_plugin.policy import Decision, JobRequest, ProfileView, decide, parse_admin_record
+from slurm_plugin.config.nodecap import NodeCap, node_share_cpus_per_gpu
+from slurm_plugin.decision.decide import (
+    Decision,
+    JobRequest,
+    ProfileView,
+    decide,
+    parse_admin_record,
+)
+from slurm_plugin.hook.journal import summarize_decisions
 
 # Two node shapes: 8 GPUs over 96 cores (12 per GPU), 4 GPUs over 32 cores (8 per GPU).
 NODES = (NodeShape("big", 96, 8), NodeShape("small", 32, 4))

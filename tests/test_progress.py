@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from coda_node import progress_client
-from coda_node.paths import SystemRoot
-from coda_node.progress import ProgressFiles, ProgressReading, parse_progress
 from coda_node.progress_client import Progress, track
+from coda_node.system.paths import SystemRoot
+from coda_node.system.progress import ProgressFiles, ProgressReading, parse_progress
 
 NOBODY = 65534
 CLIENT_DIR = Path(progress_client.__file__).resolve().parent

@@ -46,7 +46,7 @@ def _coda_slurm() -> list[str]:
     exe = Path(sys.executable).with_name("coda-slurm")
     if exe.exists():
         return [str(exe)]
-    return [sys.executable, "-m", "slurm_plugin.cli"]
+    return [sys.executable, "-m", "slurm_plugin.cli.main"]
 
 
 def _write_sacct_export(path: Path) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_plugin import cli_status
-from slurm_plugin.cli import cli as coda_slurm
-from slurm_plugin.devcluster import DevCluster
-from slurm_plugin.policy import parse_admin_record
+from slurm_plugin.cli import status as cli_status
+from slurm_plugin.cli.main import cli as coda_slurm
+from slurm_plugin.decision.decide import parse_admin_record
+from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import LogWatch, gres
 from tests.test_submit_slurm import SCRIPT, coda_conf, put_profile, set_conf, wait_for_reload
 

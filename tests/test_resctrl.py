@@ -1,4 +1,4 @@
-"""coda_node.resctrl against fixture trees laid out like the kernel's resctrl mount."""
+"""coda_node.system.resctrl against fixture trees laid out like the kernel's resctrl mount."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.paths import SystemRoot
-from coda_node.resctrl import (
+from coda_node.system.paths import SystemRoot
+from coda_node.system.resctrl import (
     MBA_MAX_MBPS,
     NOT_MOUNTED,
     AssignResult,

@@ -7,16 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.cli import main
-from slurm_plugin.conf import ConfigError, parse_config
-from slurm_plugin.reserve import (
-    NodeLoad,
-    expected_cpus_per_gpu,
-    node_reserved_cpus,
-    plan_partition,
-    spare_cpus_per_node,
-)
-from slurm_plugin.reserve_slurm import (
+from slurm_plugin.cli.main import main
+from slurm_plugin.config.codaconf import ConfigError, parse_config
+from slurm_plugin.reserve.cluster import (
     STATE_FORMAT,
     ClusterView,
     ReserveSettings,
@@ -28,6 +21,13 @@ from slurm_plugin.reserve_slurm import (
     parse_nodes,
     parse_partitions,
     plan_for,
+)
+from slurm_plugin.reserve.plan import (
+    NodeLoad,
+    expected_cpus_per_gpu,
+    node_reserved_cpus,
+    plan_partition,
+    spare_cpus_per_node,
 )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.devcluster import (
+from slurm_plugin.devtools.cluster import (
     NODE_NAME,
     DevCluster,
     DevClusterError,
@@ -30,7 +30,7 @@ from slurm_plugin.devcluster import (
     parse_scontrol_line,
     slurm_version,
 )
-from slurm_plugin.reserve_slurm import ReserveState
+from slurm_plugin.reserve.cluster import ReserveState
 from tests.conftest import LogWatch, require_slurm, started
 
 pytestmark = pytest.mark.slurm
@@ -78,7 +78,7 @@ def state_file(cluster: DevCluster, spare_root: Path) -> Path:
 def reserve(
     cluster: DevCluster, *args: str, as_user: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "slurm_plugin.cli", "reserve", *args]
+    argv = [sys.executable, "-m", "slurm_plugin.cli.main", "reserve", *args]
     if as_user is not None:
         argv = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *argv]
     return subprocess.run(
@@ -88,7 +88,7 @@ def reserve(
 
 def start_loop(cluster: DevCluster) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "slurm_plugin.cli", "reserve"],
+        [sys.executable, "-m", "slurm_plugin.cli.main", "reserve"],
         env=cluster.env,
         cwd=REPO,
         stdout=subprocess.PIPE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.sbatchopts import SbatchOptionError, gres_separator_of, request_from_sbatch
+from slurm_plugin.cli.sbatchopts import SbatchOptionError, gres_separator_of, request_from_sbatch
 
 SCRIPT = (
     "#!/bin/sh\n#SBATCH --gpus-per-node=2\n#SBATCH -J from-script\npython x.py\n#SBATCH --gpus=9\n"

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from coda_node.contention import ContentionParams, CpuJob, DnnJob, Eliminator
-from coda_node.observe import Progress
-from slurm_plugin.cli import cli
-from slurm_plugin.curves import cores_for_fraction, throughput_at
-from slurm_plugin.model import is_censored
-from slurm_plugin.policy import JobRequest, decide
+from coda_node.policy.contention import ContentionParams, CpuJob, DnnJob, Eliminator
+from coda_node.policy.observe import Progress
+from slurm_plugin.cli.main import cli
+from slurm_plugin.decision.decide import JobRequest, decide
+from slurm_plugin.model.curves import cores_for_fraction, throughput_at
+from slurm_plugin.model.fit import is_censored
 from slurm_plugin.sim import engine
 from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
 from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
@@ -361,7 +361,7 @@ def test_a_job_that_ends_while_it_waits_for_the_probe_slot_is_not_probed() -> No
 
 def test_a_job_that_ends_mid_probe_publishes_what_it_measured() -> None:
     # A run that ends after its allocation and a probe below it were measured but before
-    # the allocator is done publishes those samples (coda_node.allocator.ended_publication):
+    # the allocator is done publishes those samples (coda_node.policy.allocator.ended_publication):
     # the workload's profile exists after it, unconfident, and the next run is probed again.
     probe = engine.probe_run(
         theta_cores=6.0, allocated_cores=24, gpus=1, params=SimParams().probe, seed=1
@@ -519,7 +519,7 @@ def test_cli_on_an_sacct_export_as_a_subprocess(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "slurm_plugin.cli",
+            "slurm_plugin.cli.main",
             "simulate",
             f"sacct:{export}",
             "--nodes",
@@ -551,7 +551,7 @@ def test_plots_are_written(tmp_path: Path) -> None:
 
 
 def test_scalar_curve_is_the_vector_curve() -> None:
-    from slurm_plugin.curves import throughput_curve
+    from slurm_plugin.model.curves import throughput_curve
 
     for theta in (1.0, 1.5, 3.0, 8.0, 19.3):
         for cores in (0.5, 1.0, 2.0, 7.9, 8.0, 30.0):

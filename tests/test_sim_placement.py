@@ -1,6 +1,6 @@
 """The placement mechanisms in the simulator: hand-checkable scenarios, invariants,
-and that the simulator asks the product's own decision code (slurm_plugin.reserve,
-slurm_plugin.placement)."""
+and that the simulator asks the product's own decision code (slurm_plugin.reserve.plan,
+slurm_plugin.decision.placement)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slurm_plugin.cli import cli
+from slurm_plugin.cli.main import cli
 from slurm_plugin.sim import mechanisms
 from slurm_plugin.sim.engine import POLICIES, RunResult, SimParams, simulate
 from slurm_plugin.sim.mechanisms import PlacementModel, traits_for

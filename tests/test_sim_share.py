@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slurm_plugin.cli import cli
+from slurm_plugin.cli.main import cli
 from slurm_plugin.sim import mechanisms
 from slurm_plugin.sim.cluster import busy_window
 from slurm_plugin.sim.engine import POLICIES, RunResult, SimParams, simulate

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.cpulist import format_cpulist, parse_cpulist
-from coda_node.slurmjobs import (
+from coda_node.system.cpulist import format_cpulist, parse_cpulist
+from coda_node.system.slurmjobs import (
     NodeLayout,
     SlurmJobs,
     SlurmQueryError,

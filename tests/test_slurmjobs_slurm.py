@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.slurmjobs import (
+from coda_node.system.slurmjobs import (
     SlurmJob,
     SlurmJobs,
     allocated_cpus,
     make_runner,
     query_jobs,
 )
-from slurm_plugin.devcluster import NODE_NAME, DevCluster
-from slurm_plugin.store import ProfileStore
+from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
+from slurm_plugin.store.profiles import ProfileStore
 from tests.conftest import require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _wait

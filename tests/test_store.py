@@ -1,4 +1,5 @@
-"""Tests for slurm_plugin.store: file format, atomic writes, the hook's cache, merges, locks.
+"""Tests for slurm_plugin.store.profiles: file format, atomic writes, the hook's cache, merges,
+locks.
 
 These tests run as root (ownership cases chown files to uid 12345 to play a user).
 """
@@ -19,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin import store as store_mod
-from slurm_plugin.policy import ProfileView
-from slurm_plugin.store import (
+from slurm_plugin.decision.decide import ProfileView
+from slurm_plugin.store import profiles as store_mod
+from slurm_plugin.store.profiles import (
     FORMAT_VERSION,
     Profile,
     ProfileCache,

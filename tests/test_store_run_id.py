@@ -2,7 +2,7 @@
 
 Each coda-node run publishes throughputs as % of that run's own plateau, so the refit must
 know which samples share a scale. Before version 3 it inferred the runs from the publish
-order (``slurm_plugin.model._inferred_run_labels``); these tests cover the id on disk, the
+order (``slurm_plugin.model.fit._inferred_run_labels``); these tests cover the id on disk, the
 grouping by it, what it changes in a refit, and the ids coda-node writes.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from coda_node.adaptive import AdaptiveLoop
-from coda_node.allocator import Publish
-from coda_node.paths import SystemRoot
-from slurm_plugin.conf import CodaConfig
-from slurm_plugin.curves import cores_for_fraction, throughput_at
-from slurm_plugin.model import _inferred_run_labels, is_censored, refit_profile, run_labels
-from slurm_plugin.store import (
+from coda_node.daemon.adaptive import AdaptiveLoop
+from coda_node.policy.allocator import Publish
+from coda_node.system.paths import SystemRoot
+from slurm_plugin.config.codaconf import CodaConfig
+from slurm_plugin.model.curves import cores_for_fraction, throughput_at
+from slurm_plugin.model.fit import _inferred_run_labels, is_censored, refit_profile, run_labels
+from slurm_plugin.store.profiles import (
     FORMAT_VERSION,
     Profile,
     ProfileFormatError,

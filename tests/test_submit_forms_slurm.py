@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from slurm_plugin.devcluster import DevCluster, DevClusterError, parse_scontrol_line
-from slurm_plugin.policy import parse_admin_record
+from slurm_plugin.decision.decide import parse_admin_record
+from slurm_plugin.devtools.cluster import DevCluster, DevClusterError, parse_scontrol_line
 from tests.conftest import LogWatch
 from tests.test_submit_slurm import put_profile, wait_for_reload
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.daemon import Daemon
-from coda_node.enforce import VERIFY_EVERY_TICKS
-from coda_node.state import Limit
-from coda_node.status import load_status
+from coda_node.daemon.service import Daemon
+from coda_node.enforce.enforcer import VERIFY_EVERY_TICKS
+from coda_node.enforce.state import Limit
+from coda_node.status.document import load_status
 from tests.cgroup_fixtures import proc_thread
 from tests.node_fixtures import FakeNode, build_node
 

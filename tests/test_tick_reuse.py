@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_node import state
-from coda_node.state import (
+from coda_node.enforce import state
+from coda_node.enforce.state import (
     LIMITS_FILE,
     JobChanges,
     Limit,

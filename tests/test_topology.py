@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.paths import SystemRoot
-from coda_node.policy import JobFacts, choose_cpus, plan
-from coda_node.state import Limit
-from coda_node.topology import GpuLocality, pci_address
+from coda_node.enforce.state import Limit
+from coda_node.policy.targets import JobFacts, choose_cpus, plan
+from coda_node.system.paths import SystemRoot
+from coda_node.system.topology import GpuLocality, pci_address
 from tests.node_fixtures import PCI_BUS_IDS, FakeNode, build_node
 
 

@@ -1,10 +1,10 @@
-"""TRES string parsing and editing (slurm_plugin.tres)."""
+"""TRES string parsing and editing (slurm_plugin.decision.tres)."""
 
 from __future__ import annotations
 
 import pytest
 
-from slurm_plugin.tres import (
+from slurm_plugin.decision.tres import (
     MAX_TRES_CHARS,
     TresError,
     TresItem,

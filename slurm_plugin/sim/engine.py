@@ -22,7 +22,7 @@ such change re-solves that node and re-times its jobs' ends.
 **Policies** (:class:`Policy`) decide the cores of each GPU job; CODA's also shields DNN
 jobs with coda-node's eliminator (:mod:`slurm_plugin.sim.shield`) and profiles unknown
 workloads with coda-node's allocator (:mod:`slurm_plugin.sim.profiling`), publishing to an
-in-memory profile store that the submit hook's own :func:`slurm_plugin.policy.decide`
+in-memory profile store that the submit hook's own :func:`slurm_plugin.decision.decide.decide`
 reads for every later job.
 
 **Placement mechanisms** (:class:`SimParams`, all off by default) are decided by
@@ -34,7 +34,7 @@ hook's preferred GPU type first. ``pcie_interference`` and ``gpu_speed`` model w
 last two act on (PCIe contention, GPU generations) and are on in their baselines too.
 ``gpu_share`` lets a single-node job that would wait start on GPUs one other job of as
 many GPUs holds (Slurm's ``shard`` GRES), for the workloads the product's
-:func:`slurm_plugin.colocate.shareable_workloads` names (``advised``) or for any
+:func:`slurm_plugin.decision.colocate.shareable_workloads` names (``advised``) or for any
 (``any``); both jobs then progress at the rates of a time-sliced GPU
 (:func:`slurm_plugin.sim.mechanisms.shared_iteration_s`).
 """
@@ -50,20 +50,20 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from coda_node.allocator import ProbeParams
-from coda_node.contention import ContentionParams, params_from_config
-from slurm_plugin.conf import CodaConfig, NodeShape, parse_config
-from slurm_plugin.curves import throughput_at
-from slurm_plugin.model import is_censored, refit_profile
-from slurm_plugin.nodecap import NodeCap
-from slurm_plugin.policy import JobRequest, ProfileView, decide
+from coda_node.policy.allocator import ProbeParams
+from coda_node.policy.contention import ContentionParams, params_from_config
+from slurm_plugin.config.codaconf import CodaConfig, NodeShape, parse_config
+from slurm_plugin.config.nodecap import NodeCap
+from slurm_plugin.decision.decide import JobRequest, ProfileView, decide
+from slurm_plugin.model.curves import throughput_at
+from slurm_plugin.model.fit import is_censored, refit_profile
 from slurm_plugin.sim.cluster import busy_window
 from slurm_plugin.sim.mechanisms import PlacementModel, ShareModel, spare_cpus_by_shape
 from slurm_plugin.sim.profiling import WARMUP_S, ProbeRun, probe_run
 from slurm_plugin.sim.shield import NodeMix, Shield, slowdowns
 from slurm_plugin.sim.traces import NodeSpec, Trace
 from slurm_plugin.sim.workloads import JobModel, Workloads
-from slurm_plugin.store import Profile, Sample, to_view
+from slurm_plugin.store.profiles import Profile, Sample, to_view
 
 __all__ = ["CODA_CONF", "POLICIES", "Policy", "RunResult", "SimParams", "simulate"]
 
@@ -169,7 +169,7 @@ class SimParams:
     """``prefer_gpu_type``'s margin: the gain below which no type is preferred."""
     gpu_share: str = ""
     """GPU sharing through ``shard`` GRES: ``""`` off; ``"advised"``: jobs of the workloads
-    :func:`slurm_plugin.colocate.shareable_workloads` names (at the job's cores) may share;
+    :func:`slurm_plugin.decision.colocate.shareable_workloads` names (at the job's cores) may share;
     ``"any"``: every single-node GPU job may (``shard`` without advice). A job shares only
     when it would otherwise wait, on GPUs one other job of as many GPUs holds."""
     share_margin: float = _CONF.colocate_margin

@@ -3,14 +3,14 @@
 Four mechanisms, each off by default (:class:`slurm_plugin.sim.engine.SimParams`):
 
 - **reserve**: a CPU partition over each node shape whose ``MaxCPUsPerNode`` follows
-  :func:`slurm_plugin.reserve.spare_cpus_per_node`, the function ``coda-slurm reserve``
+  :func:`slurm_plugin.reserve.plan.spare_cpus_per_node`, the function ``coda-slurm reserve``
   runs every ``ReserveIntervalS``;
-- **pcie spread**: jobs that :func:`slurm_plugin.placement.is_pcie_heavy` marks ask for one
+- **pcie spread**: jobs that :func:`slurm_plugin.decision.placement.is_pcie_heavy` marks ask for one
   unit of a node's count-only ``pcie`` GRES;
-- **GPU generation prefer**: :func:`slurm_plugin.placement.prefer_gpu_type` over a
-  :func:`slurm_plugin.placement.gpu_ranking` sets a soft ``--prefer`` GPU type.
+- **GPU generation prefer**: :func:`slurm_plugin.decision.placement.prefer_gpu_type` over a
+  :func:`slurm_plugin.decision.placement.gpu_ranking` sets a soft ``--prefer`` GPU type.
 - **GPU sharing** (``shard`` GRES): the workloads
-  :func:`slurm_plugin.colocate.shareable_workloads` names may put a second job on GPUs
+  :func:`slurm_plugin.decision.colocate.shareable_workloads` names may put a second job on GPUs
   another one holds; what sharing then does to both is :func:`shared_iteration_s`, a model
   of time-slicing that is not the predictor (:class:`ShareModel`).
 
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slurm_plugin.colocate import ShareCandidate, shareable_workloads
-from slurm_plugin.placement import GpuRanking, gpu_ranking, is_pcie_heavy, prefer_gpu_type
-from slurm_plugin.policy import ProfileView
-from slurm_plugin.reserve import NodeLoad, expected_cpus_per_gpu, spare_cpus_per_node
+from slurm_plugin.decision.colocate import ShareCandidate, shareable_workloads
+from slurm_plugin.decision.decide import ProfileView
+from slurm_plugin.decision.placement import GpuRanking, gpu_ranking, is_pcie_heavy, prefer_gpu_type
+from slurm_plugin.reserve.plan import NodeLoad, expected_cpus_per_gpu, spare_cpus_per_node
 from slurm_plugin.sim.workloads import CLASSES, GENERATIONS, JobModel, Workloads
-from slurm_plugin.usage import UsageRecord
+from slurm_plugin.store.usage import UsageRecord
 
 __all__ = [
     "TRAITS",
@@ -307,7 +307,7 @@ def shared_iteration_s(
     that needs no GPU. The GPU serves one GPU phase at a time, first come first served
     (work of two CUDA contexts never overlaps without MPS: Tabrizian 2020, fig. 2.4); both
     jobs ask for it at time 0, ``a`` first. This is the ground truth the simulator charges
-    a shared pair; it is not :func:`slurm_plugin.colocate.predict_speedup` (that would make
+    a shared pair; it is not :func:`slurm_plugin.decision.colocate.predict_speedup` (that would make
     the evaluation circular): it follows each job's phases exactly, so two jobs whose GPU
     phases fit into each other's private time lose only the overhead, and a short-iteration
     job beside a long one waits out the long one's GPU phases.

@@ -1,11 +1,11 @@
 """Online profiling of a simulated job: coda-node's own allocator, ticked.
 
-:func:`probe_run` drives :class:`coda_node.allocator.Allocator` over one job whose true
+:func:`probe_run` drives :class:`coda_node.policy.allocator.Allocator` over one job whose true
 throughput curve is known, from the end of its warm-up until the allocator publishes (or
 gives up), with a small measurement noise. It returns what the daemon would publish and what
 probing cost the job: the work it did not do while running below its allocation; and, for
 a job that ends before the allocator is done, what it would publish when it ends at each
-moment (:func:`coda_node.allocator.ended_publication`, asked after every new sample).
+moment (:func:`coda_node.policy.allocator.ended_publication`, asked after every new sample).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coda_node.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
-from coda_node.observe import Progress, SignalParams
-from slurm_plugin.curves import throughput_at
+from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
+from coda_node.policy.observe import Progress, SignalParams
+from slurm_plugin.model.curves import throughput_at
 
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""

@@ -1,7 +1,7 @@
 """The contention eliminator on a simulated node: coda-node's own policy, ticked.
 
 When the jobs on a node change, :func:`settle` replays what coda-node's
-:class:`coda_node.contention.Eliminator` would do there: tick after tick it reads the DNN
+:class:`coda_node.policy.contention.Eliminator` would do there: tick after tick it reads the DNN
 jobs' progress (slowed by the memory-bandwidth pressure the CPU jobs put on the node) and
 the CPU jobs' CPU use and bandwidth (shrunk by the throttles it set), and applies its
 throttles. The loop runs for ``settle_s`` simulated seconds; the steady state is the mean
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from coda_node.contention import (
+from coda_node.policy.contention import (
     ContentionParams,
     CpuJob,
     DnnJob,
@@ -24,7 +24,7 @@ from coda_node.contention import (
     Throttle,
     throttle_share,
 )
-from coda_node.observe import Progress
+from coda_node.policy.observe import Progress
 
 _SOCKETS = frozenset({0})
 

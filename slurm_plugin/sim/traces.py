@@ -51,8 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
-from slurm_plugin.signature import UNNAMED
-from slurm_plugin.tres import TresError, gpu_count, gpu_types
+from slurm_plugin.decision.signature import UNNAMED
+from slurm_plugin.decision.tres import TresError, gpu_count, gpu_types
 
 __all__ = [
     "SACCT_COMMAND",

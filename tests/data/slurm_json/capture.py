@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-import slurm_plugin.devcluster as devcluster
+import slurm_plugin.devtools.cluster as devcluster
 
 HOSTILE_NAME = b"evil\xff UserId=0(root) JobState=RUNNING AdminComment=coda:sig=workload:*:x"
 HOSTILE_COMMENT = (

@@ -1,0 +1,778 @@
+"""``coda-node run``: the loop on each GPU node. Sample, plan, enforce; record everything.
+
+Each tick reads the node (:mod:`coda_node.sampling.snapshot`), asks the pure policy what every
+job should look like (:mod:`coda_node.policy.targets`, through :mod:`coda_node.daemon.tick`), and
+writes only the differences (:mod:`coda_node.enforce.enforcer`). The state file records, before
+any write, how Slurm had set each job, so a restart puts back whatever the plan no longer wants
+(:mod:`coda_node.daemon.recovery`); SIGTERM (and ``coda-node restore``) puts back everything. The
+systemd unit also runs ``coda-node restore`` after the daemon stops for any reason,
+SIGKILL included. The parts are built from coda.conf by :mod:`coda_node.daemon.wiring`; the view
+``coda-node status`` reads is put together by :mod:`coda_node.daemon.view`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coda_node import __version__
+from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput
+from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
+from coda_node.daemon.tick import (
+    Decision,
+    TickReport,
+    cgroups_to_enforce,
+    decide,
+    gpu_model,
+    merge_repaired,
+    sample_detail,
+    usage_tick,
+    write_reason,
+)
+from coda_node.daemon.view import (
+    MAX_EVENTS,
+    EventLog,
+    asdict,
+    gpu_entries,
+    job_entry,
+    mem_bw_monitor_capability,
+    mem_bw_monitor_entry,
+    policy_entry,
+)
+from coda_node.daemon.wiring import (
+    UncoreCounters,
+    cat_unavailable,
+    make_enforcer,
+    make_loop,
+    mba_unavailable,
+    rdt_control,
+    start_mem_bw_monitor,
+)
+from coda_node.enforce.enforcer import Enforcer, JobResult
+from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
+from coda_node.policy.targets import JobFacts, JobTarget
+from coda_node.policy.usage import UsageAccumulator, UsageFlush
+from coda_node.sampling.mbm import JobMonitor, remove_job_groups
+from coda_node.sampling.snapshot import JobView, NodeSnapshot, Sampler
+from coda_node.system import cgroups
+from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
+from coda_node.system.check import probe_all
+from coda_node.system.cpu_ids import SlurmCpuIds
+from coda_node.system.cpulist import parse_cpulist
+from coda_node.system.nvml import Nvml
+from coda_node.system.paths import SystemRoot
+from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
+from coda_node.system.resctrl import discover as resctrl_discover
+from coda_node.system.slurmjobs import Runner, SlurmJobs, make_runner
+from coda_node.system.topology import GpuLocality
+from slurm_plugin.config.codaconf import CodaConfig
+from slurm_plugin.store.profiles import ProfileStore, StoreError
+
+if TYPE_CHECKING:
+    from coda_node.status.metrics import MetricsServer
+    from coda_node.system.perf import PcieBwSample
+
+log = logging.getLogger("coda-node")
+
+__all__ = ["MAX_EVENTS", "Daemon", "TickReport", "default_state_dir_ok", "install_signal_handlers"]
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: CodaConfig,
+        *,
+        runner: Runner | None = None,
+        nvml: Nvml | None = None,
+        node_name: str | None = None,
+        cpuset_writer: Callable[[CgroupLayout], CpusetWriter] | None = None,
+        quota_writer: Callable[[CgroupLayout], CpuQuotaWriter] | None = None,
+        rdt_control: Callable[[SystemRoot, ResctrlInfo], ResctrlControl] | None = None,
+        mem_bw: Callable[[], list[object]] | None = None,
+        pcie_bw: Callable[[], Sequence[PcieBwSample]] | None = None,
+        mbm: Callable[[int], float | None] | None = None,
+        store: ProfileStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.root = SystemRoot(cfg.node_root)
+        self.locality = GpuLocality(self.root)
+        self.node_name = node_name or cfg.node_name or socket.gethostname().split(".")[0]
+        self.env = _slurm_env(cfg)
+        self._real_runner = runner is None
+        self.runner = runner or make_runner(self.env)
+        self.nvml = nvml or Nvml()
+        self.state_file = StateFile(cfg.node_state_dir, cfg.node_runtime_dir)
+        self.limits_file = LimitsFile(cfg.node_state_dir)
+        self.state = NodeState()
+        self.layout: CgroupLayout = cgroups.discover_layout(self.root, self.node_name)
+        self._make_cpuset = cpuset_writer or CpusetWriter
+        self._make_quota = quota_writer or CpuQuotaWriter
+        self._make_rdt = rdt_control
+        self.rdt_info: ResctrlInfo = resctrl_discover(self.root)
+        self.slurm = SlurmJobs(self.node_name, self.runner)
+        self._clock = clock
+        self._mbm = mbm
+        self.mem_bw_monitor: JobMonitor | None = None
+        """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
+        self.mem_bw_monitor_off: str | None = None
+        self._start_mem_bw_monitor()
+        self.uncore = UncoreCounters(self.root)
+        """Uncore counters this daemon opened itself (not injected ones): closed on stop."""
+        gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
+        self.sampler = Sampler(
+            root=self.root,
+            node_name=self.node_name,
+            layout=self.layout if self.layout.has_slurm else None,
+            slurm=self.slurm,
+            nvml=self.nvml,
+            gres_conf=gres_conf,
+            mem_bw=mem_bw if mem_bw is not None else self.uncore.mem_bw(),
+            pcie_bw=pcie_bw if pcie_bw is not None else self.uncore.pcie_bw(),
+            mbm=self._job_mem_bw,
+            clock=clock,
+        )
+        self.enforcer = self._make_enforcer()
+        self._store = store
+        self.loop = self._make_loop()
+        self._start_view: dict[str, Any] = {}
+        """The last run's view as start() read it, kept until Slurm's tree appears."""
+        self.usage = UsageAccumulator(
+            flush_every_s=cfg.node_usage_flush_s, min_ticks=cfg.node_usage_min_ticks
+        )
+        self.event_log = EventLog()
+        self.events = self.event_log.events
+        self.events_total = self.event_log.events_total
+        """Events by action since start (the view keeps only the last MAX_EVENTS)."""
+        self.capabilities: list[dict[str, object]] = []
+        self.started_unix_s = time.time()
+        self._limits_error: str | None = None
+        self.ticks_total = 0
+        self.tick_errors_total = 0
+        self.online_cpus = _online_cpus(self.root)
+        """The CPUs online (None where the tree does not say): a record naming others is
+        not one that can be put back."""
+        self.cpus_online = (
+            len(self.online_cpus) if self.online_cpus is not None else _cpus_online(self.root)
+        )
+        self.slurm_cpu_ids = SlurmCpuIds(self.root)
+        """Slurm's CPU ids as the kernel numbers the CPUs (for a repair)."""
+        self.recovery = Recovery(self.state_file, self.slurm, self.slurm_cpu_ids, self.online_cpus)
+        self._init_tick_memory()
+        self.metrics_server: MetricsServer | None = None
+        self.metrics_state = (
+            "off (NodeMetricsPort=0)"
+            if not cfg.node_metrics_port
+            else "not served (only `coda-node run` serves it)"
+        )
+
+    def _init_tick_memory(self) -> None:
+        """What a tick keeps for the next."""
+        self._adaptive_jobs: set[int] = set()
+        """Jobs the adaptive loop probes or throttles: their steps are read."""
+        self._adaptive_task_jobs: set[int] = set()
+        """Of those, the jobs the loop throttles (a quota or resctrl group: acts on tasks)."""
+        self._usage_undisturbed: set[int] = set()
+        """DNN jobs whose last tick showed their own GPU usage (see _collect_usage)."""
+        self._prev_snap: NodeSnapshot | None = None
+        """The last tick's snapshot: a job that ended since still has its GPUs there."""
+        self._failing: dict[int, frozenset[str]] = {}
+        """Each job's failed writes of the last tick: a failure is an event (and a log
+        line) when it starts, not on every tick it goes on (status shows it meanwhile)."""
+
+    # -- wiring ---------------------------------------------------------------------------
+    def _make_enforcer(self) -> Enforcer:
+        return make_enforcer(
+            self.cfg,
+            self.root,
+            self.layout,
+            self.state,
+            self._save,
+            make_cpuset=self._make_cpuset,
+            make_quota=self._make_quota,
+            rdt=lambda: rdt_control(self.cfg, self.root, self.rdt_info, self._make_rdt),
+        )
+
+    @property
+    def mba_unavailable(self) -> str | None:
+        """None when memory-bandwidth limits can be applied, else why not."""
+        return mba_unavailable(self.cfg, self.rdt_info)
+
+    @property
+    def cat_unavailable(self) -> str | None:
+        """None when L3 cache-way limits (CAT) can be applied, else why not."""
+        return cat_unavailable(self.cfg, self.rdt_info)
+
+    def _make_loop(self) -> AdaptiveLoop:
+        return make_loop(
+            self.cfg,
+            self.root,
+            node_name=self.node_name,
+            layout=self.layout,
+            info=self.rdt_info,
+            per_job_bw=self._mbm is not None,
+            store=self._store,
+        )
+
+    def _rediscover(self) -> None:
+        """slurmd creates its cgroup tree with the node's first job, so a daemon started
+        on an idle node finds none: look again each tick until it is there."""
+        layout = cgroups.discover_layout(self.root, self.node_name)
+        if not layout.has_slurm:
+            return
+        log.info("Slurm's cgroup tree appeared (%s)", ", ".join(map(str, layout.slurm_dirs)))
+        self.layout = layout
+        self.sampler.layout = layout
+        self.sampler.reset_accounting()
+        self.enforcer = self._make_enforcer()
+        self._start_mem_bw_monitor()  # before the loop: it decides whether MBA is usable
+        self.loop = self._make_loop()
+        # The new loop knows nothing yet: adopt again what the last run left (the view read
+        # at start; the ticks since have replaced state.view). Jobs that ended meanwhile are
+        # forgotten at the next tick, as after a start.
+        adopt(self.loop, self._start_view, self._clock)
+        self._start_view = {}
+
+    def close_counters(self) -> None:
+        """Close the uncore counters this daemon opened (each is one perf fd per PMU and
+        socket CPU); a later tick reports them as unreadable rather than failing."""
+        self.uncore.close()
+
+    # -- per-job memory bandwidth (resctrl MBM) -----------------------------------
+    def _start_mem_bw_monitor(self) -> None:
+        """Measure each CPU job's bandwidth with its own resctrl MON group (coda_node.sampling.mbm)
+        where resctrl counts it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else
+        record why not. Called again when Slurm's cgroup tree appears."""
+        if self.mem_bw_monitor is not None:
+            return
+        self.mem_bw_monitor, self.mem_bw_monitor_off = start_mem_bw_monitor(
+            self.cfg,
+            self.root,
+            self.layout,
+            self.rdt_info,
+            make_rdt=self._make_rdt,
+            supplied=self._mbm is not None,
+        )
+        if self.mem_bw_monitor is not None:
+            # Counts as per-job bandwidth in _make_loop from now on.
+            self._mbm = self.mem_bw_monitor.rate
+
+    def _job_mem_bw(self, job_id: int) -> float | None:
+        """The sampler's per-job bandwidth: the injected source or the monitor's rate."""
+        return self._mbm(job_id) if self._mbm is not None else None
+
+    def _sync_mem_bw_monitor(self, snap: NodeSnapshot, cg_jobs: dict[int, CgroupJob]) -> None:
+        """After the enforcer: one MON group per CPU job, under the control group the
+        enforcer put its threads in (state.changes[job].rdt_group, else the root)."""
+        monitor = self.mem_bw_monitor
+        if monitor is None:
+            return
+        cpu_jobs = [j for j, v in snap.jobs.items() if v.kind == "cpu" and j in cg_jobs]
+
+        def ctrl_group_of(job_id: int) -> str:
+            ch = self.state.changes.get(job_id)
+            return (ch.rdt_group or "") if ch is not None else ""
+
+        def tids(job_id: int) -> list[int] | None:
+            cg = cg_jobs[job_id]
+            pids: tuple[int, ...] | None = cg.pids
+            if cg.detail != "tasks":  # listed without its tasks this tick
+                # Only the tasks files: the monitor needs no CPUs or mems of the job.
+                pids = cgroups.job_tasks(self.layout, cg)
+            # The same thread ids the enforcer moves into its MB groups.
+            return self.enforcer.thread_ids(pids) if pids is not None else None
+
+        monitor.sync(self._clock(), cpu_jobs, ctrl_group_of, tids)
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        """Load what a previous run changed. Raises StateError for a file we must not
+        overwrite (a newer format) or cannot read. A damaged file is kept aside and
+        replaced, durably, by one that says every running job is to be repaired from
+        Slurm's allocation: nothing the daemon finds in the cgroups is taken for the
+        allocation before that is done."""
+        self.state = self.recovery.load()
+        self.enforcer = self._make_enforcer()
+        self.capabilities = [
+            c.to_dict()
+            for c in probe_all(
+                self.root,
+                slurm=self._real_runner,
+                env=self.env,
+                nvml=self.nvml,
+                node_name=self.node_name,
+            )
+        ]
+        if not self.layout.has_slurm:
+            log.warning(
+                "no Slurm cgroup tree (%s): observing through squeue only, changing nothing",
+                self.layout.reason,
+            )
+        pending = sorted(self.state.changes)
+        if pending:
+            log.info("state file lists changes to jobs %s; reconciling", pending)
+        view = self.state.view
+        adopt(self.loop, view, self._clock)
+        # Kept only while Slurm's tree is missing: _rediscover adopts from it again.
+        self._start_view = {} if self.layout.has_slurm else view
+
+    def _save(self) -> None:
+        """The enforcer's write-ahead: the record of changes, fsynced (the view waits for
+        the tick's end)."""
+        self.state_file.save(self.state, view=False)
+
+    def _cgroup_jobs(self) -> dict[int, CgroupJob]:
+        return cgroups.list_jobs(self.layout) if self.layout.has_slurm else {}
+
+    def _allocated(self, job_id: int, cg: CgroupJob) -> frozenset[int]:
+        """Slurm's allocation: what the cgroup held before our first change."""
+        return allocated_cpus(self.state, job_id, cg)
+
+    def _repair(self, plan: RepairPlan) -> dict[int, JobResult]:
+        """Put back the jobs ``plan`` names to Slurm's allocation (coda_node.daemon.recovery)."""
+        return self.recovery.apply(plan, self.state, self.enforcer, self.sampler, self._event)
+
+    # -- one tick: read, decide, write, record ----------------------------------------
+    def tick(self) -> TickReport:
+        cpu0 = time.process_time()
+        self.ticks_total += 1
+        if not self.layout.has_slurm:
+            self._rediscover()
+        limits = self._load_limits()
+        # Read: the node, and what Slurm says of the jobs to be put back to its allocation.
+        snap = self._sample(limits)
+        cg_sampled = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
+        repair = self.recovery.prepare(self.state, self.layout, cg_sampled)
+        # Decide. A job still to be repaired, or repaired in this tick (the sample shows it
+        # as it was before), is left alone until the next tick's sample shows it as Slurm
+        # set it.
+        decision = decide(
+            snap,
+            limits,
+            repair.hold,
+            loop=self.loop,
+            allocated=self._allocated,
+            near_cpus=self._near_cpus(snap),
+            mba=self.mba_unavailable,
+        )
+        self._adaptive_jobs = set(decision.loop.cores) | set(decision.loop.throttles)
+        self._adaptive_task_jobs = set(decision.loop.throttles)
+        # Write: the repairs, then every other job to its target.
+        repaired = self._repair(repair)
+        results = self._enforce(snap, decision, repair.hold)
+        merge_repaired(results, repaired)
+        # Record: the events, the profiles and usage published, the view.
+        self._record_writes(decision, repaired, results)
+        self._publish(snap, decision)
+        report = TickReport(
+            snapshot=snap,
+            targets=decision.targets,
+            results=results,
+            problems=[f"job {p.job_id}: {p.message}" for p in decision.problems],
+            allocated={j: f.allocated_cpus for j, f in decision.facts.items()},
+            held=repair.hold,
+        )
+        self.state.view = self._view(report, limits)
+        self._prev_snap = snap
+        report.cpu_time_s = time.process_time() - cpu0
+        self.state.view["tick_cpu_s"] = report.cpu_time_s
+        # Changes were saved durably before each write; the view needs no fsync, and the
+        # record of changes is written only if something (a prune) changed it since.
+        self.state_file.save(self.state, durable=False)
+        return report
+
+    def _load_limits(self) -> dict[int, Limit]:
+        """The admin limits; none (the error logged once) while the file cannot be read."""
+        try:
+            limits = self.limits_file.load()
+        except StateError as exc:
+            if str(exc) != self._limits_error:
+                log.error("%s", exc)
+            self._limits_error = str(exc)
+            return {}
+        self._limits_error = None
+        return limits
+
+    def _sample(self, limits: dict[int, Limit]) -> NodeSnapshot:
+        """The node this tick. Steps are read only for the jobs this tick may change or put
+        back, and their tasks only where that change acts on tasks; a job that needs more
+        than was read is read again after the plan (tick.cgroups_to_enforce)."""
+        self.sampler.detail_jobs, self.sampler.task_jobs = sample_detail(
+            limits, self.state.changes, self._adaptive_jobs, self._adaptive_task_jobs
+        )
+        if self.mem_bw_monitor is not None:
+            # One reading per group per tick; the sampler then asks monitor.rate per job.
+            self.mem_bw_monitor.sample(self._clock())
+        return self.sampler.sample()
+
+    def _near_cpus(self, snap: NodeSnapshot) -> Callable[[JobView], frozenset[int]]:
+        bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
+
+        def near_cpus(view: JobView) -> frozenset[int]:
+            """The CPUs local to the job's GPUs; asked only where CPUs are to be chosen."""
+            gpus = tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
+            return self.locality.near_cpus(gpus)
+
+        return near_cpus
+
+    def _enforce(
+        self, snap: NodeSnapshot, decision: Decision, hold: frozenset[int]
+    ) -> dict[int, JobResult]:
+        """Every job but those held to its target (absent: as Slurm set it)."""
+        cg_jobs = cgroups_to_enforce(snap, hold, decision.targets, self.state.changes, self.layout)
+        results = self.enforcer.reconcile(cg_jobs, decision.targets)
+        for job_id, res in results.items():
+            if res.applied and job_id in cg_jobs:
+                # What the sampler kept of the job (its steps' CPUs) is what we just changed.
+                self.sampler.forget(cg_jobs[job_id])
+        # After reconcile, outside its resctrl lock: MON groups follow the threads' control
+        # group as the enforcer just left it.
+        self._sync_mem_bw_monitor(snap, cg_jobs)
+        return results
+
+    def _record_writes(
+        self, decision: Decision, repaired: dict[int, JobResult], results: dict[int, JobResult]
+    ) -> None:
+        """The loop's decisions first, then the writes they (and admin limits) caused."""
+        for ev in decision.loop.events:
+            self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
+        for job_id, res in results.items():
+            reason = write_reason(job_id, repaired, decision.targets)
+            for what in res.applied:
+                self._event(job_id, what, reason)
+            failing = self._failing.get(job_id, frozenset())
+            for what in res.failed:
+                if what not in failing:
+                    self._event(job_id, f"failed: {what}", reason)
+        self._failing = {j: frozenset(r.failed) for j, r in results.items() if r.failed}
+
+    def _publish(self, snap: NodeSnapshot, decision: Decision) -> None:
+        """The profiles the loop finished, and the GPU usage records due."""
+        for pub in decision.loop.publish:
+            seen = snap if pub.job_id in snap.jobs or self._prev_snap is None else self._prev_snap
+            line = self.loop.publish(pub, gpu_model(seen, pub.job_id))
+            self._event(pub.job_id, "profile-publish", line)
+        self._collect_usage(snap, decision.facts, decision.targets, decision.loop)
+        for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
+            self._publish_usage(flush)
+
+    def _collect_usage(
+        self,
+        snap: NodeSnapshot,
+        facts: dict[int, JobFacts],
+        targets: dict[int, JobTarget],
+        loop: LoopOutput,
+    ) -> None:
+        """Count this tick into each DNN job's usage record where it shows the job's own
+        GPU usage (coda_node.policy.usage): a signature, past warm-up, its whole allocation (no
+        probe, limit or change of ours in force) and no CPU job on its sockets throttled,
+        in this tick and the one before. NVML's utilisation covers the sample period before
+        the reading (nvml.h, nvmlDeviceGetUtilizationRates), so the first tick after a
+        probe or a throttle still shows the job as it was then."""
+        gpus = {g.index: g for g in snap.gpus}
+        undisturbed: set[int] = set()
+        throttled_sockets: set[int] = set()
+        for job_id in loop.throttles:
+            if job_id in facts:
+                throttled_sockets |= self.loop.sockets_of(facts[job_id].allocated_cpus)
+        trigger = self.loop.eliminator.params.trigger_slowdown
+        for job_id, view in snap.jobs.items():
+            record = view.slurm.admin_record if view.slurm and view.kind == "dnn" else None
+            signature = record.get("sig") if record else None
+            prog = self.loop.progress.get(job_id)
+            if not signature or prog is None or prog.phase in ("warmup", "no-signal"):
+                continue
+            rec = self.loop.allocator.records.get(job_id)
+            if (
+                job_id in loop.cores
+                or job_id in targets
+                or job_id in self.state.changes
+                or (rec is not None and rec.state == "probing")
+            ):
+                continue
+            if job_id in facts and throttled_sockets & self.loop.sockets_of(
+                facts[job_id].allocated_cpus
+            ):
+                continue
+            contention = self.loop.eliminator.dnn_status(job_id)
+            slowdown = contention.get("slowdown") if contention else None
+            if isinstance(slowdown, float) and slowdown > trigger:
+                continue
+            undisturbed.add(job_id)
+            tick = usage_tick(view, gpus, prog)
+            if tick is not None and job_id in self._usage_undisturbed:
+                model = gpu_model(snap, job_id)
+                self.usage.add(job_id, signature, model, snap.monotonic_s, tick)
+        self._usage_undisturbed = undisturbed
+
+    def _publish_usage(self, flush: UsageFlush) -> None:
+        """Merge one usage record into its profile; one event line, on failure too.
+        Never raises: the tick goes on whatever the store does."""
+        store = self.loop.store
+        r = flush.record
+        try:
+            # No store directory yet: no profile either (merge_usage would fail on its lock).
+            prof = store.merge_usage(flush.signature, r) if store.root.is_dir() else None
+        except (StoreError, OSError, ValueError) as exc:
+            self._event(
+                flush.job_id, "usage-publish", f"cannot record GPU usage in {store.root}: {exc}"
+            )
+            return
+        if prof is None:
+            # No profile yet (the hook never saw the workload and no probe published one):
+            # nothing to attach the record to; the next run of the workload tries again.
+            log.debug("job=%d no profile %s: GPU usage not recorded", flush.job_id, flush.signature)
+            return
+        self._event(
+            flush.job_id,
+            "usage-publish",
+            f"profile {flush.signature}: GPU {r.gpu_util:.0%} busy, memory {r.gpu_mem_bw_util:.0%} "
+            f"busy over {r.ticks} ticks on {r.gpu_model or 'an unknown GPU model'} ({flush.why})",
+        )
+
+    def restore(self) -> dict[int, JobResult]:
+        """Put every job back as Slurm set it: from its record, or, where the record is
+        missing or cannot be trusted, to the allocation Slurm reports (a job Slurm does
+        not answer for is left as it is and reported as failed)."""
+        jobs = self._cgroup_jobs()
+        repaired = self._repair(self.recovery.prepare(self.state, self.layout, jobs))
+        results = self.enforcer.restore_all(
+            {j: cg for j, cg in jobs.items() if j not in self.state.repair}
+        )
+        for job_id, res in repaired.items():
+            results.setdefault(job_id, JobResult()).applied[:0] = res.applied
+            results[job_id].failed[:0] = res.failed
+        for job_id, why in self.recovery.waiting.items():
+            if job_id not in repaired:
+                results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
+        if self.mem_bw_monitor is not None:
+            # Every coda_j* MON group goes too (also those a killed daemon left): each
+            # holds one of the node's few RMIDs.
+            self.mem_bw_monitor.close()
+        elif self.rdt_info.usable and self.rdt_info.mbm:
+            # No monitor now (NodeJobMemBw=no), but a previous run may have left groups.
+            try:
+                remove_job_groups((self._make_rdt or ResctrlControl)(self.root, self.rdt_info))
+            except (ResctrlError, OSError) as exc:
+                log.error("cannot clean up resctrl monitoring groups: %s", exc)
+        for job_id, res in results.items():
+            for what in res.applied:
+                self._event(job_id, what, "restore")
+            for what in res.failed:
+                self._event(job_id, f"failed: {what}", "restore")
+        try:
+            snap = self.sampler.sample()
+            report = TickReport(snapshot=snap, targets={}, results=results)
+            self.state.view = self._view(report, {})
+        except Exception:  # the jobs are restored; only the view is stale
+            log.exception("cannot refresh the status view after restoring")
+        self.state.view.setdefault("daemon", {})["running"] = False
+        self.state_file.save(self.state)
+        return results
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every NodeIntervalS until ``stop`` is set, then restore every job."""
+        interval_s = self.cfg.node_interval_s
+        log.info(
+            "coda-node %s on %s: every %gs, enforcing %s",
+            __version__,
+            self.node_name,
+            interval_s,
+            ",".join(self.cfg.node_enforce) or "nothing (observe only)",
+        )
+        self.serve_metrics()
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    report = self.tick()
+                    for p in report.problems:
+                        log.warning("%s", p)
+                except StateError as exc:
+                    self.tick_errors_total += 1
+                    log.error("%s", exc)
+                except Exception:
+                    self.tick_errors_total += 1
+                    log.exception("tick failed; retrying next interval")
+                stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            for flush in self.usage.drain(time.time()):
+                self._publish_usage(flush)
+            self.restore()
+            self.nvml.shutdown()
+        finally:
+            self.close_counters()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
+
+    def serve_metrics(self) -> tuple[str, int] | None:
+        """Start the Prometheus endpoint when NodeMetricsPort is set; the address it
+        listens on, or None. A port that cannot be bound is logged and shown in status;
+        the daemon goes on without metrics (they observe, the daemon enforces)."""
+        port = self.cfg.node_metrics_port
+        if not port or self.metrics_server is not None:
+            return self.metrics_server.address if self.metrics_server else None
+        from coda_node.status.metrics import start_metrics_server
+
+        addr = self.cfg.node_metrics_address
+        try:
+            self.metrics_server = start_metrics_server(
+                self.metrics_view, port, addr, interval_s=self.cfg.node_interval_s
+            )
+        except OSError as exc:
+            self.metrics_state = f"failed: cannot listen on {addr}:{port} ({exc.strerror or exc})"
+            log.error("metrics: %s", self.metrics_state)
+            return None
+        host, bound = self.metrics_server.address
+        self.metrics_state = f"http://{host}:{bound}/metrics"
+        log.info("metrics: %s", self.metrics_state)
+        return self.metrics_server.address
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "ticks_total": self.ticks_total,
+            "tick_errors_total": self.tick_errors_total,
+            "events_total": dict(sorted(self.events_total.items())),
+        }
+
+    def metrics_view(self) -> dict[str, Any]:
+        """The last tick's view with the counters as of now (for a scrape between ticks)."""
+        view = self.state.view
+        daemon = dict(view.get("daemon") or {})
+        daemon["counters"] = self.counters()
+        return {**view, "daemon": daemon}
+
+    # -- the view for `coda-node status` -----------------------------------------------
+    # -- the view for `coda-node status` -----------------------------------------------
+    def _event(
+        self, job_id: int, what: str, reason: str, reading: dict[str, Any] | None = None
+    ) -> None:
+        """Keep the decision for `coda-node status` and log it once, job id first."""
+        self.event_log.record(self.ticks_total, job_id, what, reason, reading)
+
+    def _view(self, report: TickReport, limits: dict) -> dict[str, Any]:
+        snap = report.snapshot
+        jobs = self._job_views(report, limits)
+        return {
+            "daemon": {
+                "running": True,
+                "pid": os.getpid(),
+                "version": __version__,
+                "node_name": self.node_name,
+                "started_unix_s": self.started_unix_s,
+                "interval_s": self.cfg.node_interval_s,
+                "enforce": list(self.cfg.node_enforce),
+                "profiling": self.loop.profiling_off or "on",
+                "contention": self.loop.contention_off
+                or ("on" if self.cfg.node_contention else "off (NodeContention=no)"),
+                "metrics": self.metrics_state,
+                "counters": self.counters(),
+            },
+            "node": {
+                "cgroup_version": self.layout.version,
+                "slurm_cgroups": [str(p) for p in self.layout.slurm_dirs],
+                "slurm_cgroups_reason": self.layout.reason,
+                "cpus_online": self.cpus_online,
+                "capabilities": [
+                    *self.capabilities,
+                    *mem_bw_monitor_capability(
+                        self.mem_bw_monitor,
+                        self.mem_bw_monitor_off,
+                        self.rdt_info,
+                        supplied=self._mbm is not None,
+                    ),
+                ],
+                "mem_bw_monitor": mem_bw_monitor_entry(
+                    self.mem_bw_monitor, self.mem_bw_monitor_off
+                ),
+                "nvml": asdict(self.nvml.status()),
+                "gpus": [asdict(g) for g in snap.gpus],
+                "mem_bw": [asdict(m) for m in snap.mem_bw],
+                "pcie_bw": [asdict(p) for p in snap.pcie_bw],
+                "errors": list(snap.errors) + report.problems + self.recovery.problems(self.state),
+            },
+            "jobs": jobs,
+            "events": list(self.events),
+            "sampled_unix_s": snap.unix_s,
+        }
+
+    def _job_views(self, report: TickReport, limits: dict) -> list[dict[str, Any]]:
+        snap = report.snapshot
+        gpu_by_nvml = {g.index: g for g in snap.gpus}
+        jobs = []
+        for job_id, v in sorted(snap.jobs.items()):
+            allocated = report.allocated.get(job_id)
+            if job_id in self.state.repair or job_id in report.held:
+                # Its cgroup is not (yet) the allocation: show Slurm's.
+                allocated = self.slurm_cpu_ids.to_kernel(v.slurm.cpu_ids) if v.slurm else None
+            elif allocated is None and v.cgroup is not None:
+                allocated = self._allocated(job_id, v.cgroup)
+            jobs.append(
+                job_entry(
+                    job_id,
+                    v,
+                    gpus=gpu_entries(v, gpu_by_nvml),
+                    allocated=allocated,
+                    ch=self.state.changes.get(job_id),
+                    target=report.targets.get(job_id),
+                    res=report.results.get(job_id),
+                    limit=limits.get(job_id),
+                    policy=policy_entry(self.loop, job_id),
+                )
+            )
+        return jobs
+
+
+def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
+    """The environment for Slurm's commands: this one, with SlurmConf as SLURM_CONF."""
+    env = dict(os.environ)
+    if cfg.slurm_conf is not None:
+        env["SLURM_CONF"] = str(cfg.slurm_conf)
+    return env
+
+
+def _online_cpus(root: SystemRoot) -> frozenset[int] | None:
+    """The CPUs online under NodeRoot (Documentation/ABI/testing/sysfs-devices-system-cpu);
+    None for a tree without the file."""
+    try:
+        return parse_cpulist(root.path("/sys/devices/system/cpu/online").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _cpus_online(root: SystemRoot) -> int | None:
+    """CPUs online under NodeRoot (Documentation/ABI/testing/sysfs-devices-system-cpu);
+    the host's count only for the real root, None for a tree without the file."""
+    try:
+        return len(parse_cpulist(root.path("/sys/devices/system/cpu/online").read_text()))
+    except (OSError, ValueError):
+        return os.cpu_count() if root.root.resolve() == Path("/") else None
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT end the loop; the loop then restores every job."""
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("signal %d: restoring every job and stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def default_state_dir_ok(path: Path) -> str | None:
+    """None when ``path`` can hold the state file, else why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {path} ({exc.strerror})"
+    if not os.access(path, os.W_OK):
+        return f"{path} is not writable (coda-node runs as root)"
+    return None

@@ -1,0 +1,172 @@
+"""Node policy: a snapshot of the jobs in, the wanted state of each job out. Pure.
+
+No ``os``, no files, no NVML here: the daemon hands in what sampling read, and
+:mod:`coda_node.enforce.enforcer` makes the cgroups match what this returns. The targets come
+from operators' limits (:class:`Limit`, ``coda-node limit``, stored by
+:mod:`coda_node.enforce.state`); the adaptive allocator and the contention eliminator add theirs
+through the same :class:`JobTarget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coda_node.system.cpulist import format_cpulist
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """An operator's limit on one job (``coda-node limit``); None = leave as Slurm set."""
+
+    cores: int | None = None
+    """Keep the job on this many of its allocated cores (cpuset)."""
+    cpus: tuple[int, ...] | None = None
+    """Keep the job on exactly these of its allocated CPUs (cpuset)."""
+    quota_cores: float | None = None
+    """Cap the job's CPU time at this many cores' worth (CFS bandwidth)."""
+    mem_bw_pct: int | None = None
+    """Cap the job's memory bandwidth (Intel RDT MBA, percent of a socket's, or MBps on
+    an mba_MBps mount)."""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "cpus": list(self.cpus) if self.cpus is not None else None,
+            "quota_cores": self.quota_cores,
+            "mem_bw_pct": self.mem_bw_pct,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Limit:
+        cpus = d.get("cpus")
+        return cls(
+            cores=d.get("cores"),
+            cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
+            quota_cores=d.get("quota_cores"),
+            mem_bw_pct=d.get("mem_bw_pct"),
+            reason=str(d.get("reason", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the policy needs to know about one job."""
+
+    job_id: int
+    allocated_cpus: frozenset[int]
+    """The CPUs Slurm gave the job on this node (before any change of ours)."""
+    is_dnn: bool
+    near_cpus: frozenset[int] = frozenset()
+    """The CPUs local to the job's GPUs (sysfs ``local_cpulist``); empty when unknown. A
+    job slimmed to fewer cores keeps these first."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobTarget:
+    """How a job should be; None fields mean "as Slurm set it"."""
+
+    cpus: frozenset[int] | None = None
+    quota_cores: float | None = None
+    mem_bw_pct: int | None = None
+    """Memory-bandwidth cap through RDT MBA (the value written to ``MB:``)."""
+    reason: str = ""
+    l3_ways: int | None = None
+    """L3 ways the job may allocate in, through RDT CAT (the low ways of ``L3:``)."""
+
+    @property
+    def is_default(self) -> bool:
+        return (
+            self.cpus is None
+            and self.quota_cores is None
+            and self.mem_bw_pct is None
+            and self.l3_ways is None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanProblem:
+    job_id: int
+    message: str
+
+
+def choose_cpus(
+    allocated: frozenset[int], cores: int, near: frozenset[int] = frozenset()
+) -> frozenset[int]:
+    """``cores`` CPUs of the allocation: first those in ``near`` (the CPUs local to the
+    job's GPUs, :mod:`coda_node.system.topology`), then the rest; lowest-numbered first within
+    each, so that repeated plans pick the same CPUs and a tick never moves a job back and
+    forth."""
+    return frozenset(sorted(allocated, key=lambda cpu: (cpu not in near, cpu))[:cores])
+
+
+def quota_that_caps(quota_cores: float | None, cpu_count: int) -> float | None:
+    """``quota_cores``, or None where it is at or above ``cpu_count``: a CPU quota of the
+    job's CPUs or more changes nothing, so it is no quota."""
+    if quota_cores is not None and quota_cores >= cpu_count:
+        return None
+    return quota_cores
+
+
+def plan(
+    jobs: Mapping[int, JobFacts],
+    limits: Mapping[int, Limit],
+    *,
+    mba: str | None = None,
+) -> tuple[dict[int, JobTarget], list[PlanProblem]]:
+    """Targets for every job that should differ from Slurm's setting, and the limits
+    that cannot be honoured (with why). Jobs not in the result are to be as Slurm set
+    them; limits for jobs not on this node are ignored (the job may not have started).
+    ``mba`` is None when memory-bandwidth allocation works here, else why it does not."""
+    targets: dict[int, JobTarget] = {}
+    problems: list[PlanProblem] = []
+    for job_id, limit in sorted(limits.items()):
+        facts = jobs.get(job_id)
+        if facts is None:
+            continue
+        allocated = facts.allocated_cpus
+        cpus: frozenset[int] | None = None
+        if limit.cpus is not None:
+            wanted = frozenset(limit.cpus)
+            outside = wanted - allocated
+            if not wanted:
+                problems.append(PlanProblem(job_id, "an empty CPU list is not a limit"))
+            elif outside:
+                problems.append(
+                    PlanProblem(
+                        job_id,
+                        f"CPUs {format_cpulist(outside)} are outside the job's allocation "
+                        f"{format_cpulist(allocated)}; the cpuset limit is not applied",
+                    )
+                )
+            elif wanted != allocated:
+                cpus = wanted
+        elif limit.cores is not None:
+            if limit.cores < 1:
+                problems.append(PlanProblem(job_id, "a job keeps at least 1 core"))
+            elif limit.cores < len(allocated):
+                cpus = choose_cpus(allocated, limit.cores, facts.near_cpus)
+        quota = limit.quota_cores
+        if quota is not None and quota <= 0:
+            problems.append(PlanProblem(job_id, "a CPU quota must be more than 0 cores"))
+            quota = None
+        quota = quota_that_caps(quota, len(cpus if cpus is not None else allocated))
+        mem_bw = limit.mem_bw_pct
+        if mem_bw is not None and mba is not None:
+            problems.append(PlanProblem(job_id, f"memory-bandwidth limit not applied: {mba}"))
+            mem_bw = None
+        elif mem_bw is not None and mem_bw <= 0:
+            problems.append(PlanProblem(job_id, "a memory-bandwidth limit must be more than 0"))
+            mem_bw = None
+        target = JobTarget(
+            cpus=cpus,
+            quota_cores=quota,
+            mem_bw_pct=mem_bw,
+            reason=limit.reason or "admin limit",
+        )
+        if not target.is_default:
+            targets[job_id] = target
+    return targets, problems

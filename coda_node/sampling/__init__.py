@@ -1,0 +1,3 @@
+"""What a tick reads: the node snapshot (cgroups, GPUs, progress) and the memory-bandwidth
+monitor.
+"""

@@ -1,0 +1,254 @@
+"""Sampling: everything the daemon reads in one tick, joined per job. Reads only.
+
+Jobs are found in Slurm's cgroup tree (:mod:`coda_node.system.cgroups`) and joined with Slurm's
+record of them (:mod:`coda_node.system.slurmjobs`, fetched once per job); GPUs come from NVML
+(:mod:`coda_node.system.nvml`), mapped from Slurm's GRES index through the device minor number;
+CPU time from cgroup accounting; memory bandwidth from resctrl MBM and the uncore memory
+controllers, and PCIe traffic per socket from the uncore IIO stacks, where the node has them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from coda_node.system import cgroups
+from coda_node.system.cgroups import CgroupJob, CgroupLayout
+from coda_node.system.nvml import GpuSample, Nvml
+from coda_node.system.paths import SystemRoot
+from coda_node.system.perf import PerfError
+from coda_node.system.slurmjobs import (
+    GresDevice,
+    SlurmJob,
+    SlurmJobs,
+    SlurmQueryError,
+    gres_gpu_devices,
+)
+
+if TYPE_CHECKING:
+    from coda_node.system.perf import PcieBwSample
+
+log = logging.getLogger("coda-node")
+
+_Sample = TypeVar("_Sample")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One GPU of a job: Slurm's index, the device's minor number, NVML's index."""
+
+    slurm_index: int
+    minor: int | None
+    nvml_index: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job_id: int
+    slurm: SlurmJob | None
+    """None when slurmctld could not be asked (the job is still shown, from its cgroup)."""
+    cgroup: CgroupJob | None
+    gpus: tuple[GpuRef, ...]
+    cpu_usage_ns: int | None
+    cpu_rate_cores: float | None
+    """CPU time used per second of wall time since the last tick, in cores."""
+    mem_bw_bytes_per_s: float | None
+    """From the job's resctrl monitoring group, where one exists."""
+    kind: str
+    """``dnn`` (a GPU job), ``cpu``, or ``unknown`` without Slurm's record. Worked out once
+    per sample: a tick asks it of every job several times."""
+
+    @property
+    def cpus_now(self) -> frozenset[int]:
+        if self.cgroup is not None:
+            return self.cgroup.cpus
+        return self.slurm.cpu_ids if self.slurm is not None else frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    monotonic_s: float
+    unix_s: float
+    node_name: str
+    jobs: dict[int, JobView]
+    gpus: tuple[GpuSample, ...]
+    mem_bw: tuple[object, ...]
+    """Per-socket uncore memory bandwidth samples (:class:`coda_node.system.perf.MemBwSample`)."""
+    errors: tuple[str, ...]
+    pcie_bw: tuple[PcieBwSample, ...] = ()
+    """Per-socket PCIe traffic from the uncore IIO counters; empty when not measured or
+    when reading them failed this tick."""
+
+
+class Sampler:
+    def __init__(
+        self,
+        *,
+        root: SystemRoot,
+        node_name: str,
+        layout: CgroupLayout | None,
+        slurm: SlurmJobs,
+        nvml: Nvml,
+        gres_conf: Path | None,
+        mem_bw: Callable[[], list[object]] | None = None,
+        pcie_bw: Callable[[], Sequence[PcieBwSample]] | None = None,
+        mbm: Callable[[int], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root
+        self.node_name = node_name
+        self.layout = layout
+        self.slurm = slurm
+        self.nvml = nvml
+        self.gres_conf = gres_conf
+        self._mem_bw = mem_bw
+        self._pcie_bw = pcie_bw
+        self._uncore_failing: dict[str, str] = {}
+        """What failed the last time each uncore sampler was read, by what it measures."""
+        self._mbm = mbm
+        self._clock = clock
+        self._last_cpu: dict[int, tuple[float, int]] = {}
+        self._cgroup_accounting: bool | None = None
+        self.detail_jobs: set[int] = set()
+        """Jobs whose steps are read too (those the daemon may change)."""
+        self.task_jobs: set[int] = set()
+        """Jobs whose tasks are read too (those where a change acts on tasks: a CPU quota
+        that moves them, a resctrl group); every job's when CPU time is summed per thread."""
+        self._subdirs = cgroups.SubdirCache()
+        """Those jobs' directories, listed again only when they change."""
+        self._gres: list[GresDevice] | None = None
+
+    def gres_devices(self) -> list[GresDevice]:
+        if self._gres is None:
+            if self.gres_conf is None:
+                self._gres = []
+            else:
+                self._gres = gres_gpu_devices(self.gres_conf, self.node_name, self.root)
+        return self._gres
+
+    def reset_accounting(self) -> None:
+        """Decide again where CPU time comes from (the cgroup layout changed)."""
+        self._cgroup_accounting = None
+        self._subdirs = cgroups.SubdirCache()
+
+    def _accounting_in_cgroups(self) -> bool:
+        """Whether a job's CPU time is one file (v2 cpu.stat, v1 cpuacct by Slurm's
+        jobacct_gather/cgroup) rather than a sum over its threads."""
+        if self._cgroup_accounting is None:
+            layout = self.layout
+            ok = False
+            if layout is not None and layout.version == 2:
+                ok = True
+            elif layout is not None and layout.cpuacct_mount and layout.cpuset_mount:
+                ok = any(
+                    (layout.cpuacct_mount / top.relative_to(layout.cpuset_mount)).is_dir()
+                    for top in layout.slurm_dirs
+                    if top.is_relative_to(layout.cpuset_mount)
+                )
+            self._cgroup_accounting = ok
+        return self._cgroup_accounting
+
+    def forget(self, job: CgroupJob) -> None:
+        """Read ``job``'s directories afresh next time (the daemon just wrote to them)."""
+        self._subdirs.forget(os.fspath(job.path))
+
+    def _detail(self, job_id: int) -> cgroups.Detail:
+        if job_id in self.task_jobs:
+            return "tasks"
+        return "steps" if job_id in self.detail_jobs else "cpus"
+
+    def sample(self) -> NodeSnapshot:
+        errors: list[str] = []
+        now = self._clock()
+        cg_jobs: dict[int, CgroupJob] = {}
+        if self.layout is not None:
+            # Without cgroup accounting CPU time comes from each thread in /proc: every job
+            # is then read with its tasks.
+            detail = self._detail if self._accounting_in_cgroups() else None
+            cg_jobs = cgroups.list_jobs(self.layout, detail=detail, cache=self._subdirs)
+        ids = set(cg_jobs)
+        if self.layout is None:
+            try:
+                ids = self.slurm.on_node()
+            except SlurmQueryError as exc:
+                errors.append(f"cannot list jobs: {exc}")
+        slurm_jobs = self.slurm.get(ids)
+        if self.slurm.last_error:
+            errors.append(self.slurm.last_error)
+        gpus = tuple(self.nvml.sample())
+        minor_to_nvml = self.nvml.minor_to_index() if gpus else {}
+        by_index = {d.index: d for d in self.gres_devices()}
+        jobs: dict[int, JobView] = {}
+        for job_id in sorted(ids):
+            cg = cg_jobs.get(job_id)
+            sj = slurm_jobs.get(job_id)
+            if cg is None and sj is None:
+                continue
+            refs = []
+            for idx in sj.gpu_indices if sj is not None else ():
+                dev = by_index.get(idx)
+                minor = dev.minor if dev is not None else None
+                refs.append(
+                    GpuRef(idx, minor, minor_to_nvml.get(minor) if minor is not None else None)
+                )
+            usage = cgroups.cpu_usage_ns(self.layout, cg) if (cg and self.layout) else None
+            rate = None
+            if usage is not None:
+                # Timed at the read itself: a slow scontrol call earlier in this tick must
+                # not stretch or shrink the interval the rate is computed over.
+                read_s = self._clock()
+                last = self._last_cpu.get(job_id)
+                if last is not None and read_s > last[0] and usage >= last[1]:
+                    rate = (usage - last[1]) / 1e9 / (read_s - last[0])
+                self._last_cpu[job_id] = (read_s, usage)
+            jobs[job_id] = JobView(
+                job_id=job_id,
+                slurm=sj,
+                cgroup=cg,
+                gpus=tuple(refs),
+                cpu_usage_ns=usage,
+                cpu_rate_cores=rate,
+                mem_bw_bytes_per_s=self._mbm(job_id) if self._mbm is not None else None,
+                kind="unknown" if sj is None else "dnn" if sj.is_dnn else "cpu",
+            )
+        for gone in set(self._last_cpu) - set(jobs):
+            del self._last_cpu[gone]
+        mem_bw = self._read_uncore("memory bandwidth", self._mem_bw, errors)
+        pcie_bw = self._read_uncore("PCIe bandwidth", self._pcie_bw, errors)
+        return NodeSnapshot(
+            monotonic_s=now,
+            unix_s=time.time(),
+            node_name=self.node_name,
+            jobs=jobs,
+            gpus=gpus,
+            mem_bw=tuple(mem_bw),
+            errors=tuple(errors),
+            pcie_bw=tuple(pcie_bw),
+        )
+
+    def _read_uncore(
+        self, what: str, read: Callable[[], Sequence[_Sample]] | None, errors: list[str]
+    ) -> Sequence[_Sample]:
+        """One uncore sampler's per-socket samples; none this tick when its counters cannot
+        be read. Node-wide counters are context for the jobs, not something a tick needs:
+        a failed read(2) (a CPU taken offline under a counter, EBADF after a close) is shown
+        in the view's errors, logged once until it reads again, and the tick goes on."""
+        if read is None:
+            return []
+        try:
+            samples = read()
+        except PerfError as exc:
+            message = f"cannot read the uncore {what} counters: {exc}"
+            errors.append(message)
+            if self._uncore_failing.get(what) != message:
+                log.warning("%s; going on without them", message)
+            self._uncore_failing[what] = message
+            return []
+        if self._uncore_failing.pop(what, None) is not None:
+            log.info("uncore %s counters read again", what)
+        return samples

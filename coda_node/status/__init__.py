@@ -1,0 +1,1 @@
+"""The admin's view: the status document, its text rendering and the Prometheus metrics."""

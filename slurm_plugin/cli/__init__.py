@@ -1,0 +1,1 @@
+"""coda-slurm: the admin commands."""

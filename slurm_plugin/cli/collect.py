@@ -1,0 +1,103 @@
+"""``coda-slurm profiles collect``: merge the profiles node daemons dropped as munge
+credentials into the profile store (:mod:`slurm_plugin.store.dropbox`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from slurm_plugin.cli.common import CliError, conf_option, emit_json
+from slurm_plugin.config.codaconf import ConfigError, load_config
+from slurm_plugin.config.paths import default_conf_path
+from slurm_plugin.store.dropbox import (
+    Collector,
+    CollectStats,
+    HostFilter,
+    node_addresses_from_slurm,
+)
+from slurm_plugin.store.profiles import ProfileStore, StoreError
+
+
+def _log(level: str, message: str) -> None:
+    click.echo(f"coda-slurm: {'error: ' if level == 'error' else ''}{message}", err=True)
+
+
+@click.command("collect")
+@conf_option("ProfileDropDir, ProfileStore, MungeSocket, ProfileDropUids, ProfileDropHosts")
+@click.option(
+    "--watch",
+    "interval_s",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    metavar="SECONDS",
+    help="Collect every SECONDS until SIGTERM/SIGINT (default: one pass, then exit).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One pass: counts as JSON.")
+def collect_cmd(conf_path: Path | None, interval_s: float | None, as_json: bool) -> None:
+    """Merge the profiles node daemons dropped into ProfileDropDir (ProfilePublish=munge).
+
+    Each credential is decoded with unmunge and merged only when munge says root (or a uid
+    of ProfileDropUids) made it on a node of this cluster; every file is removed once read,
+    and every refusal is one line on stderr. Runs as root on the controller, which owns
+    ProfileStore.
+    """
+    path = conf_path if conf_path is not None else default_conf_path()
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        raise CliError(f"cannot load {path}", exc.message) from exc
+    env = dict(os.environ)
+    if cfg.slurm_conf is not None and cfg.slurm_conf.exists():
+        env["SLURM_CONF"] = str(cfg.slurm_conf)
+    collector = Collector(
+        cfg.profile_drop_dir,
+        ProfileStore(cfg.profile_store),
+        cfg.munge_socket,
+        accept_uids=cfg.profile_drop_uids,
+        hosts=HostFilter(cfg.profile_drop_hosts, lambda: node_addresses_from_slurm(env)),
+        log=_log,
+    )
+    if interval_s is None:
+        try:
+            stats = collector.collect()
+        except (StoreError, OSError) as exc:
+            raise CliError(f"cannot collect from {cfg.profile_drop_dir}", str(exc)) from exc
+        _report(stats, as_json)
+        return
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _s, _f: stop.set())
+    last_error: str | None = None
+    while not stop.is_set():
+        try:
+            collector.collect()
+            error = None
+        except (StoreError, OSError) as exc:
+            error = f"cannot collect from {cfg.profile_drop_dir} ({exc}); retrying"
+        if error is not None and error != last_error:
+            _log("error", error)
+        last_error = error
+        sys.stderr.flush()
+        stop.wait(interval_s)
+
+
+def _report(stats: CollectStats, as_json: bool) -> None:
+    if as_json:
+        emit_json(
+            {
+                "accepted": stats.accepted,
+                "refused": stats.refused,
+                "samples": stats.samples,
+                "left_alone": stats.left_alone,
+            }
+        )
+        return
+    click.echo(
+        f"{stats.accepted} accepted ({stats.samples} samples merged), {stats.refused} refused, "
+        f"{stats.left_alone} left alone"
+    )

@@ -1,0 +1,65 @@
+"""``coda-slurm job JOBID``: one job's report (what CODA decided, what the job asked, had and
+used, and whether its GPUs waited on the CPU); see :mod:`slurm_plugin.cli.jobreport`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_plugin.cli.common import CliError, conf_option, emit_json
+from slurm_plugin.cli.jobreport import ReportError, fetch_report, render
+from slurm_plugin.config.codaconf import ConfigError, load_config
+from slurm_plugin.config.paths import default_conf_path
+
+
+def _node_status(conf_path: Path | None) -> dict[str, Any] | None:
+    """coda-node's status document of this node, or None where no daemon view is readable
+    (a login node, a controller, a node without coda-node)."""
+    from coda_node.enforce.state import STATE_FILE, VIEW_FILE
+    from coda_node.status.document import load_status
+
+    path = conf_path or default_conf_path()
+    if not path.exists():
+        return None
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        raise CliError(f"cannot load {path}", exc.message) from exc
+    view = cfg.node_runtime_dir / VIEW_FILE
+    if not view.exists():
+        return None
+    doc = load_status(
+        view, state_path=cfg.node_state_dir / STATE_FILE, interval_s=cfg.node_interval_s
+    )
+    if doc["daemon"]["status"] == "absent":
+        return None
+    doc.setdefault("node", {})
+    if isinstance(doc["node"], dict):
+        doc["node"].setdefault("name", cfg.node_name or socket.gethostname().split(".")[0])
+    return doc
+
+
+@click.command("job")
+@conf_option("NodeRuntimeDir, NodeStateDir")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("job_id", type=click.IntRange(min=1))
+def job_cmd(conf_path: Path | None, as_json: bool, job_id: int) -> None:
+    """What happened to one finished or running job: what CODA decided at submission
+    (the admin comment's record), what the job asked, the cores it had and used (sacct),
+    coda-node's samples where this node runs it, and whether its GPUs waited on the CPU.
+
+    Needs Slurm accounting (slurmdbd): sacct must list the job.
+    """
+    status = _node_status(conf_path)
+    try:
+        report = fetch_report(job_id, status=status, env=os.environ)
+    except ReportError as exc:
+        raise CliError(*exc.args) from exc
+    if as_json:
+        emit_json(report)
+    else:
+        click.echo(render(report))

@@ -1,0 +1,427 @@
+"""One job's report, in the spirit of ``seff`` and Princeton's ``jobstats``: what CODA decided
+at submission, what the job asked, the cores it had, what it used, and whether its GPUs were
+waiting on the CPU.
+
+Sources, each named in the report:
+
+- ``sacct`` (slurmdbd): the allocation, times, state and ``TotalCPU`` (the CPU time of the
+  job's finished steps, from the kernel's rusage) or, while a step runs, its
+  ``TRESUsageInTot`` ``cpu=``; the hook's record from ``AdminComment``;
+- coda-node's view of this node (``NodeRuntimeDir/view.json``) while the job runs here: its
+  GPUs' utilisation, the cores it uses and has, and whether coda-node throttled neighbours
+  for it.  coda-node keeps no per-job samples after a job ends.
+
+Job names are users' text: ``|``, line breaks and bytes that are not UTF-8 are all possible.
+The structured query therefore holds no free text, and the name and the admin comment are
+read by queries of one field for one record, whose whole output is the value.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_plugin.decision.decide import parse_admin_record
+
+SCHEMA_VERSION = 1
+"""Version of the ``--json`` document; keys are only ever added."""
+
+SACCT_TIMEOUT_S = 30.0
+
+SACCT_FIELDS = (
+    "JobIDRaw",
+    "JobID",
+    "State",
+    "User",
+    "Partition",
+    "NNodes",
+    "NodeList",
+    "Submit",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "AllocCPUS",
+    "ReqTRES",
+    "AllocTRES",
+    "TotalCPU",
+    "TRESUsageInTot",
+    "ExitCode",
+)
+"""The structured query (``sacct -P -j JOBID``): none of these holds a user's text.
+``JobIDRaw`` is what JOBID is matched with (an array task's own id; ``JobID`` is
+``<array job>_<index>`` there)."""
+
+GPU_BUSY_PCT = 80.0
+"""GPUs at least this busy are not waiting on anything."""
+CPU_BOUND_SHARE = 0.9
+"""A job using this share of its cores is CPU-bound."""
+
+
+class ReportError(RuntimeError):
+    """The job cannot be reported; ``args`` are (what, why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SacctRecord:
+    """The job's own line (the allocation) and its steps' lines of the structured query."""
+
+    job: dict[str, str]
+    steps: list[dict[str, str]]
+
+
+def run_sacct(args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """``sacct ARGS``'s stdout, bytes that are not UTF-8 replaced; ReportError on failure."""
+    try:
+        proc = subprocess.run(
+            ["sacct", *args],
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=SACCT_TIMEOUT_S,
+            env=None if env is None else dict(env),
+        )
+    except FileNotFoundError:
+        raise ReportError("sacct not found", "install Slurm's client commands") from None
+    except subprocess.TimeoutExpired:
+        raise ReportError("sacct did not answer", f"no reply in {SACCT_TIMEOUT_S:g} s") from None
+    if proc.returncode != 0:
+        raise ReportError("sacct failed", proc.stderr.strip() or f"exit {proc.returncode}")
+    return proc.stdout
+
+
+def parse_structured(text: str, job_id: int) -> SacctRecord:
+    """The lines of ``sacct -P -n -j JOBID --format=<SACCT_FIELDS>`` as dicts."""
+    job: dict[str, str] | None = None
+    steps: list[dict[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) != len(SACCT_FIELDS):
+            raise ReportError(
+                "cannot read sacct's output",
+                f"{len(values)} fields in {line[:80]!r}, expected {len(SACCT_FIELDS)}",
+            )
+        row = dict(zip(SACCT_FIELDS, values, strict=True))
+        if row["JobIDRaw"] == str(job_id):
+            job = row
+        elif row["JobIDRaw"].startswith(f"{job_id}."):
+            steps.append(row)
+    if job is None:
+        raise ReportError(f"no job {job_id} in Slurm's accounting", "sacct lists no such job")
+    return SacctRecord(job, steps)
+
+
+def one_value(text: str) -> str:
+    """The value of a one-field, one-record ``sacct -P -n`` query: the whole output but the
+    last line break (a value may hold line breaks and ``|`` itself)."""
+    return text[:-1] if text.endswith("\n") else text
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``billing=8,cpu=8,gres/gpu=2,node=1`` -> ``{"cpu": "8", "gres/gpu": "2", ...}``."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if eq and name:
+            out[name.strip()] = value.strip()
+    return out
+
+
+def tres_int(tres: Mapping[str, str], name: str) -> int | None:
+    value = tres.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def tres_gpus(tres: Mapping[str, str]) -> int | None:
+    """``gres/gpu=N``, else the sum of typed ``gres/gpu:TYPE=N``."""
+    total = tres_int(tres, "gres/gpu")
+    if total is not None:
+        return total
+    typed = [int(v) for k, v in tres.items() if k.startswith("gres/gpu:") and v.isdigit()]
+    return sum(typed) if typed else None
+
+
+_DURATION = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
+
+
+def parse_duration_s(text: str) -> float | None:
+    """Slurm's CPU times: ``MM:SS.mmm``, ``HH:MM:SS``, ``D-HH:MM:SS``; None when empty."""
+    m = _DURATION.match(text.strip())
+    if m is None:
+        return None
+    days, hours, minutes, seconds = m.groups()
+    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.strip().isdigit() else None
+
+
+def _time(text: str) -> str | None:
+    return None if text.strip() in ("", "Unknown", "None") else text.strip()
+
+
+def cpu_used(record: SacctRecord) -> tuple[float | None, str]:
+    """(CPU seconds the job used, where the number comes from).  ``TotalCPU`` counts the
+    job's finished steps; while a step runs it is 0, and the steps' ``TRESUsageInTot``
+    ``cpu=`` (jobacct_gather's last poll) says more."""
+    total = parse_duration_s(record.job["TotalCPU"])
+    polled = [
+        parse_duration_s(parse_tres(step["TRESUsageInTot"]).get("cpu", "")) for step in record.steps
+    ]
+    polled_s = (
+        sum(p for p in polled if p is not None) if any(p is not None for p in polled) else None
+    )
+    if total and (polled_s is None or total >= polled_s):
+        return total, "sacct TotalCPU"
+    if polled_s is not None:
+        return polled_s, "sacct TRESUsageInTot"
+    return total, "sacct TotalCPU"
+
+
+def decision(admin_comment: str) -> dict[str, Any] | None:
+    """The hook's record in the admin comment, or None when it holds none."""
+    try:
+        fields = parse_admin_record(admin_comment)
+    except ValueError:
+        return None
+    start = admin_comment.find("coda:sig=")
+    end = next(
+        (i for i in range(start, len(admin_comment)) if admin_comment[i].isspace()),
+        len(admin_comment),
+    )
+    return {
+        "record": admin_comment[start:end],
+        "message": (admin_comment[:start] + admin_comment[end:]).strip() or None,
+        "action": fields["action"],
+        "would": fields.get("would"),
+        "cpus_per_gpu": _int(fields["cpg"]),
+        "source": fields["src"],
+        "user_request": fields["was"] or None,
+        "signature": fields["sig"],
+        "gpus_per_node": _int(fields.get("gpn", "")),
+        "nodes": _int(fields.get("nodes", "")),
+    }
+
+
+def node_samples(status: Mapping[str, Any] | None, job_id: int) -> dict[str, Any] | None:
+    """What coda-node's view (``coda_node.status.document`` document) says about the job now."""
+    if not status:
+        return None
+    for job in status.get("jobs") or []:
+        if job.get("job_id") == job_id:
+            daemon = status.get("daemon") or {}
+            return {
+                "node": (status.get("node") or {}).get("name"),
+                "daemon": daemon.get("status"),
+                "gpu_util_pct": job.get("gpu_util_pct"),
+                "cpu_rate_cores": job.get("cpu_rate_cores"),
+                "cores_allocated": job.get("cores_allocated"),
+                "cores_in_force": job.get("cores_in_force"),
+                "throttle_level": job.get("throttle_level"),
+                "profile_state": job.get("profile_state"),
+            }
+    return None
+
+
+def gpu_wait_verdict(samples: Mapping[str, Any] | None, state: str) -> dict[str, str]:
+    """Whether the job's GPUs were waiting on the CPU: ``yes``, ``no``, or ``unknown`` with
+    why.  Only coda-node's GPU samples can say; CPU time alone cannot."""
+    if samples is None:
+        why = (
+            "coda-node keeps no per-job GPU samples after a job ends"
+            if state not in ("RUNNING", "SUSPENDED")
+            else "coda-node on the job's node reported nothing for it here"
+        )
+        return {"verdict": "unknown", "why": f"no GPU samples ({why})"}
+    gpu = samples.get("gpu_util_pct")
+    if gpu is None:
+        return {
+            "verdict": "unknown",
+            "why": "no GPU samples (coda-node read no GPU utilisation: no NVML on the node?)",
+        }
+    used = samples.get("cpu_rate_cores")
+    cores = samples.get("cores_in_force") or samples.get("cores_allocated")
+    if gpu >= GPU_BUSY_PCT:
+        return {"verdict": "no", "why": f"GPUs {gpu:.0f}% busy"}
+    if used is not None and cores and used >= CPU_BOUND_SHARE * cores:
+        return {
+            "verdict": "yes",
+            "why": f"GPUs {gpu:.0f}% busy while the job used {used:.1f} of its {cores:g} cores",
+        }
+    spare = (
+        f" with cores to spare ({used:.1f} of {cores:g} used)" if used is not None and cores else ""
+    )
+    return {"verdict": "no", "why": f"GPUs {gpu:.0f}% busy{spare}: not waiting on the CPU"}
+
+
+def build_report(
+    job_id: int,
+    record: SacctRecord,
+    name: str,
+    admin_comment: str,
+    status: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report document (``--json``; schema_version :data:`SCHEMA_VERSION`)."""
+    job = record.job
+    req = parse_tres(job["ReqTRES"])
+    alloc = parse_tres(job["AllocTRES"])
+    state = job["State"].split()[0] if job["State"].strip() else "UNKNOWN"
+    elapsed_s = _int(job["ElapsedRaw"])
+    cores = _int(job["AllocCPUS"]) or tres_int(alloc, "cpu")
+    cpu_s, cpu_source = cpu_used(record)
+    mean_cores = cpu_s / elapsed_s if cpu_s is not None and elapsed_s else None
+    efficiency = 100.0 * mean_cores / cores if mean_cores is not None and cores else None
+    samples = node_samples(status, job_id)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "job_id": job_id,
+        "job_id_text": job["JobID"],
+        "name": name,
+        "user": job["User"],
+        "state": state,
+        "exit_code": job["ExitCode"],
+        "partition": job["Partition"],
+        "nodes": _int(job["NNodes"]),
+        "node_list": job["NodeList"],
+        "submit": _time(job["Submit"]),
+        "start": _time(job["Start"]),
+        "end": _time(job["End"]),
+        "elapsed_s": elapsed_s,
+        "coda": decision(admin_comment),
+        "admin_comment": admin_comment,
+        "asked": {
+            "gpus": tres_gpus(req),
+            "cores": tres_int(req, "cpu"),
+            "nodes": tres_int(req, "node"),
+            "tres": job["ReqTRES"],
+        },
+        "allocated": {
+            "gpus": tres_gpus(alloc),
+            "cores": cores,
+            "tres": job["AllocTRES"],
+        },
+        "used": {
+            "cpu_s": cpu_s,
+            "mean_cores": mean_cores,
+            "cpu_efficiency_pct": efficiency,
+            "source": cpu_source,
+        },
+        "node_samples": samples,
+        "gpus_waiting_on_cpu": gpu_wait_verdict(samples, state),
+    }
+
+
+def fetch_report(
+    job_id: int,
+    *,
+    status: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Query sacct for ``job_id`` and build its report (:func:`build_report`)."""
+    fields = ",".join(SACCT_FIELDS)
+    record = parse_structured(
+        run_sacct(["-P", "-n", "-j", str(job_id), f"--format={fields}"], env), job_id
+    )
+    one = ["-P", "-n", "-X", "-j", str(job_id)]
+    name = one_value(run_sacct([*one, "--format=JobName"], env))
+    admin_comment = one_value(run_sacct([*one, "--format=AdminComment"], env))
+    return build_report(job_id, record, name, admin_comment, status)
+
+
+_REQUEST_UNITS = {"cpg": "cores per GPU", "cpt": "cores per task"}
+
+
+def _asked_cores(coda: Mapping[str, Any] | None, asked: Mapping[str, Any]) -> str:
+    """The cores the user asked for: the hook's record of the request before it (ReqTRES
+    holds Slurm's minimum, ``cpu=1``, when only GPUs were asked), else ReqTRES's."""
+    if coda is None:
+        return f"{asked['cores'] if asked['cores'] is not None else '?'} cores"
+    kind, _, count = (coda["user_request"] or "").partition(":")
+    if kind in _REQUEST_UNITS:
+        return f"{count} {_REQUEST_UNITS[kind]}"
+    return "no core count"
+
+
+_WRITTEN = frozenset({"set", "default", "raise", "lower", "replace"})
+_SOURCES = {
+    "profile": "the user's own profile",
+    "global": "the shared profile",
+    "default": "DefaultCpusPerGpu",
+    "none": "no confident profile",
+}
+
+
+def _decided(coda: Mapping[str, Any]) -> str:
+    """The hook's decision in words: what it wrote, or why it wrote nothing."""
+    cpg, action = coda["cpus_per_gpu"], coda["action"]
+    source = _SOURCES.get(coda["source"], coda["source"])
+    if action in _WRITTEN:
+        text = f"{cpg} cores per GPU ({action}, from {source})"
+    elif action == "advise":
+        text = f"would {coda['would']} {cpg} cores per GPU (advise: nothing written)"
+    elif action == "keep":
+        hint = f"; {cpg} per GPU predicted" if cpg is not None else ""
+        text = f"kept the user's request ({source}{hint})"
+    else:
+        text = f"left the job as submitted ({action}, {source})"
+    kind, _, count = (coda["user_request"] or "").partition(":")
+    if kind in _REQUEST_UNITS:
+        text += f"; the user asked {count} {_REQUEST_UNITS[kind]}"
+    return text
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The human table: one line per fact, the verdict last."""
+
+    def num(value: float | None, fmt: str = "{:g}", unit: str = "") -> str:
+        return "?" if value is None else fmt.format(value) + unit
+
+    width = len("GPUs waiting on CPU")
+    coda = report["coda"]
+    if coda is None:
+        decided = "no coda record (the hook left the job alone, or was not loaded)"
+    else:
+        decided = _decided(coda)
+        if coda["message"]:
+            decided += f"\n{'':{width}}  {coda['message']}"
+    asked, alloc, used = report["asked"], report["allocated"], report["used"]
+    samples = report["node_samples"]
+    name = report["name"].encode("unicode_escape").decode("ascii")  # one line, printable
+    rows = [
+        ("Job", f"{report['job_id_text']} {name} ({report['user']}, {report['partition']})"),
+        ("State", f"{report['state']} exit {report['exit_code']}"),
+        ("Nodes", f"{report['nodes']} ({report['node_list']})"),
+        (
+            "Ran",
+            f"{report['start'] or '-'} to {report['end'] or '-'}, "
+            f"{num(report['elapsed_s'], unit=' s')}",
+        ),
+        ("CODA decided", decided),
+        ("Asked", f"{num(asked['gpus'])} GPUs, {_asked_cores(coda, asked)} ({asked['tres']})"),
+        ("Had", f"{num(alloc['gpus'])} GPUs, {num(alloc['cores'])} cores"),
+        (
+            "Used",
+            f"{num(used['cpu_s'], '{:.1f}', ' CPU-s')}, {num(used['mean_cores'], '{:.2f}')} "
+            f"cores on average, {num(used['cpu_efficiency_pct'], '{:.0f}', '%')} of its cores "
+            f"({used['source']})",
+        ),
+    ]
+    if samples is not None:
+        rows.append(
+            (
+                "coda-node",
+                f"{samples['node']}: GPUs {num(samples['gpu_util_pct'], '{:.0f}', '%')} busy, "
+                f"using {num(samples['cpu_rate_cores'], '{:.1f}')} of "
+                f"{num(samples['cores_in_force'])} cores, profile {samples['profile_state']}",
+            )
+        )
+    else:
+        rows.append(("coda-node", "no samples"))
+    wait = report["gpus_waiting_on_cpu"]
+    rows.append(("GPUs waiting on CPU", f"{wait['verdict']}: {wait['why']}"))
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

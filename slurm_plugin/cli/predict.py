@@ -1,0 +1,94 @@
+"""``coda-slurm predict``: run the hook's decision offline on an sbatch command line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from slurm_plugin.cli.common import CliError
+from slurm_plugin.cli.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch
+from slurm_plugin.config.codaconf import ConfigError, load_config
+from slurm_plugin.config.nodecap import NodeCap
+from slurm_plugin.config.paths import default_conf_path, slurm_conf_for
+from slurm_plugin.decision.decide import JobRequest, decide, parse_admin_record
+from slurm_plugin.decision.signature import (
+    DirectiveError,
+    Directives,
+    parse_coda_directives,
+    workload_signature,
+)
+from slurm_plugin.decision.tres import TresError, gpu_count
+from slurm_plugin.store.profiles import ProfileCache, StoreUnavailable
+
+
+def _asks_for_gpus(req: JobRequest) -> bool:
+    fields = (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket)
+    try:
+        return any(gpu_count(tres) for tres in fields)
+    except TresError:
+        return False
+
+
+def predict_submission(
+    argv: list[str], script_path: Path, *, conf_file: Path | None = None, uid: int | None = None
+) -> dict[str, Any]:
+    conf = conf_file or default_conf_path()
+    try:
+        cfg = load_config(conf)
+    except (OSError, ConfigError) as exc:
+        raise CliError(f"cannot load {conf}", str(exc)) from exc
+    try:
+        script = script_path.read_bytes().decode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise CliError(f"cannot read {script_path}", exc.strerror or str(exc)) from exc
+    try:
+        req = request_from_sbatch(argv, script, uid=uid, sep=local_gres_separator())
+    except SbatchOptionError as exc:
+        raise CliError("bad sbatch options", str(exc)) from exc
+    if req.job_name is None:
+        # sbatch names a job after its script file when -J is not given.
+        req = replace(req, job_name=script_path.name)
+    notes: list[str] = []
+
+    def note(_level: str, msg: str) -> None:
+        notes.append(msg)
+
+    cache = ProfileCache(Path(cfg.profile_store), note)
+    try:
+        cache.refresh()
+    except StoreUnavailable as exc:
+        notes.append(f"profile store unavailable: {exc}")
+    node_cap = NodeCap.from_slurm_conf(slurm_conf_for(conf, cfg.slurm_conf), note)
+    # As the hook does: --prefer only ever names a feature some node has.
+    features = frozenset(f for node in node_cap.nodes for f in node.features)
+    decision = decide(
+        req, cfg, cache.snapshot(), node_cap, node_features=features, node_share=node_cap.share
+    )
+    record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
+    try:
+        directives = parse_coda_directives(req.comment)
+    except DirectiveError:
+        directives = Directives()
+    signature = workload_signature(
+        req.uid, req.job_name, req.script, directives, cfg.signature_ignore
+    )
+    return {
+        "signature": record.get("sig", signature.key),
+        "workload": signature.workload,
+        "gpu_job": _asks_for_gpus(req),
+        "action": decision.action,
+        "cpus_per_tres_before": req.cpus_per_tres,
+        "cpus_per_tres_after": decision.cpus_per_tres,
+        "clear_cpus_per_task": decision.clear_cpus_per_task,
+        "partition_before": req.partition,
+        "partition_after": decision.partition,
+        "tres_per_node_before": req.tres_per_node,
+        "tres_per_node_after": decision.tres_per_node,
+        "prefer_before": req.prefer,
+        "prefer_after": decision.prefer,
+        "reason": decision.reason,
+        "user_msg": decision.user_msg,
+        "admin_comment": decision.admin_comment,
+        "notes": notes,
+    }

@@ -1,0 +1,744 @@
+"""The submit-time decision: which ``--cpus-per-gpu`` a job gets.  Pure and stdlib-only.
+
+:func:`decide` takes the job's request fields, the configuration, the in-memory profiles and
+a node-size cap, and returns a :class:`Decision` the job_submit hook applies verbatim.
+
+Actions (:data:`ACTIONS`, a closed set)::
+
+    set      no user value; cpus_per_tres set to the profile's prediction
+    default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu
+    raise    UnprofiledUserValue=raise, no confident profile and the user's per-GPU value
+             is below DefaultCpusPerGpu: set to DefaultCpusPerGpu
+    keep     the user's --cpus-per-gpu / --cpus-per-task left as is (UserValue=keep, or
+             UserValue=lower and the prediction is not lower, or no confident profile and
+             no raise)
+    lower    UserValue=lower and the prediction is below the user's per-GPU value: set
+    replace  UserValue=replace: the prediction replaces the user's value
+    advise   Mode=advise: one of set/default/raise/lower/replace was decided but nothing is
+             written (the admin record's ``would=`` says which)
+    skip     CODA leaves the job alone (CPU-only, Mode=off, partition filter, coda:off,
+             malformed TRES, or no confident profile and no DefaultCpusPerGpu)
+    reject   refuse the submission: a malformed ``coda:`` directive in --comment
+
+Admin record (``Decision.admin_comment``): one token, its format in
+:mod:`slurm_plugin.slurm.adminrecord`; :func:`parse_admin_record` reads it back.  Jobs
+CODA skips for good (CPU-only, Mode=off, partition filter, coda:off, malformed TRES,
+reject) get no record; an unknown workload's skip does, so node daemons can profile it.
+A CPU-only job routed by ``CpuJobPartitions`` gets no record either (it has no workload
+to profile): its log line says ``part=<list>``, and ``scontrol show job`` shows the list.
+
+Placement (:mod:`slurm_plugin.decision.placement`, each off until its coda.conf key is set; only
+in Mode=enforce, for jobs CODA manages and that did not say ``coda:off``):
+
+* ``PcieSpreadGres``: a PCIe-heavy multi-GPU job gets ``gres:<name>:1`` (``gres/<name>:1``
+  where the job's request is spelled so) appended to its ``tres_per_node`` (unless it
+  already asks for that GRES);
+* ``PreferGpuTypes``: a GPU job that names no GPU type and set no ``--prefer`` gets
+  ``--prefer=<feature>`` of the GPU type it gains most (or least) from;
+* ``CpuJobPartitions``: a CPU-only job without ``--partition`` gets that list.
+
+GPUs per node, from the first of these that asks for GPUs:
+
+* ``tres_per_node`` (``--gpus-per-node``, ``--gres``): as is;
+* ``tres_per_job`` (``--gpus``): divided by the node count (``min_nodes``; 1 when unset),
+  rounded up;
+* ``tres_per_task`` (``--gpus-per-task``): times tasks per node (``ntasks_per_node``, else
+  ``num_tasks`` / nodes rounded up, else 1);
+* ``tres_per_socket`` (``--gpus-per-socket``): times ``sockets_per_node``
+  (``--sockets-per-node``); without it the socket count is not known at submit time, so it
+  is treated as one socket per node.  That can only undercount, which loosens the node cap
+  and the multi-node rule, never tightens them.
+
+The node count is ``min_nodes`` when set, else 1 (``max_nodes`` is not used).  A job with
+several partitions (``-p a,b``) is managed only if every one of them is; a job without
+``--partition`` counts as managed only when ``Partitions`` is empty (the caller may fill in
+the default partition first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from slurm_plugin.config.codaconf import CodaConfig
+from slurm_plugin.decision import placement
+from slurm_plugin.decision.request import (
+    INFINITE,
+    INFINITE16,
+    NO_VAL,
+    NO_VAL16,
+    JobRequest,
+    ProfileView,
+)
+from slurm_plugin.decision.signature import (
+    DirectiveError,
+    Directives,
+    Signature,
+    global_key,
+    parse_coda_directives,
+    quote_label,
+    workload_signature,
+)
+from slurm_plugin.decision.tres import (
+    TresError,
+    cpus_per_gpu,
+    gpu_count,
+    gpu_types,
+    gres_separator,
+    parse_tres,
+    set_gpu_count,
+)
+from slurm_plugin.slurm.adminrecord import ADMIN_PREFIX, parse_admin_record
+
+__all__ = [
+    "ACTIONS",
+    "INFINITE",
+    "INFINITE16",
+    "NO_VAL",
+    "NO_VAL16",
+    "Decision",
+    "JobRequest",
+    "ProfileView",
+    "decide",
+    "job_tasks_per_node",
+    "parse_admin_record",
+    "predict_cpus_per_gpu",
+]
+
+ACTIONS = frozenset(
+    {"set", "default", "raise", "keep", "lower", "replace", "advise", "skip", "reject"}
+)
+"""Every value :attr:`Decision.action` can take (see the module docstring)."""
+
+_WRITING = frozenset({"set", "default", "raise", "lower", "replace"})
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the hook does with a job (see the module docstring for the formats)."""
+
+    action: str
+    """One of :data:`ACTIONS`."""
+    cpus_per_tres: str | None
+    """New ``cpus_per_tres`` to write; None = leave the field alone."""
+    clear_cpus_per_task: bool
+    """Also set ``cpus_per_task`` to NO_VAL16 (Slurm refuses both at once)."""
+    user_msg: str | None
+    """One line for sbatch's output, or None."""
+    log_msg: str
+    """One line for slurmctld's log."""
+    admin_comment: str | None
+    """The admin record, or None."""
+    reason: str
+    """Why, in a few words (also part of ``log_msg``)."""
+    partition: str | None = None
+    """New ``partition`` list (CPU-only job routed); None = leave the field alone."""
+    tres_per_node: str | None = None
+    """New ``tres_per_node`` (PCIe spread GRES added); None = leave the field alone."""
+    prefer: str | None = None
+    """New ``--prefer`` node feature; None = leave the field alone."""
+    min_cpus_rescale: tuple[int, int] | None = None
+    """``(user's CPUs per GPU, written CPUs per GPU)`` when a user's ``--cpus-per-gpu`` is
+    rewritten: sbatch from 23.11 on sends ``min_cpus`` = that value x GPUs, which the hook
+    scales to the new value (left alone, Slurm refuses a job lowered below it)."""
+
+
+def predict_cpus_per_gpu(
+    profile: ProfileView, gpus_per_node: int, nodes: int, multi_node_gpu_cap: int
+) -> int:
+    """The CODA model rule, before clamping.
+
+    One node: the profile's ``cpus_per_gpu``.  Several nodes: the measured
+    ``multi_node_cpus_per_gpu`` when the profile has one, else
+    ``ceil(cpus_per_gpu * min(gpus_per_node, cap) / gpus_per_node)`` (multi-node demand per
+    node is at most the demand of the same workload on one node with ``cap`` GPUs).
+    """
+    if nodes <= 1:
+        return profile.cpus_per_gpu
+    if profile.multi_node_cpus_per_gpu is not None:
+        return profile.multi_node_cpus_per_gpu
+    gpn = max(gpus_per_node, 1)
+    return -(-(profile.cpus_per_gpu * min(gpn, multi_node_gpu_cap)) // gpn)
+
+
+def job_tasks_per_node(req: JobRequest, nodes: int) -> int:
+    """Tasks per node as :func:`decide` assumes them: ``ntasks_per_node``, else ``num_tasks``
+    / ``nodes`` rounded up, else 1."""
+    if _set16(req.ntasks_per_node):
+        return req.ntasks_per_node
+    if _set32(req.num_tasks):
+        return -(-req.num_tasks // max(nodes, 1))
+    return 1
+
+
+def _set16(value: int) -> bool:
+    return 0 < value < NO_VAL16
+
+
+def _set32(value: int) -> bool:
+    return 0 < value < NO_VAL
+
+
+def _job_label(req: JobRequest) -> str:
+    return f"job {quote_label(req.job_name or '')} uid={req.uid}"
+
+
+def _skip(req: JobRequest, reason: str, user_msg: str | None = None) -> Decision:
+    return Decision(
+        action="skip",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg=user_msg,
+        log_msg=f"coda: {_job_label(req)} action=skip: {reason}",
+        admin_comment=None,
+        reason=reason,
+    )
+
+
+def _partition_reason(partition: str | None, cfg: CodaConfig) -> str | None:
+    """Why the job's partitions are not managed, or None when they are."""
+    if not cfg.partitions and not cfg.exclude_partitions:
+        return None
+    parts = [p for p in partition.split(",") if p] if partition else []
+    for part in parts:
+        if part in cfg.exclude_partitions:
+            return f"partition {quote_label(part)} is in ExcludePartitions"
+    if cfg.partitions:
+        if not parts:
+            return "no --partition given and Partitions is set"
+        for part in parts:
+            if part not in cfg.partitions:
+                return f"partition {quote_label(part)} is not in Partitions"
+    return None
+
+
+def _clamp(
+    value: int, gpn: int, cfg: CodaConfig, node_cap: Callable[[int], int | None]
+) -> tuple[int, str]:
+    """``value`` within MinCpusPerGpu..MaxCpusPerGpu and the node cap, and a note (or "")
+    saying which bound applied.  The node cap wins over MinCpusPerGpu (a larger value
+    could not run anywhere) but never goes below 1."""
+    note = ""
+    if value > cfg.max_cpus_per_gpu:
+        value = cfg.max_cpus_per_gpu
+        note = f", capped at MaxCpusPerGpu={value}"
+    elif value < cfg.min_cpus_per_gpu:
+        value = cfg.min_cpus_per_gpu
+        note = f", raised to MinCpusPerGpu={value}"
+    cap = node_cap(gpn)
+    if cap is not None and value > cap:
+        value = max(cap, 1)
+        note = f", capped at {value} by the largest node with {gpn} GPUs"
+    return value, note
+
+
+def decide(
+    req: JobRequest,
+    cfg: CodaConfig,
+    profiles: Mapping[str, ProfileView],
+    node_cap: Callable[[int], int | None],
+    *,
+    node_features: Collection[str] | None = None,
+    node_share: Callable[[int], int | None] | None = None,
+) -> Decision:
+    """The decision for one submitted job (rules in the module docstring).
+
+    Never raises for bad job input: malformed TRES fails open (skip), a malformed
+    ``coda:`` directive rejects the job (Mode=enforce) or is reported and ignored
+    (Mode=advise).  ``node_cap(gpus_per_node)`` returns the most CPUs per GPU any node can
+    give (None = unknown).  ``node_features``: the features nodes have (slurm.conf
+    ``Feature=``); ``--prefer`` is only set to one of them, since Slurm refuses a job that
+    prefers a feature no node has ("Invalid preferred feature specification").  None = do
+    not check (tools and tests).  ``node_share(gpus_per_node)``: a GPU's even share of
+    cores on the leanest node that can hold the job, for ``DefaultCpusPerGpu=share`` (None,
+    or no callable: no default).
+    """
+    if cfg.mode == "off":
+        return _skip(req, "Mode=off")
+    admitted = _admit(req, cfg)
+    if isinstance(admitted, Decision):
+        return admitted
+
+    nodes = req.min_nodes if _set32(req.min_nodes) else 1
+    tasks_per_node = job_tasks_per_node(req, nodes)
+    gpn = _gpus_per_node(req, admitted.gpus, nodes, tasks_per_node)
+    user_cpg = admitted.user_cpg
+    user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
+
+    sig = workload_signature(
+        req.uid, req.job_name, req.script, admitted.directives, cfg.signature_ignore
+    )
+    profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
+    place = _placement(req, cfg, sig, profiles, gpn, node_features, admitted.sep)
+    pred, src, note = _prediction(profile, src, gpn, nodes, cfg, node_cap, node_share)
+    was, user_flag = _user_value(user_cpg, user_cpt)
+
+    # A bound that changed the prediction is said in the log line too, not only to the user.
+    bound_note = note.removeprefix(", ") if "capped" in note or "raised to" in note else ""
+    job = _Job(req, cfg, sig, was, src, gpn, nodes, place, admitted.sep, bound_note)
+    choice = _Choice(
+        profile=profile,
+        pred=pred,
+        unknown=weak or "no profile for this workload yet",
+        label=quote_label(sig.workload),
+        basis=_basis(profile, src, nodes) + note,
+    )
+    if not user_flag:
+        return _without_user_value(job, choice)
+    user_total = _user_total(user_cpg, user_cpt, gpn, tasks_per_node)
+    return _with_user_value(job, choice, user_cpg, user_flag, user_total)
+
+
+# -- the stages of decide() --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """What :func:`_admit` parsed of a GPU job CODA manages."""
+
+    gpus: tuple[int, int, int, int]
+    """GPUs asked per node, per job, per task and per socket (0 where not asked)."""
+    sep: str
+    """How the job's Slurm spells a GRES (:func:`~slurm_plugin.decision.tres.gres_separator`)."""
+    user_cpg: int | None
+    """The user's ``--cpus-per-gpu``, None when not given."""
+    directives: Directives
+
+
+def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | Decision:
+    """The checks a job passes before CODA decides its CPUs: a GPU request that parses and
+    asks for GPUs, CPU fields it understands, managed partitions, ``coda:`` directives that
+    parse and do not say ``coda:off``.  The Decision (skip, reject, a CPU-only job's route)
+    of the first check that fails."""
+    try:
+        gpus = (
+            gpu_count(req.tres_per_node),
+            gpu_count(req.tres_per_job),
+            gpu_count(req.tres_per_task),
+            gpu_count(req.tres_per_socket),
+        )
+        sep = gres_separator(
+            req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket
+        )
+    except TresError as exc:
+        return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
+    if not any(gpus):
+        if cfg.cpu_job_partitions and not req.partition:
+            return _route_cpu_job(req, cfg)
+        return _skip(req, "no GPUs requested")
+    if not (_set16(req.cpus_per_task) or req.cpus_per_task == NO_VAL16):
+        # 0 or INFINITE16: no --cpus-per-task sbatch sends; Slurm decides what it means.
+        return _skip(req, f"cpus_per_task={req.cpus_per_task} not understood, job left unchanged")
+    try:
+        user_cpg = cpus_per_gpu(req.cpus_per_tres) or None
+    except TresError as exc:
+        return _skip(req, f"malformed cpus_per_tres, job left unchanged: {exc}")
+    not_managed = _partition_reason(req.partition, cfg)
+    if not_managed is not None:
+        return _skip(req, not_managed)
+    try:
+        directives = parse_coda_directives(req.comment)
+    except DirectiveError as exc:
+        return _invalid_directive(req, cfg, exc)
+    if directives.off:
+        return _skip(
+            req,
+            "coda:off in --comment",
+            "coda: off for this job (coda:off in --comment); CPUs per GPU left as submitted",
+        )
+    return _Admitted(gpus=gpus, sep=sep, user_cpg=user_cpg, directives=directives)
+
+
+def _invalid_directive(req: JobRequest, cfg: CodaConfig, exc: DirectiveError) -> Decision:
+    """A malformed ``coda:`` directive: reported and ignored in advise mode, else refused."""
+    if cfg.mode == "advise":
+        return _skip(
+            req, f"invalid coda directive (advise mode): {exc}", f"{exc} (ignored for now)"
+        )
+    return Decision(
+        action="reject",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg=str(exc),
+        log_msg=f"coda: {_job_label(req)} action=reject: {exc}",
+        admin_comment=None,
+        reason="invalid coda directive in --comment",
+    )
+
+
+def _gpus_per_node(
+    req: JobRequest, gpus: tuple[int, int, int, int], nodes: int, tasks_per_node: int
+) -> int:
+    """GPUs per node from the first field that asks for GPUs (the module docstring)."""
+    per_node, per_job, per_task, per_socket = gpus
+    if per_node:
+        return per_node
+    if per_job:
+        return -(-per_job // nodes)
+    if per_task:
+        return per_task * tasks_per_node
+    return per_socket * (req.sockets_per_node if _set16(req.sockets_per_node) else 1)
+
+
+def _prediction(
+    profile: ProfileView | None,
+    src: str,
+    gpn: int,
+    nodes: int,
+    cfg: CodaConfig,
+    node_cap: Callable[[int], int | None],
+    node_share: Callable[[int], int | None] | None,
+) -> tuple[int | None, str, str]:
+    """``(CPUs per GPU or None, src, note)``: the confident profile's prediction, else
+    DefaultCpusPerGpu (``src`` becomes ``default``), clamped; the note says which bound or
+    share applied ("" when none)."""
+    if profile is not None:
+        pred, note = _clamp(
+            predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, node_cap
+        )
+        return pred, src, note
+    if cfg.default_cpus_per_gpu is None:
+        return None, src, ""
+    default = cfg.default_cpus_per_gpu
+    note = ""
+    if default == "share":
+        default = node_share(gpn) if node_share is not None else None
+        note = f", the node's share of {default} per GPU" if default is not None else ""
+    if default is None:
+        return None, src, note
+    pred, clamped = _clamp(default, gpn, cfg, node_cap)
+    return pred, "default", note + clamped
+
+
+def _user_value(user_cpg: int | None, user_cpt: int | None) -> tuple[str, str]:
+    """``(was, flag)``: the user's own CPU request as the admin record's ``was=`` and as
+    the option the user gave (``("", "")`` when none)."""
+    if user_cpg is not None:
+        return f"cpg:{user_cpg}", f"--cpus-per-gpu={user_cpg}"
+    if user_cpt is not None:
+        return f"cpt:{user_cpt}", f"--cpus-per-task={user_cpt}"
+    return "", ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """What the user-value rules weigh: the prediction and how it is explained."""
+
+    profile: ProfileView | None
+    """The confident profile, None when there is none."""
+    pred: int | None
+    """CPUs per GPU CODA would write, None when it has no value."""
+    unknown: str
+    """Why there is no confident profile (for reasons)."""
+    label: str
+    """The workload's name, quoted for messages."""
+    basis: str
+    """Where the prediction comes from, for the user's line."""
+
+    def rewrite_msg(self, verb: str, user_flag: str) -> str:
+        return (
+            f"coda: --cpus-per-gpu={self.pred} for workload {self.label} "
+            f"({verb} {user_flag}; {self.basis})"
+        )
+
+
+def _without_user_value(job: _Job, c: _Choice) -> Decision:
+    """No ``--cpus-per-gpu`` or ``--cpus-per-task``: set, default or skip."""
+    if c.pred is None:
+        return _finish(job, "skip", None, c.unknown, None, False)
+    if c.profile is not None:
+        action, reason = "set", "confident profile"
+    else:
+        action, reason = "default", f"{c.unknown}; DefaultCpusPerGpu"
+    msg = f"coda: --cpus-per-gpu={c.pred} for workload {c.label} ({c.basis})"
+    return _finish(job, action, c.pred, reason, msg, False)
+
+
+def _with_user_value(
+    job: _Job, c: _Choice, user_cpg: int | None, user_flag: str, user_total: int
+) -> Decision:
+    """The user gave ``--cpus-per-gpu`` or ``--cpus-per-task`` (``user_total`` CPUs per
+    node): raise, replace, lower or keep, by UnprofiledUserValue and UserValue."""
+    cfg, pred, gpn = job.cfg, c.pred, job.gpn
+    if (
+        c.profile is None
+        and pred is not None
+        and cfg.unprofiled_user_value == "raise"
+        and pred * gpn > user_total
+    ):
+        msg = c.rewrite_msg("raises", user_flag)
+        return _finish(job, "raise", pred, f"{c.unknown}; UnprofiledUserValue=raise", msg, True)
+    if c.profile is None or pred is None:
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None, False)
+    if cfg.user_value == "replace":
+        msg = c.rewrite_msg("replaces", user_flag)
+        return _finish(job, "replace", pred, "UserValue=replace", msg, True)
+    if cfg.user_value == "lower":
+        # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
+        if pred * gpn < user_total:
+            msg = c.rewrite_msg("lowers", user_flag)
+            reason = "UserValue=lower, prediction below the user value"
+            return _finish(job, "lower", pred, reason, msg, True)
+        reason = "UserValue=lower, prediction not below the user value"
+    else:
+        reason = "UserValue=keep"
+    msg = None
+    if user_cpg != pred:
+        msg = (
+            f"coda: kept your {user_flag}; the profile of workload {c.label} suggests "
+            f"--cpus-per-gpu={pred} ({c.basis})"
+        )
+    return _finish(job, "keep", pred, reason, msg, False)
+
+
+def _lookup(
+    sig: Signature, profiles: Mapping[str, ProfileView], min_confidence: float
+) -> tuple[ProfileView | None, str, str]:
+    """``(confident profile or None, src, why-not)``: the user's key first, then the
+    global key; a low-confidence user profile does not hide a confident global one."""
+    weak = ""
+    profile = profiles.get(sig.key)
+    if profile is not None:
+        if profile.confidence >= min_confidence:
+            return profile, "profile", ""
+        weak = f"profile confidence {profile.confidence:.2f} < MinConfidence {min_confidence:g}"
+    gkey = global_key(sig)
+    if gkey is not None:
+        shared = profiles.get(gkey)
+        if shared is not None:
+            if shared.confidence >= min_confidence:
+                return shared, "global", ""
+            weak = weak or (
+                f"shared profile confidence {shared.confidence:.2f} "
+                f"< MinConfidence {min_confidence:g}"
+            )
+    return None, "none", weak
+
+
+def _user_total(user_cpg: int | None, user_cpt: int | None, gpn: int, tasks_per_node: int) -> int:
+    """The user's own CPUs per node (from --cpus-per-gpu, else --cpus-per-task)."""
+    if user_cpg is not None:
+        return user_cpg * gpn
+    return (user_cpt or 0) * tasks_per_node
+
+
+def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:
+    if profile is None:
+        return "site default, no confident profile yet"
+    kind = "profile" if src == "profile" else "shared profile"
+    text = f"{kind}, {profile.n_samples} samples, confidence {profile.confidence:.2f}"
+    return f"{text}, {nodes} nodes" if nodes > 1 else text
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What :func:`decide` knows of a job that has a signature, for :func:`_finish`."""
+
+    req: JobRequest
+    cfg: CodaConfig
+    sig: Signature
+    was: str
+    src: str
+    gpn: int
+    nodes: int
+    place: _Placement | None
+    sep: str
+    """How the job's Slurm spells a GRES (:func:`~slurm_plugin.decision.tres.gres_separator`)."""
+    bound_note: str
+    """The bound that cut the prediction, for the log line; "" when none did."""
+
+
+def _finish(
+    job: _Job,
+    action: str,
+    pred: int | None,
+    reason: str,
+    user_msg: str | None,
+    clear: bool,
+) -> Decision:
+    """Build the Decision of a job that has a signature (and hence an admin record)."""
+    req, cfg, sig, place, sep = job.req, job.cfg, job.sig, job.place, job.sep
+    was, src, gpn, nodes, bound_note = job.was, job.src, job.gpn, job.nodes, job.bound_note
+    cpg = "" if pred is None else str(pred)
+    would = ""
+    new_tres: str | None = None
+    rescale: tuple[int, int] | None = None
+    if action in _WRITING:
+        if cfg.mode == "advise":
+            would = f";would={action}"
+            action = "advise"
+            clear = False
+            if user_msg is not None:
+                user_msg = f"coda: would set {user_msg[6:]}; advise mode, job unchanged"
+        else:
+            # pred is set for every writing action; set_gpu_count cannot fail on a string
+            # cpus_per_gpu() already parsed.
+            new_tres = set_gpu_count(req.cpus_per_tres, pred or 1, sep)
+            # cpus_per_gpu() already parsed this string in decide(): it cannot fail here.
+            user_cpg = cpus_per_gpu(req.cpus_per_tres)
+            if user_cpg and pred and user_cpg != pred:
+                rescale = (user_cpg, pred)
+    clear = clear and _set16(req.cpus_per_task)
+    admin = (
+        f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
+        f";gpn={gpn};nodes={nodes}"
+    )
+    place_log = ""
+    if place is not None:
+        admin += place.admin
+        place_log = place.log
+        if place.user_msg:
+            user_msg = f"{user_msg}; {place.user_msg[6:]}" if user_msg else place.user_msg
+    log = (
+        f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
+        f"cpg={cpg or '-'} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
+        f"{reason}{'; ' + bound_note if bound_note else ''}"
+    )
+    return Decision(
+        action=action,
+        cpus_per_tres=new_tres,
+        clear_cpus_per_task=clear,
+        user_msg=user_msg,
+        log_msg=log,
+        admin_comment=admin,
+        reason=reason,
+        tres_per_node=None if place is None else place.tres_per_node,
+        prefer=None if place is None else place.prefer,
+        min_cpus_rescale=rescale,
+    )
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """The placement changes of one GPU job, and how the records show them."""
+
+    tres_per_node: str | None
+    prefer: str | None
+    admin: str
+    """``;pcie=1;prefer=<feature>`` for the admin record ("" when nothing)."""
+    log: str
+    """`` pcie=1 prefer=<feature>`` for the log line (advise mode: ``would-pcie=1``)."""
+    user_msg: str | None
+    """``coda: ...`` line for sbatch's output, or None."""
+
+
+def _usage_view(sig: Signature, profiles: Mapping[str, ProfileView]) -> ProfileView | None:
+    """The profile whose usage records describe this job: the user's own, else the shared
+    one.  Confidence is not required: it grades the CPU fit, not these measurements."""
+    own = profiles.get(sig.key)
+    if own is not None and own.usage:
+        return own
+    gkey = global_key(sig)
+    shared = profiles.get(gkey) if gkey is not None else None
+    if shared is not None and shared.usage:
+        return shared
+    return None
+
+
+def _placement(
+    req: JobRequest,
+    cfg: CodaConfig,
+    sig: Signature,
+    profiles: Mapping[str, ProfileView],
+    gpn: int,
+    node_features: Collection[str] | None,
+    sep: str,
+) -> _Placement | None:
+    """PCIe spread and GPU-type preference for a managed GPU job; None when neither applies.
+
+    Reads only the usage records of the job's own profile (:func:`_usage_view`); the GPU
+    ranking is computed once per profile snapshot (:func:`placement.ranking_for`).
+    """
+    if cfg.pcie_spread_gres is None and not cfg.prefer_gpu_types:
+        return None  # both off (the default): no lookup at all
+    view = _usage_view(sig, profiles)
+    if view is None:
+        return None
+    new_tres: str | None = None
+    feature: str | None = None
+    notes: list[str] = []
+    tokens: list[str] = []
+    missing = ""
+    gres = cfg.pcie_spread_gres
+    heavy = gres is not None and placement.is_pcie_heavy(
+        view.usage, gpn, threshold_bytes_per_s=cfg.pcie_heavy_bytes_per_s
+    )
+    # parse_tres cannot fail here: decide() already parsed tres_per_node.  A job that asked
+    # for the GRES itself keeps its request.
+    if heavy and not any(item.name == gres for item in parse_tres(req.tres_per_node)):
+        item = f"gres{sep}{gres}:1"
+        new_tres = f"{req.tres_per_node},{item}" if req.tres_per_node else item
+        tokens.append("pcie=1")
+        notes.append(f"{item} per node (PCIe-heavy workload: one per PCIe domain)")
+    if cfg.prefer_gpu_types and not req.prefer and not _names_gpu_type(req):
+        choice = placement.prefer_gpu_type(
+            view, placement.ranking_for(profiles), cfg.prefer_gpu_types
+        )
+        if choice is not None:
+            gpu_type, why = choice
+            wanted = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
+            if node_features is None or wanted in node_features:
+                feature = wanted
+                tokens.append(f"prefer={feature}")
+                notes.append(f"--prefer={feature} (the workload {why})")
+            else:
+                missing = f" no-feature={wanted}"  # a PreferGpuFeatures mistake: say so
+    if not tokens:
+        if not missing:
+            return None
+        return _Placement(tres_per_node=None, prefer=None, admin="", log=missing, user_msg=None)
+    if cfg.mode == "advise":
+        return _Placement(
+            tres_per_node=None,
+            prefer=None,
+            admin="",
+            log="".join(f" would-{t}" for t in tokens) + missing,
+            user_msg=None,
+        )
+    return _Placement(
+        tres_per_node=new_tres,
+        prefer=feature,
+        admin="".join(f";{t}" for t in tokens),
+        log="".join(f" {t}" for t in tokens) + missing,
+        user_msg="coda: " + "; ".join(notes),
+    )
+
+
+def _names_gpu_type(req: JobRequest) -> bool:
+    """Whether the job asked for a GPU type (``--gres=gpu:a100:1``, ``--gpus=v100:2`` ...)."""
+    return any(
+        gpu_types(tres)
+        for tres in (req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket)
+    )
+
+
+def _route_cpu_job(req: JobRequest, cfg: CodaConfig) -> Decision:
+    """A CPU-only job without ``--partition``, CpuJobPartitions set: offer it the list.
+
+    ``coda:off`` opts out.  A malformed directive is not refused on a CPU job (there is no
+    GPU decision it could mean); the job then passes unrouted, as without this option.
+    """
+    try:
+        off = parse_coda_directives(req.comment).off
+    except DirectiveError:
+        off = True
+    route = placement.route_cpu_job(req.partition, cfg.cpu_job_partitions)
+    if off or route is None:
+        return _skip(req, "no GPUs requested")
+    if cfg.mode == "advise":
+        return _skip(req, f"no GPUs requested; would route to partitions {route} (advise mode)")
+    reason = "CPU-only job without --partition, routed by CpuJobPartitions"
+    return Decision(
+        action="skip",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg=f"coda: CPU-only job offered partitions {route} (it starts in whichever "
+        "can run it first; coda:off in --comment opts out)",
+        log_msg=f"coda: {_job_label(req)} action=skip part={route}: {reason}",
+        admin_comment=None,
+        reason=reason,
+        partition=route,
+    )

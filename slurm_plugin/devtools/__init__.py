@@ -1,0 +1,1 @@
+"""Development tools: the dev cluster, its accounting database, process helpers and the demo."""

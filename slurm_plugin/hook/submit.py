@@ -1,0 +1,1042 @@
+"""job_submit/coda: the Python side of the plugin, running inside slurmctld.
+
+slurmctld calls ``job_submit()`` for every new job while it holds its job locks, so
+this path does no I/O: the profile store and coda.conf are reloaded by a
+background thread (:class:`slurm_plugin.store.profiles.Reloader`) and the hook reads an
+immutable snapshot. The decision itself is :func:`slurm_plugin.decision.decide.decide`, a
+pure function tested by tables; this module only moves data between the C struct
+and Python, enforces the time budget and fails open.
+
+Because decide() is pure, its answers are memoised (:class:`DecisionMemo`): a
+job whose decision fields match an earlier one's, under the same configuration and
+profile snapshot, costs one dict lookup, and the fields it writes were encoded once.
+Called once every few ms from a fresh slurmctld thread, the hook runs with cold caches,
+where every line of Python it skips counts (docs/benchmarks.md, "In-hook time").
+
+The plugin's C side goes one step further (``HookFastPath=yes``, job_submit_coda.c,
+"Replay"): each plan is also handed to C with the job's raw key, and a repeated job is
+answered there without entering Python at all.  C keeps a record of each job it answered;
+the reloader thread drains them into the counters and the decision journal
+(:func:`drain_replays`).  Python keeps the C table valid: it is emptied whenever the
+memo is renewed (a profile snapshot or coda.conf change), and a plan decided under an
+older table generation is refused.
+
+Every decision that writes an admin record ends it with a token of its own (``;tok=``, one
+sequence in C for both paths), and puts the user's line after it: slurmctld may refuse the
+submission after job_submit, and the token lets ``coda-slurm status`` count only the
+decisions a job of Slurm's holds (:func:`slurm_plugin.hook.journal.reconcile`). For the same
+reason the line sbatch prints starts ``coda (if Slurm accepts the job):`` (:data:`IF_ACCEPTED`).
+
+Fail-open contract: any exception, or a decision that took longer than
+``HookBudgetMs``, leaves the job exactly as the user submitted it and logs one
+line. The only way this hook refuses a job is a malformed ``coda:`` directive the
+user wrote in ``--comment`` (they asked for something invalid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
+from slurm_plugin.config.nodecap import NodeCap
+from slurm_plugin.config.paths import default_conf_path, slurm_conf_for
+from slurm_plugin.decision import placement
+from slurm_plugin.decision.decide import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
+from slurm_plugin.decision.signature import DirectiveError, parse_coda_directives, quote_label
+from slurm_plugin.hook.journal import DecisionJournal, PendingEntry
+from slurm_plugin.store.profiles import ProfileCache, Reloader, StoreUnavailable
+
+LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
+_LEVELS = {"error": LOG_ERROR, "info": LOG_INFO, "verbose": LOG_VERBOSE, "debug": LOG_DEBUG}
+STATS_WINDOW = 4096  # in-hook durations kept for p50/p99
+MEMO_MAX_ENTRIES = 4096
+"""Decisions one :class:`DecisionMemo` holds before it is cleared."""
+MEMO_MAX_BYTES = 32 * 1024 * 1024
+"""Job text (scripts, comments, ...) one :class:`DecisionMemo` keeps as keys, at most."""
+
+_ffi: Any = None
+_lib: Any = None
+_state: HookState | None = None
+# Bound once in bind(): the hot path reads them as plain module globals instead of going
+# through the cffi lib object and the time module on every call.
+_SUCCESS = 0
+_ERROR = -1
+_NO_VAL = 0xFFFFFFFE
+_perf_ns = time.perf_counter_ns
+_time_s = time.time
+
+# The C replay table (job_submit_coda.c): present in the compiled plugin, absent in test
+# doubles.  _c_lock orders renewals, drains and the pruning of _c_plans (the plans C may
+# still name in its records); puts need no lock (C checks the generation).
+_c_replay = False
+_c_lock = threading.Lock()
+_c_plans: dict[int, tuple[Plan, bool]] = {}
+"""plan id -> (plan, whether the call counts as a GPU decision) for C's records."""
+_c_ids = itertools.count(1)
+_C_DRAIN_BATCH = 1024
+_C_PLANS_MAX = 4 * MEMO_MAX_ENTRIES
+"""Plans kept for C's records before the table is emptied and they are forgotten (C empties
+its full table on its own, leaving the plans it dropped here until then)."""
+_c_buf: Any = None
+_last_token = 0
+
+
+def _py_token() -> int:
+    """A decision token where the C side is absent (test doubles): as coda_next_token()."""
+    global _last_token
+    with _c_lock:
+        now_ns = time.time_ns()
+        _last_token = now_ns if now_ns > _last_token else _last_token + 1
+        return _last_token
+
+
+_next_token = _py_token
+
+
+@dataclass(slots=True)
+class HookStats:
+    """Counters the hook keeps about itself (read by ``coda-slurm status`` and bench/)."""
+
+    calls: int = 0
+    replayed: int = 0
+    """Calls answered by the C side's replay table (counted in ``calls`` too)."""
+    gpu_jobs: int = 0
+    changed: int = 0
+    rejected: int = 0
+    fail_open: int = 0
+    over_budget: int = 0
+    last_call_unix_s: float | None = None
+    durations_ns: list[int] = field(default_factory=list)
+    _next: int = 0
+
+    def record(self, duration_ns: int) -> None:
+        if len(self.durations_ns) < STATS_WINDOW:
+            self.durations_ns.append(duration_ns)
+        else:
+            self.durations_ns[self._next] = duration_ns
+            self._next = (self._next + 1) % STATS_WINDOW
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.durations_ns)
+
+        def pct(q: float) -> float | None:
+            if not ordered:
+                return None
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
+
+        return {
+            "calls": self.calls,
+            "replayed": self.replayed,
+            "gpu_jobs": self.gpu_jobs,
+            "changed": self.changed,
+            "rejected": self.rejected,
+            "fail_open": self.fail_open,
+            "over_budget": self.over_budget,
+            "last_call_unix_s": self.last_call_unix_s,
+            "window": len(ordered),
+            "p50_us": pct(0.50),
+            "p99_us": pct(0.99),
+            "max_us": ordered[-1] / 1000.0 if ordered else None,
+        }
+
+
+RequestKey = tuple[Any, ...]
+"""The raw job_desc fields :func:`decide` reads (see :func:`_read_key`): ints and bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One decision and everything the hook writes for it, encoded once.
+
+    Built on a :class:`DecisionMemo` miss; a hit replays it, so a recurring job costs one
+    dict lookup instead of :func:`decide` plus the encoding of each field.
+    """
+
+    decision: Decision
+    uid: int
+    job_name: str | None
+    ntasks_per_node: int
+    num_tasks: int
+    cpus_per_tres: bytes | None
+    tres_per_node: bytes | None
+    prefer: bytes | None
+    partition: bytes | None
+    admin_comment: bytes | None
+    """The admin record; :func:`_apply` ends it with the decision's token."""
+    admin_note: bytes | None
+    """The line for the user, after the record in the job's admin comment (``scontrol show
+    job`` shows it to users whose client hides sbatch's output)."""
+    user_msg: bytes | None
+    """The line for sbatch's output (a reject's fallback text included)."""
+    log_level: int
+    """LOG_INFO, or LOG_VERBOSE for a skip that changes nothing."""
+    log_line: bytes
+    """:func:`log`'s bytes for the decision's line."""
+
+
+def make_plan(req: JobRequest, decision: Decision) -> Plan:
+    """The :class:`Plan` of ``decision`` for ``req``; every value is encoded here, before
+    the hook writes anything."""
+    user_msg = decision.user_msg
+    note: str | None = None
+    if decision.action == "reject":
+        user_msg = user_msg or "coda: invalid coda: directive"
+    elif user_msg:
+        if decision.admin_comment:
+            note = _admin_note(user_msg)
+        user_msg = _if_accepted(user_msg)
+    if decision.action == "skip" and decision.admin_comment is None:
+        # A CPU-only job routed by CpuJobPartitions is said at info; other skips (CPU-only
+        # job, coda:off) only at LogLevel=verbose.
+        level = LOG_INFO if decision.partition is not None else LOG_VERBOSE
+    else:
+        level = LOG_INFO
+    return Plan(
+        decision=decision,
+        uid=req.uid,
+        job_name=req.job_name,
+        ntasks_per_node=req.ntasks_per_node,
+        num_tasks=req.num_tasks,
+        cpus_per_tres=_encode_opt(decision.cpus_per_tres),
+        tres_per_node=_encode_opt(decision.tres_per_node),
+        prefer=_encode_opt(decision.prefer),
+        partition=_encode_opt(decision.partition),
+        admin_comment=_encode_opt(decision.admin_comment or None),
+        admin_note=_encode_opt(note),
+        user_msg=_encode_opt(user_msg or None),
+        log_level=level,
+        log_line=_log_bytes(_log_line(decision)),
+    )
+
+
+IF_ACCEPTED = "coda (if Slurm accepts the job): "
+"""How the hook's line for sbatch starts.  slurmctld validates much of a submission after
+the job_submit plugins (an array over MaxArraySize, a QOS limit), and sbatch prints the
+plugin's line for a refused submission as an error, before Slurm's own reason: the line
+says that it describes the job Slurm would have run."""
+
+
+def _if_accepted(user_msg: str) -> str:
+    """``user_msg`` (``coda: ...``) as sbatch prints it for a job Slurm may still refuse."""
+    return IF_ACCEPTED + user_msg.removeprefix("coda: ")
+
+
+def _admin_note(user_msg: str) -> str:
+    """``user_msg`` for the job's admin comment, where ``scontrol show job`` shows it to users
+    whose client hides sbatch's output.  It follows the admin record, and readers take the
+    last ``coda:sig=`` as the hook's record: a job name holding one is defused here."""
+    return user_msg.replace(ADMIN_PREFIX, "coda:sig:")
+
+
+class DecisionMemo:
+    """Plans of recent decisions, keyed on the raw job_desc fields :func:`decide` reads.
+
+    :func:`decide` is pure given those fields, the configuration, the node shapes and the
+    profile snapshot.  A memo belongs to one :class:`HookState` (a coda.conf reload builds
+    a new state, and with it an empty memo) and to one snapshot object: ``ProfileCache``
+    replaces its snapshot whenever a profile changes, and the hook starts a new memo when
+    the snapshot it holds is not the one it was built for.  Bounded by
+    :data:`MEMO_MAX_ENTRIES` and :data:`MEMO_MAX_BYTES`, cleared when either is reached: a
+    recurring workload is back in after one miss.
+    """
+
+    __slots__ = ("c_gen", "key_bytes", "plans", "profiles")
+
+    def __init__(self, profiles: Mapping[str, ProfileView] | None, c_gen: int = 0) -> None:
+        self.profiles = profiles
+        self.plans: dict[RequestKey, Plan] = {}
+        self.key_bytes = 0
+        self.c_gen = c_gen
+        """The C replay table's generation this memo's plans go to; 0: none."""
+
+    def add(self, key: RequestKey, plan: Plan) -> None:
+        size = sum(len(v) for v in key if type(v) is bytes)
+        if size > MEMO_MAX_BYTES:
+            return  # a huge script: decided again next time rather than kept
+        if len(self.plans) >= MEMO_MAX_ENTRIES or self.key_bytes + size > MEMO_MAX_BYTES:
+            self.plans.clear()
+            self.key_bytes = 0
+        self.plans[key] = plan
+        self.key_bytes += size
+
+
+@dataclass(slots=True)
+class HookState:
+    """Everything the hot path reads; swapped as a whole when coda.conf changes."""
+
+    cfg: CodaConfig
+    cfg_path: Path
+    cfg_mtime_ns: int
+    cache: ProfileCache
+    node_cap: NodeCap
+    node_features: frozenset[str] = frozenset()
+    """Every node's slurm.conf ``Feature=``: the only values the hook sets ``--prefer`` to."""
+    reloader: Reloader | None = None
+    journal: DecisionJournal | None = None
+    stats: HookStats = field(default_factory=HookStats)
+    stats_error: str | None = None
+    started_unix_s: float = field(default_factory=time.time)
+    conf_loaded_unix_s: float = field(default_factory=time.time)
+    memo: DecisionMemo = field(default_factory=lambda: DecisionMemo(None))
+    log_level: int = LOG_INFO
+    """``LogLevel`` as a number."""
+    cpu_jobs_silent: bool = True
+    """Whether a job that asks for no GPUs ends with nothing written and nothing logged
+    (no ``CpuJobPartitions``, ``LogLevel`` below verbose): the hook then stops after
+    reading the four GPU request fields."""
+
+
+# -- logging -------------------------------------------------------------------
+
+
+def log(level: int, msg: str) -> None:
+    """One line into slurmctld's log (prefixed ``job_submit/coda:`` by the C side)."""
+    state = _state
+    if state is not None and level > _LEVELS.get(state.cfg.log_level, LOG_INFO):
+        return
+    if _lib is None:
+        return
+    _lib.coda_log(level, _log_bytes(msg))
+
+
+def _log_named(level_name: str, msg: str) -> None:
+    log(_LEVELS.get(level_name, LOG_INFO), msg)
+
+
+def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> None:
+    """cffi's last line of defence: an exception escaped a def_extern function.
+
+    The C caller then receives 0 (SLURM_SUCCESS / "inactive"), i.e. the job passes
+    unchanged; say so once.
+    """
+    with contextlib.suppress(Exception):
+        log(
+            LOG_ERROR,
+            f"internal error escaped to C ({exc_type.__name__}: {exc_value}); job passes unchanged",
+        )
+
+
+# -- plugin life cycle ---------------------------------------------------------
+
+
+def bind(ffi: Any, lib: Any) -> None:
+    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _c_replay, _c_buf, _next_token
+    _ffi, _lib = ffi, lib
+    _SUCCESS, _ERROR, _NO_VAL = lib.SLURM_SUCCESS, lib.SLURM_ERROR, lib.NO_VAL
+    _c_replay = hasattr(lib, "coda_memo_put")
+    # One sequence for the tokens C hands out and Python's (job_submit_coda.c, "Decision
+    # tokens").
+    _next_token = lib.coda_next_token if hasattr(lib, "coda_next_token") else _py_token
+    _c_buf = ffi.new("coda_replay_t[]", _C_DRAIN_BATCH) if _c_replay else None
+
+
+# -- the C replay table ----------------------------------------------------------
+
+
+def _renew_memo(state: HookState, profiles: Mapping[str, ProfileView]) -> DecisionMemo:
+    """The memo for ``state`` and ``profiles``: a new empty one (and an emptied C table)
+    unless another thread just made it.  A state that is no longer the live one gets a
+    memo of its own that C never sees."""
+    with _c_lock:
+        if state is not _state:
+            return DecisionMemo(profiles)
+        memo = state.memo
+        if memo.profiles is profiles:
+            return memo
+        memo = DecisionMemo(profiles, _c_reset_locked(state))
+        state.memo = memo
+        return memo
+
+
+def _c_reset_locked(state: HookState) -> int:
+    """Empty the C table for ``state``'s configuration; its new generation (0 without C).
+    Records of jobs C answered with the old plans are drained first."""
+    if not _c_replay:
+        return 0
+    _drain_locked(state)
+    first_new_id = next(_c_ids)
+    gen = int(_lib.coda_memo_reset(int(state.cfg.hook_fast_path), int(state.cpu_jobs_silent)))
+    _drain_locked(state)  # answered between the first drain and the reset
+    for plan_id in [i for i in _c_plans if i < first_new_id]:
+        del _c_plans[plan_id]
+    return gen
+
+
+def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: HookState) -> None:
+    """Hand ``plan`` to the C table for jobs with ``desc``'s key (before it is applied:
+    the key is what the user submitted).  C then does what :func:`job_submit` does for
+    this plan: a GPU decision writes and counts; a skip writes only a route."""
+    gen = memo.c_gen
+    log_level = state.log_level
+    decision = plan.decision
+    counted = not (decision.action == "skip" and decision.admin_comment is None)
+    writes = counted or plan.partition is not None
+    plan_id = next(_c_ids)
+    _c_plans[plan_id] = (plan, counted)
+    null = _ffi.NULL
+    rc = _lib.coda_memo_put(
+        desc,
+        submit_uid,
+        gen,
+        plan_id,
+        1 if writes and decision.clear_cpus_per_task else 0,
+        *(decision.min_cpus_rescale if writes and decision.min_cpus_rescale else (0, 0)),
+        plan.log_level if plan.log_level <= log_level else -1,
+        null if not writes or plan.cpus_per_tres is None else plan.cpus_per_tres,
+        null if not writes or plan.tres_per_node is None else plan.tres_per_node,
+        null if not writes or plan.prefer is None else plan.prefer,
+        null if not writes or plan.partition is None else plan.partition,
+        null if not writes or plan.admin_comment is None else plan.admin_comment,
+        null if not writes or plan.admin_note is None else plan.admin_note,
+        null if not writes or plan.user_msg is None else plan.user_msg,
+        plan.log_line,
+    )
+    if rc == 0 or rc == 3:  # refused, or a plan for this key is there already
+        _c_plans.pop(plan_id, None)
+    elif len(_c_plans) > _C_PLANS_MAX:
+        # C emptied its full table (rc 2) often enough that the plans it dropped pile up
+        # here: start a new generation, which forgets them all safely (submissions may run
+        # concurrently, so the plans of one emptying cannot be told apart here).
+        with _c_lock:
+            if state is _state and memo is state.memo and memo.c_gen == gen:
+                memo.c_gen = _c_reset_locked(state)
+
+
+def drain_replays() -> int:
+    """Move the records of the jobs C answered into the counters and the journal (the
+    reloader does this every tick, before the stats file is written); how many."""
+    if not _c_replay:
+        return 0
+    with _c_lock:
+        return _drain_locked(_state)
+
+
+def _drain_locked(state: HookState | None) -> int:
+    total = 0
+    buf = _c_buf
+    while True:
+        n = _lib.coda_memo_drain(buf, _C_DRAIN_BATCH)
+        total += n
+        if state is not None and n:
+            stats = state.stats
+            journal = state.journal
+            last_s = stats.last_call_unix_s or 0.0
+            for i in range(n):
+                r = buf[i]
+                stats.calls += 1
+                stats.replayed += 1
+                stats.record(r.elapsed_ns)
+                t_s = r.unix_ns / 1e9
+                last_s = max(last_s, t_s)
+                if r.plan_id == 0:  # a job asking for no GPU
+                    continue
+                entry = _c_plans.get(r.plan_id)
+                if entry is None or not entry[1]:
+                    continue
+                plan = entry[0]
+                decision = plan.decision
+                stats.gpu_jobs += 1
+                if plan.cpus_per_tres is not None:
+                    stats.changed += 1
+                if journal is not None:
+                    journal.record(
+                        (
+                            t_s,
+                            r.job_id,
+                            plan.uid,
+                            plan.job_name,
+                            plan.ntasks_per_node,
+                            plan.num_tasks,
+                            decision.action,
+                            decision.admin_comment,
+                            r.elapsed_ns,
+                            False,
+                            None,
+                            r.token,
+                        )
+                    )
+            stats.last_call_unix_s = last_s
+        if n < _C_DRAIN_BATCH:
+            return total
+
+
+def _load_state(path: Path) -> HookState:
+    cfg = load_config(path)
+    mtime_ns = path.stat().st_mtime_ns
+    cache = ProfileCache(Path(cfg.profile_store), _log_named)
+    node_cap = NodeCap.from_slurm_conf(slurm_conf_for(path, cfg.slurm_conf), _log_named)
+    features = frozenset(f for node in node_cap.nodes for f in node.features)
+    for gpu_type in cfg.prefer_gpu_types:
+        feature = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
+        if feature not in features:
+            # Slurm would refuse every job the hook gave this --prefer: never set it.
+            _log_named(
+                "error",
+                f"PreferGpuTypes: no node in {node_cap.source} has feature {feature!r} "
+                f"(GPU type {gpu_type}); jobs are never steered to it "
+                "(add it to the nodes' Feature= or fix PreferGpuFeatures)",
+            )
+    log_level = _LEVELS.get(cfg.log_level, LOG_INFO)
+    return HookState(
+        cfg=cfg,
+        cfg_path=path,
+        cfg_mtime_ns=mtime_ns,
+        cache=cache,
+        node_cap=node_cap,
+        node_features=features,
+        log_level=log_level,
+        cpu_jobs_silent=not cfg.cpu_job_partitions and log_level < LOG_VERBOSE,
+    )
+
+
+def plugin_init() -> int:
+    """Load coda.conf and the profile store; start the reloader. 1 = ready."""
+    global _state
+    path = default_conf_path()
+    try:
+        state = _load_state(path)
+    except (OSError, ConfigError) as exc:
+        _lib.coda_log(LOG_ERROR, f"cannot load {path}: {exc}".encode("utf-8", "replace"))
+        return 0
+    try:
+        stats = state.cache.refresh()
+    except StoreUnavailable as exc:
+        # Not fatal: the store may be an NFS mount that comes later. Unknown
+        # workloads get the default until it appears.
+        _lib.coda_log(LOG_ERROR, f"profile store unavailable: {exc}".encode())
+        stats = None
+    state.journal = _start_journal(state.cfg)
+    _state = state
+    _renew_memo(state, state.cache.snapshot())
+    state.reloader = Reloader(
+        state.cache, state.cfg.reload_interval_s, _log_named, on_tick=_on_reload_tick
+    )
+    state.reloader.start()
+    n = len(state.cache.snapshot())
+    log(
+        LOG_INFO,
+        f"active: mode={state.cfg.mode} user_value={state.cfg.user_value} "
+        f"store={state.cfg.profile_store} profiles={n} conf={path}"
+        + (f" load_ms={stats.duration_s * 1000:.1f}" if stats else ""),
+    )
+    return 1
+
+
+def plugin_fini() -> None:
+    global _state
+    state = _state
+    if _c_replay:
+        with _c_lock:
+            _lib.coda_memo_reset(0, 0)  # C answers nothing more
+            _drain_locked(state)
+            _c_plans.clear()
+    if state is not None and state.reloader is not None:
+        state.reloader.stop()
+        if state.journal is not None:
+            state.journal.stop()
+        _write_stats(state)
+    _state = None
+
+
+def _start_journal(cfg: CodaConfig) -> DecisionJournal | None:
+    if cfg.decision_journal is None:
+        return None
+    return DecisionJournal(cfg.decision_journal, cfg.journal_max_bytes, _log_named).start()
+
+
+def _on_reload_tick() -> None:
+    """Runs on the reloader thread: pick up coda.conf edits and persist counters."""
+    state = _state
+    if state is None:
+        return
+    drain_replays()
+    try:
+        mtime_ns = state.cfg_path.stat().st_mtime_ns
+    except OSError as exc:
+        log(LOG_ERROR, f"cannot stat {state.cfg_path}: {exc}; keeping the loaded configuration")
+        mtime_ns = state.cfg_mtime_ns
+    if mtime_ns != state.cfg_mtime_ns:
+        _reload_config(state, mtime_ns)
+    state = _state or state
+    snapshot = state.cache.snapshot()
+    if state.memo.profiles is not snapshot:
+        # The store changed: C must stop answering from plans of the old profiles now,
+        # not at the next job that reaches Python.
+        _renew_memo(state, snapshot)
+    if state.cfg.prefer_gpu_types:
+        # Rank GPU types here, right after the refresh, so the first job after a profile
+        # change does not scan every profile under the job write lock.
+        placement.ranking_for(state.cache.snapshot())
+    _write_stats(state)
+
+
+def _reload_config(state: HookState, mtime_ns: int) -> None:
+    global _state
+    try:
+        fresh = _load_state(state.cfg_path)
+    except (OSError, ConfigError) as exc:
+        state.cfg_mtime_ns = mtime_ns  # log once per edit
+        log(
+            LOG_ERROR,
+            f"{state.cfg_path} changed but is invalid ({exc}); keeping the last good configuration",
+        )
+        return
+    if fresh.cfg.profile_store == state.cfg.profile_store:
+        fresh.cache = state.cache
+    else:
+        try:
+            fresh.cache.refresh()
+        except StoreUnavailable as exc:
+            log(LOG_ERROR, f"new profile store unavailable ({exc}); keeping the old one")
+            fresh.cache = state.cache
+    fresh.stats = state.stats
+    fresh.started_unix_s = state.started_unix_s
+    fresh.reloader = state.reloader
+    old_journal = state.journal
+    if old_journal is not None and old_journal.path == fresh.cfg.decision_journal:
+        old_journal.max_bytes = fresh.cfg.journal_max_bytes
+        fresh.journal = old_journal
+        old_journal = None
+    else:
+        fresh.journal = _start_journal(fresh.cfg)
+    if fresh.reloader is not None:
+        fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
+    _state = fresh
+    _renew_memo(fresh, fresh.cache.snapshot())  # C stops answering under the old coda.conf
+    if old_journal is not None:
+        # A submission that read the old state just before the swap may still append
+        # here after this final flush; that entry is lost (once, at a DecisionJournal edit).
+        old_journal.stop()
+    log(
+        LOG_INFO,
+        f"reloaded {state.cfg_path}: mode={fresh.cfg.mode} user_value={fresh.cfg.user_value}",
+    )
+
+
+# The reloader thread and plugin_fini() both write the stats file; one writer at a time,
+# each through its own temporary file, so a reader never sees two documents spliced.
+_stats_lock = threading.Lock()
+
+
+def _write_stats(state: HookState) -> None:
+    if not state.cfg.hook_stats_file:
+        return
+    with _stats_lock:
+        _write_stats_locked(state)
+
+
+def _write_stats_locked(state: HookState) -> None:
+    path = Path(state.cfg.hook_stats_file)
+    reloader = state.reloader
+    journal = state.journal
+    # format_version 1; keys are only ever added (coda-slurm status reads missing ones as
+    # unknown).
+    data = {
+        "format": "coda-hook-stats",
+        "format_version": 1,
+        "pid": os.getpid(),
+        "started_unix_s": state.started_unix_s,
+        "written_unix_s": time.time(),
+        "conf": str(state.cfg_path),
+        "conf_loaded_unix_s": state.conf_loaded_unix_s,
+        "mode": state.cfg.mode,
+        "hook_budget_ms": state.cfg.hook_budget_ms,
+        "reload_interval_s": state.cfg.reload_interval_s,
+        "profiles": len(state.cache.snapshot()),
+        "profile_store": str(state.cfg.profile_store),
+        "store_refreshed_unix_s": reloader.last_ok_unix_s if reloader else None,
+        "store_error": reloader.last_error if reloader else None,
+        "journal": None
+        if journal is None
+        else {
+            "path": str(journal.path),
+            "written": journal.written,
+            "dropped": journal.dropped,
+            "pending": journal.pending,
+            "error": journal.error,
+        },
+        **state.stats.summary(),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        tmp.write_text(json.dumps(data, sort_keys=True))
+        os.replace(tmp, path)
+        state.stats_error = None
+    except OSError as exc:
+        if state.stats_error != str(exc):  # once per distinct problem, not every tick
+            state.stats_error = str(exc)
+            log(LOG_ERROR, f"cannot write HookStatsFile {path}: {exc}")
+
+
+# -- the hot path --------------------------------------------------------------
+
+
+def _str(ptr: Any) -> str | None:
+    if ptr == _ffi.NULL:
+        return None
+    # Job fields are bytes from the user's client; keep undecodable bytes.
+    return _ffi.string(ptr).decode("utf-8", "surrogateescape")
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _encode_opt(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8", "surrogateescape")
+
+
+def _decode_opt(raw: bytes | None) -> str | None:
+    # Job fields are bytes from the user's client; keep undecodable bytes.
+    return None if raw is None else raw.decode("utf-8", "surrogateescape")
+
+
+def _read_key(
+    desc: Any, submit_uid: int, per_node: Any, per_job: Any, per_task: Any, per_socket: Any
+) -> RequestKey:
+    """The fields :func:`decide` reads, as raw bytes and ints (the four GPU request
+    pointers were read first by the caller).  ``max_nodes`` is not read: no rule uses it.
+
+    A NULL ``char *`` is false in cffi; the strings are copied, not decoded: decoding and
+    the :class:`JobRequest` are only needed when the memo misses (:func:`_request_from_key`).
+    """
+    string = _ffi.string
+    uid = desc.user_id
+    name = desc.name
+    partition = desc.partition
+    cpus_per_tres = desc.cpus_per_tres
+    comment = desc.comment
+    script = desc.script
+    prefer = desc.prefer
+    return (
+        uid if uid != _NO_VAL else submit_uid,
+        desc.cpus_per_task,
+        desc.min_nodes,
+        desc.num_tasks,
+        desc.ntasks_per_node,
+        desc.sockets_per_node,
+        string(name) if name else None,
+        string(partition) if partition else None,
+        string(per_node) if per_node else None,
+        string(per_job) if per_job else None,
+        string(per_task) if per_task else None,
+        string(per_socket) if per_socket else None,
+        string(cpus_per_tres) if cpus_per_tres else None,
+        string(comment) if comment else None,
+        string(script) if script else None,
+        string(prefer) if prefer else None,
+    )
+
+
+def _request_from_key(key: RequestKey) -> JobRequest:
+    """The :class:`JobRequest` :func:`decide` gets for the fields in ``key``."""
+    (
+        uid,
+        cpus_per_task,
+        min_nodes,
+        num_tasks,
+        ntasks_per_node,
+        sockets_per_node,
+        name,
+        partition,
+        per_node,
+        per_job,
+        per_task,
+        per_socket,
+        cpus_per_tres,
+        comment,
+        script,
+        prefer,
+    ) = key
+    return JobRequest(
+        uid=uid,
+        job_name=_decode_opt(name),
+        partition=_decode_opt(partition),
+        tres_per_node=_decode_opt(per_node),
+        tres_per_job=_decode_opt(per_job),
+        tres_per_task=_decode_opt(per_task),
+        tres_per_socket=_decode_opt(per_socket),
+        cpus_per_tres=_decode_opt(cpus_per_tres),
+        cpus_per_task=cpus_per_task,
+        min_nodes=min_nodes,
+        num_tasks=num_tasks,
+        ntasks_per_node=ntasks_per_node,
+        sockets_per_node=sockets_per_node,
+        comment=_decode_opt(comment),
+        script=_decode_opt(script),
+        prefer=_decode_opt(prefer),
+    )
+
+
+def read_request(desc: Any, submit_uid: int) -> JobRequest:
+    """Copy the fields the policy needs out of job_desc_msg_t (for tools and tests; the
+    hook itself reads :func:`_read_key` and decodes only on a memo miss)."""
+    return _request_from_key(
+        _read_key(
+            desc,
+            submit_uid,
+            desc.tres_per_node,
+            desc.tres_per_job,
+            desc.tres_per_task,
+            desc.tres_per_socket,
+        )
+    )
+
+
+def _append_user_msg(err_msg: Any, line: bytes) -> None:
+    # Another job_submit plugin (lua) may already have said something.
+    old = err_msg[0]
+    prev = _ffi.string(old) if old else b""
+    _lib.coda_replace_str(err_msg, prev + b"\n" + line if prev else line)
+
+
+def _apply(desc: Any, plan: Plan, err_msg: Any, token: int = 0) -> None:
+    """Write the plan into job_desc (every value was encoded when the plan was made); the
+    admin record ends with ``;tok=`` and ``token`` in 16 hex digits."""
+    replace = _lib.coda_replace_str
+    if plan.cpus_per_tres is not None:
+        replace(_ffi.addressof(desc, "cpus_per_tres"), plan.cpus_per_tres)
+    if plan.decision.clear_cpus_per_task:
+        _lib.coda_clear_cpus_per_task(desc)  # -c and all sbatch derived from it
+    if plan.decision.min_cpus_rescale is not None:
+        _lib.coda_rescale_min_cpus(desc, *plan.decision.min_cpus_rescale)
+    # Placement: Slurm validates these after job_submit, like cpus_per_tres.
+    if plan.tres_per_node is not None:
+        replace(_ffi.addressof(desc, "tres_per_node"), plan.tres_per_node)
+    if plan.prefer is not None:
+        replace(_ffi.addressof(desc, "prefer"), plan.prefer)
+    if plan.partition is not None:
+        replace(_ffi.addressof(desc, "partition"), plan.partition)
+    if plan.admin_comment is not None:
+        old = desc.admin_comment
+        prev = _ffi.string(old) if old else b""
+        record = b"%s;tok=%016x" % (plan.admin_comment, token)
+        if plan.admin_note is not None:
+            record += b" " + plan.admin_note
+        replace(_ffi.addressof(desc, "admin_comment"), prev + b" " + record if prev else record)
+    if plan.user_msg is not None:
+        _append_user_msg(err_msg, plan.user_msg)
+
+
+def _log_line(decision: Decision) -> str:
+    # slurmctld's line is already prefixed "job_submit/coda: ".
+    return decision.log_msg.removeprefix("coda: ")
+
+
+def _log_bytes(msg: str) -> bytes:
+    return msg.replace("\n", " | ").encode("utf-8", "replace")
+
+
+def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
+    state = _state
+    if state is None:
+        return _SUCCESS
+    t0 = _perf_ns()
+    stats = state.stats
+    stats.calls += 1
+    stats.last_call_unix_s = now_unix_s = _time_s()
+    # Who the job is, for the journal and a failure's line: the plan once there is one,
+    # the request on a memo miss, None before the job was read.
+    who: Plan | JobRequest | None = None
+    # What the decision journal gets (set before each return that is a decision).
+    journaled: Decision | None = None
+    token = 0
+    fail_open = False
+    error: str | None = None
+    try:
+        per_node = desc.tres_per_node
+        per_job = desc.tres_per_job
+        per_task = desc.tres_per_task
+        per_socket = desc.tres_per_socket
+        if not (per_node or per_job or per_task or per_socket) and state.cpu_jobs_silent:
+            # No GPU asked: decide() would skip the job with nothing to write or log, so the
+            # other fields are not read at all.
+            return _SUCCESS
+        key = _read_key(desc, submit_uid, per_node, per_job, per_task, per_socket)
+        profiles = state.cache.snapshot()
+        memo = state.memo
+        if memo.profiles is not profiles:  # the store reloaded: earlier plans may be stale
+            memo = _renew_memo(state, profiles)
+        plan = memo.plans.get(key)
+        if plan is None:
+            who = req = _request_from_key(key)
+            plan = _plan_miss(state, memo, key, req, profiles)
+        who = plan
+        decision = plan.decision
+        action = decision.action
+        if action == "reject":
+            journaled = decision
+            return _reject(state, plan, err_msg)
+        if action == "skip" and decision.admin_comment is None:
+            # CPU-only job, coda:off, or one routed by CpuJobPartitions: not a GPU decision,
+            # so neither counted nor journaled (coda-slurm status is about GPU jobs' cores).
+            return _pass_unmanaged(desc, submit_uid, state, memo, plan, err_msg)
+        stats.gpu_jobs += 1
+        journaled = decision
+        elapsed_ms = (_perf_ns() - t0) / 1e6
+        if elapsed_ms > state.cfg.hook_budget_ms:
+            stats.over_budget += 1
+            stats.fail_open += 1
+            fail_open = True
+            error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
+            log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
+            return _SUCCESS
+        if memo.c_gen:
+            _c_put(desc, submit_uid, memo, plan, state)
+        if plan.admin_comment is not None:
+            token = _next_token()
+        _apply(desc, plan, err_msg, token)
+        if plan.cpus_per_tres is not None:
+            stats.changed += 1
+        if plan.log_level <= state.log_level:
+            _lib.coda_log(plan.log_level, plan.log_line)
+        return _SUCCESS
+    except Exception as exc:
+        stats.fail_open += 1
+        fail_open = True
+        error = f"{type(exc).__name__}: {exc}"
+        log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
+        return _SUCCESS
+    finally:
+        elapsed_ns = _perf_ns() - t0
+        stats.record(elapsed_ns)
+        journal = state.journal
+        if journal is not None and (journaled is not None or fail_open):
+            journal.record(
+                _journal_entry(
+                    desc,
+                    submit_uid,
+                    now_unix_s,
+                    who,
+                    journaled,
+                    elapsed_ns,
+                    fail_open,
+                    error,
+                    token,
+                )
+            )
+
+
+def _plan_miss(
+    state: HookState,
+    memo: DecisionMemo,
+    key: RequestKey,
+    req: JobRequest,
+    profiles: Mapping[str, ProfileView],
+) -> Plan:
+    """A job the memo has no plan for: decide it and remember the plan."""
+    decision = decide(
+        req,
+        state.cfg,
+        profiles,
+        state.node_cap,
+        node_features=state.node_features,
+        node_share=state.node_cap.share,
+    )
+    plan = make_plan(req, decision)
+    memo.add(key, plan)
+    return plan
+
+
+def _reject(state: HookState, plan: Plan, err_msg: Any) -> int:
+    """Refuse the job: its line to the user and to the log."""
+    state.stats.rejected += 1
+    _append_user_msg(err_msg, plan.user_msg or b"")
+    if plan.log_level <= state.log_level:
+        _lib.coda_log(plan.log_level, plan.log_line)
+    return _ERROR
+
+
+def _pass_unmanaged(
+    desc: Any, submit_uid: int, state: HookState, memo: DecisionMemo, plan: Plan, err_msg: Any
+) -> int:
+    """A job CODA does not manage passes; only a CPU-only job's route is written and said at
+    info (make_plan set the level)."""
+    if memo.c_gen:
+        _c_put(desc, submit_uid, memo, plan, state)
+    if plan.partition is not None:
+        _apply(desc, plan, err_msg)
+    if plan.log_level <= state.log_level:
+        _lib.coda_log(plan.log_level, plan.log_line)
+    return _SUCCESS
+
+
+def _journal_entry(
+    desc: Any,
+    submit_uid: int,
+    now_unix_s: float,
+    who: Plan | JobRequest | None,
+    decision: Decision | None,
+    elapsed_ns: int,
+    fail_open: bool,
+    error: str | None,
+    token: int,
+) -> PendingEntry:
+    """The journal's entry of one call, as journal.pending_entry() builds it (``who`` is
+    the plan or the request: plain values, see PendingEntry)."""
+    if who is None:  # failed before the job was read
+        who = JobRequest(uid=submit_uid)
+    return (
+        now_unix_s,
+        _lib.coda_job_id(desc),
+        who.uid,
+        who.job_name,
+        who.ntasks_per_node,
+        who.num_tasks,
+        None if decision is None else decision.action,
+        None if decision is None else decision.admin_comment,
+        elapsed_ns,
+        fail_open,
+        error,
+        token,
+    )
+
+
+def _failed_job_label(who: Plan | JobRequest | None, submit_uid: int) -> str:
+    # The same "job NAME uid=N" a decision's line starts with, when the job was read.
+    if who is None:
+        return f"job ? uid={submit_uid}"
+    return f"job {quote_label(who.job_name or '')} uid={who.uid}"
+
+
+def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
+    """Updates (``scontrol update job``) pass unchanged, except an invalid directive.
+
+    The update message carries only the changed fields (no script), so there is
+    no signature to look up; right-sizing happens at submission.
+    """
+    if _state is None:
+        return _lib.SLURM_SUCCESS
+    try:
+        comment = _str(desc.comment)
+        if comment and "coda:" in comment:
+            parse_coda_directives(comment)
+        return _lib.SLURM_SUCCESS
+    except DirectiveError as exc:
+        _append_user_msg(err_msg, _encode(str(exc)))
+        log(
+            LOG_INFO,
+            f"job_id={_lib.coda_job_id(desc)} uid={submit_uid}: update rejected: {exc}",
+        )
+        return _lib.SLURM_ERROR
+    except Exception as exc:
+        log(
+            LOG_ERROR,
+            f"job_id={_lib.coda_job_id(desc)}: {type(exc).__name__}: {exc}; "
+            "update passes unchanged",
+        )
+        return _lib.SLURM_SUCCESS
+
+
+def current_state() -> HookState | None:
+    """For in-process tests and tools: the live state, or None before init."""
+    return _state

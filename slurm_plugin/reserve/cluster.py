@@ -1,0 +1,699 @@
+"""``coda-slurm reserve`` against Slurm: read nodes, jobs and partitions, set
+``MaxCPUsPerNode`` of the spare partitions, remember and restore what the admin had.
+
+Reads (one RPC each per pass, whatever the cluster's size):
+
+- ``scontrol -d -o show node``: ``CPUTot``, ``State``, ``Gres`` and ``GresUsed`` (GPUs
+  allocated; ``AllocTRES`` lists ``gres/gpu`` only when ``AccountingStorageTRES`` names it,
+  ``GresUsed`` always does);
+- ``squeue --json --all``: each running job's allocation (``job_resources``, and
+  ``gres_detail`` per node): the CPUs a job holds on every node where it holds a GPU (a
+  multi-node GPU job counts on each of its nodes); each pending job's ``cpus_per_tres``
+  (``gres:gpu:N``, what ``--cpus-per-gpu`` and the submit hook set). JSON, not ``scontrol
+  -o`` text: a job's name and comment are the user's, and ``Nodes=gpu01 CPU_IDs=0-63
+  GRES=gpu:8`` in them must not count as an allocation;
+- ``scontrol -o show partition``: each partition's nodes, ``MaxCPUsPerNode`` and
+  ``JobDefaults=DefCpuPerGPU=N``.
+
+Writes ``scontrol update PartitionName=P MaxCPUsPerNode=N`` (slurmctld applies it at once;
+scontrol(1) "PARTITIONS - SPECIFICATIONS FOR UPDATE COMMAND") only when the value differs
+from what Slurm reports, so an admin's or a crashed loop's value is reconciled on the next
+pass. Before the first write to a partition its original value is saved in the state file
+(:class:`ReserveState`), so ``--revert`` restores exactly what the admin had, UNLIMITED
+included, whenever the loop died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_plugin.config.codaconf import _gres_gpus, expand_hostlist
+from slurm_plugin.reserve.plan import NodeLoad, ReservePlan, plan_partition
+from slurm_plugin.slurm.scontrol import scontrol_records
+from slurm_plugin.slurm.slurmjson import (
+    ACTIVE_STATES,
+    Runner,
+    SlurmQueryError,
+    allocated_nodes,
+    gpus_on_node,
+    job_states,
+    job_text,
+    query_active_jobs,
+)
+
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_FORMAT_VERSION",
+    "ClusterView",
+    "ConditionLog",
+    "PartitionInfo",
+    "PartitionOutcome",
+    "ReserveSettings",
+    "ReserveState",
+    "ReserveStateError",
+    "RevertOutcome",
+    "default_cpus_per_gpu",
+    "format_outcome",
+    "node_is_up",
+    "parse_jobs",
+    "parse_nodes",
+    "parse_partitions",
+    "read_cluster",
+    "reconcile",
+    "revert",
+    "run_loop",
+]
+
+STATE_FORMAT = "coda-reserve-state"
+STATE_FORMAT_VERSION = 1
+FALLBACK_CPUS_PER_GPU = 4.0
+"""Cores per idle GPU when neither ReserveCpusPerGpu nor any DefCpuPerGPU says."""
+
+# Node state words of `scontrol show node` (slurm/src/common/slurm_protocol_defs.c,
+# node_state_string) under which a node runs no new GPU job: its cores are not measured.
+_NOT_UP = frozenset(
+    {
+        "DOWN",
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "NOT_RESPONDING",
+        "FUTURE",
+        "UNKNOWN",
+        "NO_RESPOND",
+        "INVAL",
+    }
+)
+_CPUS_PER_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?:(\d+)")
+_DEF_CPU_PER_GPU = re.compile(r"DefCpuPerGPU=(\d+)", re.IGNORECASE)
+_MAX_CPUS_VALUE = re.compile(r"UNLIMITED|[0-9]+")
+
+
+class ReserveStateError(RuntimeError):
+    """The state file cannot be read or written; says which file and what to do."""
+
+
+# ------------------------------------------------------------------------- reading Slurm
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    name: str
+    nodes: tuple[str, ...]
+    max_cpus_per_node: str
+    """As Slurm prints it: ``UNLIMITED`` or a number."""
+    def_cpu_per_gpu: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeRecord:
+    name: str
+    cpus: int
+    gpus: int
+    gpus_used: int | None
+    """From ``GresUsed``; None when scontrol did not print it."""
+    up: bool
+    threads_per_core: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PendingGpuJob:
+    job_id: int
+    partitions: tuple[str, ...]
+    cpus_per_gpu: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobUsage:
+    """What the jobs hold and ask for."""
+
+    gpu_job_cpus: Mapping[str, int]
+    """Node -> cores held there by jobs that hold GPUs there."""
+    gpu_job_gpus: Mapping[str, int]
+    """Node -> GPUs held there (used when a node record lacks ``GresUsed``)."""
+    pending: tuple[PendingGpuJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    nodes: Mapping[str, NodeLoad]
+    partitions: Mapping[str, PartitionInfo]
+    pending: tuple[PendingGpuJob, ...]
+
+
+def node_is_up(state: str) -> bool:
+    """``IDLE``, ``MIXED``, ``ALLOCATED`` (``+PLANNED``, ``+COMPLETING``...) are up;
+    ``DOWN``, ``*+DRAIN``, ``FAIL``, ``NOT_RESPONDING`` (also the ``*`` suffix) are not."""
+    if not state or state.endswith("*"):
+        return False
+    return not any(word in _NOT_UP for word in state.upper().split("+"))
+
+
+def _int_field(rec: Mapping[str, str], key: str, what: str) -> int:
+    value = rec.get(key, "")
+    if not value.isdigit():
+        raise SlurmQueryError(f"{what}: no {key} in scontrol's output (got {value!r})")
+    return int(value)
+
+
+def _gpus(text: str, what: str) -> int:
+    if not text or text in ("(null)", "N/A"):
+        return 0
+    try:
+        return _gres_gpus(text)
+    except ValueError as exc:
+        raise SlurmQueryError(f"{what}: {exc}") from None
+
+
+def parse_nodes(text: str) -> dict[str, _NodeRecord]:
+    """``scontrol -d -o show node`` -> node name -> record."""
+    out: dict[str, _NodeRecord] = {}
+    for rec in scontrol_records(text, "NodeName"):
+        name = rec["NodeName"]
+        what = f"node {name}"
+        used = rec.get("GresUsed")
+        out[name] = _NodeRecord(
+            name=name,
+            cpus=_int_field(rec, "CPUTot", what),
+            gpus=_gpus(rec.get("Gres", ""), what),
+            gpus_used=None if used is None else _gpus(used, what),
+            up=node_is_up(rec.get("State", "")),
+            threads_per_core=_int_field(rec, "ThreadsPerCore", what)
+            if "ThreadsPerCore" in rec
+            else 1,
+        )
+    return out
+
+
+def parse_partitions(text: str) -> dict[str, PartitionInfo]:
+    """``scontrol -o show partition`` -> partition name -> info."""
+    out: dict[str, PartitionInfo] = {}
+    for rec in scontrol_records(text, "PartitionName"):
+        name = rec["PartitionName"]
+        nodes_expr = rec.get("Nodes", "")
+        try:
+            nodes = () if nodes_expr in ("", "(null)") else tuple(expand_hostlist(nodes_expr))
+        except ValueError as exc:
+            raise SlurmQueryError(f"partition {name}: {exc}") from None
+        defaults = _DEF_CPU_PER_GPU.search(rec.get("JobDefaults", ""))
+        out[name] = PartitionInfo(
+            name=name,
+            nodes=nodes,
+            max_cpus_per_node=rec.get("MaxCPUsPerNode", "UNLIMITED"),
+            def_cpu_per_gpu=int(defaults.group(1)) if defaults else None,
+        )
+    return out
+
+
+def parse_jobs(
+    records: Sequence[Mapping[str, Any]], threads_per_core: Mapping[str, int]
+) -> JobUsage:
+    """``squeue --json`` job records -> CPUs and GPUs GPU jobs hold per node, and the
+    cores per GPU pending GPU jobs ask for. ``threads_per_core``: node -> its threads per
+    core (Slurm allocates cores; a core counts as that many CPUs, as ``CPU_IDs`` does)."""
+    cpus: dict[str, int] = {}
+    gpus: dict[str, int] = {}
+    pending: list[PendingGpuJob] = []
+    for rec in records:
+        job_id = rec.get("job_id")
+        what = f"job {job_id}"
+        try:
+            states = job_states(rec)
+            state = states[0] if states else ""
+            if state == "PENDING":
+                m = _CPUS_PER_GPU.search(job_text(rec, "cpus_per_tres"))
+                if m is not None and isinstance(job_id, int):
+                    parts = tuple(p for p in job_text(rec, "partition").split(",") if p)
+                    pending.append(PendingGpuJob(job_id, parts, float(m.group(1))))
+                continue
+            if state not in ACTIVE_STATES:
+                continue
+            for name, (position, cores) in allocated_nodes(rec).items():
+                held_gpus = gpus_on_node(rec, position)
+                if held_gpus <= 0:
+                    continue  # a CPU job, or a node of the job where it has no GPU
+                cpus[name] = cpus.get(name, 0) + len(cores) * threads_per_core.get(name, 1)
+                gpus[name] = gpus.get(name, 0) + held_gpus
+        except SlurmQueryError as exc:
+            raise SlurmQueryError(f"{what}: {exc}") from None
+    return JobUsage(cpus, gpus, tuple(pending))
+
+
+def read_cluster(runner: Runner) -> ClusterView:
+    """Ask slurmctld (three RPCs) for what :func:`reconcile` needs; SlurmQueryError."""
+    records = parse_nodes(runner(["scontrol", "-d", "-o", "show", "node"]))
+    jobs = parse_jobs(
+        query_active_jobs(runner), {n: r.threads_per_core for n, r in records.items()}
+    )
+    partitions = parse_partitions(runner(["scontrol", "-o", "show", "partition"]))
+    nodes = {
+        name: NodeLoad(
+            name=name,
+            cpus=r.cpus,
+            gpus=r.gpus,
+            gpus_alloc=r.gpus_used if r.gpus_used is not None else jobs.gpu_job_gpus.get(name, 0),
+            cpus_alloc_gpu_jobs=jobs.gpu_job_cpus.get(name, 0),
+            up=r.up,
+        )
+        for name, r in records.items()
+    }
+    return ClusterView(nodes, partitions, jobs.pending)
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveSettings:
+    """The coda.conf keys of ``coda-slurm reserve``."""
+
+    partitions: tuple[str, ...]
+    min_cpus: int = 1
+    cpus_per_gpu: float | None = None
+    """ReserveCpusPerGpu; None = DefCpuPerGPU of the GPU partitions, else 4."""
+
+
+def _gpu_partitions(view: ClusterView, spare: PartitionInfo, spares: Sequence[str]) -> set[str]:
+    """Partitions, other than the spare ones, that share a node with ``spare``."""
+    nodes = set(spare.nodes)
+    return {
+        p.name
+        for p in view.partitions.values()
+        if p.name not in spares and p.name != spare.name and nodes.intersection(p.nodes)
+    }
+
+
+def default_cpus_per_gpu(
+    view: ClusterView, spare: PartitionInfo, settings: ReserveSettings
+) -> float:
+    """ReserveCpusPerGpu, else the largest DefCpuPerGPU of the partitions over the same
+    nodes (the largest: a GPU job there may get that many cores without asking), else 4."""
+    if settings.cpus_per_gpu is not None:
+        return settings.cpus_per_gpu
+    defaults = [
+        view.partitions[p].def_cpu_per_gpu
+        for p in _gpu_partitions(view, spare, settings.partitions)
+        if view.partitions[p].def_cpu_per_gpu
+    ]
+    return float(max(defaults)) if defaults else FALLBACK_CPUS_PER_GPU
+
+
+def plan_for(view: ClusterView, spare: PartitionInfo, settings: ReserveSettings) -> ReservePlan:
+    """The plan for ``spare``: its nodes (gone from Slurm = down), and the pending GPU jobs
+    that may start on them (submitted to a partition sharing a node with it)."""
+    nodes = [view.nodes.get(name) or NodeLoad(name, 0, 0, 0, 0, up=False) for name in spare.nodes]
+    relevant = _gpu_partitions(view, spare, ()) | {spare.name}
+    pending = [j.cpus_per_gpu for j in view.pending if relevant.intersection(j.partitions)]
+    return plan_partition(
+        spare.name,
+        nodes,
+        pending,
+        default_cpus_per_gpu=default_cpus_per_gpu(view, spare, settings),
+        min_cpus=settings.min_cpus,
+    )
+
+
+# ---------------------------------------------------------------------------- state file
+
+
+@dataclass(slots=True)
+class ReserveState:
+    """The original ``MaxCPUsPerNode`` of every partition this tool has changed.
+
+    A small JSON file, written atomically (temporary file, fsync, rename) *before* the
+    first ``scontrol update`` of a partition; an entry leaves only when ``--revert`` has
+    put the value back."""
+
+    path: Path
+    originals: dict[str, str] = field(default_factory=dict)
+    saved_unix_s: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> ReserveState:
+        try:
+            doc = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return cls(path)
+        except OSError as exc:
+            raise ReserveStateError(
+                f"cannot read the state file {path} ({exc.strerror or exc})"
+            ) from None
+        except ValueError as exc:
+            raise ReserveStateError(
+                f"the state file {path} is not JSON ({exc}); it holds the MaxCPUsPerNode "
+                "values to restore: fix it by hand, or move it away once every spare "
+                "partition has its original value"
+            ) from None
+        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+            raise ReserveStateError(
+                f'{path} is not a coda-slurm reserve state file (no "format": '
+                f'"{STATE_FORMAT}"); point ReserveStateFile elsewhere'
+            )
+        version = doc.get("format_version")
+        if version != STATE_FORMAT_VERSION:
+            newer = isinstance(version, int) and version > STATE_FORMAT_VERSION
+            what = (
+                "written by a newer coda-slurm: upgrade this one, or revert with the newer one"
+                if newer
+                else "unknown version: restore the partitions' MaxCPUsPerNode by hand"
+            )
+            raise ReserveStateError(f"{path}: format_version {version!r} ({what})")
+        state = cls(path)
+        partitions = doc.get("partitions")
+        if not isinstance(partitions, dict):
+            raise ReserveStateError(f'{path}: no "partitions" object')
+        for name, entry in partitions.items():
+            original = entry.get("original") if isinstance(entry, dict) else None
+            if not isinstance(original, str) or _MAX_CPUS_VALUE.fullmatch(original) is None:
+                raise ReserveStateError(
+                    f"{path}: partition {name}: original {original!r} is not UNLIMITED or a number"
+                )
+            state.originals[name] = original
+            saved = entry.get("saved_unix_s")
+            state.saved_unix_s[name] = float(saved) if isinstance(saved, int | float) else 0.0
+        return state
+
+    def save(self) -> None:
+        """Write the file atomically; remove it when nothing is left to restore."""
+        if not self.originals:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise ReserveStateError(
+                    f"cannot remove the state file {self.path} ({exc.strerror or exc})"
+                ) from None
+            return
+        doc = {
+            "format": STATE_FORMAT,
+            "format_version": STATE_FORMAT_VERSION,
+            "partitions": {
+                name: {"original": value, "saved_unix_s": self.saved_unix_s.get(name, 0.0)}
+                for name, value in sorted(self.originals.items())
+            },
+        }
+        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".reserve-", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise ReserveStateError(
+                f"cannot write the state file {self.path} ({exc.strerror or exc})"
+            ) from None
+
+    def remember(self, partition: str, original: str, now_unix_s: float) -> bool:
+        """Record ``original`` unless the partition already has an entry (the first value
+        seen is the admin's; later ones are ours). True when the file must be written."""
+        if partition in self.originals:
+            return False
+        self.originals[partition] = original
+        self.saved_unix_s[partition] = now_unix_s
+        return True
+
+
+# ------------------------------------------------------------------------ one pass
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOutcome:
+    """What one pass did to one spare partition."""
+
+    partition: str
+    before: str | None
+    """``MaxCPUsPerNode`` as Slurm had it (None: partition not found)."""
+    after: str | None
+    """As Slurm has it now (in a dry run: as it would be)."""
+    changed: bool
+    """An ``scontrol update`` was made (or, in a dry run, would be)."""
+    plan: ReservePlan | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "partition": self.partition,
+            "before": self.before,
+            "after": self.after,
+            "changed": self.changed,
+            "planned": None if plan is None else plan.max_cpus_per_node,
+            "cpus_per_gpu": None if plan is None else plan.cpus_per_gpu,
+            "per_node": []
+            if plan is None
+            else [{"node": n, "reserved_cpus": c} for n, c in plan.per_node],
+            "reason": None if plan is None else plan.reason,
+            "error": self.error,
+        }
+
+
+def _permission_hint(message: str) -> str:
+    # slurmctld refuses UPDATE_PARTITION from anyone but root and SlurmUser; 22.05 answers
+    # "Invalid user id" (and logs "Security violation"), others "Access/permission denied".
+    if re.search(r"denied|user id", message, re.IGNORECASE):
+        return "; run coda-slurm reserve as root or SlurmUser"
+    return ""
+
+
+def _update(runner: Runner, partition: str, value: str) -> None:
+    runner(["scontrol", "update", f"PartitionName={partition}", f"MaxCPUsPerNode={value}"])
+
+
+def reconcile(
+    runner: Runner,
+    settings: ReserveSettings,
+    state_path: Path,
+    *,
+    dry_run: bool = False,
+    now_unix_s: Callable[[], float] = time.time,
+) -> list[PartitionOutcome]:
+    """One pass over ``settings.partitions``: read Slurm, plan, save originals, update.
+
+    A partition that is missing or whose update fails gets an outcome with ``error``; the
+    others are still handled. Raises SlurmQueryError when Slurm cannot be read at all and
+    ReserveStateError when the state file is unusable (no partition is touched then:
+    without it --revert could not restore them)."""
+    state = ReserveState.load(state_path)
+    view = read_cluster(runner)
+    outcomes: list[PartitionOutcome] = []
+    for name in settings.partitions:
+        info = view.partitions.get(name)
+        if info is None:
+            known = ", ".join(sorted(view.partitions)) or "none"
+            outcomes.append(
+                PartitionOutcome(
+                    name,
+                    None,
+                    None,
+                    False,
+                    None,
+                    f"partition {name} not found in Slurm (renamed or removed? partitions: "
+                    f"{known}); fix ReservePartitions",
+                )
+            )
+            continue
+        plan = plan_for(view, info, settings)
+        before = info.max_cpus_per_node
+        if plan.max_cpus_per_node is None or str(plan.max_cpus_per_node) == before:
+            outcomes.append(PartitionOutcome(name, before, before, False, plan))
+            continue
+        target = str(plan.max_cpus_per_node)
+        if dry_run:
+            outcomes.append(PartitionOutcome(name, before, target, True, plan))
+            continue
+        # The original goes to disk before Slurm changes: a kill between the two leaves a
+        # state file whose value is still the current one, which --revert rewrites harmlessly.
+        if state.remember(name, before, now_unix_s()):
+            state.save()
+        try:
+            _update(runner, name, target)
+        except SlurmQueryError as exc:
+            outcomes.append(
+                PartitionOutcome(
+                    name,
+                    before,
+                    before,
+                    False,
+                    plan,
+                    f"cannot set MaxCPUsPerNode={target} on partition {name}: {exc}"
+                    + _permission_hint(str(exc)),
+                )
+            )
+            continue
+        outcomes.append(PartitionOutcome(name, before, target, True, plan))
+    return outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class RevertOutcome:
+    partition: str
+    before: str | None
+    after: str | None
+    original: str
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "before": self.before,
+            "after": self.after,
+            "original": self.original,
+            "error": self.error,
+        }
+
+
+def revert(runner: Runner, state_path: Path) -> list[RevertOutcome]:
+    """Put back every saved original ``MaxCPUsPerNode``; an entry leaves the state file only
+    once Slurm has its value again (a partition gone from Slurm keeps its entry, with an
+    error). Stop the loop first: it would change the value again on its next pass."""
+    state = ReserveState.load(state_path)
+    if not state.originals:
+        return []
+    partitions = parse_partitions(runner(["scontrol", "-o", "show", "partition"]))
+    outcomes: list[RevertOutcome] = []
+    for name, original in sorted(state.originals.items()):
+        info = partitions.get(name)
+        if info is None:
+            outcomes.append(
+                RevertOutcome(
+                    name,
+                    None,
+                    None,
+                    original,
+                    f"partition {name} not found in Slurm (renamed or removed?); its original "
+                    f"MaxCPUsPerNode={original} stays in {state_path}",
+                )
+            )
+            continue
+        current = info.max_cpus_per_node
+        if current != original:
+            try:
+                _update(runner, name, original)
+            except SlurmQueryError as exc:
+                outcomes.append(
+                    RevertOutcome(
+                        name,
+                        current,
+                        current,
+                        original,
+                        f"cannot restore MaxCPUsPerNode={original} on partition {name}: {exc}"
+                        + _permission_hint(str(exc)),
+                    )
+                )
+                continue
+        del state.originals[name]
+        state.saved_unix_s.pop(name, None)
+        outcomes.append(RevertOutcome(name, current, original, original))
+    state.save()
+    return outcomes
+
+
+# ------------------------------------------------------------------------------ display
+
+
+def format_outcome(outcome: PartitionOutcome, *, dry_run: bool = False) -> str:
+    """``gpu_spare: MaxCPUsPerNode 24 -> 16 (gpu01: 16 reserved = 12 held + 1 idle GPU x
+    4; ...)``; errors are the caller's to print."""
+    plan = outcome.plan
+    why = f" ({plan.reason})" if plan is not None else ""
+    name = outcome.partition
+    if outcome.error is not None:
+        return f"{name}: {outcome.error}"
+    if outcome.changed:
+        verb = "would change " if dry_run else ""
+        return f"{name}: {verb}MaxCPUsPerNode {outcome.before} -> {outcome.after}{why}"
+    if plan is not None and plan.max_cpus_per_node is None:
+        return f"{name}: MaxCPUsPerNode {outcome.before} left alone{why}"
+    return f"{name}: MaxCPUsPerNode {outcome.before} (unchanged){why}"
+
+
+class ConditionLog:
+    """Says a partition's condition once, when it changes, not on every tick."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}
+
+    def changed(self, key: str, condition: str) -> bool:
+        if self._last.get(key) == condition:
+            return False
+        self._last[key] = condition
+        return True
+
+
+def _condition(outcome: PartitionOutcome) -> str:
+    if outcome.error is not None:
+        return f"error:{outcome.error}"
+    if outcome.plan is None or outcome.plan.max_cpus_per_node is None:
+        return "left alone"
+    return f"value:{outcome.after}"
+
+
+Emit = Callable[[str, bool], None]
+"""``emit(line, is_error)``: the CLI prints; the loop decides what is worth a line."""
+
+
+def run_loop(
+    runner: Runner,
+    settings: ReserveSettings,
+    state_path: Path,
+    interval_s: float,
+    stop: threading.Event,
+    emit: Emit,
+    *,
+    dry_run: bool = False,
+    on_pass: Callable[[list[PartitionOutcome]], None] | None = None,
+) -> None:
+    """Reconcile every ``interval_s`` until ``stop`` is set. Every write is said; a
+    condition (error, all nodes down, recovered) is said once when it starts."""
+    log = ConditionLog()
+    failing: str | None = None
+    while not stop.is_set():
+        try:
+            outcomes = reconcile(runner, settings, state_path, dry_run=dry_run)
+        except (SlurmQueryError, ReserveStateError) as exc:
+            failing = str(exc)
+            if log.changed("*", f"error:{exc}"):
+                emit(f"cannot reconcile the spare partitions ({exc})", True)
+        else:
+            if failing is not None:
+                log.changed("*", "ok")
+                emit(f"reconciling again (the last pass failed: {failing})", False)
+                failing = None
+            shown: list[PartitionOutcome] = []
+            for outcome in outcomes:
+                new_condition = log.changed(outcome.partition, _condition(outcome))
+                # A dry run "would change" on every pass: say it when the target moves.
+                wrote = outcome.changed and not dry_run
+                if wrote or new_condition:
+                    emit(format_outcome(outcome, dry_run=dry_run), outcome.error is not None)
+                    shown.append(outcome)
+            if on_pass is not None and shown:
+                on_pass(shown)
+        stop.wait(interval_s)
