@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from coda_node.daemon.service import TickReport
-from coda_node.sampling.mbm import JobMonitor, job_of_mon_group, mon_group_name
+from coda_node.enforce.mongroups import JobMonitor
+from coda_node.sampling.mbm import job_of_mon_group, mon_group_name
 from coda_node.system.cgroups import CgroupReadError
 from coda_node.system.resctrl import ResctrlError
 from tests import resctrl_fixtures

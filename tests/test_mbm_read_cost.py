@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_node.sampling.mbm import JobMonitor
+from coda_node.enforce.mongroups import JobMonitor
 from coda_node.system.resctrl import MbmCounters, MbmReading, discover, read_mbm
 from tests import resctrl_fixtures
 from tests.resctrl_fixtures import FakeResctrl

@@ -56,10 +56,10 @@ from coda_node.daemon.wiring import (
     start_mem_bw_monitor,
 )
 from coda_node.enforce.enforcer import Enforcer, JobResult
+from coda_node.enforce.mongroups import JobMonitor, remove_job_groups
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
 from coda_node.policy.targets import JobFacts, JobTarget
 from coda_node.policy.usage import UsageAccumulator, UsageFlush
-from coda_node.sampling.mbm import JobMonitor, remove_job_groups
 from coda_node.sampling.snapshot import JobView, NodeSnapshot, Sampler
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
@@ -247,9 +247,10 @@ class Daemon:
 
     # -- per-job memory bandwidth (resctrl MBM) -----------------------------------
     def _start_mem_bw_monitor(self) -> None:
-        """Measure each CPU job's bandwidth with its own resctrl MON group (coda_node.sampling.mbm)
-        where resctrl counts it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else
-        record why not. Called again when Slurm's cgroup tree appears."""
+        """Measure each CPU job's bandwidth with its own resctrl MON group
+        (coda_node.enforce.mongroups, read by coda_node.sampling.mbm) where resctrl counts
+        it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else record why not.
+        Called again when Slurm's cgroup tree appears."""
         if self.mem_bw_monitor is not None:
             return
         self.mem_bw_monitor, self.mem_bw_monitor_off = start_mem_bw_monitor(

@@ -21,9 +21,9 @@ from coda_node.system.cpulist import format_cpulist
 if TYPE_CHECKING:
     from coda_node.daemon.adaptive import AdaptiveLoop
     from coda_node.enforce.enforcer import JobResult
+    from coda_node.enforce.mongroups import JobMonitor
     from coda_node.enforce.state import JobChanges, Limit
     from coda_node.policy.targets import JobTarget
-    from coda_node.sampling.mbm import JobMonitor
     from coda_node.sampling.snapshot import JobView
     from coda_node.system.nvml import GpuSample
     from coda_node.system.resctrl import ResctrlInfo

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from coda_node.daemon.adaptive import AdaptiveLoop
 from coda_node.enforce.enforcer import Enforcer
+from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import NodeState
-from coda_node.sampling.mbm import JobMonitor
 from coda_node.system.cgroups import CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.system.paths import SystemRoot
 from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
@@ -150,9 +150,9 @@ def start_mem_bw_monitor(
     supplied: bool,
 ) -> tuple[JobMonitor | None, str | None]:
     """(the monitor, None) measuring each CPU job's bandwidth with its own resctrl MON
-    group (coda_node.sampling.mbm) where resctrl counts it, Slurm's cgroups show the jobs and
-    NodeJobMemBw=yes; else (None, why not). ``supplied``: the caller supplies per-job
-    bandwidth."""
+    group (coda_node.enforce.mongroups, read by coda_node.sampling.mbm) where resctrl counts
+    it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else (None, why not).
+    ``supplied``: the caller supplies per-job bandwidth."""
     if supplied:
         return None, "not needed: per-job bandwidth is supplied by the caller"
     if not cfg.node_job_mem_bw:
