@@ -55,6 +55,7 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
         "config.paths",
         "store.munge",
         "slurm.scontrol",
+        "slurm.ranges",
         "slurm.adminrecord",
     ),
     "configuration": ("config.codaconf", "config.nodecap"),
@@ -89,6 +90,7 @@ NODE_MAY_USE = {
     "cli.common",
     "slurm.adminrecord",
     "slurm.slurmjson",
+    "slurm.ranges",
 }
 # Of the controller only the simulator and the CLI use the node, and the simulator only its
 # pure policies (it ticks coda-node's own allocator and eliminator).
@@ -108,6 +110,7 @@ PURE = {
         "reserve.plan",
         "slurm.scontrol",
         "slurm.adminrecord",
+        "slurm.ranges",
     },
 }
 IMPURE_IMPORTS = {

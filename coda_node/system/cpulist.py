@@ -7,10 +7,9 @@ Pure: cgroup cpusets, Slurm's ``CPU_IDs`` and GRES ``IDX``, PMU cpumasks and the
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable
 
-_CPULIST_PART = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
+from slurm_plugin.slurm.ranges import parse_ranges
 
 
 @functools.lru_cache(maxsize=512)
@@ -25,17 +24,7 @@ def parse_cpulist(text: str) -> frozenset[int]:
     text = text.strip()
     if not text:
         return frozenset()
-    cpus: set[int] = set()
-    for part in text.split(","):
-        m = _CPULIST_PART.fullmatch(part.strip())
-        if m is None:
-            raise ValueError(f"bad cpulist {text!r}")
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
-        if last < first:
-            raise ValueError(f"bad cpulist {text!r}: range {part} runs backwards")
-        cpus.update(range(first, last + 1))
-    return frozenset(cpus)
+    return parse_ranges(text, "cpulist")
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:

@@ -467,8 +467,8 @@ class MbmCounters:
     """One group's counter files, their paths joined once, read as :func:`read_mbm` with
     ``events`` reads them, reading for reading.
 
-    :class:`coda_node.sampling.mbm.JobMonitor` reads every job's group on every tick (16 groups x 2
-    L3 domains on the bench's node). Joining ``Path`` objects cost more than the reads,
+    :class:`coda_node.sampling.mbm.JobBandwidth` reads every job's group on every tick (16
+    groups x 2 L3 domains on the bench's node). Joining ``Path`` objects cost more than the reads,
     and ``Path.read_text`` about twice an os.open/os.read (docs/benchmarks.md, "coda-node:
     cost of one tick"), so the paths are strings made here, from the one root, once.
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_plugin.config.codaconf import split_outside
+from slurm_plugin.slurm.ranges import parse_ranges
 
 SCONTROL_TIMEOUT_S = 10.0
 
@@ -419,19 +420,6 @@ def parse_gres(text: str) -> tuple[SlurmGres, ...]:
     return tuple(out)
 
 
-_INDEX_RANGE = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
-
-
 def _gres_indices(text: str) -> tuple[int, ...]:
     """``"0-1,3"`` (a GRES entry's ``IDX:``) -> (0, 1, 3); ValueError on anything else."""
-    indices: set[int] = set()
-    for part in text.split(","):
-        m = _INDEX_RANGE.fullmatch(part.strip())
-        if m is None:
-            raise ValueError(f"bad GRES index list {text!r}")
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
-        if last < first:
-            raise ValueError(f"bad GRES index list {text!r}: range {part} runs backwards")
-        indices.update(range(first, last + 1))
-    return tuple(sorted(indices))
+    return tuple(sorted(parse_ranges(text, "GRES index list")))
