@@ -222,6 +222,14 @@ def test_job_report_of_a_running_job_shows_what_coda_node_recorded(
     for c in started(cluster):
         job_id, _ = c.sbatch(["--gpus=1", "-J", "running"], "#!/bin/sh\nsleep 120\n")
         _wait(lambda c=c, j=job_id: c.show_job(j)["JobState"] == "RUNNING", "the job to run")
+        # slurmdbd records the start a moment after slurmctld (the report reads accounting).
+        _wait(
+            lambda c=c, j=job_id: (
+                c.run(["sacct", "-n", "-X", "-j", str(j), "--format=State"]).stdout.split()[:1]
+                == ["RUNNING"]
+            ),
+            "accounting to record the start",
+        )
         node = [sys.executable, "-m", "coda_node.cli"]
         once = subprocess.run(
             [*node, "run", "--once", "--conf", str(c.coda_conf)],
