@@ -105,6 +105,10 @@ def settle(
     first_half: list[tuple[float, ...]] = []
     events = 0
     last_event = 0
+    seen_shares: list[float] | None = None
+    slow: tuple[float, ...] = ()
+    dnn: dict[int, DnnJob] = {}
+    cpu: dict[int, CpuJob] = {}
     for k in range(ticks):
         backoff = max((t.backoff for t in elim.throttled.values()), default=1)
         if k - last_event > quiet_ticks * backoff and k > pending_probe_ticks:
@@ -115,20 +119,25 @@ def settle(
             for i, s in enumerate(slowdowns(mix, shares)):
                 slow_sum[i] += s * rest
             break
-        slow = slowdowns(mix, shares)
-        dnn = {
-            i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train")) for i in range(n_dnn)
-        }
-        cpu = {
-            n_dnn + j: CpuJob(
-                n_dnn + j,
-                _SOCKETS,
-                allocated_cores=c,
-                cpu_rate_cores=c * shares[j],
-                mem_bw_bytes_per_s=c * bw * shares[j] if mix.rdt else None,
-            )
-            for j, (c, bw) in enumerate(mix.cpu)
-        }
+        if shares != seen_shares:
+            # The eliminator's inputs follow the shares alone: rebuilt only when they change
+            # (it reads them and keeps nothing of them).
+            seen_shares = list(shares)
+            slow = slowdowns(mix, shares)
+            dnn = {
+                i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"))
+                for i in range(n_dnn)
+            }
+            cpu = {
+                n_dnn + j: CpuJob(
+                    n_dnn + j,
+                    _SOCKETS,
+                    allocated_cores=c,
+                    cpu_rate_cores=c * shares[j],
+                    mem_bw_bytes_per_s=c * bw * shares[j] if mix.rdt else None,
+                )
+                for j, (c, bw) in enumerate(mix.cpu)
+            }
         out = elim.step(now, dnn, cpu)
         acted = sum(1 for e in out.events if e.action.startswith(("throttle", "release")))
         events += acted
