@@ -8,7 +8,9 @@ coda's, the cost the CPU jobs' total run time over their run time in the trace
 *CPU use* (the biggest CPU user is stepped down to the floor, ``NodeThrottleMinEffectPct=0``)
 and *effect* (a job held at its floor must cut the DNN job's slowdown per core held back,
 or it is given back and, if that changes nothing, left alone), each at several floors
-(``NodeThrottleFloorPct``); ``off`` is ``NodeContention=no``.
+(``NodeThrottleFloorPct``); *hold test*: the effect rule at a 10 % floor on a ladder of 10 %
+steps (``NodeThrottleStepPct=10``) whose holds must buy ``NodeThrottleMinGainPct`` points of
+DNN slowdown per CPU job held back; ``off`` is ``NodeContention=no``.
 
     .venv/bin/python bench/bench_shield_tradeoff.py        # table, docs/shield-tradeoff.svg
     .venv/bin/python bench/bench_shield_tradeoff.py --trace muri --no-plot
@@ -42,9 +44,12 @@ TRACES: dict[str, tuple[str, ...]] = {
 class Variant:
     label: str
     rule: str
-    """``off``, ``cpu use`` or ``effect``."""
+    """``off``, ``cpu use``, ``effect`` or ``hold test``."""
     floor_pct: float
     conf: tuple[str, ...]
+    mark: float = 0.0
+    """The number the plot writes beside the point: the floor, or for the hold test its
+    NodeThrottleMinGainPct."""
 
 
 def variants() -> list[Variant]:
@@ -59,6 +64,23 @@ def variants() -> list[Variant]:
                     (f"NodeThrottleFloorPct={floor}", f"NodeThrottleMinEffectPct={effect}"),
                 )
             )
+    # The benefit test of a hold (NodeThrottleMinGainPct) on a finer ladder, at the floor and
+    # victim rule of the reference row.
+    for gain in (10, 20, 30):
+        out.append(
+            Variant(
+                f"hold test {gain}, floor 10 %",
+                "hold test",
+                10.0,
+                (
+                    "NodeThrottleFloorPct=10",
+                    "NodeThrottleMinEffectPct=5",
+                    "NodeThrottleStepPct=10",
+                    f"NodeThrottleMinGainPct={gain}",
+                ),
+                float(gain),
+            )
+        )
     return out
 
 
@@ -97,6 +119,7 @@ def run(traces: list[str], workers: int) -> list[dict[str, object]]:
                 "variant": v.label,
                 "rule": v.rule,
                 "floor_pct": v.floor_pct,
+                "mark": v.mark or v.floor_pct,
                 "gain_h": (b["dnn_jct_mean_s"] - r["dnn_jct_mean_s"]) / 3600.0,
                 "slurm_jct_h": b["dnn_jct_mean_s"] / 3600.0,
                 "work_stretch": r["cpu_work_stretch"],
@@ -138,10 +161,10 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
     for ax, trace in zip(axes[0], traces, strict=True):
         mine = [r for r in rows if r["trace"] == trace]
-        for rule, style in (("cpu use", "o--"), ("effect", "s-")):
+        for rule, style in (("cpu use", "o--"), ("effect", "s-"), ("hold test", "^-.")):
             pts = [
-                (float(r["work_stretch"]) - 1, float(r["gain_h"]), float(r["floor_pct"]))  # type: ignore[arg-type]
-                for r in sorted(mine, key=lambda r: float(r["floor_pct"]))  # type: ignore[arg-type]
+                (float(r["work_stretch"]) - 1, float(r["gain_h"]), float(r["mark"]))  # type: ignore[arg-type]
+                for r in sorted(mine, key=lambda r: float(r["mark"]))  # type: ignore[arg-type]
                 if r["rule"] == rule
             ]
             ax.plot([100 * x for x, _, _ in pts], [y for _, y, _ in pts], style, label=rule)
@@ -162,7 +185,9 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
         ax.set_xlabel("CPU work stretch (%)")
         ax.set_ylabel("DNN mean JCT gain over slurm (h)")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(title="victims by (floor %)", fontsize=8, title_fontsize=8)
+    axes[0][0].legend(
+        title="victims by (floor %; hold test: min gain)", fontsize=8, title_fontsize=8
+    )
     fig.tight_layout()
     fig.savefig(path, format="svg", metadata={"Date": None})
     plt.close(fig)

@@ -53,6 +53,16 @@ show is its baseline. The caps are then lifted at once; if the job then runs mor
 ``baseline_reset_s`` with every CPU job beside it at its floor is slowed by itself, not by
 them: its median rate over that time becomes its baseline (event ``baseline-reset``), so
 the CPU jobs are released as usual and throttled again only below the new baseline.
+
+**What a hold buys** (``min_gain_per_hold``, 0 = off). Once the CPU jobs held back for a
+DNN job have shown their effect (it is back under the trigger, or every job beside it is
+at its floor, and ``smooth_ticks`` ticks have passed since the last step), the DNN jobs on
+those sockets must together be at least ``min_gain_per_hold`` less slowed per whole CPU job
+held back (the sum of 1 - share over the jobs held), measured from the worst slowdown since
+the first step. A hold that buys less is given back whole and that DNN job is not shielded
+for ``retest_s`` (docs/evaluation.md, "The eliminator's trade-off": on the traces the
+simulator replays, much of the CPU time the eliminator takes goes to holds that buy a DNN
+job a few points).
 """
 
 from __future__ import annotations
@@ -110,6 +120,19 @@ class ContentionParams:
     retest_s: float = 1800.0
     """How long a CPU job found not to slow anyone is left alone before it may be tried
     again (it may have changed phase)."""
+    min_gain_per_hold: float = 0.0
+    """Benefit test of a whole hold (see the module docstring): 0.2 = holding one whole CPU
+    job back must take 20 points off the slowdowns of the DNN jobs beside it. 0 = no test."""
+
+
+def quota_ladder(step_fraction: float, floor_fraction: float) -> tuple[float, ...]:
+    """The quota steps ``1 - step, 1 - 2 step, ...`` above the floor (which is the last)."""
+    out: list[float] = []
+    k = 1
+    while round(1.0 - k * step_fraction, 6) > floor_fraction:
+        out.append(round(1.0 - k * step_fraction, 6))
+        k += 1
+    return tuple(out)
 
 
 def params_from_config(cfg: CodaConfig) -> ContentionParams:
@@ -125,6 +148,16 @@ def params_from_config(cfg: CodaConfig) -> ContentionParams:
         floor_mba_pct=max(1, round(cfg.node_throttle_floor_pct)),
         step_s=max(2.0 * cfg.node_interval_s, 1.0),
         min_effect_per_core=cfg.node_throttle_min_effect_pct / 100.0,
+        min_gain_per_hold=cfg.node_throttle_min_gain_pct / 100.0,
+        **(
+            {}
+            if cfg.node_throttle_step_pct is None
+            else {
+                "quota_fractions": quota_ladder(
+                    cfg.node_throttle_step_pct / 100.0, cfg.node_throttle_floor_pct / 100.0
+                )
+            }
+        ),
     )
 
 
@@ -167,6 +200,18 @@ class _Victim:
     """Since when every CPU job beside it has been at its floor while it stays slowed."""
     floor_rates: list[float] = field(default_factory=list)
     """Its rates since then (after ``step_s`` for the last step to show)."""
+
+
+@dataclass(slots=True)
+class _Hold:
+    """CPU jobs held back for one DNN job, from its first step until it is judged."""
+
+    before: dict[int, float]
+    """The slowdowns of the DNN jobs on its sockets at the first step, raised to the worst
+    seen since (the first step comes while the smoothed rate still half-shows the onset)."""
+    quiet_ticks: int = 0
+    """Ticks since the last step taken for it."""
+    judged: bool = False
 
 
 @dataclass(slots=True)
@@ -266,6 +311,12 @@ class Eliminator:
         """The baseline probe under way on this node, if any."""
         self.innocent: dict[int, float] = {}
         """CPU jobs whose first step did not speed up the DNN job it was for: since when."""
+        self.holds: dict[int, _Hold] = {}
+        """Per DNN job shielded now: its hold, until judged (``min_gain_per_hold``)."""
+        self.unshielded: dict[int, float] = {}
+        """DNN jobs whose hold bought too little: since when (not shielded for
+        ``retest_s``)."""
+        """CPU jobs whose first step did not speed up the DNN job it was for: since when."""
 
     # -- the view ---------------------------------------------------------------
     def dnn_status(self, job_id: int) -> dict[str, object] | None:
@@ -328,6 +379,10 @@ class Eliminator:
             del self.throttled[gone]
         for gone in set(self.innocent) - set(cpu):
             del self.innocent[gone]
+        for gone in set(self.holds) - set(dnn):
+            del self.holds[gone]
+        for gone in set(self.unshielded) - set(dnn):
+            del self.unshielded[gone]
         if not p.enabled:
             self.throttled.clear()
             self.probe = None
@@ -379,9 +434,23 @@ class Eliminator:
         if p.min_effect_per_core > 0:
             self._judge_return(now_s, cpu, out)
             self._attribute(now_s, cpu, stepped, out)
+        judging = p.min_gain_per_hold > 0
+        exhausted_for: set[int] = set()
         for slowdown, job in sorted(victims, key=lambda x: (-x[0], x[1].job_id)):
+            if judging and self._unshielded(now_s, job.job_id):
+                continue
+            before = len(stepped)
             exhausted = self._protect(now_s, job, slowdown, drawing, stepped, out)
+            if exhausted:
+                exhausted_for.add(job.job_id)
+            if judging and len(stepped) > before:
+                hold = self.holds.get(job.job_id)
+                if hold is None:
+                    hold = self.holds[job.job_id] = _Hold(self._near_slowdowns(job, dnn))
+                hold.quiet_ticks = 0
             self._check_stale_baseline(now_s, job, exhausted, out)
+        if judging:
+            self._judge_holds(now_s, dnn, cpu, exhausted_for, out)
         self._verify(now_s, cpu, stepped, out)
         self._release(now_s, dnn, cpu, stepped, out)
         for job_id, t in self.throttled.items():
@@ -397,6 +466,69 @@ class Eliminator:
                 if job_id in cpu:
                     out.throttles[job_id] = _tighter(out.throttles.get(job_id), cap)
         return out
+
+    # -- what a hold buys: its benefit test --------------------------------------
+    def _near_slowdowns(self, job: DnnJob, dnn: Mapping[int, DnnJob]) -> dict[int, float]:
+        """The slowdowns of the DNN jobs on ``job``'s sockets (itself included)."""
+        out = {}
+        for d in dnn.values():
+            v = self.victims.get(d.job_id)
+            if d.sockets & job.sockets and v is not None and v.slowdown is not None:
+                out[d.job_id] = max(0.0, v.slowdown)
+        return out
+
+    def _unshielded(self, now_s: float, job_id: int) -> bool:
+        since = self.unshielded.get(job_id)
+        if since is None:
+            return False
+        if now_s - since < self.params.retest_s:
+            return True
+        del self.unshielded[job_id]
+        return False
+
+    def _judge_holds(
+        self,
+        now_s: float,
+        dnn: Mapping[int, DnnJob],
+        cpu: Mapping[int, CpuJob],
+        exhausted_for: set[int],
+        out: ContentionOutput,
+    ) -> None:
+        """Judge each hold once it has shown (see the module docstring): give it back
+        whole if it bought less than ``min_gain_per_hold`` per CPU job held back."""
+        p = self.params
+        for victim, hold in sorted(self.holds.items()):
+            held = {j: t for j, t in self.throttled.items() if t.level > 0 and t.for_job == victim}
+            if not held:
+                del self.holds[victim]
+                continue
+            if hold.judged:
+                continue
+            hold.quiet_ticks += 1
+            now = self._near_slowdowns(dnn[victim], dnn)
+            for d, b in hold.before.items():
+                hold.before[d] = max(b, now.get(d, b))
+            v = self.victims.get(victim)
+            if v is None or v.slowdown is None or hold.quiet_ticks <= p.smooth_ticks:
+                continue
+            if v.slowdown > p.trigger_slowdown and victim not in exhausted_for:
+                continue
+            hold.judged = True
+            gain = sum(b - now[d] for d, b in hold.before.items() if d in now)
+            cost = sum(
+                1.0 - throttle_share(self._throttle(t), cpu[j].allocated_cores)
+                for j, t in held.items()
+            )
+            if cost <= 0 or gain / cost >= p.min_gain_per_hold:
+                continue
+            why = (
+                f"holding back {cost:.3g} CPU job(s) took only {gain:.1%} off the slowdown "
+                f"of job {victim} and its neighbours; not shielded for {p.retest_s:g} s"
+            )
+            self.unshielded[victim] = now_s
+            del self.holds[victim]
+            for j, t in sorted(held.items()):
+                self._release_all(now_s, j, t, why, out)
 
     # -- who pays: attribution ---------------------------------------------
     def _attribute(

@@ -808,6 +808,24 @@ class CodaConfig:
         "per core held back, or it is given back whole; if that does not slow the DNN job "
         "either, it is left alone for 30 min (0 = throttle by CPU use or bandwidth alone).",
     )
+    node_throttle_step_pct: float | None = _key(
+        "NodeThrottleStepPct",
+        "float or empty",
+        "",
+        _or_none(_percent(50)),
+        "coda-node: each step of a CPU job's quota takes this % of its cores more, down to "
+        "NodeThrottleFloorPct (10: 90 %, 80 %, ...); empty = steps to 75 %, 50 % and 25 %.",
+    )
+    node_throttle_min_gain_pct: float = _key(
+        "NodeThrottleMinGainPct",
+        "float",
+        "0",
+        _float_range(0, 100),
+        "coda-node: once the CPU jobs held back for a DNN job have shown their effect, the "
+        "DNN jobs beside them must be this many points of slowdown less slowed per whole CPU "
+        "job held back, or all of them are given back and that DNN job is not shielded for "
+        "30 min (0 = no such test).",
+    )
     node_job_mem_bw: bool = _key(
         "NodeJobMemBw",
         "yes|no",
