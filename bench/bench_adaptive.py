@@ -5,7 +5,9 @@
 The code under test is the daemon's own: :class:`coda_node.policy.observe.JobSignal`,
 :class:`coda_node.policy.allocator.Allocator` and
 :class:`coda_node.policy.contention.Eliminator`, with
-their default parameters (``SignalParams()``, ``ProbeParams()``, ``ContentionParams()``),
+their default parameters (``SignalParams()``, ``ProbeParams()``, ``ContentionParams()``: the
+eliminator at a 25 % floor on 75/50/25 % quota steps without the hold test, not coda.conf's
+defaults),
 one tick per simulated second (the daemon's default ``NodeIntervalS=1``). Time is simulated:
 nothing sleeps, and every run is reproducible from its seed.
 

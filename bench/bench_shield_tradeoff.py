@@ -8,9 +8,10 @@ coda's, the cost the CPU jobs' total run time over their run time in the trace
 *CPU use* (the biggest CPU user is stepped down to the floor, ``NodeThrottleMinEffectPct=0``)
 and *effect* (a job held at its floor must cut the DNN job's slowdown per core held back,
 or it is given back and, if that changes nothing, left alone), each at several floors
-(``NodeThrottleFloorPct``); *hold test*: the effect rule at a 10 % floor on a ladder of 10 %
-steps (``NodeThrottleStepPct=10``) whose holds must buy ``NodeThrottleMinGainPct`` points of
-DNN slowdown per CPU job held back; ``off`` is ``NodeContention=no``.
+(``NodeThrottleFloorPct``) on the 75/50/25 % quota steps with every hold kept
+(``NodeThrottleStepPct=``, ``NodeThrottleMinGainPct=0``); *hold test*: the effect rule at a
+10 % floor on quota steps of 10 % whose holds must buy ``NodeThrottleMinGainPct`` points of
+DNN slowdown per CPU job held back (the defaults at 20); ``off`` is ``NodeContention=no``.
 
     .venv/bin/python bench/bench_shield_tradeoff.py        # table, docs/shield-tradeoff.svg
     .venv/bin/python bench/bench_shield_tradeoff.py --trace muri --no-plot
@@ -61,7 +62,12 @@ def variants() -> list[Variant]:
                     f"{rule}, floor {floor} %",
                     rule,
                     float(floor),
-                    (f"NodeThrottleFloorPct={floor}", f"NodeThrottleMinEffectPct={effect}"),
+                    (
+                        f"NodeThrottleFloorPct={floor}",
+                        f"NodeThrottleMinEffectPct={effect}",
+                        "NodeThrottleStepPct=",
+                        "NodeThrottleMinGainPct=0",
+                    ),
                 )
             )
     # The benefit test of a hold (NodeThrottleMinGainPct) on a finer ladder, at the floor and

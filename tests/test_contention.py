@@ -23,6 +23,7 @@ from coda_node.policy.contention import (
     Throttle,
     _tighter,
     params_from_config,
+    quota_ladder,
 )
 from coda_node.policy.observe import Progress
 from slurm_plugin.config.codaconf import parse_config
@@ -984,4 +985,12 @@ def test_the_floor_and_the_test_come_from_coda_conf(floor_pct: float) -> None:
     params = params_from_config(cfg)
     assert params.floor_fraction == floor_pct / 100.0
     assert params.min_effect_per_core == 0.0
-    assert params_from_config(parse_config("", source="test")[0]) == ContentionParams()
+    # coda.conf's defaults: the mechanism's (ContentionParams()) at a 10 % floor on 10 % quota
+    # steps with the benefit test of a hold at 20 points per CPU job held back.
+    assert params_from_config(parse_config("", source="test")[0]) == dataclasses.replace(
+        ContentionParams(),
+        floor_fraction=0.1,
+        floor_mba_pct=10,
+        quota_fractions=quota_ladder(0.1, 0.1),
+        min_gain_per_hold=0.2,
+    )

@@ -66,12 +66,13 @@ def _params(*lines: str) -> ContentionParams:
 
 
 def test_coda_conf_keys() -> None:
-    plain = _params()
-    assert plain.quota_fractions == ContentionParams().quota_fractions
-    assert plain.min_gain_per_hold == 0.0
-    fine = _params("NodeThrottleStepPct=10", "NodeThrottleFloorPct=10", "NodeThrottleMinGainPct=20")
-    assert fine.quota_fractions == quota_ladder(0.1, 0.1)
-    assert fine.min_gain_per_hold == pytest.approx(0.2)
+    default = _params()
+    assert default.quota_fractions == quota_ladder(0.1, 0.1)
+    assert default.floor_fraction == pytest.approx(0.1)
+    assert default.min_gain_per_hold == pytest.approx(0.2)
+    coarse = _params("NodeThrottleStepPct=", "NodeThrottleFloorPct=25", "NodeThrottleMinGainPct=0")
+    assert coarse.quota_fractions == (0.75, 0.5, 0.25) == ContentionParams().quota_fractions
+    assert coarse.min_gain_per_hold == 0.0
 
 
 @pytest.mark.parametrize(

@@ -55,10 +55,13 @@ SHORT_TIMES = (
     "NodeProbeMeasureS=6\n"
     "NodeReleaseHoldS=5\n"
     "NodeProgressDir=/run/coda-node/progress\n"
-    # The whole ladder down to a 10 % floor, stepped by draw alone: these tests follow each
-    # step through the daemon (attribution is tested in test_contention.py).
+    # The whole ladder (quota 75, 50, 25 %) down to a 10 % floor, stepped by draw alone and
+    # every hold kept: these tests follow each step through the daemon (attribution and the
+    # benefit test are tested in test_contention*.py).
     "NodeThrottleFloorPct=10\n"
     "NodeThrottleMinEffectPct=0\n"
+    "NodeThrottleStepPct=\n"
+    "NodeThrottleMinGainPct=0\n"
 )
 
 

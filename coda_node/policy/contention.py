@@ -79,6 +79,11 @@ from slurm_plugin.config.codaconf import CodaConfig
 
 @dataclass(frozen=True, slots=True)
 class ContentionParams:
+    """The eliminator's settings. These defaults are the mechanism's (a 25 % floor on 75/50/25 %
+    quota steps, no hold test), which the unit tests exercise; coda-node and the simulator
+    build theirs from coda.conf (:func:`params_from_config`), whose defaults differ
+    (docs/config.md)."""
+
     enabled: bool = True
     trigger_slowdown: float = 0.10
     release_slowdown: float = 0.05

@@ -794,7 +794,7 @@ class CodaConfig:
     node_throttle_floor_pct: float = _key(
         "NodeThrottleFloorPct",
         "float",
-        "25",
+        "10",
         _percent(100),
         "coda-node: a throttled CPU job keeps at least this % of its cores (quota) or of "
         "memory bandwidth (MBA) (1..100).",
@@ -811,7 +811,7 @@ class CodaConfig:
     node_throttle_step_pct: float | None = _key(
         "NodeThrottleStepPct",
         "float or empty",
-        "",
+        "10",
         _or_none(_percent(50)),
         "coda-node: each step of a CPU job's quota takes this % of its cores more, down to "
         "NodeThrottleFloorPct (10: 90 %, 80 %, ...); empty = steps to 75 %, 50 % and 25 %.",
@@ -819,7 +819,7 @@ class CodaConfig:
     node_throttle_min_gain_pct: float = _key(
         "NodeThrottleMinGainPct",
         "float",
-        "0",
+        "20",
         _float_range(0, 100),
         "coda-node: once the CPU jobs held back for a DNN job have shown their effect, the "
         "DNN jobs beside them must be this many points of slowdown less slowed per whole CPU "
