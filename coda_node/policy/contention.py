@@ -142,6 +142,11 @@ def quota_ladder(step_fraction: float, floor_fraction: float) -> tuple[float, ..
 
 def params_from_config(cfg: CodaConfig) -> ContentionParams:
     """The eliminator's settings from coda.conf's ``Node*`` keys."""
+    ladder = ContentionParams().quota_fractions
+    if cfg.node_throttle_step_pct is not None:
+        ladder = quota_ladder(
+            cfg.node_throttle_step_pct / 100.0, cfg.node_throttle_floor_pct / 100.0
+        )
     return ContentionParams(
         enabled=cfg.node_contention,
         trigger_slowdown=cfg.node_contention_trigger_pct / 100.0,
@@ -154,15 +159,7 @@ def params_from_config(cfg: CodaConfig) -> ContentionParams:
         step_s=max(2.0 * cfg.node_interval_s, 1.0),
         min_effect_per_core=cfg.node_throttle_min_effect_pct / 100.0,
         min_gain_per_hold=cfg.node_throttle_min_gain_pct / 100.0,
-        **(
-            {}
-            if cfg.node_throttle_step_pct is None
-            else {
-                "quota_fractions": quota_ladder(
-                    cfg.node_throttle_step_pct / 100.0, cfg.node_throttle_floor_pct / 100.0
-                )
-            }
-        ),
+        quota_fractions=ladder,
     )
 
 

@@ -61,7 +61,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from slurm_plugin.decision.decide import (
     NO_VAL,
@@ -107,6 +107,19 @@ JobRequest (and its script) or the Decision for a second would cost the submit p
 than the journal itself."""
 
 
+class JobIdentity(Protocol):
+    """What an entry names a job by: a :class:`JobRequest`, or the hook's plan of one."""
+
+    @property
+    def uid(self) -> int: ...
+    @property
+    def job_name(self) -> str | None: ...
+    @property
+    def ntasks_per_node(self) -> int: ...
+    @property
+    def num_tasks(self) -> int: ...
+
+
 def format_token(token: int) -> str:
     """A decision token as the admin record and the journal write it: 16 hex digits."""
     return f"{token:016x}"
@@ -126,14 +139,15 @@ def pending_entry(
     t_unix_s: float,
     job_id: int,
     submit_uid: int,
-    req: JobRequest | None,
+    req: JobIdentity | None,
     decision: Decision | None,
     hook_ns: int,
     fail_open: bool,
     error: str | None = None,
     token: int = 0,
 ) -> PendingEntry:
-    """The :data:`PendingEntry` of one hook call (the hook builds the same tuple inline)."""
+    """The :data:`PendingEntry` of one hook call; ``req`` is None when the hook failed before
+    it read the job."""
     if req is None:
         req = JobRequest(uid=submit_uid)
     return (

@@ -52,7 +52,7 @@ from slurm_plugin.config.paths import default_conf_path, slurm_conf_for
 from slurm_plugin.decision import placement
 from slurm_plugin.decision.decide import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
 from slurm_plugin.decision.signature import DirectiveError, parse_coda_directives, quote_label
-from slurm_plugin.hook.journal import DecisionJournal, PendingEntry
+from slurm_plugin.hook.journal import DecisionJournal, pending_entry
 from slurm_plugin.store.profiles import ProfileCache, Reloader, StoreUnavailable
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
@@ -912,10 +912,10 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         journal = state.journal
         if journal is not None and (journaled is not None or fail_open):
             journal.record(
-                _journal_entry(
-                    desc,
-                    submit_uid,
+                pending_entry(
                     now_unix_s,
+                    _lib.coda_job_id(desc),
+                    submit_uid,
                     who,
                     journaled,
                     elapsed_ns,
@@ -968,37 +968,6 @@ def _pass_unmanaged(
     if plan.log_level <= state.log_level:
         _lib.coda_log(plan.log_level, plan.log_line)
     return _SUCCESS
-
-
-def _journal_entry(
-    desc: Any,
-    submit_uid: int,
-    now_unix_s: float,
-    who: Plan | JobRequest | None,
-    decision: Decision | None,
-    elapsed_ns: int,
-    fail_open: bool,
-    error: str | None,
-    token: int,
-) -> PendingEntry:
-    """The journal's entry of one call, as journal.pending_entry() builds it (``who`` is
-    the plan or the request: plain values, see PendingEntry)."""
-    if who is None:  # failed before the job was read
-        who = JobRequest(uid=submit_uid)
-    return (
-        now_unix_s,
-        _lib.coda_job_id(desc),
-        who.uid,
-        who.job_name,
-        who.ntasks_per_node,
-        who.num_tasks,
-        None if decision is None else decision.action,
-        None if decision is None else decision.admin_comment,
-        elapsed_ns,
-        fail_open,
-        error,
-        token,
-    )
 
 
 def _failed_job_label(who: Plan | JobRequest | None, submit_uid: int) -> str:
