@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from coda_node.policy.contention import ContentionParams, CpuJob, DnnJob, Eliminator
+from coda_node.policy.contention import (
+    ContentionParams,
+    CpuJob,
+    DnnJob,
+    Eliminator,
+    quota_ladder,
+)
 from coda_node.policy.observe import Progress
 from slurm_plugin.cli.main import cli
 from slurm_plugin.decision.decide import JobRequest, decide
@@ -557,3 +563,74 @@ def test_scalar_curve_is_the_vector_curve() -> None:
         for cores in (0.5, 1.0, 2.0, 7.9, 8.0, 30.0):
             want = float(throughput_curve(theta, np.array([cores]))[0])
             assert throughput_at(theta, cores) == pytest.approx(max(want, 0.0), abs=1e-12)
+
+
+def _random_mix(rng: np.random.Generator) -> NodeMix:
+    dnn = tuple(
+        (float(rng.choice([0.05, 0.12, 0.2, 0.35, 0.5])), bool(rng.random() < 0.7))
+        for _ in range(int(rng.integers(1, 4)))
+    )
+    cpu = tuple(
+        (int(rng.choice([1, 2, 4, 8, 16, 32])), float(rng.choice([0.3e9, 2e9, 6e9])))
+        for _ in range(int(rng.integers(1, 6)))
+    )
+    return NodeMix(
+        dnn=dnn,
+        cpu=cpu,
+        node_bw_bytes_per_s=float(rng.choice([100e9, 200e9])),
+        exponent=float(rng.choice([2.0, 4.2])),
+        rdt=bool(rng.random() < 0.3),
+    )
+
+
+def _random_params(rng: np.random.Generator) -> ContentionParams:
+    floor = float(rng.choice([0.1, 0.25]))
+    return ContentionParams(
+        trigger_slowdown=float(rng.choice([0.05, 0.1])),
+        floor_fraction=floor,
+        quota_fractions=quota_ladder(0.1, floor) if rng.random() < 0.5 else (0.75, 0.5, 0.25),
+        release_hold_s=float(rng.choice([10.0, 30.0])),
+        min_effect_per_core=float(rng.choice([0.0, 0.05])),
+        min_gain_per_hold=float(rng.choice([0.0, 0.2])),
+        baseline_probe_after_s=float(rng.choice([0.0, 60.0])),
+    )
+
+
+def test_settle_counts_the_ticks_it_skips_exactly_as_running_them() -> None:
+    """Skipping the ticks in which the eliminator only repeats itself changes nothing a
+    simulation reads, to the bit: shares, slowdowns, the transient, the events."""
+    rng = np.random.default_rng(11)
+    skipped_any = False
+    for _ in range(400):
+        mix, params = _random_mix(rng), _random_params(rng)
+        fast = settle(mix, params, settle_s=900.0)
+        slow = settle(mix, params, settle_s=900.0, every_tick=True)
+        assert fast == slow, (mix, params)
+        skipped_any |= fast.events > 0
+    assert skipped_any
+
+
+def test_settle_skips_most_ticks_of_a_hold() -> None:
+    mix = NodeMix(
+        dnn=((0.5, True), (0.2, True)),
+        cpu=((32, 6e9), (16, 2e9)),
+        node_bw_bytes_per_s=200e9,
+        exponent=4.2,
+    )
+    params = ContentionParams(quota_fractions=quota_ladder(0.1, 0.1), floor_fraction=0.1)
+    steps: list[float] = []
+
+    class Counting(Eliminator):
+        def step(self, now_s, dnn, cpu):  # type: ignore[no-untyped-def]
+            steps.append(now_s)
+            return super().step(now_s, dnn, cpu)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("slurm_plugin.sim.shield.Eliminator", Counting)
+        fast = settle(mix, params)
+        run_fast = len(steps)
+        steps.clear()
+        slow = settle(mix, params, every_tick=True)
+        run_slow = len(steps)
+    assert fast == slow and fast.events > 0
+    assert run_fast < run_slow / 2

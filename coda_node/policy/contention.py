@@ -67,6 +67,7 @@ job a few points).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
@@ -75,6 +76,10 @@ from dataclasses import dataclass, field
 from coda_node.policy.allocator import Event
 from coda_node.policy.observe import Progress
 from slurm_plugin.config.codaconf import CodaConfig
+
+CLOCK_SLACK_S = 1e-6
+"""How far two clocks may disagree by rounding on when a wait ends
+(:meth:`Eliminator.next_deadline_s`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +323,6 @@ class Eliminator:
         self.unshielded: dict[int, float] = {}
         """DNN jobs whose hold bought too little: since when (not shielded for
         ``retest_s``)."""
-        """CPU jobs whose first step did not speed up the DNN job it was for: since when."""
 
     # -- the view ---------------------------------------------------------------
     def dnn_status(self, job_id: int) -> dict[str, object] | None:
@@ -368,6 +372,76 @@ class Eliminator:
         if len(v.baseline) < self.params.baseline_min_ticks:
             return None
         return statistics.median(v.baseline)
+
+    # -- replaying it faster: its state and its clock ----------------------------------
+    def state_key(self) -> tuple[object, ...]:
+        """Everything a step reads of this eliminator's own state, as one comparable value
+        (a hold's tick count only up to where it stops mattering). Two steps with the same
+        inputs from states with equal keys act alike until :meth:`next_deadline_s`: a
+        replay (the simulator's) may skip the ticks in between."""
+        hold_ticks = self.params.smooth_ticks + 1
+        victims = tuple(
+            (
+                j,
+                tuple(v.rates),
+                tuple(v.baseline),
+                v.slowdown,
+                v.contended_since_s,
+                v.last_probe_s,
+                v.floor_since_s,
+                tuple(v.floor_rates),
+            )
+            for j, v in sorted(self.victims.items())
+        )
+        throttled = tuple(
+            (j, *(getattr(t, f) for f in _Throttled.__slots__))
+            for j, t in sorted(self.throttled.items())
+        )
+        probe = self.probe
+        return (
+            victims,
+            throttled,
+            tuple(sorted(self._unresolved.items())),
+            None
+            if probe is None
+            else (probe.victim, probe.started_s, tuple(sorted(probe.caps)), tuple(probe.rates)),
+            tuple(sorted(self.innocent.items())),
+            tuple(
+                (j, tuple(sorted(h.before.items())), min(h.quiet_ticks, hold_ticks), h.judged)
+                for j, h in sorted(self.holds.items())
+            ),
+            tuple(sorted(self.unshielded.items())),
+        )
+
+    def next_deadline_s(self, now_s: float) -> float:
+        """The earliest moment after ``now_s`` at which one of this eliminator's waits may
+        end and change what a step does (a step's, a release's, a retest's, a baseline
+        probe's); inf: none pending. Each timestamp it keeps, paired with every wait it is
+        compared against."""
+        p = self.params
+        ends: list[float] = [s + p.release_hold_s for s in self._unresolved.values()]
+        ends += (s + p.retest_s for s in self.innocent.values())
+        ends += (s + p.retest_s for s in self.unshielded.values())
+        for v in self.victims.values():
+            if v.contended_since_s is not None:
+                ends.append(v.contended_since_s + p.baseline_probe_after_s)
+            if v.last_probe_s is not None:
+                ends.append(v.last_probe_s + p.baseline_probe_every_s)
+            if v.floor_since_s is not None:
+                ends += (v.floor_since_s + p.step_s, v.floor_since_s + p.baseline_reset_s)
+        for t in self.throttled.values():
+            if t.level == 0:
+                continue  # its release time matters only to a step that throttles it again
+            last = t.last_change_s
+            ends += (last + p.step_s, last + p.release_hold_s, last + p.release_hold_s * t.backoff)
+            if t.quiet_since_s is not None:
+                ends.append(t.quiet_since_s + p.release_hold_s)
+        if self.probe is not None:
+            started = self.probe.started_s
+            ends += (started + p.step_s, started + p.baseline_probe_max_s)
+        # A wait that ends within a hair of ``now_s`` may or may not have shown yet.
+        after = now_s - CLOCK_SLACK_S
+        return min((e for e in ends if e > after), default=math.inf)
 
     # -- one tick -----------------------------------------------------------------
     def step(

@@ -8,6 +8,12 @@ throttles. The loop runs for ``settle_s`` simulated seconds; the steady state is
 over the second half (the eliminator may keep stepping a job up and down: the mean is what
 the jobs get), and the first half's extra slowdown is the transient the DNN jobs pay.
 
+Between the eliminator's actions most ticks repeat the one before: the same readings, and a
+state the tick left as it found it (:meth:`~coda_node.policy.contention.Eliminator.state_key`).
+Such ticks are counted, not run, until the next of the eliminator's waits ends
+(:meth:`~coda_node.policy.contention.Eliminator.next_deadline_s`); the result is the same,
+to the bit, as ticking every one (``every_tick=True``).
+
 The result depends only on the node's mix of jobs, so it is memoised on that mix.
 """
 
@@ -17,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from coda_node.policy.contention import (
+    CLOCK_SLACK_S,
     ContentionParams,
     CpuJob,
     DnnJob,
@@ -72,8 +79,11 @@ def settle(
     tick_s: float = 2.0,
     settle_s: float = 900.0,
     baseline_ticks: int | None = None,
+    every_tick: bool = False,
 ) -> Settled:
-    """Run the eliminator over ``mix`` (see the module docstring)."""
+    """Run the eliminator over ``mix`` (see the module docstring). Ticks in which it can only
+    repeat itself are counted without being run, unless ``every_tick``: the result is the
+    same either way."""
     elim = Eliminator(params, mba=mix.rdt, quota=True)
     n_dnn, n_cpu = len(mix.dnn), len(mix.cpu)
     shares = [1.0] * n_cpu
@@ -109,9 +119,24 @@ def settle(
     slow: tuple[float, ...] = ()
     dnn: dict[int, DnnJob] = {}
     cpu: dict[int, CpuJob] = {}
-    for k in range(ticks):
+    fixed_key: tuple[object, ...] | None = None
+
+    def steady_from(k: int) -> bool:
         backoff = max((t.backoff for t in elim.throttled.values()), default=1)
-        if k - last_event > quiet_ticks * backoff and k > pending_probe_ticks:
+        return k - last_event > quiet_ticks * backoff and k > pending_probe_ticks
+
+    def count(k: int) -> None:
+        if k < half:
+            first_half.append(slow)
+        else:
+            for j in range(n_cpu):
+                share_sum[j] += shares[j]
+            for i in range(n_dnn):
+                slow_sum[i] += slow[i]
+
+    k = 0
+    while k < ticks:
+        if steady_from(k):
             # Nothing changed for longer than the next release could take: steady state.
             rest = ticks - max(k, half)
             for j in range(n_cpu):
@@ -123,6 +148,7 @@ def settle(
             # The eliminator's inputs follow the shares alone: rebuilt only when they change
             # (it reads them and keeps nothing of them).
             seen_shares = list(shares)
+            fixed_key = None
             slow = slowdowns(mix, shares)
             dnn = {
                 i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"))
@@ -145,14 +171,26 @@ def settle(
             last_event = k
         for j, (c, _) in enumerate(mix.cpu):
             shares[j] = _share(out.throttles.get(n_dnn + j), c)
-        if k < half:
-            first_half.append(slow)
-        else:
-            for j in range(n_cpu):
-                share_sum[j] += shares[j]
-            for i in range(n_dnn):
-                slow_sum[i] += slow[i]
+        count(k)
+        k += 1
+        if every_tick or out.events or shares != seen_shares:
+            fixed_key = None
+            now += tick_s
+            continue
+        # This step changed neither its inputs nor, if its state is the one the step before
+        # left, the eliminator: the next steps repeat it until one of its waits ends. They
+        # are counted, not run (the same sums, tick by tick, as running them would give).
+        key = elim.state_key()
+        if key != fixed_key:
+            fixed_key = key
+            now += tick_s
+            continue
+        deadline_s = elim.next_deadline_s(now) - CLOCK_SLACK_S
         now += tick_s
+        while k < ticks and now < deadline_s and not steady_from(k):
+            count(k)
+            k += 1
+            now += tick_s
     n = ticks - half
     steady = tuple(s / n for s in slow_sum)
     transient = tuple(
