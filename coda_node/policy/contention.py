@@ -449,16 +449,16 @@ class Eliminator:
     ) -> ContentionOutput:
         p = self.params
         out = ContentionOutput()
-        for gone in set(self.victims) - set(dnn):
-            del self.victims[gone]
-        for gone in set(self.throttled) - set(cpu):
-            del self.throttled[gone]
-        for gone in set(self.innocent) - set(cpu):
-            del self.innocent[gone]
-        for gone in set(self.holds) - set(dnn):
-            del self.holds[gone]
-        for gone in set(self.unshielded) - set(dnn):
-            del self.unshielded[gone]
+        for kept, now in (
+            (self.victims, dnn),
+            (self.throttled, cpu),
+            (self.innocent, cpu),
+            (self.holds, dnn),
+            (self.unshielded, dnn),
+        ):
+            if kept:
+                for gone in kept.keys() - now.keys():
+                    del kept[gone]
         if not p.enabled:
             self.throttled.clear()
             self.probe = None

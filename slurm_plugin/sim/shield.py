@@ -115,15 +115,12 @@ def settle(
     first_half: list[tuple[float, ...]] = []
     events = 0
     last_event = 0
-    seen_shares: list[float] | None = None
+    seen_shares: list[float] = []
     slow: tuple[float, ...] = ()
     dnn: dict[int, DnnJob] = {}
     cpu: dict[int, CpuJob] = {}
     fixed_key: tuple[object, ...] | None = None
-
-    def steady_from(k: int) -> bool:
-        backoff = max((t.backoff for t in elim.throttled.values()), default=1)
-        return k - last_event > quiet_ticks * backoff and k > pending_probe_ticks
+    steady_after = quiet_ticks  # ticks without a throttle or release: times the backoff
 
     def count(k: int) -> None:
         if k < half:
@@ -136,7 +133,7 @@ def settle(
 
     k = 0
     while k < ticks:
-        if steady_from(k):
+        if k - last_event > steady_after and k > pending_probe_ticks:
             # Nothing changed for longer than the next release could take: steady state.
             rest = ticks - max(k, half)
             for j in range(n_cpu):
@@ -147,23 +144,23 @@ def settle(
         if shares != seen_shares:
             # The eliminator's inputs follow the shares alone: rebuilt only when they change
             # (it reads them and keeps nothing of them).
-            seen_shares = list(shares)
             fixed_key = None
             slow = slowdowns(mix, shares)
             dnn = {
                 i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"))
                 for i in range(n_dnn)
             }
-            cpu = {
-                n_dnn + j: CpuJob(
+            for j, (c, bw) in enumerate(mix.cpu):
+                if seen_shares and shares[j] == seen_shares[j]:
+                    continue
+                cpu[n_dnn + j] = CpuJob(
                     n_dnn + j,
                     _SOCKETS,
                     allocated_cores=c,
                     cpu_rate_cores=c * shares[j],
                     mem_bw_bytes_per_s=c * bw * shares[j] if mix.rdt else None,
                 )
-                for j, (c, bw) in enumerate(mix.cpu)
-            }
+            seen_shares = list(shares)
         out = elim.step(now, dnn, cpu)
         acted = sum(1 for e in out.events if e.action.startswith(("throttle", "release")))
         events += acted
@@ -171,6 +168,8 @@ def settle(
             last_event = k
         for j, (c, _) in enumerate(mix.cpu):
             shares[j] = _share(out.throttles.get(n_dnn + j), c)
+        backoff = max((t.backoff for t in elim.throttled.values()), default=1)
+        steady_after = quiet_ticks * backoff
         count(k)
         k += 1
         if every_tick or out.events or shares != seen_shares:
@@ -187,7 +186,11 @@ def settle(
             continue
         deadline_s = elim.next_deadline_s(now) - CLOCK_SLACK_S
         now += tick_s
-        while k < ticks and now < deadline_s and not steady_from(k):
+        while (
+            k < ticks
+            and now < deadline_s
+            and not (k - last_event > steady_after and k > pending_probe_ticks)
+        ):
             count(k)
             k += 1
             now += tick_s
