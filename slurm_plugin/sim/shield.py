@@ -122,14 +122,18 @@ def settle(
     fixed_key: tuple[object, ...] | None = None
     steady_after = quiet_ticks  # ticks without a throttle or release: times the backoff
 
-    def count(k: int) -> None:
-        if k < half:
-            first_half.append(slow)
-        else:
-            for j in range(n_cpu):
-                share_sum[j] += shares[j]
-            for i in range(n_dnn):
-                slow_sum[i] += slow[i]
+    def count(first: int, end: int) -> None:
+        """Add ticks ``first`` to ``end`` - 1 at the current shares, one tick at a time (the
+        same sums, rounding included, whether the ticks were run or skipped)."""
+        if first < half:
+            first_half.extend([slow] * (min(end, half) - first))
+        n = end - max(first, half)
+        for sums, values in ((share_sum, shares), (slow_sum, slow)):
+            for j, v in enumerate(values):
+                total = sums[j]
+                for _ in range(n):
+                    total += v
+                sums[j] = total
 
     k = 0
     while k < ticks:
@@ -170,7 +174,7 @@ def settle(
             shares[j] = _share(out.throttles.get(n_dnn + j), c)
         backoff = max((t.backoff for t in elim.throttled.values()), default=1)
         steady_after = quiet_ticks * backoff
-        count(k)
+        count(k, k + 1)
         k += 1
         if every_tick or out.events or shares != seen_shares:
             fixed_key = None
@@ -186,14 +190,15 @@ def settle(
             continue
         deadline_s = elim.next_deadline_s(now) - CLOCK_SLACK_S
         now += tick_s
+        first = k
         while (
             k < ticks
             and now < deadline_s
             and not (k - last_event > steady_after and k > pending_probe_ticks)
         ):
-            count(k)
             k += 1
             now += tick_s
+        count(first, k)
     n = ticks - half
     steady = tuple(s / n for s in slow_sum)
     transient = tuple(
