@@ -600,14 +600,14 @@ def test_settle_counts_the_ticks_it_skips_exactly_as_running_them() -> None:
     """Skipping the ticks in which the eliminator only repeats itself changes nothing a
     simulation reads, to the bit: shares, slowdowns, the transient, the events."""
     rng = np.random.default_rng(11)
-    skipped_any = False
+    acted_any = False
     for _ in range(400):
         mix, params = _random_mix(rng), _random_params(rng)
         fast = settle(mix, params, settle_s=900.0)
         slow = settle(mix, params, settle_s=900.0, every_tick=True)
         assert fast == slow, (mix, params)
-        skipped_any |= fast.events > 0
-    assert skipped_any
+        acted_any |= fast.events > 0
+    assert acted_any  # not only mixes the eliminator leaves alone
 
 
 def test_settle_skips_most_ticks_of_a_hold() -> None:

@@ -449,7 +449,7 @@ class Eliminator:
     ) -> ContentionOutput:
         p = self.params
         out = ContentionOutput()
-        for kept, now in (
+        for kept, live in (
             (self.victims, dnn),
             (self.throttled, cpu),
             (self.innocent, cpu),
@@ -457,7 +457,7 @@ class Eliminator:
             (self.unshielded, dnn),
         ):
             if kept:
-                for gone in kept.keys() - now.keys():
+                for gone in kept.keys() - live.keys():
                     del kept[gone]
         if not p.enabled:
             self.throttled.clear()

@@ -120,7 +120,9 @@ def settle(
     dnn: dict[int, DnnJob] = {}
     cpu: dict[int, CpuJob] = {}
     fixed_key: tuple[object, ...] | None = None
-    steady_after = quiet_ticks  # ticks without a throttle or release: times the backoff
+    # The first tick of the steady state: ``quiet_ticks`` (times the backoff) after the last
+    # throttle or release, and past a pending baseline probe.
+    steady_from = max(quiet_ticks, pending_probe_ticks) + 1
 
     def count(first: int, end: int) -> None:
         """Add ticks ``first`` to ``end`` - 1 at the current shares, one tick at a time (the
@@ -137,7 +139,7 @@ def settle(
 
     k = 0
     while k < ticks:
-        if k - last_event > steady_after and k > pending_probe_ticks:
+        if k >= steady_from:
             # Nothing changed for longer than the next release could take: steady state.
             rest = ticks - max(k, half)
             for j in range(n_cpu):
@@ -173,12 +175,13 @@ def settle(
         for j, (c, _) in enumerate(mix.cpu):
             shares[j] = _share(out.throttles.get(n_dnn + j), c)
         backoff = max((t.backoff for t in elim.throttled.values()), default=1)
-        steady_after = quiet_ticks * backoff
+        steady_from = max(last_event + quiet_ticks * backoff, pending_probe_ticks) + 1
         count(k, k + 1)
         k += 1
+        stepped_s = now
+        now += tick_s
         if every_tick or out.events or shares != seen_shares:
             fixed_key = None
-            now += tick_s
             continue
         # This step changed neither its inputs nor, if its state is the one the step before
         # left, the eliminator: the next steps repeat it until one of its waits ends. They
@@ -186,16 +189,10 @@ def settle(
         key = elim.state_key()
         if key != fixed_key:
             fixed_key = key
-            now += tick_s
             continue
-        deadline_s = elim.next_deadline_s(now) - CLOCK_SLACK_S
-        now += tick_s
+        deadline_s = elim.next_deadline_s(stepped_s) - CLOCK_SLACK_S
         first = k
-        while (
-            k < ticks
-            and now < deadline_s
-            and not (k - last_event > steady_after and k > pending_probe_ticks)
-        ):
+        while k < min(ticks, steady_from) and now < deadline_s:
             k += 1
             now += tick_s
         count(first, k)
