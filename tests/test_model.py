@@ -456,6 +456,47 @@ def test_cli_fit_json(googlenet_csv: Path, capsys) -> None:
     assert {"p0", "p1", "confidence", "r2", "rmse_rel", "n_samples"} <= set(data)
 
 
+H200 = Path(__file__).parent / "data" / "h200"
+
+
+@pytest.mark.parametrize(
+    ("curve", "sweet_spot_cores"),
+    [("resnet50-decoded", 4), ("lm", 1)],
+)
+def test_cli_fit_on_curves_measured_on_a_real_gpu(
+    curve: str, sweet_spot_cores: int, capsys
+) -> None:
+    # PyTorch training on an H200 at 1-16 pinned cores (bench/bench_gpu_cores.py): the
+    # fit must land where the measured throughput first reaches 95 % of its top.
+    rc, out, err = _cli(["model", "fit", str(H200 / f"{curve}.csv"), "--json"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["sweet_spot_cores"] == sweet_spot_cores
+    assert data["still_rising"] is False
+
+
+def test_cli_fit_says_when_a_measured_curve_is_still_rising_at_the_top(capsys) -> None:
+    # ResNet-50 fed JPEGs on an H200: 12 cores give 89 % of what 16 give, so the plateau
+    # was never measured and "15 cores" is a floor, not an answer.
+    path = H200 / "resnet50-jpeg.csv"
+    rc, out, _ = _cli(["model", "fit", str(path)], capsys)
+    assert rc == 0
+    assert "still rising" in out and "may be above 16 cores" in out
+    rc, out, _ = _cli(["model", "fit", str(path), "--json"], capsys)
+    data = json.loads(out)
+    assert data["still_rising"] is True and data["measured_top_cores"] == 16
+
+
+def test_cli_fit_rising_test_uses_per_gpu_counts_and_means(tmp_path: Path, capsys) -> None:
+    # Repeated samples are averaged per count; with a gpus column the counts are per GPU.
+    flat = _write_csv(tmp_path / "flat.csv", [2, 4, 8, 8], [50, 98, 100, 92])
+    rc, out, _ = _cli(["model", "fit", str(flat), "--json"], capsys)
+    assert rc == 0 and json.loads(out)["still_rising"] is False
+    rising = _write_csv(tmp_path / "r.csv", [2, 4, 8, 16], [50, 80, 90, 100], gpus=[2] * 4)
+    rc, out, _ = _cli(["model", "fit", str(rising)], capsys)
+    assert rc == 0 and "may be above 8 cores per GPU" in out
+
+
 def test_cli_plateau_fraction(tmp_path: Path, capsys) -> None:
     cores = np.arange(1, 25)
     path = _write_csv(tmp_path / "s.csv", cores, throughput_curve(20, cores, log_share=0.0))

@@ -3,12 +3,18 @@
 ``model fit SAMPLES.csv`` reads a CSV whose header names ``cores`` and ``throughput`` (any
 order, other columns ignored) and optionally ``gpus``; with ``gpus`` the samples are turned
 into per-GPU cores and throughput first (CODA: demand is linear in GPUs on one node).
+
+The report says when the curve was still rising at the most cores measured (the next
+lower count measured reaches less than the plateau fraction of the top): the plateau and
+the sweet spot are then only lower bounds, whatever the fit's confidence says, because
+the fit can only place its plateau where it saw one.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -80,7 +86,27 @@ def _number(path: Path, line: int, row: list[str], index: int, column: str) -> f
     return value
 
 
-def _text_report(fit: Fit, per_gpu: bool) -> str:
+def rising_at_top(
+    cores: Sequence[float], throughput: Sequence[float], plateau_fraction: float
+) -> tuple[float, float, float] | None:
+    """``(lower, top, share)`` when the mean throughput at the second-highest core count
+    measured, ``lower``, is under ``plateau_fraction`` of the mean at the highest, ``top``
+    (``share`` is that ratio); else None. Nothing measured then shows where the curve
+    stops rising."""
+    by_cores: dict[float, list[float]] = {}
+    for c, y in zip(cores, throughput, strict=True):
+        by_cores.setdefault(float(c), []).append(float(y))
+    if len(by_cores) < 2:
+        return None
+    lower, top = sorted(by_cores)[-2:]
+    y_lower = sum(by_cores[lower]) / len(by_cores[lower])
+    y_top = sum(by_cores[top]) / len(by_cores[top])
+    if y_top <= 0 or y_lower >= plateau_fraction * y_top:
+        return None
+    return lower, top, y_lower / y_top
+
+
+def _text_report(fit: Fit, per_gpu: bool, rising: tuple[float, float, float] | None = None) -> str:
     unit = "cores per GPU" if per_gpu else "cores"
     # Same threshold next_probe stops at by default: below it, more probes would help.
     low = "; low: measure more core counts near the knee" if fit.confidence < 0.9 else ""
@@ -101,6 +127,16 @@ def _text_report(fit: Fit, per_gpu: bool) -> str:
         ("R²", f"{fit.r2:.3f}"),
         ("RMSE", f"{fit.rmse_rel:.1%} of mean throughput"),
     ]
+    if rising is not None:
+        lower, top, share = rising
+        rows.insert(
+            1,
+            (
+                "still rising",
+                f"{lower:g} {unit} reach only {share:.0%} of the throughput at {top:g}: "
+                f"the plateau was not reached; the sweet spot may be above {top:g} {unit}",
+            ),
+        )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -121,13 +157,20 @@ def fit_cmd(samples_csv: Path, as_json: bool, plateau_fraction: float) -> None:
     try:
         if gpus is not None:
             c, y = normalise_samples(zip(cores, throughput, gpus, strict=True))
-            fit = fit_curve(c, y, plateau_fraction=plateau_fraction)
-        else:
-            fit = fit_curve(cores, throughput, plateau_fraction=plateau_fraction)
+            cores, throughput = [float(v) for v in c], [float(v) for v in y]
+        fit = fit_curve(cores, throughput, plateau_fraction=plateau_fraction)
     except ModelError as exc:
         raise CliError(f"cannot fit {samples_csv}", str(exc)) from exc
     per_gpu = gpus is not None
+    rising = rising_at_top(cores, throughput, plateau_fraction)
     if as_json:
-        emit_json({**fit.to_dict(), "per_gpu": per_gpu})
+        emit_json(
+            {
+                **fit.to_dict(),
+                "per_gpu": per_gpu,
+                "still_rising": rising is not None,
+                "measured_top_cores": max(cores),
+            }
+        )
     else:
-        click.echo(_text_report(fit, per_gpu))
+        click.echo(_text_report(fit, per_gpu, rising))
