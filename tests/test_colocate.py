@@ -455,3 +455,49 @@ def test_empty_store(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     res = run("--store", str(tmp_path / "p"))
     assert res.rc == 0 and "No profiles in" in res.out
+
+
+# -- pairs measured on a real GPU -------------------------------------------------------------
+
+H200 = Path(__file__).parent / "data" / "h200"
+
+
+def _h200_pairs() -> list[tuple[str, str, float, float, str]]:
+    """(a, b, measured δ, predicted δ, verdict at the default margin) for every pair of
+    both runs, recomputed from the raw figures of bench/bench_gpu_cores.py."""
+    rows = []
+    for name in ("cores.json", "pairs.json"):
+        pairs = json.loads((H200 / name).read_text())["pairs"]
+        alone = pairs["alone"]
+        for row in pairs["together"]:
+            a, b = row["pair"]
+            slowdown = max(
+                alone[n]["its_per_s"][n] / row["together"]["its_per_s"][n] for n in (a, b)
+            )
+            cands = [
+                ShareCandidate(
+                    n, alone[n]["gpu_util_pct"] / 100, alone[n]["gpu_mem_util_pct"] / 100
+                )
+                for n in (a, b)
+            ]
+            (pair,) = [v for v in judge_pairs(cands) if v.a != v.b]
+            assert pair.speedup == predict_speedup(*cands)
+            rows.append((a, b, 2 / slowdown, pair.speedup, pair.verdict))
+    return rows
+
+
+def test_predictor_on_pairs_measured_on_an_h200() -> None:
+    # The table in docs/evaluation.md ("Measured on an H200, no MPS"): every pair lost,
+    # the predictor said "share" for the two with the launch-bound ResNet-50 and was right
+    # for the pair of busy jobs.
+    rows = _h200_pairs()
+    assert [(a, b) for a, b, *_ in rows] == [
+        ("resnet50", "vgg11"),
+        ("resnet50", "lm"),
+        ("resnet50", "vgg11"),
+        ("resnet50", "lm"),
+        ("vgg11", "lm"),
+    ]
+    assert [round(r[2], 2) for r in rows] == [0.92, 0.93, 0.91, 0.92, 0.90]
+    assert [round(r[3], 2) for r in rows] == [1.15, 1.13, 1.10, 1.09, 0.90]
+    assert [r[4] for r in rows] == ["share", "share", "share", "share", "avoid"]

@@ -36,8 +36,12 @@ So ``t' = 1 + u_a*u_b + m_a*m_b`` and ``delta = 2 / t'``. Two jobs that keep the
 (``u = 1``) and move data (``m > 0``) get ``delta < 1``, the thesis's "minor slowdown" at
 batch 512; two half-idle jobs (``u = 0.5, m = 0.2``) get ``delta = 1.55``. Charging both
 terms makes the prediction low for MPS (which overlaps kernels and so removes most of the
-``u_a*u_b`` wait; the thesis measured larger speedups with MPS, fig. 4.4 against 4.3): the
-model errs towards "do not share". docs/evaluation.md has its check against the thesis.
+``u_a*u_b`` wait; the thesis measured larger speedups with MPS, fig. 4.4 against 4.3).
+Without MPS it can err the other way: the wait term assumes a job's idle time is free for
+its partner, but on an H200 a ResNet-50 that left the GPU idle a third of the time between
+its kernels lost as much as a busy job would, and the pair lost 8-9 % where this model
+predicted a 9-15 % gain. docs/evaluation.md has its checks against the thesis and against
+those measurements.
 """
 
 from __future__ import annotations
