@@ -86,7 +86,7 @@ def _number(path: Path, line: int, row: list[str], index: int, column: str) -> f
     return value
 
 
-def rising_at_top(
+def _rising_at_top(
     cores: Sequence[float], throughput: Sequence[float], plateau_fraction: float
 ) -> tuple[float, float, float] | None:
     """``(lower, top, share)`` when the mean throughput at the second-highest core count
@@ -162,7 +162,7 @@ def fit_cmd(samples_csv: Path, as_json: bool, plateau_fraction: float) -> None:
     except ModelError as exc:
         raise CliError(f"cannot fit {samples_csv}", str(exc)) from exc
     per_gpu = gpus is not None
-    rising = rising_at_top(cores, throughput, plateau_fraction)
+    rising = _rising_at_top(cores, throughput, plateau_fraction)
     if as_json:
         emit_json(
             {
