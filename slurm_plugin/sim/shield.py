@@ -86,6 +86,7 @@ def settle(
     same either way."""
     elim = Eliminator(params, mba=mix.rdt, quota=True)
     n_dnn, n_cpu = len(mix.dnn), len(mix.cpu)
+    cores = [c for c, _ in mix.cpu]
     shares = [1.0] * n_cpu
     warm = params.baseline_min_ticks if baseline_ticks is None else baseline_ticks
     now = 0.0
@@ -168,15 +169,25 @@ def settle(
                 )
             seen_shares = list(shares)
         out = elim.step(now, dnn, cpu)
-        acted = sum(1 for e in out.events if e.action.startswith(("throttle", "release")))
-        events += acted
-        if acted:
-            last_event = k
-        for j, (c, _) in enumerate(mix.cpu):
-            shares[j] = _share(out.throttles.get(n_dnn + j), c)
-        backoff = max((t.backoff for t in elim.throttled.values()), default=1)
+        if out.events:
+            acted = sum(1 for e in out.events if e.action.startswith(("throttle", "release")))
+            events += acted
+            if acted:
+                last_event = k
+        throttles = out.throttles
+        for j, c in enumerate(cores):
+            t = throttles.get(n_dnn + j)
+            shares[j] = 1.0 if t is None else _share(t, c)
+        backoff = max([t.backoff for t in elim.throttled.values()], default=1)
         steady_from = max(last_event + quiet_ticks * backoff, pending_probe_ticks) + 1
-        count(k, k + 1)
+        # This tick at the current shares (count(k, k + 1), spelt out: most ticks are run).
+        if k < half:
+            first_half.append(slow)
+        else:
+            for j, q in enumerate(shares):
+                share_sum[j] += q
+            for i, s in enumerate(slow):
+                slow_sum[i] += s
         k += 1
         stepped_s = now
         now += tick_s
