@@ -68,6 +68,7 @@ job a few points).
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections import deque
 from collections.abc import Mapping
@@ -285,6 +286,10 @@ class _Throttled:
         return "+".join(used) or "quota"
 
 
+_throttled_fields = operator.attrgetter(*_Throttled.__slots__)
+"""All of a :class:`_Throttled`'s fields, as a tuple (for :meth:`Eliminator.state_key`)."""
+
+
 @dataclass(slots=True)
 class ContentionOutput:
     throttles: dict[int, Throttle] = field(default_factory=dict)
@@ -393,10 +398,7 @@ class Eliminator:
             )
             for j, v in sorted(self.victims.items())
         )
-        throttled = tuple(
-            (j, *(getattr(t, f) for f in _Throttled.__slots__))
-            for j, t in sorted(self.throttled.items())
-        )
+        throttled = tuple((j, *_throttled_fields(t)) for j, t in sorted(self.throttled.items()))
         probe = self.probe
         return (
             victims,
@@ -456,7 +458,7 @@ class Eliminator:
             (self.holds, dnn),
             (self.unshielded, dnn),
         ):
-            if kept:
+            if kept and not kept.keys() <= live.keys():
                 for gone in kept.keys() - live.keys():
                     del kept[gone]
         if not p.enabled:
@@ -464,13 +466,17 @@ class Eliminator:
             self.probe = None
             return out
         self._probe_tick(now_s, dnn, cpu, out)
-        drawing = {j: c for j, c in cpu.items() if self._draws(c)}
+        bw_min_bytes_per_s, cpu_fraction = p.contender_mem_bw_bytes_per_s, p.contender_cpu_fraction
+        drawing = {j: c for j, c in cpu.items() if _draws(c, bw_min_bytes_per_s, cpu_fraction)}
+        held_sockets: set[int] = set()
         for j, t in self.throttled.items():
-            # A capped job that still uses its cap draws, however small the cap.
-            if t.level > 0 and j in cpu and not self._quiet(cpu[j], t):
-                drawing[j] = cpu[j]
+            if t.mba_step or t.l3_step or t.quota_step:  # level > 0
+                c = cpu[j]  # the clean-up above left only jobs still running
+                held_sockets.update(c.sockets)
+                # A capped job that still uses its cap draws, however small the cap.
+                if not self._quiet(c, t):
+                    drawing[j] = c
         hot_sockets = {s for c in drawing.values() for s in c.sockets}
-        held_sockets = {s for j, t in self.throttled.items() if t.level > 0 for s in cpu[j].sockets}
         victims: list[tuple[float, DnnJob]] = []
         for job_id, job in sorted(dnn.items()):
             v = self.victims.get(job_id)
@@ -649,9 +655,9 @@ class Eliminator:
         less than ``min_effect_per_core`` of the trigger per core given back, it is not
         what slows it and is left alone for ``retest_s``."""
         p = self.params
-        for job_id, t in sorted(self.throttled.items()):
-            if t.return_slowdown is None:
-                continue
+        returned = [(j, t) for j, t in self.throttled.items() if t.return_slowdown is not None]
+        for job_id, t in sorted(returned):
+            assert t.return_slowdown is not None
             t.test_ticks += 1
             if t.test_ticks < p.smooth_ticks:
                 continue
@@ -792,17 +798,6 @@ class Eliminator:
             )
         )
 
-    def _draws(self, c: CpuJob) -> bool:
-        p = self.params
-        if (
-            c.mem_bw_bytes_per_s is not None
-            and c.mem_bw_bytes_per_s >= p.contender_mem_bw_bytes_per_s
-        ):
-            return True
-        if c.cpu_rate_cores is not None:
-            return c.cpu_rate_cores >= p.contender_cpu_fraction * max(1, c.allocated_cores)
-        return False
-
     def _quiet(self, c: CpuJob, t: _Throttled) -> bool:
         """A throttled job that uses less than half of what it may (its cap, or what makes
         a job a contender): it has stopped drawing, whatever its cap."""
@@ -847,7 +842,14 @@ class Eliminator:
             return False
         # One suspect at a time: while a job's effect is being judged for this DNN job, it
         # alone is stepped, so no other job's step is credited to it.
-        suspect = [c for c in near if self._judging(c.job_id) == job.job_id]
+        throttled = self.throttled
+        suspect = [
+            c
+            for c in near
+            if (t := throttled.get(c.job_id)) is not None
+            and t.test_victim == job.job_id
+            and t.level > 0
+        ]
         if suspect:
             near = suspect
         by_bw = all(c.mem_bw_bytes_per_s is not None for c in near)
@@ -871,11 +873,6 @@ class Eliminator:
                 stepped.add(c.job_id)
                 return False
         return True  # every contender is at its floor: nothing more to take
-
-    def _judging(self, job_id: int) -> int | None:
-        """The DNN job for which this CPU job's effect is being judged, if any."""
-        t = self.throttled.get(job_id)
-        return None if t is None or t.level == 0 else t.test_victim
 
     def _exempt(self, now_s: float, job_id: int) -> bool:
         """Not to be stepped now: found not to slow anyone lately, or being judged."""
@@ -1105,8 +1102,12 @@ class Eliminator:
     ) -> None:
         # Unproven jobs go first, whole and one at a time, so that the judgement of each
         # (_judge_return) sees its effect alone.
-        returning = any(t.return_slowdown is not None for t in self.throttled.values())
-        unproven = any(t.unproven and t.level > 0 for t in self.throttled.values())
+        returning = unproven = False
+        for t in self.throttled.values():
+            returning = returning or t.return_slowdown is not None
+            unproven = unproven or (t.unproven and t.level > 0)
+        if returning:
+            return  # one job given back at a time: no release until it is judged
         for job_id, t in sorted(self.throttled.items()):
             if t.level == 0 or job_id in stepped or returning or (unproven and not t.unproven):
                 continue
@@ -1263,6 +1264,16 @@ def _tighter(a: Throttle | None, b: Throttle) -> Throttle:
         reason=b.reason,
         l3_ways=None if ways is None else int(ways),
     )
+
+
+def _draws(c: CpuJob, bw_min_bytes_per_s: float, cpu_fraction: float) -> bool:
+    """A CPU job draws (is a contender) when it uses ``bw_min_bytes_per_s`` of memory
+    bandwidth or ``cpu_fraction`` of its allocated cores."""
+    bw = c.mem_bw_bytes_per_s
+    if bw is not None and bw >= bw_min_bytes_per_s:
+        return True
+    rate = c.cpu_rate_cores
+    return rate is not None and rate >= cpu_fraction * max(1, c.allocated_cores)
 
 
 def _draw_text(c: CpuJob) -> str:
