@@ -96,12 +96,12 @@ def settle(
 
     # Jobs that had a quiet period on this node before the CPU jobs came learn their
     # baseline first; the others start training with CPU jobs already drawing.
+    warm_dnn = {
+        i: DnnJob(i, _SOCKETS, progress(100.0 if has else None, "train" if has else "warmup"))
+        for i, (_, has) in enumerate(mix.dnn)
+    }
     for _ in range(warm):
-        dnn = {
-            i: DnnJob(i, _SOCKETS, progress(100.0 if has else None, "train" if has else "warmup"))
-            for i, (_, has) in enumerate(mix.dnn)
-        }
-        elim.step(now, dnn, {})
+        elim.step(now, warm_dnn, {})
         now += tick_s
     ticks = max(2, round(settle_s / tick_s))
     quiet_ticks = math.ceil((params.release_hold_s + params.step_s) / tick_s) + params.smooth_ticks
@@ -120,6 +120,21 @@ def settle(
     slow: tuple[float, ...] = ()
     dnn: dict[int, DnnJob] = {}
     cpu: dict[int, CpuJob] = {}
+    # The eliminator's inputs follow the shares alone (it reads them and keeps nothing of
+    # them): the DNN jobs built once per set of slowdowns (the pressure saturates: many
+    # shares give the same), a CPU job only when its share changed.
+    dnn_at: dict[tuple[float, ...], dict[int, DnnJob]] = {}
+
+    def cpu_job(j: int, share: float) -> CpuJob:
+        c, bw = mix.cpu[j]
+        return CpuJob(
+            n_dnn + j,
+            _SOCKETS,
+            allocated_cores=c,
+            cpu_rate_cores=c * share,
+            mem_bw_bytes_per_s=c * bw * share if mix.rdt else None,
+        )
+
     fixed_key: tuple[object, ...] | None = None
     # The first tick of the steady state: ``quiet_ticks`` (times the backoff) after the last
     # throttle or release, and past a pending baseline probe.
@@ -149,24 +164,18 @@ def settle(
                 slow_sum[i] += s * rest
             break
         if shares != seen_shares:
-            # The eliminator's inputs follow the shares alone: rebuilt only when they change
-            # (it reads them and keeps nothing of them).
             fixed_key = None
             slow = slowdowns(mix, shares)
-            dnn = {
-                i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"))
-                for i in range(n_dnn)
-            }
-            for j, (c, bw) in enumerate(mix.cpu):
-                if seen_shares and shares[j] == seen_shares[j]:
-                    continue
-                cpu[n_dnn + j] = CpuJob(
-                    n_dnn + j,
-                    _SOCKETS,
-                    allocated_cores=c,
-                    cpu_rate_cores=c * shares[j],
-                    mem_bw_bytes_per_s=c * bw * shares[j] if mix.rdt else None,
-                )
+            got = dnn_at.get(slow)
+            if got is None:
+                got = dnn_at[slow] = {
+                    i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"))
+                    for i in range(n_dnn)
+                }
+            dnn = got
+            for j, q in enumerate(shares):
+                if not seen_shares or q != seen_shares[j]:
+                    cpu[n_dnn + j] = cpu_job(j, q)
             seen_shares = list(shares)
         out = elim.step(now, dnn, cpu)
         if out.events:
