@@ -268,6 +268,8 @@ class _Throttled:
 
     @property
     def level(self) -> int:
+        """Steps taken on all three ladders (each step count is >= 0: level > 0 when any
+        is non-zero, which the hot loops test directly)."""
         return self.mba_step + self.l3_step + self.quota_step
 
     @property
@@ -328,6 +330,9 @@ class Eliminator:
         self.unshielded: dict[int, float] = {}
         """DNN jobs whose hold bought too little: since when (not shielded for
         ``retest_s``)."""
+        self._given: dict[int, tuple[tuple[object, ...], Throttle]] = {}
+        """Per throttled CPU job: the throttle a step last gave out and what it was built
+        from (its limits and the DNN job it shields), to give out again while unchanged."""
 
     # -- the view ---------------------------------------------------------------
     def dnn_status(self, job_id: int) -> dict[str, object] | None:
@@ -457,6 +462,7 @@ class Eliminator:
             (self.innocent, cpu),
             (self.holds, dnn),
             (self.unshielded, dnn),
+            (self._given, cpu),
         ):
             if kept and not kept.keys() <= live.keys():
                 for gone in kept.keys() - live.keys():
@@ -466,8 +472,16 @@ class Eliminator:
             self.probe = None
             return out
         self._probe_tick(now_s, dnn, cpu, out)
+        # The contenders: jobs that use ``contender_mem_bw_bytes_per_s`` of memory bandwidth
+        # or ``contender_cpu_fraction`` of their allocated cores.
         bw_min_bytes_per_s, cpu_fraction = p.contender_mem_bw_bytes_per_s, p.contender_cpu_fraction
-        drawing = {j: c for j, c in cpu.items() if _draws(c, bw_min_bytes_per_s, cpu_fraction)}
+        drawing: dict[int, CpuJob] = {}
+        for j, c in cpu.items():
+            bw, rate = c.mem_bw_bytes_per_s, c.cpu_rate_cores
+            if (bw is not None and bw >= bw_min_bytes_per_s) or (
+                rate is not None and rate >= cpu_fraction * max(1, c.allocated_cores)
+            ):
+                drawing[j] = c
         held_sockets: set[int] = set()
         for j, t in self.throttled.items():
             if t.mba_step or t.l3_step or t.quota_step:  # level > 0
@@ -478,6 +492,8 @@ class Eliminator:
                     drawing[j] = c
         hot_sockets = {s for c in drawing.values() for s in c.sockets}
         victims: list[tuple[float, DnnJob]] = []
+        measured = None if self.probe is None else self.probe.victim
+        min_ticks = p.baseline_min_ticks
         for job_id, job in sorted(dnn.items()):
             v = self.victims.get(job_id)
             if v is None:
@@ -491,12 +507,12 @@ class Eliminator:
                 continue
             assert prog.rate is not None
             v.rates.append(prog.rate)
-            if self.probe is not None and self.probe.victim == job_id:
+            if job_id == measured:
                 continue  # its rate is being measured (see _probe_tick)
             quiet = not (job.sockets & hot_sockets) and not (job.sockets & held_sockets)
             if quiet:
                 v.baseline.append(prog.rate)
-            base = self._baseline(v)
+            base = statistics.median(v.baseline) if len(v.baseline) >= min_ticks else None
             if base is None or base <= 0:
                 if base is None and not quiet:
                     self._maybe_start_probe(now_s, job, v, drawing, out)
@@ -518,7 +534,9 @@ class Eliminator:
             self._attribute(now_s, cpu, stepped, out)
         judging = p.min_gain_per_hold > 0
         exhausted_for: set[int] = set()
-        for slowdown, job in sorted(victims, key=lambda x: (-x[0], x[1].job_id)):
+        if len(victims) > 1:
+            victims.sort(key=lambda x: (-x[0], x[1].job_id))
+        for slowdown, job in victims:
             if judging and self._unshielded(now_s, job.job_id):
                 continue
             before = len(stepped)
@@ -535,14 +553,22 @@ class Eliminator:
             self._judge_holds(now_s, dnn, cpu, exhausted_for, out)
         self._verify(now_s, cpu, stepped, out)
         self._release(now_s, dnn, cpu, stepped, out)
+        throttles, given = out.throttles, self._given
         for job_id, t in self.throttled.items():
-            if t.level > 0:
-                out.throttles[job_id] = Throttle(
-                    quota_cores=t.quota_cores,
-                    mem_bw_pct=t.mba_pct,
-                    reason=f"contention: shielding job {t.for_job}",
-                    l3_ways=t.l3_ways,
-                )
+            if t.mba_step or t.l3_step or t.quota_step:  # level > 0
+                limits = (t.quota_cores, t.mba_pct, t.l3_ways, t.for_job)
+                last = given.get(job_id)
+                if last is None or last[0] != limits:
+                    last = given[job_id] = (
+                        limits,
+                        Throttle(
+                            quota_cores=t.quota_cores,
+                            mem_bw_pct=t.mba_pct,
+                            reason=f"contention: shielding job {t.for_job}",
+                            l3_ways=t.l3_ways,
+                        ),
+                    )
+                throttles[job_id] = last[1]
         if self.probe is not None:
             for job_id, cap in self.probe.caps.items():
                 if job_id in cpu:
@@ -580,7 +606,7 @@ class Eliminator:
         whole if it bought less than ``min_gain_per_hold`` per CPU job held back."""
         p = self.params
         for victim, hold in sorted(self.holds.items()):
-            held = {j: t for j, t in self.throttled.items() if t.level > 0 and t.for_job == victim}
+            held = {j: t for j, t in self.throttled.items() if t.for_job == victim and t.level > 0}
             if not held:
                 del self.holds[victim]
                 continue
@@ -623,8 +649,9 @@ class Eliminator:
         and left alone. Judged at the floor, not after one step: on a saturated memory bus
         one step of the job that fills it shows nothing yet."""
         p = self.params
-        for job_id, t in sorted(self.throttled.items()):
-            if t.test_victim is None or t.level == 0:
+        # Each job is judged on its own (no event, nothing shared): in any order.
+        for job_id, t in self.throttled.items():
+            if t.test_victim is None or not (t.mba_step or t.l3_step or t.quota_step):
                 t.test_victim = None
                 continue
             victim, before = t.test_victim, t.test_slowdown
@@ -1109,7 +1136,12 @@ class Eliminator:
         if returning:
             return  # one job given back at a time: no release until it is judged
         for job_id, t in sorted(self.throttled.items()):
-            if t.level == 0 or job_id in stepped or returning or (unproven and not t.unproven):
+            if (
+                not (t.mba_step or t.l3_step or t.quota_step)  # level 0
+                or job_id in stepped
+                or returning
+                or (unproven and not t.unproven)
+            ):
                 continue
             c = cpu[job_id]
             hold = self._release_hold(now_s, t, c, dnn)
@@ -1264,16 +1296,6 @@ def _tighter(a: Throttle | None, b: Throttle) -> Throttle:
         reason=b.reason,
         l3_ways=None if ways is None else int(ways),
     )
-
-
-def _draws(c: CpuJob, bw_min_bytes_per_s: float, cpu_fraction: float) -> bool:
-    """A CPU job draws (is a contender) when it uses ``bw_min_bytes_per_s`` of memory
-    bandwidth or ``cpu_fraction`` of its allocated cores."""
-    bw = c.mem_bw_bytes_per_s
-    if bw is not None and bw >= bw_min_bytes_per_s:
-        return True
-    rate = c.cpu_rate_cores
-    return rate is not None and rate >= cpu_fraction * max(1, c.allocated_cores)
 
 
 def _draw_text(c: CpuJob) -> str:
