@@ -390,20 +390,23 @@ class Eliminator:
         inputs from states with equal keys act alike until :meth:`next_deadline_s`: a
         replay (the simulator's) may skip the ticks in between."""
         hold_ticks = self.params.smooth_ticks + 1
+        # tuple([...]) rather than tuple(generator): the same value, built faster.
         victims = tuple(
-            (
-                j,
-                tuple(v.rates),
-                tuple(v.baseline),
-                v.slowdown,
-                v.contended_since_s,
-                v.last_probe_s,
-                v.floor_since_s,
-                tuple(v.floor_rates),
-            )
-            for j, v in sorted(self.victims.items())
+            [
+                (
+                    j,
+                    tuple(v.rates),
+                    tuple(v.baseline),
+                    v.slowdown,
+                    v.contended_since_s,
+                    v.last_probe_s,
+                    v.floor_since_s,
+                    tuple(v.floor_rates),
+                )
+                for j, v in sorted(self.victims.items())
+            ]
         )
-        throttled = tuple((j, *_throttled_fields(t)) for j, t in sorted(self.throttled.items()))
+        throttled = tuple([(j, *_throttled_fields(t)) for j, t in sorted(self.throttled.items())])
         probe = self.probe
         return (
             victims,
@@ -414,8 +417,10 @@ class Eliminator:
             else (probe.victim, probe.started_s, tuple(sorted(probe.caps)), tuple(probe.rates)),
             tuple(sorted(self.innocent.items())),
             tuple(
-                (j, tuple(sorted(h.before.items())), min(h.quiet_ticks, hold_ticks), h.judged)
-                for j, h in sorted(self.holds.items())
+                [
+                    (j, tuple(sorted(h.before.items())), min(h.quiet_ticks, hold_ticks), h.judged)
+                    for j, h in sorted(self.holds.items())
+                ]
             ),
             tuple(sorted(self.unshielded.items())),
         )

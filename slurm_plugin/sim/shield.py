@@ -219,7 +219,7 @@ def settle(
     n = ticks - half
     steady = tuple(s / n for s in slow_sum)
     transient = tuple(
-        max(0.0, sum(s[i] - steady[i] for s in first_half) * tick_s) for i in range(n_dnn)
+        max(0.0, sum([s[i] - steady[i] for s in first_half]) * tick_s) for i in range(n_dnn)
     )
     return Settled(
         cpu_share=tuple(s / n for s in share_sum),
