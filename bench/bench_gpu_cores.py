@@ -579,8 +579,8 @@ def main() -> int:
     ap.add_argument("--workloads", nargs="*", default=["resnet50-jpeg", "resnet50-decoded", "lm"])
     ap.add_argument("--parts", nargs="*", default=["cores", "pairs"])
     ap.add_argument("--warmup-s", type=float, default=4.0)
-    ap.add_argument("--window-s", type=float, default=6.0)
-    ap.add_argument("--pair-window-s", type=float, default=8.0)
+    ap.add_argument("--window-s", type=float, default=5.0)
+    ap.add_argument("--pair-window-s", type=float, default=6.0)
     ap.add_argument("--budget-s", type=float, default=400.0)
     args = ap.parse_args()
 
