@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -227,22 +228,13 @@ def _jpeg_blobs(n: int, seed: int = 0) -> list[bytes]:
     return blobs
 
 
+@dataclass
 class Workload:
-    def __init__(
-        self,
-        name: str,
-        model: Any,
-        dataset: Any,
-        batch: int,
-        step: Callable[[Any], None],
-    ) -> None:
-        self.name, self.model, self.dataset, self.batch, self.step = (
-            name,
-            model,
-            dataset,
-            batch,
-            step,
-        )
+    name: str
+    model: Any
+    dataset: Any
+    batch: int
+    step: Callable[[Any], None]
 
 
 def build_workload(name: str, device: str, smoke: bool) -> Workload:
