@@ -11,13 +11,21 @@ or it is given back and, if that changes nothing, left alone), each at several f
 (``NodeThrottleFloorPct``) on the 75/50/25 % quota steps with every hold kept
 (``NodeThrottleStepPct=``, ``NodeThrottleMinGainPct=0``); *hold test*: the effect rule at a
 10 % floor on quota steps of 10 % whose holds must buy ``NodeThrottleMinGainPct`` points of
-DNN slowdown per CPU job held back (the defaults at 20); ``off`` is ``NodeContention=no``.
+DNN slowdown per CPU job held back (at 20); *price*: the hold test at 20 whose holds must
+also give back GPU time worth the cores they hold back at ``NodeThrottleGpuWorthCores`` cores
+per GPU, priced again after every step (the defaults at 14); ``off`` is
+``NodeContention=no``. Every row but *price* sets ``NodeThrottleGpuWorthCores=0``.
 
     .venv/bin/python bench/bench_shield_tradeoff.py        # table, docs/shield-tradeoff.svg
     .venv/bin/python bench/bench_shield_tradeoff.py --trace muri --no-plot
+    .venv/bin/python bench/bench_shield_tradeoff.py --seeds 1,2,3,4 --rule off \
+        --rule "hold test" --rule price --no-plot            # the mean over four seeds
 
 Runs ``--workers`` simulations at a time (default 2). The traces are cut to stay within
-minutes on a 2-core machine (see TRACES); the table states each run's size.
+minutes on a 2-core machine (see TRACES); the table states each run's size. With several
+``--seeds`` each seed's gain is taken against that seed's deepest shield (*cpu use* at a
+10 % floor, always run) and the table gives the mean over the seeds, each seed's figure
+beside it.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ def variants() -> list[Variant]:
                         f"NodeThrottleMinEffectPct={effect}",
                         "NodeThrottleStepPct=",
                         "NodeThrottleMinGainPct=0",
+                        "NodeThrottleGpuWorthCores=0",
                     ),
                 )
             )
@@ -83,16 +92,40 @@ def variants() -> list[Variant]:
                     "NodeThrottleMinEffectPct=5",
                     "NodeThrottleStepPct=10",
                     f"NodeThrottleMinGainPct={gain}",
+                    "NodeThrottleGpuWorthCores=0",
                 ),
                 float(gain),
+            )
+        )
+    # The price of a hold (NodeThrottleGpuWorthCores) on top of the hold test at 20.
+    for price in (10, 14, 20):
+        out.append(
+            Variant(
+                f"price {price}, hold test 20, floor 10 %",
+                "price",
+                10.0,
+                (
+                    "NodeThrottleFloorPct=10",
+                    "NodeThrottleMinEffectPct=5",
+                    "NodeThrottleStepPct=10",
+                    "NodeThrottleMinGainPct=20",
+                    f"NodeThrottleGpuWorthCores={price}",
+                ),
+                float(price),
             )
         )
     return out
 
 
-def simulate(args: tuple[str, ...], policy: str, conf: tuple[str, ...]) -> dict[str, float]:
+DEEPEST = "cpu use, floor 10 %"
+"""The reference row: every hold kept, down to a 10 % floor."""
+
+
+def simulate(
+    args: tuple[str, ...], policy: str, conf: tuple[str, ...], seed: int = 1
+) -> dict[str, float]:
     exe = str(Path(sys.executable).with_name("coda-slurm"))
-    argv = [exe, "simulate", *args, "-p", policy, "--json"]
+    argv = [exe, "simulate", *args, "--seed", str(seed), "-p", policy, "--json"]
     for item in conf:
         argv += ["--coda-conf", item]
     proc = subprocess.run(argv, capture_output=True, text=True, check=True)
@@ -101,27 +134,33 @@ def simulate(args: tuple[str, ...], policy: str, conf: tuple[str, ...]) -> dict[
     return rows[0]
 
 
-def run(traces: list[str], workers: int) -> list[dict[str, object]]:
-    jobs: list[tuple[str, str, Variant | None]] = []
+def run(
+    traces: list[str], workers: int, seeds: list[int] | None = None, rules: list[str] | None = None
+) -> list[dict[str, object]]:
+    seeds = seeds or [1]
+    chosen = [v for v in variants() if not rules or v.rule in rules or v.label == DEEPEST]
+    jobs: list[tuple[str, int, str, Variant | None]] = []
     for trace in traces:
-        jobs.append((trace, "slurm", None))
-        jobs += [(trace, "coda", v) for v in variants()]
+        for seed in seeds:
+            jobs.append((trace, seed, "slurm", None))
+            jobs += [(trace, seed, "coda", v) for v in chosen]
 
-    def one(job: tuple[str, str, Variant | None]) -> dict[str, float]:
-        trace, policy, v = job
-        return simulate(TRACES[trace], policy, v.conf if v else ())
+    def one(job: tuple[str, int, str, Variant | None]) -> dict[str, float]:
+        trace, seed, policy, v = job
+        return simulate(TRACES[trace], policy, v.conf if v else (), seed)
 
     with ThreadPoolExecutor(workers) as pool:
         got = list(pool.map(one, jobs))
-    base = {t: r for (t, pol, _), r in zip(jobs, got, strict=True) if pol == "slurm"}
+    base = {(t, sd): r for (t, sd, pol, _), r in zip(jobs, got, strict=True) if pol == "slurm"}
     rows: list[dict[str, object]] = []
-    for (trace, _, v), r in zip(jobs, got, strict=True):
+    for (trace, seed, _, v), r in zip(jobs, got, strict=True):
         if v is None:
             continue
-        b = base[trace]
+        b = base[(trace, seed)]
         rows.append(
             {
                 "trace": trace,
+                "seed": seed,
                 "variant": v.label,
                 "rule": v.rule,
                 "floor_pct": v.floor_pct,
@@ -136,6 +175,38 @@ def run(traces: list[str], workers: int) -> list[dict[str, object]]:
     return rows
 
 
+def seeds_table(rows: list[dict[str, object]]) -> str:
+    """The mean over the seeds of each rule's share of its seed's deepest gain and of its CPU
+    work stretch, each seed's figure in brackets."""
+    lines = [
+        "| trace | rule | DNN mean JCT gain, of the deepest shield's | CPU work stretch "
+        "| highest median stretch |",
+        "|---|---|--:|--:|--:|",
+    ]
+    for trace in dict.fromkeys(str(r["trace"]) for r in rows):
+        mine = [r for r in rows if r["trace"] == trace]
+        seeds = list(dict.fromkeys(int(r["seed"]) for r in mine))  # type: ignore[call-overload]
+        deepest = {
+            int(r["seed"]): float(r["gain_h"])  # type: ignore[call-overload, arg-type]
+            for r in mine
+            if r["variant"] == DEEPEST
+        }
+        for label in dict.fromkeys(str(r["variant"]) for r in mine):
+            if label == DEEPEST:
+                continue
+            by_seed = {int(r["seed"]): r for r in mine if r["variant"] == label}  # type: ignore[call-overload]
+            kept = [float(by_seed[sd]["gain_h"]) / deepest[sd] for sd in seeds]  # type: ignore[arg-type]
+            stretch = [float(by_seed[sd]["work_stretch"]) - 1 for sd in seeds]  # type: ignore[arg-type]
+            p50 = max(float(by_seed[sd]["stretch_p50"]) for sd in seeds)  # type: ignore[arg-type]
+            lines.append(
+                f"| {trace} | {label} | {sum(kept) / len(kept):.0%} "
+                f"({' '.join(f'{k:.0%}' for k in kept)}) "
+                f"| {sum(stretch) / len(stretch):+.1%} "
+                f"({' '.join(f'{x:+.1%}' for x in stretch)}) | {p50:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| trace | rule | DNN mean JCT gain | of the deepest shield's | CPU work stretch "
@@ -144,7 +215,7 @@ def table(rows: list[dict[str, object]]) -> str:
     ]
     for trace in dict.fromkeys(str(r["trace"]) for r in rows):
         mine = [r for r in rows if r["trace"] == trace]
-        deepest = next(float(r["gain_h"]) for r in mine if r["variant"] == "cpu use, floor 10 %")  # type: ignore[arg-type]
+        deepest = next(float(r["gain_h"]) for r in mine if r["variant"] == DEEPEST)  # type: ignore[arg-type]
         for r in mine:
             gain = float(r["gain_h"])  # type: ignore[arg-type]
             share = f"{gain / deepest:.0%}" if deepest > 0 else "-"
@@ -167,7 +238,12 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
     for ax, trace in zip(axes[0], traces, strict=True):
         mine = [r for r in rows if r["trace"] == trace]
-        for rule, style in (("cpu use", "o--"), ("effect", "s-"), ("hold test", "^-.")):
+        for rule, style in (
+            ("cpu use", "o--"),
+            ("effect", "s-"),
+            ("hold test", "^-."),
+            ("price", "D-"),
+        ):
             pts = [
                 (float(r["work_stretch"]) - 1, float(r["gain_h"]), float(r["mark"]))  # type: ignore[arg-type]
                 for r in sorted(mine, key=lambda r: float(r["mark"]))  # type: ignore[arg-type]
@@ -192,7 +268,9 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
         ax.set_ylabel("DNN mean JCT gain over slurm (h)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(
-        title="victims by (floor %; hold test: min gain)", fontsize=8, title_fontsize=8
+        title="victims by (floor %; hold test: min gain; price: cores a GPU)",
+        fontsize=8,
+        title_fontsize=8,
     )
     fig.tight_layout()
     fig.savefig(path, format="svg", metadata={"Date": None})
@@ -207,19 +285,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--svg", type=Path, default=SVG)
     ap.add_argument("--json", action="store_true", help="print the points as JSON")
     ap.add_argument("--from", dest="source", type=Path, help="points from an earlier --json")
+    ap.add_argument(
+        "--seeds", default="1", help="comma-separated seeds; several: the mean over them"
+    )
+    ap.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        choices=sorted({v.rule for v in variants()}),
+        help="only these rules (and the deepest shield they are measured against)",
+    )
     a = ap.parse_args(argv)
+    try:
+        seeds = [int(x) for x in a.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
     if a.source:
         rows = json.loads(a.source.read_text())
         a.trace = list(dict.fromkeys(str(r["trace"]) for r in rows))
+        seeds = list(dict.fromkeys(int(r.get("seed", 1)) for r in rows))
     else:
-        rows = run(a.trace or list(TRACES), a.workers)
+        rows = run(a.trace or list(TRACES), a.workers, seeds, a.rule)
     if a.json:
         print(json.dumps(rows, indent=1))
     else:
         sizes = "; ".join(f"{t}: {' '.join(TRACES[t])}" for t in (a.trace or list(TRACES)))
-        print(f"coda-slurm simulate, seed 1 ({sizes})")
-        print(table(rows))
-    if not a.no_plot:
+        if len(seeds) > 1:
+            print(f"coda-slurm simulate, seeds {','.join(map(str, seeds))} ({sizes})")
+            print(seeds_table(rows))
+        else:
+            print(f"coda-slurm simulate, seed {seeds[0]} ({sizes})")
+            print(table(rows))
+    if not a.no_plot and len(seeds) == 1:
         plot(rows, a.svg)
     return 0
 

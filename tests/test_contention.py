@@ -986,11 +986,13 @@ def test_the_floor_and_the_test_come_from_coda_conf(floor_pct: float) -> None:
     assert params.floor_fraction == floor_pct / 100.0
     assert params.min_effect_per_core == 0.0
     # coda.conf's defaults: the mechanism's (ContentionParams()) at a 10 % floor on 10 % quota
-    # steps with the benefit test of a hold at 20 points per CPU job held back.
+    # steps with the benefit test of a hold at 20 points per CPU job held back and its price
+    # at 14 cores a GPU.
     assert params_from_config(parse_config("", source="test")[0]) == dataclasses.replace(
         ContentionParams(),
         floor_fraction=0.1,
         floor_mba_pct=10,
         quota_fractions=quota_ladder(0.1, 0.1),
         min_gain_per_hold=0.2,
+        gpu_worth_cores=14.0,
     )

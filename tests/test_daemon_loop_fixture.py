@@ -57,11 +57,12 @@ SHORT_TIMES = (
     "NodeProgressDir=/run/coda-node/progress\n"
     # The whole ladder (quota 75, 50, 25 %) down to a 10 % floor, stepped by draw alone and
     # every hold kept: these tests follow each step through the daemon (attribution and the
-    # benefit test are tested in test_contention*.py).
+    # benefit and price tests of a hold are tested in test_contention*.py).
     "NodeThrottleFloorPct=10\n"
     "NodeThrottleMinEffectPct=0\n"
     "NodeThrottleStepPct=\n"
     "NodeThrottleMinGainPct=0\n"
+    "NodeThrottleGpuWorthCores=0\n"
 )
 
 

@@ -36,6 +36,9 @@ CHECK = SimParams(check=True)
 REPLACE_ONLY = ("UserValue=replace",)
 """The coda policy's hook without DefaultCpusPerGpu=share: a GPU job without a profile keeps
 the cores its user asked (so a hand-made node mix stays as written)."""
+UNPRICED = (*REPLACE_ONLY, "NodeThrottleGpuWorthCores=0")
+"""... and every hold kept whatever it costs: a one-GPU job beside a 16-core job is not worth
+the cores at coda.conf's price (that test is in test_contention_hold_test.py)."""
 
 
 def make_trace(
@@ -150,7 +153,7 @@ def test_a_contention_episode_that_throttling_fixes() -> None:
     done_while_slowed = 5000 * (1 - raw)
     assert slurm.end_s[0] == pytest.approx(100 + 5000 + (10_000 - 100 - done_while_slowed))
 
-    coda = run(trace, nodes, wl, "coda", coda_conf=REPLACE_ONLY)
+    coda = run(trace, nodes, wl, "coda", coda_conf=UNPRICED)
     # The eliminator throttles the CPU job: the DNN job finishes sooner, the CPU job later.
     assert coda.end_s[0] < slurm.end_s[0] - 300
     assert coda.end_s[1] > cpu_end_slurm
@@ -176,11 +179,11 @@ def test_a_dnn_job_that_never_had_a_quiet_period_is_shielded_after_a_baseline_pr
         wl,
         "coda",
         contention=ContentionParams(baseline_probe_after_s=0.0),
-        coda_conf=REPLACE_ONLY,
+        coda_conf=UNPRICED,
     )
     assert off.end_s[0] == pytest.approx(5000)
     assert off.counters["shield_settles"] == 0
-    probed = run(trace, nodes, wl, "coda", coda_conf=REPLACE_ONLY)
+    probed = run(trace, nodes, wl, "coda", coda_conf=UNPRICED)
     assert probed.counters["shield_settles"] >= 1
     # The CPU job is throttled: it ends later, and the DNN job sooner than without the probe.
     assert probed.end_s[0] > off.end_s[0] + 100

@@ -79,6 +79,14 @@ class LoopOutput:
     publish: list[Publish] = field(default_factory=list)
 
 
+def training_gpus(gpus_here: int, num_nodes: int) -> int:
+    """The GPUs a DNN job trains on, on all its nodes, as the eliminator's price test weighs
+    them: its GPUs on this node times its nodes (a synchronous job runs at the pace of its
+    slowest node, so what slows it here slows all of them; Slurm gives a job the same GPUs
+    on each node with ``--gpus-per-node``, the common way to ask for several nodes)."""
+    return max(1, gpus_here) * max(1, num_nodes)
+
+
 class AdaptiveLoop:
     def __init__(
         self,
@@ -261,11 +269,13 @@ class AdaptiveLoop:
         alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs, ended=ended)
         for job_id, pj in probe_jobs.items():
             rec = self.allocator.records.get(job_id)
+            slurm_job = snap.jobs[job_id].slurm
             dnn[job_id] = DnnJob(
                 job_id=job_id,
                 sockets=sockets_of_job[job_id],
                 progress=pj.progress,
                 probing=rec is not None and rec.state == "probing",
+                gpus=training_gpus(pj.gpus, slurm_job.num_nodes if slurm_job else 1),
             )
         cont_out: ContentionOutput = self.eliminator.step(now_s, dnn, cpu)
         self.progress_files.forget(live)

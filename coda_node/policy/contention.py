@@ -63,6 +63,17 @@ the first step. A hold that buys less is given back whole and that DNN job is no
 for ``retest_s`` (docs/evaluation.md, "The eliminator's trade-off": on the traces the
 simulator replays, much of the CPU time the eliminator takes goes to holds that buy a DNN
 job a few points).
+
+**What a hold costs** (``gpu_worth_cores``, 0 = off). The same hold is also priced: the GPU
+time it gives back (each DNN job on those sockets: its GPUs times the points of slowdown
+taken off since the worst before the hold) must be worth, at ``gpu_worth_cores`` cores per
+GPU, the cores it holds back (each CPU job: its allocated cores times the share of them it
+is held back from). Unlike the benefit test, which is taken once, the price is taken again
+after every further step for that DNN job, so a hold that grows (a CPU job beside it speeds
+up, another arrives) is priced as it stands. A hold that costs more than it gives back is
+given back whole and that DNN job is not shielded for ``retest_s``: on the traces the
+simulator replays, a CPU pod of weeks held back for two one-GPU jobs was the largest single
+cost of the shield (docs/evaluation.md, "The eliminator's trade-off").
 """
 
 from __future__ import annotations
@@ -134,6 +145,10 @@ class ContentionParams:
     min_gain_per_hold: float = 0.0
     """Benefit test of a whole hold (see the module docstring): 0.2 = holding one whole CPU
     job back must take 20 points off the slowdowns of the DNN jobs beside it. 0 = no test."""
+    gpu_worth_cores: float = 0.0
+    """Price test of a whole hold: the GPU time it gives back (each DNN job's GPUs times the
+    points of slowdown taken off) times this must be at least the cores it holds back.
+    0 = no test."""
 
 
 def quota_ladder(step_fraction: float, floor_fraction: float) -> tuple[float, ...]:
@@ -165,6 +180,7 @@ def params_from_config(cfg: CodaConfig) -> ContentionParams:
         step_s=max(2.0 * cfg.node_interval_s, 1.0),
         min_effect_per_core=cfg.node_throttle_min_effect_pct / 100.0,
         min_gain_per_hold=cfg.node_throttle_min_gain_pct / 100.0,
+        gpu_worth_cores=cfg.node_throttle_gpu_worth_cores,
         quota_fractions=ladder,
     )
 
@@ -176,6 +192,10 @@ class DnnJob:
     progress: Progress
     probing: bool = False
     """Its cores are being probed: its rate is low on purpose."""
+    gpus: int = 1
+    """The GPUs it trains on, on all its nodes (a synchronous job runs at the pace of its
+    slowest node, so a hold on one node speeds all of them): what the price test
+    (``gpu_worth_cores``) weighs its slowdown by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +240,8 @@ class _Hold:
     quiet_ticks: int = 0
     """Ticks since the last step taken for it."""
     judged: bool = False
+    priced: bool = False
+    """Its price test (``gpu_worth_cores``) was taken after its last step."""
 
 
 @dataclass(slots=True)
@@ -418,7 +440,13 @@ class Eliminator:
             tuple(sorted(self.innocent.items())),
             tuple(
                 [
-                    (j, tuple(sorted(h.before.items())), min(h.quiet_ticks, hold_ticks), h.judged)
+                    (
+                        j,
+                        tuple(sorted(h.before.items())),
+                        min(h.quiet_ticks, hold_ticks),
+                        h.judged,
+                        h.priced,
+                    )
                     for j, h in sorted(self.holds.items())
                 ]
             ),
@@ -537,7 +565,7 @@ class Eliminator:
         if p.min_effect_per_core > 0:
             self._judge_return(now_s, cpu, out)
             self._attribute(now_s, cpu, stepped, out)
-        judging = p.min_gain_per_hold > 0
+        judging = p.min_gain_per_hold > 0 or p.gpu_worth_cores > 0
         exhausted_for: set[int] = set()
         if len(victims) > 1:
             victims.sort(key=lambda x: (-x[0], x[1].job_id))
@@ -553,6 +581,7 @@ class Eliminator:
                 if hold is None:
                     hold = self.holds[job.job_id] = _Hold(self._near_slowdowns(job, dnn))
                 hold.quiet_ticks = 0
+                hold.priced = False
             self._check_stale_baseline(now_s, job, exhausted, out)
         if judging:
             self._judge_holds(now_s, dnn, cpu, exhausted_for, out)
@@ -615,7 +644,7 @@ class Eliminator:
             if not held:
                 del self.holds[victim]
                 continue
-            if hold.judged:
+            if hold.judged and (hold.priced or p.gpu_worth_cores <= 0):
                 continue
             hold.quiet_ticks += 1
             now = self._near_slowdowns(dnn[victim], dnn)
@@ -626,18 +655,34 @@ class Eliminator:
                 continue
             if v.slowdown > p.trigger_slowdown and victim not in exhausted_for:
                 continue
-            hold.judged = True
+            first = not hold.judged
+            hold.judged = hold.priced = True
             gain = sum(b - now[d] for d, b in hold.before.items() if d in now)
-            cost = sum(
-                1.0 - throttle_share(self._throttle(t), cpu[j].allocated_cores)
+            kept = {
+                j: throttle_share(self._throttle(t), cpu[j].allocated_cores)
                 for j, t in held.items()
-            )
-            if cost <= 0 or gain / cost >= p.min_gain_per_hold:
+            }
+            cost = sum(1.0 - q for q in kept.values())
+            why = None
+            if first and cost > 0 and gain / cost < p.min_gain_per_hold:
+                why = (
+                    f"holding back {cost:.3g} CPU job(s) took only {gain:.1%} off the slowdown "
+                    f"of job {victim} and its neighbours; not shielded for {p.retest_s:g} s"
+                )
+            elif p.gpu_worth_cores > 0:
+                gpu_gain = sum(
+                    dnn[d].gpus * (b - now[d]) for d, b in hold.before.items() if d in now
+                )
+                core_cost = sum(cpu[j].allocated_cores * (1.0 - q) for j, q in kept.items())
+                if core_cost > gpu_gain * p.gpu_worth_cores:
+                    why = (
+                        f"holding back {core_cost:.3g} cores gave back only {gpu_gain:.3g} "
+                        f"GPUs to job {victim} and its neighbours (worth "
+                        f"{gpu_gain * p.gpu_worth_cores:.3g} cores); not shielded for "
+                        f"{p.retest_s:g} s"
+                    )
+            if why is None:
                 continue
-            why = (
-                f"holding back {cost:.3g} CPU job(s) took only {gain:.1%} off the slowdown "
-                f"of job {victim} and its neighbours; not shielded for {p.retest_s:g} s"
-            )
             self.unshielded[victim] = now_s
             del self.holds[victim]
             for j, t in sorted(held.items()):

@@ -826,6 +826,17 @@ class CodaConfig:
         "job held back, or all of them are given back and that DNN job is not shielded for "
         "30 min (0 = no such test).",
     )
+    node_throttle_gpu_worth_cores: float = _key(
+        "NodeThrottleGpuWorthCores",
+        "float",
+        "14",
+        _float_range(0, 10000),
+        "coda-node: the price of a hold, taken after every step for a DNN job: the GPU time "
+        "the CPU jobs held back give back (the DNN jobs' GPUs times the points of slowdown "
+        "taken off) must be worth, at this many cores per GPU, the cores held back, or all "
+        "of them are given back and that DNN job is not shielded for 30 min (0 = no such "
+        "test).",
+    )
     node_job_mem_bw: bool = _key(
         "NodeJobMemBw",
         "yes|no",

@@ -335,6 +335,7 @@ class _Sim:
         self.decided: dict[tuple[int, int, int, int], int] = {}
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
         self.contention = params.contention or params_from_config(self.cfg)
+        self._priced = self.contention.gpu_worth_cores > 0
         self.shield = Shield(
             self.contention, tick_s=params.shield_tick_s, settle_s=params.shield_settle_s
         )
@@ -1064,7 +1065,17 @@ class _Sim:
                     self._pcie_slow(i)
                 continue
             # Canonical order, so equal mixes on different nodes share one settle.
-            dnn.sort(key=lambda r: (self._sensitivity(r), r.has_baseline, r.job))
+            if self._priced:
+                dnn.sort(
+                    key=lambda r: (
+                        self._sensitivity(r),
+                        r.has_baseline,
+                        r.gpn * len(r.nodes),
+                        r.job,
+                    )
+                )
+            else:
+                dnn.sort(key=lambda r: (self._sensitivity(r), r.has_baseline, r.job))
             cpu.sort(key=lambda r: (r.cores, float(self.wl.cpu_bw_per_core[r.job]), r.job))
             mix = NodeMix(
                 dnn=tuple((self._sensitivity(r), r.has_baseline) for r in dnn),
@@ -1072,6 +1083,9 @@ class _Sim:
                 node_bw_bytes_per_s=self.m.node_mem_bw_bytes_per_s,
                 exponent=self.m.pressure_exponent,
                 rdt=self.p.rdt,
+                # Only the price test reads a job's GPUs: without it, mixes that differ in
+                # GPUs alone share one settle.
+                dnn_gpus=tuple(r.gpn * len(r.nodes) for r in dnn) if self._priced else (),
             )
             raw = slowdowns(mix, [1.0] * len(cpu))
             # The eliminator acts only for a job slowed past its trigger that has a

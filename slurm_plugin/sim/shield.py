@@ -48,6 +48,11 @@ class NodeMix:
     exponent: float
     rdt: bool = False
     """Per-job bandwidth (MBM) and MBA exist: the eliminator sees bandwidth and caps it."""
+    dnn_gpus: tuple[int, ...] = ()
+    """Per DNN job: the GPUs it trains on, on all its nodes (empty: one each)."""
+
+    def gpus(self, i: int) -> int:
+        return self.dnn_gpus[i] if self.dnn_gpus else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +102,12 @@ def settle(
     # Jobs that had a quiet period on this node before the CPU jobs came learn their
     # baseline first; the others start training with CPU jobs already drawing.
     warm_dnn = {
-        i: DnnJob(i, _SOCKETS, progress(100.0 if has else None, "train" if has else "warmup"))
+        i: DnnJob(
+            i,
+            _SOCKETS,
+            progress(100.0 if has else None, "train" if has else "warmup"),
+            gpus=mix.gpus(i),
+        )
         for i, (_, has) in enumerate(mix.dnn)
     }
     for _ in range(warm):
@@ -169,7 +179,9 @@ def settle(
             got = dnn_at.get(slow)
             if got is None:
                 got = dnn_at[slow] = {
-                    i: DnnJob(i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"))
+                    i: DnnJob(
+                        i, _SOCKETS, progress(100.0 * (1.0 - slow[i]), "train"), gpus=mix.gpus(i)
+                    )
                     for i in range(n_dnn)
                 }
             dnn = got
