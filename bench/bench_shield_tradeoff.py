@@ -175,6 +175,12 @@ def run(
     return rows
 
 
+def _by_trace(rows: list[dict[str, object]]) -> list[tuple[str, list[dict[str, object]]]]:
+    """Each trace's rows, in the order the traces first appear."""
+    traces = dict.fromkeys(str(r["trace"]) for r in rows)
+    return [(t, [r for r in rows if r["trace"] == t]) for t in traces]
+
+
 def seeds_table(rows: list[dict[str, object]]) -> str:
     """The mean over the seeds of each rule's share of its seed's deepest gain and of its CPU
     work stretch, each seed's figure in brackets."""
@@ -183,8 +189,7 @@ def seeds_table(rows: list[dict[str, object]]) -> str:
         "| highest median stretch |",
         "|---|---|--:|--:|--:|",
     ]
-    for trace in dict.fromkeys(str(r["trace"]) for r in rows):
-        mine = [r for r in rows if r["trace"] == trace]
+    for trace, mine in _by_trace(rows):
         seeds = list(dict.fromkeys(int(r["seed"]) for r in mine))  # type: ignore[call-overload]
         deepest = {
             int(r["seed"]): float(r["gain_h"])  # type: ignore[call-overload, arg-type]
@@ -213,8 +218,7 @@ def table(rows: list[dict[str, object]]) -> str:
         "| median stretch | p99 stretch |",
         "|---|---|--:|--:|--:|--:|--:|",
     ]
-    for trace in dict.fromkeys(str(r["trace"]) for r in rows):
-        mine = [r for r in rows if r["trace"] == trace]
+    for trace, mine in _by_trace(rows):
         deepest = next(float(r["gain_h"]) for r in mine if r["variant"] == DEEPEST)  # type: ignore[arg-type]
         for r in mine:
             gain = float(r["gain_h"])  # type: ignore[arg-type]
@@ -234,10 +238,9 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.hashsalt"] = "coda"  # the same SVG for the same numbers
-    traces = list(dict.fromkeys(str(r["trace"]) for r in rows))
+    traces = _by_trace(rows)
     fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
-    for ax, trace in zip(axes[0], traces, strict=True):
-        mine = [r for r in rows if r["trace"] == trace]
+    for ax, (trace, mine) in zip(axes[0], traces, strict=True):
         for rule, style in (
             ("cpu use", "o--"),
             ("effect", "s-"),

@@ -1065,17 +1065,10 @@ class _Sim:
                     self._pcie_slow(i)
                 continue
             # Canonical order, so equal mixes on different nodes share one settle.
-            if self._priced:
-                dnn.sort(
-                    key=lambda r: (
-                        self._sensitivity(r),
-                        r.has_baseline,
-                        r.gpn * len(r.nodes),
-                        r.job,
-                    )
-                )
-            else:
-                dnn.sort(key=lambda r: (self._sensitivity(r), r.has_baseline, r.job))
+            # Only the price test reads a job's GPUs: without it, mixes that differ in GPUs
+            # alone share one settle.
+            gpus = {r.job: r.gpn * len(r.nodes) if self._priced else 0 for r in dnn}
+            dnn.sort(key=lambda r: (self._sensitivity(r), r.has_baseline, gpus[r.job], r.job))
             cpu.sort(key=lambda r: (r.cores, float(self.wl.cpu_bw_per_core[r.job]), r.job))
             mix = NodeMix(
                 dnn=tuple((self._sensitivity(r), r.has_baseline) for r in dnn),
@@ -1083,9 +1076,7 @@ class _Sim:
                 node_bw_bytes_per_s=self.m.node_mem_bw_bytes_per_s,
                 exponent=self.m.pressure_exponent,
                 rdt=self.p.rdt,
-                # Only the price test reads a job's GPUs: without it, mixes that differ in
-                # GPUs alone share one settle.
-                dnn_gpus=tuple(r.gpn * len(r.nodes) for r in dnn) if self._priced else (),
+                dnn_gpus=tuple(gpus[r.job] for r in dnn) if self._priced else (),
             )
             raw = slowdowns(mix, [1.0] * len(cpu))
             # The eliminator acts only for a job slowed past its trigger that has a
