@@ -13,8 +13,11 @@ or it is given back and, if that changes nothing, left alone), each at several f
 10 % floor on quota steps of 10 % whose holds must buy ``NodeThrottleMinGainPct`` points of
 DNN slowdown per CPU job held back (at 20); *price*: the hold test at 20 whose holds must
 also give back GPU time worth the cores they hold back at ``NodeThrottleGpuWorthCores`` cores
-per GPU, priced again after every step (the defaults at 14); ``off`` is
-``NodeContention=no``. Every row but *price* sets ``NodeThrottleGpuWorthCores=0``.
+per GPU, priced again after every step (the defaults at 14); *membw placement*: the price
+rule with memory-bound CPU jobs spread by their memory bandwidth (``--placement membw``,
+every CPU job's bandwidth known), which costs them queue time rather than run time (the
+tables' CPU wait); ``off`` is ``NodeContention=no``. Every row but *price* and *membw
+placement* sets ``NodeThrottleGpuWorthCores=0``.
 
     .venv/bin/python bench/bench_shield_tradeoff.py        # table, docs/shield-tradeoff.svg
     .venv/bin/python bench/bench_shield_tradeoff.py --trace muri --no-plot
@@ -59,6 +62,9 @@ class Variant:
     mark: float = 0.0
     """The number the plot writes beside the point: the floor, or for the hold test its
     NodeThrottleMinGainPct."""
+    args: tuple[str, ...] = ()
+    """More ``coda-slurm simulate`` arguments (a placement mechanism: its run is the last
+    result)."""
 
 
 def variants() -> list[Variant]:
@@ -114,6 +120,24 @@ def variants() -> list[Variant]:
                 float(price),
             )
         )
+    # The same with memory-bound CPU jobs spread by their bandwidth instead of packed.
+    for price in (10, 14):
+        out.append(
+            Variant(
+                f"membw placement, price {price}",
+                "membw placement",
+                10.0,
+                (
+                    "NodeThrottleFloorPct=10",
+                    "NodeThrottleMinEffectPct=5",
+                    "NodeThrottleStepPct=10",
+                    "NodeThrottleMinGainPct=20",
+                    f"NodeThrottleGpuWorthCores={price}",
+                ),
+                float(price),
+                ("--placement", "membw"),
+            )
+        )
     return out
 
 
@@ -124,14 +148,15 @@ DEEPEST = "cpu use, floor 10 %"
 def simulate(
     args: tuple[str, ...], policy: str, conf: tuple[str, ...], seed: int = 1
 ) -> dict[str, float]:
+    """The last result of one run: the policy's, or with ``--placement`` in ``args`` the
+    policy's with that mechanism on."""
     exe = str(Path(sys.executable).with_name("coda-slurm"))
     argv = [exe, "simulate", *args, "--seed", str(seed), "-p", policy, "--json"]
     for item in conf:
         argv += ["--coda-conf", item]
     proc = subprocess.run(argv, capture_output=True, text=True, check=True)
     doc = json.loads(proc.stdout)
-    rows = doc["results"]
-    return rows[0]
+    return doc["results"][-1]
 
 
 def run(
@@ -147,7 +172,9 @@ def run(
 
     def one(job: tuple[str, int, str, Variant | None]) -> dict[str, float]:
         trace, seed, policy, v = job
-        return simulate(TRACES[trace], policy, v.conf if v else (), seed)
+        if v is None:
+            return simulate(TRACES[trace], policy, (), seed)
+        return simulate((*TRACES[trace], *v.args), policy, v.conf, seed)
 
     with ThreadPoolExecutor(workers) as pool:
         got = list(pool.map(one, jobs))
@@ -170,6 +197,7 @@ def run(
                 "work_stretch": r["cpu_work_stretch"],
                 "stretch_p50": r["cpu_stretch_p50"],
                 "stretch_p99": r["cpu_stretch_p99"],
+                "cpu_wait_min": r["cpu_wait_mean_s"] / 60.0,
             }
         )
     return rows
@@ -186,8 +214,8 @@ def seeds_table(rows: list[dict[str, object]]) -> str:
     work stretch, each seed's figure in brackets."""
     lines = [
         "| trace | rule | DNN mean JCT gain, of the deepest shield's | CPU work stretch "
-        "| highest median stretch |",
-        "|---|---|--:|--:|--:|",
+        "| highest median stretch | mean CPU wait |",
+        "|---|---|--:|--:|--:|--:|",
     ]
     for trace, mine in _by_trace(rows):
         seeds = list(dict.fromkeys(int(r["seed"]) for r in mine))  # type: ignore[call-overload]
@@ -203,11 +231,13 @@ def seeds_table(rows: list[dict[str, object]]) -> str:
             kept = [float(by_seed[sd]["gain_h"]) / deepest[sd] for sd in seeds]  # type: ignore[arg-type]
             stretch = [float(by_seed[sd]["work_stretch"]) - 1 for sd in seeds]  # type: ignore[arg-type]
             p50 = max(float(by_seed[sd]["stretch_p50"]) for sd in seeds)  # type: ignore[arg-type]
+            wait = [float(by_seed[sd].get("cpu_wait_min", 0.0)) for sd in seeds]  # type: ignore[arg-type]
             lines.append(
                 f"| {trace} | {label} | {sum(kept) / len(kept):.0%} "
                 f"({' '.join(f'{k:.0%}' for k in kept)}) "
                 f"| {sum(stretch) / len(stretch):+.1%} "
-                f"({' '.join(f'{x:+.1%}' for x in stretch)}) | {p50:.2f} |"
+                f"({' '.join(f'{x:+.1%}' for x in stretch)}) | {p50:.2f} "
+                f"| {sum(wait) / len(wait):.1f} min |"
             )
     return "\n".join(lines)
 
@@ -215,8 +245,8 @@ def seeds_table(rows: list[dict[str, object]]) -> str:
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| trace | rule | DNN mean JCT gain | of the deepest shield's | CPU work stretch "
-        "| median stretch | p99 stretch |",
-        "|---|---|--:|--:|--:|--:|--:|",
+        "| median stretch | p99 stretch | mean CPU wait |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for trace, mine in _by_trace(rows):
         deepest = next(float(r["gain_h"]) for r in mine if r["variant"] == DEEPEST)  # type: ignore[arg-type]
@@ -226,7 +256,8 @@ def table(rows: list[dict[str, object]]) -> str:
             lines.append(
                 f"| {trace} | {r['variant']} | {gain:.2f} h | {share} "
                 f"| {float(r['work_stretch']) - 1:+.1%} | {float(r['stretch_p50']):.2f} "  # type: ignore[arg-type]
-                f"| {float(r['stretch_p99']):.2f} |"  # type: ignore[arg-type]
+                f"| {float(r['stretch_p99']):.2f} "  # type: ignore[arg-type]
+                f"| {float(r.get('cpu_wait_min', 0.0)):.1f} min |"  # type: ignore[arg-type]
             )
     return "\n".join(lines)
 
@@ -246,6 +277,7 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
             ("effect", "s-"),
             ("hold test", "^-."),
             ("price", "D-"),
+            ("membw placement", "P-"),
         ):
             pts = [
                 (float(r["work_stretch"]) - 1, float(r["gain_h"]), float(r["mark"]))  # type: ignore[arg-type]

@@ -75,6 +75,31 @@ def test_is_pcie_heavy_min_gpus() -> None:
     assert not is_pcie_heavy(usage, 2, threshold_bytes_per_s=8 * GB, min_gpus=3)
 
 
+MEMBW = dict(heavy_bytes_per_s_per_core=2 * GB, unit_bytes_per_s=1 * GB, node_units=200)
+
+
+@pytest.mark.parametrize(
+    ("bw", "cores", "units"),
+    [
+        (10 * GB, 12, 120),  # STREAM-like: its bandwidth, in GB/s
+        (2.5 * GB, 3, 8),  # 7.5 GB/s rounds up
+        (2 * GB, 1, 2),  # at the threshold
+        (1.9 * GB, 64, 0),  # compute-bound: whatever its size, nothing
+        (None, 12, 0),  # never measured
+        (float("nan"), 12, 0),
+        (10 * GB, 32, 200),  # more than a node has: all of it, never more
+        (10 * GB, 0, 0),
+    ],
+)
+def test_membw_units(bw: float | None, cores: int, units: int) -> None:
+    assert placement.membw_units(bw, cores, **MEMBW) == units  # type: ignore[arg-type]
+
+
+def test_membw_units_refuses_a_zero_unit() -> None:
+    with pytest.raises(ValueError, match="unit_bytes_per_s"):
+        placement.membw_units(10 * GB, 4, **{**MEMBW, "unit_bytes_per_s": 0})  # type: ignore[arg-type]
+
+
 # -------------------------------------------------------------------------------- ranking
 
 # Speedup a100 over v100: resnet50 2.5, gpt 1.667, bert 1.25 -> cluster median 1.667.

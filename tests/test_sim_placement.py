@@ -170,6 +170,79 @@ def test_spread_asks_the_products_is_pcie_heavy(monkeypatch: pytest.MonkeyPatch)
     ]
 
 
+# --- (b2) memory-bandwidth spread -------------------------------------------------------------
+
+MEM_BW = 10e9  # JobModel's memory-bound CPU job: 10 GB/s a core; a node delivers 200 GB/s
+
+
+def membw_run(
+    rows: list[tuple[float, float, int, int, int]],
+    bw_per_core: list[float],
+    nodes: list[NodeSpec],
+    **kw: object,
+) -> RunResult:
+    trace = make_trace(rows, names=["googlenet"])
+    wl = workloads(trace)
+    wl.cpu_bw_per_core[:] = bw_per_core
+    params = SimParams(check=True, **kw)  # type: ignore[arg-type]
+    return simulate(trace, nodes, wl, MODEL, POLICIES["slurm"], params)
+
+
+# Two memory-bound CPU jobs of 12 cores (120 GB/s each, 240 together: over one node's 200)
+# and a compute-bound one of 24 at t=1 on two 24-core nodes: the third starts at once only if
+# the first two share a node.
+TWO_HEAVY = [(0, 1000, 0, 12, -1), (0, 1000, 0, 12, -1), (1, 100, 0, 24, -1)]
+HEAVY_BW = [MEM_BW, MEM_BW, 0.5e9]
+SHARED = [0, 0, 1]
+SPREAD = [0, 0, 1000]
+
+
+def test_memory_bound_cpu_jobs_share_a_node_without_the_spread() -> None:
+    r = membw_run(TWO_HEAVY, HEAVY_BW, uniform_nodes(2, 24, 0))
+    assert r.start_s.tolist() == SHARED  # best fit packs them
+
+
+def test_with_the_spread_they_never_draw_more_than_a_node_delivers() -> None:
+    r = membw_run(TWO_HEAVY, HEAVY_BW, uniform_nodes(2, 24, 0), membw_spread=True)
+    assert r.start_s.tolist() == SPREAD
+    assert r.counters["membw_marked_jobs"] == 2
+    # On one node the second waits for the first's units (Slurm's count-only GRES).
+    one = membw_run(TWO_HEAVY[:2], HEAVY_BW[:2], uniform_nodes(1, 24, 0), membw_spread=True)
+    assert one.start_s.tolist() == [0, 1000]
+
+
+def test_compute_bound_and_unmeasured_jobs_ask_for_nothing() -> None:
+    nodes = uniform_nodes(2, 24, 0)
+    light = membw_run(TWO_HEAVY, [0.5e9] * 3, nodes, membw_spread=True)
+    assert light.start_s.tolist() == SHARED
+    unknown = membw_run(TWO_HEAVY, HEAVY_BW, nodes, membw_spread=True, membw_known_fraction=0.0)
+    assert unknown.start_s.tolist() == SHARED
+
+
+def test_a_job_that_alone_fills_a_node_asks_for_all_of_it_and_still_runs() -> None:
+    # 32 cores at 10 GB/s = 320 GB/s: more than a node has, which Slurm would refuse; it
+    # asks for the node's 200 units, runs, and a second heavy job waits for them.
+    rows = [(0, 1000, 0, 32, -1), (0, 1000, 0, 4, -1)]
+    r = membw_run(rows, [MEM_BW, MEM_BW], uniform_nodes(1, 64, 0), membw_spread=True)
+    assert r.start_s.tolist() == [0, 1000]
+    assert r.end_s.tolist() == pytest.approx([1000, 2000])
+
+
+def test_the_spread_asks_the_products_membw_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_plugin.decision import placement
+
+    calls: list[tuple[float | None, int, int]] = []
+
+    def nothing(bw, cores, *, heavy_bytes_per_s_per_core, unit_bytes_per_s, node_units):  # type: ignore[no-untyped-def]
+        calls.append((bw, cores, node_units))
+        return 0
+
+    monkeypatch.setattr(placement, "membw_units", nothing)
+    r = membw_run(TWO_HEAVY, HEAVY_BW, uniform_nodes(2, 24, 0), membw_spread=True)
+    assert r.start_s.tolist() == SHARED
+    assert (MEM_BW, 12, 200) in calls
+
+
 # --- (c) GPU generation --prefer -----------------------------------------------------------------
 
 
@@ -310,7 +383,7 @@ def test_cli_placement_rows_ratios_and_json() -> None:
     bad = runner.invoke(cli, [*args, "--placement", "reserve,teleport"])
     assert bad.exit_code != 0
     assert "bad --placement" in bad.output
-    assert "'teleport' is not one of reserve, reserve-node, pcie, prefer" in bad.output
+    assert "'teleport' is not one of reserve, reserve-node, pcie, membw, prefer" in bad.output
 
 
 def test_render_table_ratios_to_each_rows_own_baseline() -> None:

@@ -53,6 +53,9 @@ that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
   reserve-node  the same with one spare partition per node
   pcie     PCIe-heavy jobs ask one unit of a node's pcie GRES (interference modelled
            in the baseline too)
+  membw    memory-bound CPU jobs ask for their memory bandwidth in units of a
+           count-only GRES whose per-node count is the node's bandwidth
+           (--membw-known: the share of CPU jobs measured before)
   prefer   --prefer the GPU type a job gains most on (GPU generations modelled in the
            baseline too)
   share    a single-node job that would wait may share the GPUs of one job of as many
@@ -60,7 +63,7 @@ that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
   share-any  the same for any two jobs (shard GRES without advice)
 """
 
-PLACEMENTS = ("reserve", "reserve-node", "pcie", "prefer", "share", "share-any")
+PLACEMENTS = ("reserve", "reserve-node", "pcie", "membw", "prefer", "share", "share-any")
 """Placement mechanisms, in table order."""
 
 
@@ -95,6 +98,8 @@ def placement_runs(base: SimParams, mechanisms: list[str]) -> list[tuple[str, Si
             runs.append(("+reserve-node", replace(common, reserve=True, reserve_per_node=True)))
         elif m == "pcie":
             runs.append(("+pcie", replace(common, pcie_spread=True)))
+        elif m == "membw":
+            runs.append(("+membw", replace(common, membw_spread=True)))
         elif m == "share":
             runs.append(("+share", replace(common, gpu_share="advised")))
         elif m == "share-any":
@@ -355,6 +360,14 @@ def _echo_results(
     help="Evaluate placement mechanisms against their baseline: a comma list of "
     f"{', '.join(PLACEMENTS)}.",
 )
+@click.option(
+    "--membw-known",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="--placement membw: the share of CPU jobs whose memory bandwidth is known at "
+    "submission (the others ask for nothing).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--plot",
@@ -378,6 +391,7 @@ def simulate_cmd(
     rdt: bool,
     coda_conf_items: tuple[str, ...],
     placement_spec: str | None,
+    membw_known: float,
     as_json: bool,
     plot_dir: Path | None,
     plot_format: str,
@@ -406,7 +420,12 @@ def simulate_cmd(
     named, stage_ms = _muri_inputs(trace, trace_spec, model, mechanisms)
     wl = assign_workloads(trace, model, seed, named_classes=named)
     coda_conf = _checked_coda_conf(coda_conf_items)
-    base = SimParams(rdt=rdt, coda_conf=coda_conf, share_stage_ms=tuple(stage_ms))
+    base = SimParams(
+        rdt=rdt,
+        coda_conf=coda_conf,
+        share_stage_ms=tuple(stage_ms),
+        membw_known_fraction=membw_known,
+    )
     chosen = list(policies) or list(POLICIES)
     show_bar = sys.stderr.isatty() and not as_json
     results, baseline_of = _run_policies(

@@ -14,6 +14,14 @@ Slurm does the placing; these functions only say what to ask it for:
   ratio ranged from 0.66 (image classification) to 1.01 (recommendation), and giving the
   newer GPUs to the jobs that gain most ("Priority Assignment") cut total execution time by
   8.24 % against an even assignment.  The hook turns that into Slurm's soft ``--prefer``.
+* :func:`membw_units`: a memory-bound CPU job's share of a node's memory bandwidth, as units
+  of a count-only GRES whose per-node count is the node's bandwidth, so Slurm never puts
+  more memory-bound CPU work on a node than its memory system delivers.  CODA (seed 000,
+  "Interference characterization") measured AlexNet and the NLP models slowed by about
+  50 % as memory-bandwidth pressure grows, multi-GPU jobs more than one-GPU ones; the
+  contention eliminator can only take that bandwidth back by slowing the CPU jobs, while
+  spread out they saturate fewer nodes and need fewer holds (docs/evaluation.md, "Placement
+  instead of throttling").
 * :func:`route_cpu_job`: CPU-only jobs the user did not place are offered a list of
   partitions (e.g. a CPU partition over the GPU nodes' spare cores, see ``coda-slurm
   reserve``); Slurm starts them in whichever can run them first.
@@ -21,6 +29,7 @@ Slurm does the placing; these functions only say what to ask it for:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +42,7 @@ __all__ = [
     "GpuRanking",
     "gpu_ranking",
     "is_pcie_heavy",
+    "membw_units",
     "prefer_gpu_type",
     "ranking_for",
     "route_cpu_job",
@@ -61,6 +71,32 @@ def is_pcie_heavy(
     if not measured:
         return False
     return max(measured) * gpus_per_node >= threshold_bytes_per_s
+
+
+def membw_units(
+    bw_per_core_bytes_per_s: float | None,
+    cores: int,
+    *,
+    heavy_bytes_per_s_per_core: float,
+    unit_bytes_per_s: float,
+    node_units: int,
+) -> int:
+    """Units of the count-only memory-bandwidth GRES a CPU job asks for on each node: its
+    measured bandwidth per core times its cores per node, in ``unit_bytes_per_s``, rounded
+    up and at most ``node_units`` (a job that alone fills a node's memory system asks for all
+    of it, never for more than a node has, which Slurm would refuse).
+
+    0 for a job that was not measured (None) or draws less than
+    ``heavy_bytes_per_s_per_core`` per core: compute-bound jobs are placed as Slurm would.
+    """
+    if bw_per_core_bytes_per_s is None or cores < 1 or node_units < 1:
+        return 0
+    if not bw_per_core_bytes_per_s >= heavy_bytes_per_s_per_core:  # NaN is not heavy
+        return 0
+    if unit_bytes_per_s <= 0:
+        raise ValueError(f"unit_bytes_per_s must be > 0, got {unit_bytes_per_s}")
+    want = bw_per_core_bytes_per_s * cores / unit_bytes_per_s
+    return min(node_units, max(1, math.ceil(want - 1e-9)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,9 @@ reads for every later job.
 the product's own functions through :mod:`slurm_plugin.sim.mechanisms`: ``reserve`` caps the
 cores CPU jobs may hold per node at what ``coda-slurm reserve`` would set as the spare
 partition's MaxCPUsPerNode, re-planned every ``reserve_interval_s``; ``pcie_spread`` gives
-the jobs the hook marks PCIe-heavy one unit of a per-node count; ``gpu_prefer`` tries the
+the jobs the hook marks PCIe-heavy one unit of a per-node count; ``membw_spread`` gives
+memory-bound CPU jobs their bandwidth in units of a per-node count (the node's memory
+bandwidth); ``gpu_prefer`` tries the
 hook's preferred GPU type first. ``pcie_interference`` and ``gpu_speed`` model what the
 last two act on (PCIe contention, GPU generations) and are on in their baselines too.
 ``gpu_share`` lets a single-node job that would wait start on GPUs one other job of as
@@ -54,6 +56,7 @@ from coda_node.policy.allocator import ProbeParams
 from coda_node.policy.contention import ContentionParams, params_from_config
 from slurm_plugin.config.codaconf import CodaConfig, NodeShape, parse_config
 from slurm_plugin.config.nodecap import NodeCap
+from slurm_plugin.decision import placement
 from slurm_plugin.decision.decide import JobRequest, ProfileView, decide
 from slurm_plugin.model.curves import throughput_at
 from slurm_plugin.model.fit import is_censored, refit_profile
@@ -159,6 +162,19 @@ class SimParams:
     pcie_threshold_bytes_per_s: float = _CONF.pcie_heavy_bytes_per_s
     """coda.conf ``PcieHeavyBytesPerS`` (default 8e9): traffic per GPU x GPUs per node from
     which the hook marks a multi-GPU job heavy."""
+    membw_spread: bool = False
+    """Memory-bound CPU jobs ask for their memory bandwidth in units of a count-only GRES
+    whose per-node count is the node's bandwidth (``JobModel.node_mem_bw_bytes_per_s`` in
+    ``membw_unit_bytes_per_s``; :func:`slurm_plugin.decision.placement.membw_units`), so
+    the CPU jobs on a node never draw more than its memory system delivers."""
+    membw_known_fraction: float = 1.0
+    """Share of the CPU jobs whose bandwidth per core is known at submission (measured on
+    an earlier run of the same workload); the others ask for nothing. A fixed draw per
+    job: the same jobs are known in every run."""
+    membw_heavy_bytes_per_s_per_core: float = 2e9
+    """Bandwidth per core from which a CPU job asks for units (memory-bound jobs draw 10
+    GB/s a core in the job model, compute-bound ones 0.5)."""
+    membw_unit_bytes_per_s: float = 1e9
     gpu_speed: bool = False
     """Model GPU generations: a DNN job progresses at its class's speed on the GPU model
     it runs on (Takayama et al.); off = every GPU runs jobs at trace speed."""
@@ -345,7 +361,7 @@ class _Sim:
         p = self.p
         n_nodes = len(nodes)
         # Placement constraints beyond GPUs and cores: _find takes its slower path only then.
-        self.constrained = p.reserve or p.pcie_spread or p.gpu_prefer
+        self.constrained = p.reserve or p.pcie_spread or p.gpu_prefer or p.membw_spread
         self.reserve_on = p.reserve
         self.pcie_on = p.pcie_interference
         self.place: PlacementModel | None = None
@@ -358,7 +374,7 @@ class _Sim:
                 pcie_threshold_bytes_per_s=p.pcie_threshold_bytes_per_s,
                 prefer_margin=p.prefer_margin,
             )
-        self.booking = self.place is not None or p.reserve
+        self.booking = self.place is not None or p.reserve or p.membw_spread
         """Starts and ends book more than GPUs and cores (see _place_start)."""
         # GPU type of each node, as an index into place.types (-1: no model).
         types = self.place.types if self.place is not None else []
@@ -372,6 +388,14 @@ class _Sim:
         self.free_pcie = np.full(n_nodes, self.m.pcie_domains_per_node, dtype=np.int64)
         self.heavy_on = np.zeros(n_nodes, dtype=np.int64)
         self.pcie_slowed: set[int] = set()
+        self.membw_node_units = int(self.m.node_mem_bw_bytes_per_s // p.membw_unit_bytes_per_s)
+        self.free_membw = np.full(n_nodes, self.membw_node_units, dtype=np.int64)
+        self.membw_held: dict[int, int] = {}
+        """Running CPU jobs' units of the membw GRES on each of their nodes."""
+        self.membw_known = np.zeros(n, dtype=bool)
+        if p.membw_spread:
+            draw = np.random.default_rng(0x6D6277).random(n)
+            self.membw_known = (draw < p.membw_known_fraction) & (self.t.gpus == 0)
         """Jobs that ran beside too many PCIe-heavy jobs at some time."""
         # reserve: one spare CPU partition per node shape (cores, GPUs, GPU model).
         shapes: dict[object, list[int]] = {}
@@ -537,6 +561,18 @@ class _Sim:
         if self.p.gpu_prefer and self.t.gpu_model[j] < 0 and self.place.types:
             self.prefer[j] = self.place.preferred_type(wid)
 
+    def _membw_units(self, j: int, cores: int) -> int:
+        """Units of the membw GRES CPU job ``j`` asks for on each node (0: none)."""
+        if not self.membw_known[j]:
+            return 0
+        return placement.membw_units(
+            float(self.wl.cpu_bw_per_core[j]),
+            cores,
+            heavy_bytes_per_s_per_core=self.p.membw_heavy_bytes_per_s_per_core,
+            unit_bytes_per_s=self.p.membw_unit_bytes_per_s,
+            node_units=self.membw_node_units,
+        )
+
     def _feasible(self, j: int, need: tuple[bool, int, int, int]) -> bool:
         """Whether some set of nodes could ever hold the job (Slurm rejects it otherwise)."""
         key = (need[1], need[2], need[3], int(self.t.gpu_model[j]))
@@ -572,6 +608,10 @@ class _Sim:
             mask = self.free_pcie >= 1
         if not gpu and self.p.reserve and c <= self.route_max_cores:
             mask = self.cpu_on + c <= self.cpu_cap
+        units = self._membw_units(j, c) if not gpu else 0
+        if units:
+            fits = self.free_membw >= units
+            mask = fits if mask is None else mask & fits
         pref = int(self.prefer[j]) if gpu else -1
         if pref >= 0:
             # Slurm's --prefer: the preferred type if it fits now, else any (soft).
@@ -745,6 +785,13 @@ class _Sim:
                         f"node {i}: CPU jobs hold {self.cpu_on[i]} cores, over the spare "
                         f"partition's MaxCPUsPerNode={self.cpu_cap[i]}"
                     )
+            units = self._membw_units(j, c)
+            if units:
+                self.membw_held[j] = units
+                for i in nodes:
+                    self.free_membw[i] -= units
+                    if self.p.check and self.free_membw[i] < 0:
+                        raise RuntimeError(f"node {i}: membw GRES over-allocated by job {j}")
             return 1.0, False, False
         self.pending_cpg.pop(j, None)
         speed, unit, heavy = 1.0, False, False
@@ -1027,9 +1074,11 @@ class _Sim:
                 self.probing_on[i] -= 1
         if self.booking:
             self.reserve_dirty = True
+            membw = self.membw_held.pop(j, 0)
             for i in run.nodes:
                 if not run.gpu:
                     self.cpu_on[i] -= run.cores
+                    self.free_membw[i] += membw
                 if run.pcie_unit:
                     self.free_pcie[i] += 1
                 if run.pcie_heavy:
@@ -1339,6 +1388,10 @@ def simulate(
     if p.pcie_interference or p.pcie_spread:
         sim.counters["pcie_marked_jobs"] = int(sim.pcie_mark.sum())
         sim.counters["pcie_slowed_jobs"] = len(sim.pcie_slowed)
+    if p.membw_spread:
+        sim.counters["membw_marked_jobs"] = sum(
+            1 for j in np.flatnonzero(sim.membw_known) if sim._membw_units(j, 1)
+        )
     if p.gpu_prefer:
         sim.counters["prefer_jobs"] = int(np.count_nonzero(sim.prefer >= 0))
     if p.gpu_share:
