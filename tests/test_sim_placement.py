@@ -384,6 +384,13 @@ def test_cli_placement_rows_ratios_and_json() -> None:
     assert bad.exit_code != 0
     assert "bad --placement" in bad.output
     assert "'teleport' is not one of reserve, reserve-node, pcie, membw, prefer" in bad.output
+    for extra, why in (
+        (["--membw-known", "0.5"], "--membw-known without --placement membw"),
+        (["--placement", "membw", "--membw-known", "nan"], "bad --membw-known nan"),
+        (["--placement", "membw", "--membw-known", "1.5"], "bad --membw-known 1.5"),
+    ):
+        res = runner.invoke(cli, [*args, *extra])
+        assert res.exit_code != 0 and why in res.output, res.output
 
 
 def test_render_table_ratios_to_each_rows_own_baseline() -> None:

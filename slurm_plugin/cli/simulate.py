@@ -362,11 +362,10 @@ def _echo_results(
 )
 @click.option(
     "--membw-known",
-    type=click.FloatRange(0.0, 1.0),
-    default=1.0,
-    show_default=True,
+    type=float,
+    metavar="FRACTION",
     help="--placement membw: the share of CPU jobs whose memory bandwidth is known at "
-    "submission (the others ask for nothing).",
+    "submission, 0..1 (the others ask for nothing)  [default: 1]",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -391,7 +390,7 @@ def simulate_cmd(
     rdt: bool,
     coda_conf_items: tuple[str, ...],
     placement_spec: str | None,
-    membw_known: float,
+    membw_known: float | None,
     as_json: bool,
     plot_dir: Path | None,
     plot_format: str,
@@ -404,6 +403,11 @@ def simulate_cmd(
     docs/evaluation.md.
     """
     mechanisms = _parse_placement(placement_spec)
+    if membw_known is not None:
+        if "membw" not in mechanisms:
+            raise CliError("--membw-known without --placement membw", "it only sizes that run")
+        if not 0.0 <= membw_known <= 1.0:  # NaN too
+            raise CliError(f"bad --membw-known {membw_known}", "a share from 0 to 1")
     try:
         model = JobModel().with_params(_params(param_items))
     except ValueError as exc:
@@ -424,7 +428,7 @@ def simulate_cmd(
         rdt=rdt,
         coda_conf=coda_conf,
         share_stage_ms=tuple(stage_ms),
-        membw_known_fraction=membw_known,
+        membw_known_fraction=1.0 if membw_known is None else membw_known,
     )
     chosen = list(policies) or list(POLICIES)
     show_bar = sys.stderr.isatty() and not as_json
