@@ -175,6 +175,7 @@ class SimParams:
     """Bandwidth per core from which a CPU job asks for units (memory-bound jobs draw 10
     GB/s a core in the job model, compute-bound ones 0.5)."""
     membw_unit_bytes_per_s: float = 1e9
+    """What one unit of the membw GRES stands for (the node's count: its bandwidth in these)."""
     gpu_speed: bool = False
     """Model GPU generations: a DNN job progresses at its class's speed on the GPU model
     it runs on (Takayama et al.); off = every GPU runs jobs at trace speed."""
@@ -388,6 +389,7 @@ class _Sim:
         self.free_pcie = np.full(n_nodes, self.m.pcie_domains_per_node, dtype=np.int64)
         self.heavy_on = np.zeros(n_nodes, dtype=np.int64)
         self.pcie_slowed: set[int] = set()
+        """Jobs that ran beside too many PCIe-heavy jobs at some time."""
         self.membw_node_units = int(self.m.node_mem_bw_bytes_per_s // p.membw_unit_bytes_per_s)
         self.free_membw = np.full(n_nodes, self.membw_node_units, dtype=np.int64)
         self.membw_held: dict[int, int] = {}
@@ -396,7 +398,6 @@ class _Sim:
         if p.membw_spread:
             draw = np.random.default_rng(0x6D6277).random(n)
             self.membw_known = (draw < p.membw_known_fraction) & (self.t.gpus == 0)
-        """Jobs that ran beside too many PCIe-heavy jobs at some time."""
         # reserve: one spare CPU partition per node shape (cores, GPUs, GPU model).
         shapes: dict[object, list[int]] = {}
         for i, nd in enumerate(nodes):
