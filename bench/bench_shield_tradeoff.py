@@ -110,13 +110,7 @@ def variants() -> list[Variant]:
                 f"price {price}, hold test 20, floor 10 %",
                 "price",
                 10.0,
-                (
-                    "NodeThrottleFloorPct=10",
-                    "NodeThrottleMinEffectPct=5",
-                    "NodeThrottleStepPct=10",
-                    "NodeThrottleMinGainPct=20",
-                    f"NodeThrottleGpuWorthCores={price}",
-                ),
+                _priced(price),
                 float(price),
             )
         )
@@ -127,18 +121,24 @@ def variants() -> list[Variant]:
                 f"membw placement, price {price}",
                 "membw placement",
                 10.0,
-                (
-                    "NodeThrottleFloorPct=10",
-                    "NodeThrottleMinEffectPct=5",
-                    "NodeThrottleStepPct=10",
-                    "NodeThrottleMinGainPct=20",
-                    f"NodeThrottleGpuWorthCores={price}",
-                ),
+                _priced(price),
                 float(price),
                 ("--placement", "membw"),
             )
         )
     return out
+
+
+def _priced(price: float) -> tuple[str, ...]:
+    """The price rule's keys: the hold test at 20 on 10 % steps to a 10 % floor, holds priced
+    at ``price`` cores a GPU."""
+    return (
+        "NodeThrottleFloorPct=10",
+        "NodeThrottleMinEffectPct=5",
+        "NodeThrottleStepPct=10",
+        "NodeThrottleMinGainPct=20",
+        f"NodeThrottleGpuWorthCores={price:g}",
+    )
 
 
 DEEPEST = "cpu use, floor 10 %"
