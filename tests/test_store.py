@@ -24,6 +24,7 @@ from slurm_plugin.decision.decide import ProfileView
 from slurm_plugin.store import profiles as store_mod
 from slurm_plugin.store.profiles import (
     FORMAT_VERSION,
+    CpuUsageRecord,
     Profile,
     ProfileCache,
     ProfileFormatError,
@@ -908,7 +909,7 @@ def _usage(model: str | None = "A100", **kw: Any) -> store_mod.UsageRecord:
 def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
     d = make_profile().to_json_dict()
     d["format_version"] = 1
-    del d["usage"]
+    del d["usage"], d["cpu_usage"]
     for sample in d["samples"]:
         del sample["run"]  # version 3 added it
     path = store.path_for(SIG)
@@ -922,8 +923,71 @@ def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
     # Rewriting it (any merge) upgrades it to the current version.
     store.merge_usage(SIG, _usage())
     on_disk = json.loads(path.read_bytes())
-    assert on_disk["format_version"] == FORMAT_VERSION == 3
-    assert len(on_disk["usage"]) == 1
+    assert on_disk["format_version"] == FORMAT_VERSION == 4
+    assert len(on_disk["usage"]) == 1 and on_disk["cpu_usage"] is None
+
+
+def _cpu_usage(bw: float = 3e9, ticks: int = 10, at: float = 1_700_000_100.0) -> CpuUsageRecord:
+    return CpuUsageRecord(mem_bw_bytes_per_s_per_cpu=bw, ticks=ticks, updated_unix_s=at)
+
+
+def test_version_3_file_reads_with_no_cpu_usage(store: ProfileStore) -> None:
+    d = make_profile(usage=(_usage(),)).to_json_dict()
+    d["format_version"] = 3
+    del d["cpu_usage"]
+    path = store.path_for(SIG)
+    path.write_text(json.dumps(d))
+    p = read_profile_file(path, store.trusted_uids)
+    assert p.cpu_usage is None and len(p.usage) == 1
+    d["cpu_usage"] = None  # a version 3 file with the key is not something any coda wrote
+    with pytest.raises(ProfileFormatError, match=r"unknown key\(s\) cpu_usage"):
+        Profile.from_json_dict(d, "f.json")
+
+
+def test_cpu_usage_creates_a_profile_that_predicts_nothing(store: ProfileStore) -> None:
+    p = store.merge_cpu_usage("workload:1000:stream", _cpu_usage())
+    assert p.cpu_usage == _cpu_usage()
+    assert (p.confidence, p.n_samples, p.source, p.workload) == (0.0, 0, "cpu-usage", "stream")
+    again = store.read("workload:1000:stream")
+    assert again == p
+    # The hook's view carries the record; confidence 0 is below any MinConfidence.
+    assert to_view(again).cpu_usage == _cpu_usage()
+
+
+def test_cpu_usage_merges_weighted_by_ticks(store: ProfileStore) -> None:
+    store.write(make_profile(usage=(_usage(),)))
+    store.merge_cpu_usage(SIG, _cpu_usage(bw=2e9, ticks=30, at=100.0))
+    p = store.merge_cpu_usage(SIG, _cpu_usage(bw=6e9, ticks=10, at=50.0))
+    assert p.cpu_usage == _cpu_usage(bw=3e9, ticks=40, at=100.0)
+    # The GPU side of the profile is untouched.
+    assert (p.cpus_per_gpu, len(p.usage), p.samples) == (8, 1, make_profile().samples)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ([], "cpu_usage must be an object or null"),
+        ({"mem_bw_bytes_per_s_per_cpu": 1.0, "ticks": 1}, "missing key"),
+        ({"mem_bw_bytes_per_s_per_cpu": -1.0, "ticks": 1, "updated_unix_s": 0.0}, "cpu_usage"),
+        ({"mem_bw_bytes_per_s_per_cpu": 1.0, "ticks": 0, "updated_unix_s": 0.0}, "ticks"),
+        ({"mem_bw_bytes_per_s_per_cpu": "1", "ticks": 1, "updated_unix_s": 0.0}, "cpu_usage"),
+    ],
+)
+def test_bad_cpu_usage_is_refused(value: object, problem: str) -> None:
+    d = make_profile().to_json_dict()
+    d["cpu_usage"] = value
+    with pytest.raises(ProfileFormatError, match=problem):
+        Profile.from_json_dict(d, "f.json")
+
+
+def test_cpu_usage_refuses_a_bad_record_and_writes_nothing(store: ProfileStore) -> None:
+    with pytest.raises((ValueError, ProfileFormatError)):
+        store.merge_cpu_usage("workload:1000:x", _cpu_usage(bw=float("nan")))
+    with pytest.raises(TypeError):
+        store.merge_cpu_usage("workload:1000:x", _usage())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="signature"):
+        store.merge_cpu_usage("nonsense", _cpu_usage())
+    assert store.read("workload:1000:x") is None
 
 
 def test_usage_round_trip(store: ProfileStore) -> None:

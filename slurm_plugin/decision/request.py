@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_plugin.store.usage import UsageRecord
+from slurm_plugin.store.usage import CpuUsageRecord, UsageRecord
 
 __all__ = ["INFINITE", "INFINITE16", "NO_VAL", "NO_VAL16", "JobRequest", "ProfileView"]
 
@@ -68,3 +68,5 @@ class ProfileView:
     """Measured multi-node value when known; else the CODA rule applies."""
     usage: tuple[UsageRecord, ...] = ()
     """What the workload did with its GPUs, at most one record per GPU model."""
+    cpu_usage: CpuUsageRecord | None = None
+    """The memory bandwidth the workload drew as a CPU job; None = never measured."""

@@ -53,8 +53,9 @@ from slurm_plugin.decision.request import ProfileView
 
 # UsageRecord is re-exported (``from slurm_plugin.store.profiles import UsageRecord``); it lives
 # in a leaf module so that request.ProfileView can carry usage records without importing the store.
+from slurm_plugin.store.usage import CpuUsageRecord as CpuUsageRecord
 from slurm_plugin.store.usage import UsageRecord as UsageRecord
-from slurm_plugin.store.usage import merge_into
+from slurm_plugin.store.usage import merge_cpu_usage, merge_into
 from slurm_plugin.store.usage import usage_for_model as usage_for_model
 
 FORMAT = "coda-profile"
@@ -62,8 +63,10 @@ FORMAT = "coda-profile"
 #: Version 1 files (no ``usage`` key) are still read, as ``usage=()``.
 #: Version 3 added ``run`` to every sample (which probing run measured it: samples of one run
 #: share a scale, see slurm_plugin.model.fit.run_labels). Version 1 and 2 samples are read with
-#: ``run=None``. Writers write 3.
-FORMAT_VERSION = 3
+#: ``run=None``.
+#: Version 4 added ``cpu_usage`` (the memory bandwidth the workload drew as a CPU job, or null).
+#: Earlier files are read with ``cpu_usage=None``. Writers write 4.
+FORMAT_VERSION = 4
 
 #: Name of the lock file (dot-prefixed, so readers skip it).
 LOCK_FILE_NAME = ".lock"
@@ -272,6 +275,35 @@ def usage_from_json_dict(d: object, where: str, key: str = "usage") -> UsageReco
     )
 
 
+_CPU_USAGE_KEYS = ("mem_bw_bytes_per_s_per_cpu", "ticks", "updated_unix_s")
+
+
+def cpu_usage_to_json_dict(record: CpuUsageRecord | None) -> dict[str, Any] | None:
+    """The ``cpu_usage`` value of the on-disk format."""
+    if record is None:
+        return None
+    return {
+        "mem_bw_bytes_per_s_per_cpu": record.mem_bw_bytes_per_s_per_cpu,
+        "ticks": record.ticks,
+        "updated_unix_s": record.updated_unix_s,
+    }
+
+
+def cpu_usage_from_json_dict(d: object, where: str) -> CpuUsageRecord | None:
+    """Validate the ``cpu_usage`` value strictly (null: never measured)."""
+    if d is None:
+        return None
+    key = "cpu_usage"
+    if not isinstance(d, dict):
+        raise ProfileFormatError(where, f"{key} must be an object or null, got {_json_type(d)}")
+    _check_keys(d, _CPU_USAGE_KEYS, where, key)
+    return CpuUsageRecord(
+        mem_bw_bytes_per_s_per_cpu=_get_number(d, "mem_bw_bytes_per_s_per_cpu", where, key, lo=0.0),
+        ticks=_get_int(d, "ticks", where, key, lo=1),
+        updated_unix_s=_get_number(d, "updated_unix_s", where, key, lo=0.0),
+    )
+
+
 def _usage_tuple(raw: object, where: str) -> tuple[UsageRecord, ...]:
     if not isinstance(raw, list):
         raise ProfileFormatError(where, f"usage must be a list, got {_json_type(raw)}")
@@ -311,6 +343,7 @@ class Profile:
     samples: tuple[Sample, ...] = ()
     fit: Mapping[str, Any] | None = None
     usage: tuple[UsageRecord, ...] = ()
+    cpu_usage: CpuUsageRecord | None = None
 
     _KEYS_V1 = (
         "format",
@@ -327,7 +360,8 @@ class Profile:
         "samples",
         "fit",
     )
-    _KEYS = (*_KEYS_V1, "usage")
+    _KEYS_V3 = (*_KEYS_V1, "usage")
+    _KEYS = (*_KEYS_V3, "cpu_usage")
 
     @property
     def stem(self) -> str:
@@ -350,6 +384,7 @@ class Profile:
             "samples": [s.to_json_dict() for s in self.samples],
             "fit": None if self.fit is None else _thaw(self.fit),
             "usage": [usage_to_json_dict(u) for u in self.usage],
+            "cpu_usage": cpu_usage_to_json_dict(self.cpu_usage),
         }
 
     @classmethod
@@ -382,8 +417,10 @@ class Profile:
                 f"format_version {version} was never written by any coda (this one reads "
                 f"versions 1 to {FORMAT_VERSION}); fix or delete the file",
             )
-        # Version 1 had no usage records; version 2 files must carry the key (maybe empty).
-        _check_keys(d, cls._KEYS_V1 if version == 1 else cls._KEYS, where, None)
+        # Version 1 had no usage records; version 2 files must carry the key (maybe empty);
+        # version 4 files the cpu_usage key (maybe null).
+        keys = cls._KEYS_V1 if version == 1 else cls._KEYS_V3 if version < 4 else cls._KEYS
+        _check_keys(d, keys, where, None)
 
         problem = signature_problem(d["signature"])
         if problem:
@@ -421,6 +458,7 @@ class Profile:
             samples=samples,
             fit=None if fit is None else MappingProxyType(fit),
             usage=() if version == 1 else _usage_tuple(d["usage"], where),
+            cpu_usage=cpu_usage_from_json_dict(d["cpu_usage"], where) if version >= 4 else None,
         )
 
     def validated(self, where: str = "profile to write") -> Profile:
@@ -438,6 +476,7 @@ def to_view(profile: Profile) -> ProfileView:
         n_samples=profile.n_samples,
         multi_node_cpus_per_gpu=profile.multi_node_cpus_per_gpu,
         usage=profile.usage,
+        cpu_usage=profile.cpu_usage,
     )
 
 
@@ -904,6 +943,39 @@ class ProfileStore:
             if current is None:
                 return None
             result = replace(current, usage=merge_into(current.usage, record))
+            self._write_locked(signature, encode_profile(result))
+            return result
+
+    def merge_cpu_usage(self, signature: str, record: CpuUsageRecord) -> Profile:
+        """Merge one CPU-job memory-bandwidth record into the profile of ``signature``;
+        returns the profile written.
+
+        Under the signature's lock, like :meth:`merge_usage`: the stored record becomes the
+        ticks-weighted mean of old and new. A CPU workload has no GPU profile, so one that
+        does not exist yet is created from the placeholder :meth:`merge_samples` also uses
+        (cpus_per_gpu 1, confidence 0, no samples: the submit hook never takes it for a CPU
+        prediction), with ``source`` ``cpu-usage``. Raises ProfileFormatError for an
+        unusable existing file (left alone) or a record the reader would reject (nothing
+        written).
+        """
+        if not isinstance(record, CpuUsageRecord):
+            raise TypeError(f"merge_cpu_usage wants a CpuUsageRecord, got {type(record).__name__}")
+        problem = signature_problem(signature)
+        if problem:
+            raise ValueError(problem)
+        with self._locked(signature):
+            current = self.read(signature)
+            if current is None:
+                current = Profile(
+                    signature=signature,
+                    workload=workload_of_signature(signature) or signature,
+                    cpus_per_gpu=1,
+                    confidence=0.0,
+                    n_samples=0,
+                    updated_unix_s=record.updated_unix_s,
+                    source="cpu-usage",
+                )
+            result = replace(current, cpu_usage=merge_cpu_usage(current.cpu_usage, record))
             self._write_locked(signature, encode_profile(result))
             return result
 

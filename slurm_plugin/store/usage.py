@@ -1,4 +1,5 @@
-"""Usage records: what a workload did with its GPUs, per GPU model (profile format v2).
+"""Usage records: what a workload did with its GPUs, per GPU model (profile format v2), and
+the memory bandwidth it drew as a CPU job (format v4).
 
 A leaf module (stdlib only) so that both :mod:`slurm_plugin.decision.request` (the hook's
 ``ProfileView``) and :mod:`slurm_plugin.store.profiles` (the file format) can import it without a
@@ -8,7 +9,9 @@ The placement mechanisms read these records: PCIe traffic marks jobs that should
 not share a node's PCIe domain (CODA measured AlexNet/ResNet50 at 8-12 GB/s and a 5-10 %
 slowdown when two of them share it), progress per GPU model ranks GPU generations per
 workload (Takayama et al.), and GPU / memory-bandwidth utilisation predicts whether two jobs
-can share one GPU (Tabrizian et al.).
+can share one GPU (Tabrizian et al.).  A CPU workload's memory bandwidth per allocated CPU
+(:class:`CpuUsageRecord`) sizes its share of the memory-bandwidth GRES
+(:func:`slurm_plugin.decision.placement.membw_units`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["UsageRecord", "merge_into", "merge_usage_records", "usage_for_model"]
+__all__ = [
+    "CpuUsageRecord",
+    "UsageRecord",
+    "merge_cpu_usage",
+    "merge_into",
+    "merge_usage_records",
+    "usage_for_model",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,32 @@ class UsageRecord:
     ticks: int
     """How many ticks the means cover (>= 1)."""
     updated_unix_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CpuUsageRecord:
+    """What coda-node measured while the workload ran as a CPU job (no GPU), unthrottled:
+    the mean over ticks of its memory bandwidth (resctrl MBM of its monitoring group)
+    divided by the CPUs Slurm allocated it on the node."""
+
+    mem_bw_bytes_per_s_per_cpu: float
+    ticks: int
+    """How many ticks the mean covers (>= 1)."""
+    updated_unix_s: float
+
+
+def merge_cpu_usage(old: CpuUsageRecord | None, new: CpuUsageRecord) -> CpuUsageRecord:
+    """``old`` and ``new`` as one record: the mean weighted by ticks, ticks added, the newer
+    timestamp; ``new`` alone when there is no ``old``."""
+    if old is None:
+        return new
+    return CpuUsageRecord(
+        mem_bw_bytes_per_s_per_cpu=_mean(
+            old.mem_bw_bytes_per_s_per_cpu, old.ticks, new.mem_bw_bytes_per_s_per_cpu, new.ticks
+        ),
+        ticks=old.ticks + new.ticks,
+        updated_unix_s=max(old.updated_unix_s, new.updated_unix_s),
+    )
 
 
 def _model_key(gpu_model: str | None) -> str | None:
