@@ -4,6 +4,8 @@ handling. tests/test_dropbox_slurm.py runs the same paths against a real munged.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from slurm_plugin.store.dropbox import (
     DropError,
     HostFilter,
 )
-from slurm_plugin.store.profiles import ProfileStore, Sample
+from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
 
 NOW_S = 1_800_000_000.0
 SIG = "workload:1000:train"
@@ -213,3 +215,84 @@ def test_a_writer_crash_leaves_a_temp_file_swept_after_an_hour(setup) -> None:
     os.utime(fresh, (NOW_S, NOW_S))
     collector.collect()
     assert not old.exists() and fresh.exists()
+
+
+# -------------------------------------------------------------------------------- usage records
+
+
+def _usage(model: str = "a100") -> UsageRecord:
+    return UsageRecord(model, 0.9, 0.4, 6e9, 11.5, 30, NOW_S)
+
+
+def _cpu(bw: float = 4e9) -> CpuUsageRecord:
+    return CpuUsageRecord(bw, 30, NOW_S)
+
+
+def test_samples_only_drops_stay_version_1_for_older_collectors() -> None:
+    assert json.loads(_drop().to_json_bytes())["format_version"] == 1
+    with_usage = dataclasses.replace(_drop(), samples=(), usage=(_usage(),))
+    assert json.loads(with_usage.to_json_bytes())["format_version"] == 2
+    for d in (with_usage, dataclasses.replace(with_usage, usage=(), cpu_usage=_cpu())):
+        assert Drop.from_json_bytes(d.to_json_bytes(), "x") == d
+
+
+def test_usage_records_are_merged(setup) -> None:
+    collector, drop_dir, lines, _ = setup
+    _put(drop_dir, _cred(_drop()), "a" * 32)  # samples make the GPU profile
+    collector.collect()
+    gpu = dataclasses.replace(_drop(), samples=(), usage=(_usage(),))
+    cpu = Drop("workload:1000:stream", "gpu1", (), NOW_S, cpu_usage=_cpu())
+    _put(drop_dir, _cred(gpu, host="10.0.0.6"), "b" * 32)
+    _put(drop_dir, _cred(cpu, host="10.0.0.7"), "c" * 32)
+    stats = collector.collect()
+    assert (stats.accepted, stats.refused) == (2, 0)
+    prof = collector.store.read(SIG)
+    assert prof is not None and prof.usage == (_usage(),) and prof.n_samples == 3
+    stream = collector.store.read("workload:1000:stream")
+    assert stream is not None and stream.cpu_usage == _cpu() and stream.confidence == 0.0
+    assert any("GPU usage on a100 of workload:1000:train from node gpu1 merged" in x for x in lines)
+    assert any("4.00 GB/s per CPU over 30 ticks" in x for x in lines)
+
+
+def test_gpu_usage_without_a_profile_is_said_and_not_kept(setup) -> None:
+    collector, drop_dir, lines, _ = setup
+    _put(drop_dir, _cred(dataclasses.replace(_drop(), samples=(), usage=(_usage(),))))
+    stats = collector.collect()
+    assert stats.accepted == 1 and collector.store.read(SIG) is None
+    assert "not merged: no profile for it" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"usage": [], "cpu_usage": None}, "no samples and no usage record"),
+        ({"cpu_usage": {"mem_bw_bytes_per_s_per_cpu": -1.0, "ticks": 1}}, "cpu_usage"),
+        ({"usage": [{"gpu_model": "a100"}] * 17}, "usage must be a list of at most 16"),
+        ({"usage": None}, "usage must be a list"),
+        ({"format_version": 3}, "format_version 3 is not 1 to 2"),
+        ({"format_version": True}, "format_version True"),
+    ],
+)
+def test_bad_usage_payloads_are_refused(setup, change: dict, why: str) -> None:
+    collector, drop_dir, lines, _ = setup
+    d = json.loads(dataclasses.replace(_drop(), samples=(), cpu_usage=_cpu()).to_json_bytes())
+    d.update(change)
+    cred = f"0|10.0.0.5|{int(NOW_S)}|".encode() + json.dumps(d).encode()
+    _put(drop_dir, cred)
+    stats = collector.collect()
+    assert (stats.accepted, stats.refused) == (0, 1)
+    assert why in lines[-1] and collector.store.read(SIG) is None
+
+
+def test_version_1_needs_samples_and_knows_no_usage(setup) -> None:
+    collector, drop_dir, lines, _ = setup
+    d = json.loads(_drop().to_json_bytes())
+    d["samples"] = []
+    _put(drop_dir, f"0|10.0.0.5|{int(NOW_S)}|".encode() + json.dumps(d).encode(), "a" * 32)
+    d = json.loads(_drop().to_json_bytes())
+    d["cpu_usage"] = None
+    _put(drop_dir, f"0|10.0.0.6|{int(NOW_S)}|".encode() + json.dumps(d).encode(), "b" * 32)
+    stats = collector.collect()
+    assert stats.refused == 2
+    assert any("samples must be a list of 1 to" in x for x in lines)
+    assert any("unknown keys ['cpu_usage']" in x for x in lines)

@@ -1,8 +1,9 @@
 """Node profiles through a drop directory, vouched for by munge (``ProfilePublish=munge``).
 
 On NFS with ``root_squash`` a node daemon cannot write the root-owned profile store. Instead
-it encodes what it would merge (the samples of one probing run, the signature, the node) as
-a munge credential and drops it into ``ProfileDropDir``, a spool anyone may write. On the
+it encodes what it would merge (the samples of one probing run, or the usage records of one
+job: GPU usage per GPU model, a CPU job's memory bandwidth; with the signature and the node)
+as a munge credential and drops it into ``ProfileDropDir``, a spool anyone may write. On the
 controller :class:`Collector` (``coda-slurm profiles collect``) decodes each file with
 unmunge and merges the samples into the store it owns, only when munge says the credential
 was made by an accepted uid (``ProfileDropUids``, root) on a host that is a node of this
@@ -51,16 +52,28 @@ from typing import Any
 
 from slurm_plugin.store import munge
 from slurm_plugin.store.profiles import (
+    CpuUsageRecord,
     LogFn,
     ProfileFormatError,
     ProfileStore,
     Sample,
     StoreError,
+    UsageRecord,
+    cpu_usage_from_json_dict,
+    cpu_usage_to_json_dict,
     signature_problem,
+    usage_from_json_dict,
+    usage_to_json_dict,
 )
 
 DROP_FORMAT = "coda-drop"
-DROP_FORMAT_VERSION = 1
+DROP_FORMAT_VERSION = 2
+"""Version 2 added ``usage`` and ``cpu_usage`` (usage records; ``samples`` may then be
+empty). A drop with samples only is written as version 1, which every collector reads."""
+_V1_KEYS = frozenset({"format", "format_version", "signature", "node", "made_unix_s", "samples"})
+_V2_KEYS = _V1_KEYS | {"usage", "cpu_usage"}
+MAX_DROP_USAGE = 16
+"""GPU usage records one drop may carry (one per GPU model)."""
 
 #: A drop file larger than this is refused unread. A credential of the largest payload we
 #: write (:data:`MAX_DROP_SAMPLES` samples, ~150 bytes each as JSON, base64 in the armor) is
@@ -89,25 +102,30 @@ class DropError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """What one credential carries: samples of one probing run for one signature."""
+    """What one credential carries for one signature: samples of one probing run, or a
+    job's usage records."""
 
     signature: str
     node: str
     samples: tuple[Sample, ...]
     made_unix_s: float
+    usage: tuple[UsageRecord, ...] = ()
+    cpu_usage: CpuUsageRecord | None = None
 
     def to_json_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "format": DROP_FORMAT,
-                "format_version": DROP_FORMAT_VERSION,
-                "signature": self.signature,
-                "node": self.node,
-                "made_unix_s": self.made_unix_s,
-                "samples": [s.to_json_dict() for s in self.samples],
-            },
-            separators=(",", ":"),
-        ).encode("utf-8")
+        d: dict[str, Any] = {
+            "format": DROP_FORMAT,
+            "format_version": 1,
+            "signature": self.signature,
+            "node": self.node,
+            "made_unix_s": self.made_unix_s,
+            "samples": [s.to_json_dict() for s in self.samples],
+        }
+        if self.usage or self.cpu_usage is not None:
+            d["format_version"] = DROP_FORMAT_VERSION
+            d["usage"] = [usage_to_json_dict(u) for u in self.usage]
+            d["cpu_usage"] = cpu_usage_to_json_dict(self.cpu_usage)
+        return json.dumps(d, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
     @classmethod
     def from_json_bytes(cls, raw: bytes, where: str) -> Drop:
@@ -118,15 +136,20 @@ class Drop:
             raise ProfileFormatError(where, f"payload is not JSON: {exc}") from None
         if not isinstance(d, dict) or d.get("format") != DROP_FORMAT:
             raise ProfileFormatError(where, f'payload is not a "{DROP_FORMAT}" object')
-        if d.get("format_version") != DROP_FORMAT_VERSION:
+        version = d.get("format_version")
+        if isinstance(version, bool) or version not in (1, DROP_FORMAT_VERSION):
             raise ProfileFormatError(
                 where,
-                f"payload format_version {d.get('format_version')!r} is not "
+                f"payload format_version {version!r} is not 1 to "
                 f"{DROP_FORMAT_VERSION}: run the same coda version on nodes and controller",
             )
-        extra = set(d) - {"format", "format_version", "signature", "node", "made_unix_s", "samples"}
+        keys = _V1_KEYS if version == 1 else _V2_KEYS
+        extra = set(d) - keys
         if extra:
             raise ProfileFormatError(where, f"payload has unknown keys {sorted(extra)}")
+        missing = keys - set(d)
+        if missing:
+            raise ProfileFormatError(where, f"payload lacks keys {sorted(missing)}")
         problem = signature_problem(d.get("signature"))
         if problem:
             raise ProfileFormatError(where, problem)
@@ -137,12 +160,26 @@ class Drop:
         if isinstance(made, bool) or not isinstance(made, int | float) or not made >= 0:
             raise ProfileFormatError(where, f"made_unix_s {made!r} is not a time")
         raw_samples = d.get("samples")
-        if not isinstance(raw_samples, list) or not 1 <= len(raw_samples) <= MAX_DROP_SAMPLES:
-            raise ProfileFormatError(where, f"samples must be a list of 1 to {MAX_DROP_SAMPLES}")
+        least = 1 if version == 1 else 0
+        if not isinstance(raw_samples, list) or not least <= len(raw_samples) <= MAX_DROP_SAMPLES:
+            raise ProfileFormatError(
+                where, f"samples must be a list of {least} to {MAX_DROP_SAMPLES}"
+            )
         samples = tuple(
             Sample.from_json_dict(s, where, f"samples[{i}]") for i, s in enumerate(raw_samples)
         )
-        return cls(d["signature"], node, samples, float(made))
+        if version == 1:
+            return cls(d["signature"], node, samples, float(made))
+        raw_usage = d["usage"]
+        if not isinstance(raw_usage, list) or len(raw_usage) > MAX_DROP_USAGE:
+            raise ProfileFormatError(where, f"usage must be a list of at most {MAX_DROP_USAGE}")
+        usage = tuple(
+            usage_from_json_dict(u, where, f"usage[{i}]") for i, u in enumerate(raw_usage)
+        )
+        cpu_usage = cpu_usage_from_json_dict(d["cpu_usage"], where)
+        if not samples and not usage and cpu_usage is None:
+            raise ProfileFormatError(where, "payload carries no samples and no usage record")
+        return cls(d["signature"], node, samples, float(made), usage, cpu_usage)
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,13 +476,7 @@ class Collector:
                 credential = self._read_capped(fd, st)
                 drop_, key = self._check(credential, where, seen, now_s)
                 try:
-                    profile = self.store.merge_samples(
-                        drop_.signature,
-                        drop_.samples,
-                        refit=self._refit,
-                        source=f"coda-node:{drop_.node}",
-                        now_unix_s=now_s,
-                    )
+                    merged = self._merge(drop_, now_s)
                 except (ProfileFormatError, ValueError) as exc:
                     raise _Refused(f"cannot merge into the store: {exc}") from None
                 except (StoreError, OSError):
@@ -459,15 +490,42 @@ class Collector:
             else:
                 stats.accepted += 1
                 stats.samples += len(drop_.samples)
-                self.log(
-                    "info",
-                    f"drop {where}: {len(drop_.samples)} samples of {drop_.signature} "
-                    f"from node {drop_.node} merged: {profile.cpus_per_gpu} cores/GPU at "
-                    f"confidence {profile.confidence:.2f} from {profile.n_samples} samples",
-                )
+                self.log("info", f"drop {where}: {merged}")
             self._unlink_if_same(dir_fd, name, st)
         finally:
             os.close(fd)
+
+    def _merge(self, drop_: Drop, now_s: float) -> str:
+        """Merge what ``drop_`` carries into the store; what was merged, for the log."""
+        said: list[str] = []
+        if drop_.samples:
+            profile = self.store.merge_samples(
+                drop_.signature,
+                drop_.samples,
+                refit=self._refit,
+                source=f"coda-node:{drop_.node}",
+                now_unix_s=now_s,
+            )
+            said.append(
+                f"{len(drop_.samples)} samples of {drop_.signature} from node {drop_.node} "
+                f"merged: {profile.cpus_per_gpu} cores/GPU at confidence "
+                f"{profile.confidence:.2f} from {profile.n_samples} samples"
+            )
+        for record in drop_.usage:
+            got = self.store.merge_usage(drop_.signature, record)
+            model = record.gpu_model or "an unknown GPU model"
+            said.append(
+                f"GPU usage on {model} of {drop_.signature} from node {drop_.node} "
+                + ("merged" if got is not None else "not merged: no profile for it")
+            )
+        if drop_.cpu_usage is not None:
+            self.store.merge_cpu_usage(drop_.signature, drop_.cpu_usage)
+            said.append(
+                f"CPU memory bandwidth of {drop_.signature} from node {drop_.node} merged: "
+                f"{drop_.cpu_usage.mem_bw_bytes_per_s_per_cpu / 1e9:.2f} GB/s per CPU over "
+                f"{drop_.cpu_usage.ticks} ticks"
+            )
+        return "; ".join(said)
 
     def _read_capped(self, fd: int, st: os.stat_result) -> bytes:
         if st.st_size > MAX_DROP_FILE_BYTES:
