@@ -373,3 +373,23 @@ def test_show_and_import_usage_records(tmp_path: Path) -> None:
     assert r.rc == 1
     assert "usage[0].gpu_util must be a number within 0..1" in r.err
     assert files(root) == [f"{profile_stem('workload:*:resnet50')}.json"]
+
+
+def test_show_and_import_a_cpu_workloads_bandwidth(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    cpu_usage = {
+        "mem_bw_bytes_per_s_per_cpu": 4.5e9,
+        "ticks": 90,
+        "updated_unix_s": time.time() - 300,
+    }
+    entry = profile("workload:*:stream").to_json_dict() | {"cpu_usage": cpu_usage}
+    r = cli("--store", str(root), "import", "-", input=json.dumps(entry))
+    assert r.rc == 0, r.err
+    r = cli("--store", str(root), "show", "stream")
+    assert r.rc == 0, r.err
+    said = "As a CPU job: memory bandwidth 4.50 GB/s per CPU over 90 ticks (updated 5m ago)"
+    assert said in r.out
+    cpu_usage["ticks"] = 0
+    bad = profile("workload:*:etl").to_json_dict() | {"cpu_usage": cpu_usage}
+    r = cli("--store", str(root), "import", "-", input=json.dumps(bad))
+    assert r.rc == 1 and "cpu_usage.ticks" in r.err

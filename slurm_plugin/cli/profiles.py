@@ -363,6 +363,14 @@ def show_cmd(key: str, as_json: bool) -> None:
         ]
         headers = ["GPU MODEL", "GPU UTIL", "MEM BW", "PCIE/GPU", "ITER/S/GPU", "TICKS", "UPDATED"]
         click.echo(format_table(headers, rows, right={1, 2, 3, 4, 5}))
+    if p.cpu_usage is not None:
+        # What MemBwSpreadGres reads: the workload as a CPU job.
+        c = p.cpu_usage
+        click.echo("")
+        click.echo(
+            f"As a CPU job: memory bandwidth {_gb(c.mem_bw_bytes_per_s_per_cpu)} per CPU over "
+            f"{c.ticks} ticks (updated {format_age(now - c.updated_unix_s)})"
+        )
 
 
 def _gb(bytes_per_s: float) -> str:
