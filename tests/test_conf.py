@@ -292,7 +292,7 @@ def test_read_slurm_nodes(tmp_path: Path) -> None:
     nodes = read_slurm_nodes(_write_cluster(tmp_path))
     assert nodes == (
         NodeShape("gpu[01-04]", 64, 4, 4),
-        NodeShape("mig01", 64, 9, 1),
+        NodeShape("mig01", 64, 9, 1, gres=(("shard", 8),)),
         NodeShape("cpu[01-10]", 128, 0, 10),
         NodeShape("old[1-2]", 8, 2, 2),  # later DEFAULT gives Gres=gpu:2
         NodeShape("board1", 16, 3, 1),

@@ -14,7 +14,8 @@ in ``\\`` continues on the next.  Unknown keys are errors (``coda.conf:7: unknow
 defined once, as a :class:`CodaConfig` field that carries its name, value syntax, default,
 parser and help; :data:`CONFIG_KEYS` lists them.
 
-Only :func:`load_config` and :func:`read_slurm_nodes` read files; everything else is pure.
+Only :func:`load_config`, :func:`read_slurm_nodes` and :func:`read_slurm_conf` read files;
+everything else is pure.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ __all__ = [
     "ConfigError",
     "KeySpec",
     "NodeShape",
+    "PartitionShape",
     "count_hostlist",
     "expand_hostlist",
     "load_config",
     "parse_config",
+    "read_slurm_conf",
     "read_slurm_nodes",
     "split_outside",
 ]
@@ -572,6 +575,32 @@ class CodaConfig:
         "h100:gpu_h100,a100:gpu_a100); a type not listed uses its own name as the feature.",
     )
     """``(type, node feature)`` pairs; a type not listed is its own feature."""
+    mem_bw_spread_gres: str | None = _key(
+        "MemBwSpreadGres",
+        "name or empty",
+        "",
+        _gres_name,
+        "Count-only GRES (its per-node count = the node's memory bandwidth in "
+        "MemBwUnitBytesPerS units) that memory-bound CPU jobs ask for in proportion to their "
+        "measured bandwidth; CPU-only jobs get a coda record so coda-node measures them; "
+        "empty = off.",
+    )
+    """Count-only memory-bandwidth GRES of CPU-only jobs; None = off."""
+    mem_bw_heavy_bytes_per_s_per_cpu: float = _key(
+        "MemBwHeavyBytesPerSPerCpu",
+        "float",
+        "2e9",
+        _positive_float,
+        "A CPU job is memory-bound when its measured memory bandwidth per allocated CPU "
+        "reaches this many bytes/s; lighter jobs ask for no MemBwSpreadGres (> 0).",
+    )
+    mem_bw_unit_bytes_per_s: float = _key(
+        "MemBwUnitBytesPerS",
+        "float",
+        "1e9",
+        _positive_float,
+        "Bytes/s one unit of MemBwSpreadGres stands for (> 0).",
+    )
     cpu_job_partitions: tuple[str, ...] = _key(
         "CpuJobPartitions",
         "list",
@@ -1127,9 +1156,24 @@ class NodeShape:
     features: tuple[str, ...] = ()
     """The node's ``Feature=`` (or ``Features=``) list; the hook only sets ``--prefer`` to
     one of these (Slurm rejects a job preferring a feature no node has)."""
+    gres: tuple[tuple[str, int], ...] = ()
+    """Every GRES of ``Gres=`` but ``gpu`` and its count per node (types summed), e.g.
+    ``(("membw", 200), ("pcie", 2))``; an entry whose count cannot be read is left out."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionShape:
+    """One ``PartitionName=`` line of slurm.conf."""
+
+    name: str
+    nodes: str
+    """The ``Nodes=`` value as written (``gpu[01-04]``, ``ALL``); "" when none."""
+    default: bool
+    """``Default=YES``: the partition of jobs submitted without ``--partition``."""
 
 
 _NODENAME_LINE = re.compile(r"\s*nodename\s*=", re.IGNORECASE)
+_PARTITIONNAME_LINE = re.compile(r"\s*partitionname\s*=", re.IGNORECASE)
 _INCLUDE_LINE = re.compile(r"\s*include\s+(.+)", re.IGNORECASE)
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -1221,7 +1265,14 @@ def expand_hostlist(expr: str) -> list[str]:
 
 def _gres_gpus(gres: str) -> int:
     """GPUs in a node's ``Gres=`` value (``gpu:a100:4,gpu:v100:2(S:0-1),shard:8`` is 6)."""
-    total = 0
+    return _gres_counts(gres).get("gpu", 0)
+
+
+def _gres_counts(gres: str) -> dict[str, int]:
+    """Count per GRES name in a node's ``Gres=`` value, types summed
+    (``gpu:a100:4,gpu:v100:2(S:0-1),shard:8`` is ``{"gpu": 6, "shard": 8}``). ValueError for
+    a GPU count that cannot be read; another GRES whose count cannot be read is left out."""
+    counts: dict[str, int] = {}
     for item in gres.split(","):
         item = item.strip()
         paren = item.find("(")
@@ -1230,7 +1281,8 @@ def _gres_gpus(gres: str) -> int:
         fields = item.split(":")
         if fields[0] == "gres" and len(fields) > 1:
             del fields[0]
-        if fields[0] != "gpu":
+        name = fields[0]
+        if not name:
             continue
         count = 1
         if len(fields) > 1:
@@ -1238,9 +1290,11 @@ def _gres_gpus(gres: str) -> int:
             if m is not None:
                 count = int(m.group(1)) * _GRES_MULT[m.group(2).lower()]
             elif len(fields) > 2 or not fields[-1]:
-                raise ValueError(f"bad GPU count in Gres={gres!r}")
-        total += count
-    return total
+                if name == "gpu":
+                    raise ValueError(f"bad GPU count in Gres={gres!r}")
+                continue
+        counts[name] = counts.get(name, 0) + count
+    return counts
 
 
 def _node_int(params: dict[str, str], key: str, default: int) -> int:
@@ -1266,10 +1320,13 @@ def _node_shape(params: dict[str, str]) -> NodeShape:
             * _node_int(params, "corespersocket", 1)
             * _node_int(params, "threadspercore", 1)
         )
-    gpus = _gres_gpus(params["gres"]) if params.get("gres") else 0
+    counts = _gres_counts(params["gres"]) if params.get("gres") else {}
+    gpus = counts.pop("gpu", 0)
     feature_list = params.get("feature") or params.get("features") or ""
     features = tuple(dict.fromkeys(f.strip() for f in feature_list.split(",") if f.strip()))
-    return NodeShape(names, cpus, gpus, count_hostlist(names), features)
+    return NodeShape(
+        names, cpus, gpus, count_hostlist(names), features, tuple(sorted(counts.items()))
+    )
 
 
 def _read_slurm_file(
@@ -1278,6 +1335,7 @@ def _read_slurm_file(
     nodes: list[NodeShape],
     defaults: dict[str, str],
     stack: tuple[Path, ...],
+    partitions: list[PartitionShape] | None = None,
 ) -> None:
     if len(stack) > _MAX_INCLUDE_DEPTH:
         raise ConfigError(str(path), None, "Include nested too deeply")
@@ -1290,7 +1348,10 @@ def _read_slurm_file(
         include = _INCLUDE_LINE.fullmatch(line)
         if include is not None:
             for included in _include_targets(include.group(1).strip(), base_dir, source, lineno):
-                _read_slurm_file(included, base_dir, nodes, defaults, stack)
+                _read_slurm_file(included, base_dir, nodes, defaults, stack, partitions)
+            continue
+        if partitions is not None and _PARTITIONNAME_LINE.match(line) is not None:
+            _read_partition(line, source, lineno, partitions)
             continue
         if _NODENAME_LINE.match(line) is None:
             continue
@@ -1306,6 +1367,17 @@ def _read_slurm_file(
             nodes.append(_node_shape({**defaults, **params}))
         except ValueError as exc:
             raise ConfigError(source, lineno, f"NodeName={name}: {exc}") from None
+
+
+def _read_partition(line: str, source: str, lineno: int, partitions: list[PartitionShape]) -> None:
+    params = {key.lower(): value for key, value in _tokenize(line, source, lineno)}
+    name = params.get("partitionname", "")
+    if not name:
+        raise ConfigError(source, lineno, "PartitionName without a value")
+    if name.upper() == "DEFAULT":
+        return  # its Nodes= would be every partition's; not needed here
+    default = params.get("default", "").upper() == "YES"
+    partitions.append(PartitionShape(name, params.get("nodes", ""), default))
 
 
 def _include_targets(spec: str, base_dir: Path, source: str, lineno: int) -> list[Path]:
@@ -1331,3 +1403,13 @@ def read_slurm_nodes(path: Path) -> tuple[NodeShape, ...]:
     nodes: list[NodeShape] = []
     _read_slurm_file(path, path.parent, nodes, {}, ())
     return tuple(nodes)
+
+
+def read_slurm_conf(path: Path) -> tuple[tuple[NodeShape, ...], tuple[PartitionShape, ...]]:
+    """The ``NodeName=`` lines (as :func:`read_slurm_nodes`) and the ``PartitionName=``
+    lines of slurm.conf at ``path`` (``PartitionName=DEFAULT`` is skipped).  Raises
+    :class:`ConfigError`."""
+    nodes: list[NodeShape] = []
+    partitions: list[PartitionShape] = []
+    _read_slurm_file(path, path.parent, nodes, {}, (), partitions)
+    return tuple(nodes), tuple(partitions)

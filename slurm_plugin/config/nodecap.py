@@ -9,9 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from slurm_plugin.config.codaconf import ConfigError, NodeShape, read_slurm_nodes
+from slurm_plugin.config.codaconf import (
+    ConfigError,
+    NodeShape,
+    PartitionShape,
+    expand_hostlist,
+    read_slurm_conf,
+)
 
-__all__ = ["NodeCap", "max_cpus_per_gpu_on_any_node", "node_share_cpus_per_gpu"]
+__all__ = [
+    "NodeCap",
+    "gres_units_per_node",
+    "max_cpus_per_gpu_on_any_node",
+    "node_share_cpus_per_gpu",
+]
 
 
 def max_cpus_per_gpu_on_any_node(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
@@ -40,23 +51,80 @@ def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> i
     return max(1, min(shares)) if shares else None
 
 
+def gres_units_per_node(
+    nodes: Iterable[NodeShape],
+    partitions: Iterable[PartitionShape],
+    gres: str,
+    partition: str | None,
+) -> int | None:
+    """The most units of the count-only GRES ``gres`` a job may ask per node and still be
+    accepted wherever it could run before: the smallest per-node count of ``gres`` over
+    every node of every partition in ``partition`` (a comma-separated list as submitted;
+    None or "" = the ``Default=YES`` partition).
+
+    None when that cannot be known or is not safe: no such partition in slurm.conf, a
+    partition whose ``Nodes=`` names a node slurm.conf does not define (a NodeSet, a
+    feature), or a node without ``gres``.  Slurm refuses a job asking for a GRES that no
+    node of its partition has, so the caller then asks for none.
+    """
+    by_name = {p.name: p for p in partitions}
+    if partition:
+        names = [p for p in partition.split(",") if p]
+    else:
+        names = [p.name for p in by_name.values() if p.default][:1]
+    if not names:
+        return None
+    counts: dict[str, int] = {}
+    for node in nodes:
+        count = dict(node.gres).get(gres, 0)
+        try:
+            hosts = expand_hostlist(node.names)
+        except ValueError:
+            return None
+        for host in hosts:
+            counts[host] = count
+    least: int | None = None
+    for name in names:
+        part = by_name.get(name)
+        if part is None or not part.nodes:
+            return None
+        try:
+            hosts = list(counts) if part.nodes.upper() == "ALL" else expand_hostlist(part.nodes)
+        except ValueError:
+            return None
+        for host in hosts:
+            count = counts.get(host, 0)
+            if count < 1:
+                return None
+            least = count if least is None else min(least, count)
+    return least
+
+
 class NodeCap:
     """``cap(gpus_per_node)`` -> the most cores per GPU any node with that many GPUs has;
     ``cap.share(gpus_per_node)`` -> a GPU's even share of cores on the leanest such node
     (``DefaultCpusPerGpu=share``)."""
 
-    __slots__ = ("_cache", "_share_cache", "nodes", "source")
+    __slots__ = ("_cache", "_gres_cache", "_share_cache", "nodes", "partitions", "source")
 
-    def __init__(self, nodes: tuple[NodeShape, ...], source: str) -> None:
+    def __init__(
+        self,
+        nodes: tuple[NodeShape, ...],
+        source: str,
+        partitions: tuple[PartitionShape, ...] = (),
+    ) -> None:
         self.nodes = nodes
+        self.partitions = partitions
         self.source = source
         self._cache: dict[int, int | None] = {}
         self._share_cache: dict[int, int | None] = {}
+        self._gres_cache: dict[tuple[str, str | None], int | None] = {}
 
     @classmethod
     def from_slurm_conf(cls, path: Path, log: Callable[[str, str], None]) -> NodeCap:
+        partitions: tuple[PartitionShape, ...] = ()
         try:
-            nodes = read_slurm_nodes(path)
+            nodes, partitions = read_slurm_conf(path)
         except (OSError, ConfigError) as exc:
             # Without node shapes the hook still clamps to MaxCpusPerGpu.
             log(
@@ -65,13 +133,25 @@ class NodeCap:
                 "cores per GPU are capped by MaxCpusPerGpu only",
             )
             nodes = ()
-        return cls(nodes, str(path))
+        return cls(nodes, str(path), partitions)
 
     def __call__(self, gpus_per_node: int) -> int | None:
         return self._cached(self._cache, max_cpus_per_gpu_on_any_node, gpus_per_node)
 
     def share(self, gpus_per_node: int) -> int | None:
         return self._cached(self._share_cache, node_share_cpus_per_gpu, gpus_per_node)
+
+    def gres_units(self, gres: str, partition: str | None) -> int | None:
+        """:func:`gres_units_per_node` for these nodes and partitions, once per
+        (GRES, partition list)."""
+        key = (gres, partition)
+        try:
+            return self._gres_cache[key]
+        except KeyError:
+            got = gres_units_per_node(self.nodes, self.partitions, gres, partition)
+            if len(self._gres_cache) < 4096:  # partition strings are the user's: bounded
+                self._gres_cache[key] = got
+            return got
 
     def _cached(
         self,

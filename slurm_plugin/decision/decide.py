@@ -24,8 +24,10 @@ Admin record (``Decision.admin_comment``): one token, its format in
 :mod:`slurm_plugin.slurm.adminrecord`; :func:`parse_admin_record` reads it back.  Jobs
 CODA skips for good (CPU-only, Mode=off, partition filter, coda:off, malformed TRES,
 reject) get no record; an unknown workload's skip does, so node daemons can profile it.
-A CPU-only job routed by ``CpuJobPartitions`` gets no record either (it has no workload
-to profile): its log line says ``part=<list>``, and ``scontrol show job`` shows the list.
+A CPU-only job routed by ``CpuJobPartitions`` gets no record either: its log line says
+``part=<list>``, and ``scontrol show job`` shows the list.  With ``MemBwSpreadGres`` set,
+CPU-only jobs do get one (``action=skip;src=none;gpn=0``), so that coda-node measures the
+memory bandwidth of their workload.
 
 Placement (:mod:`slurm_plugin.decision.placement`, each off until its coda.conf key is set; only
 in Mode=enforce, for jobs CODA manages and that did not say ``coda:off``):
@@ -35,7 +37,11 @@ in Mode=enforce, for jobs CODA manages and that did not say ``coda:off``):
   already asks for that GRES);
 * ``PreferGpuTypes``: a GPU job that names no GPU type and set no ``--prefer`` gets
   ``--prefer=<feature>`` of the GPU type it gains most (or least) from;
-* ``CpuJobPartitions``: a CPU-only job without ``--partition`` gets that list.
+* ``CpuJobPartitions``: a CPU-only job without ``--partition`` gets that list;
+* ``MemBwSpreadGres``: a CPU-only job whose workload was measured memory-bound gets
+  ``gres<sep><name>:<units>`` (:func:`~slurm_plugin.decision.placement.membw_units`) appended
+  to its ``tres_per_node``, at most the smallest count any node of its partitions has, and
+  only when every node of them has the GRES (Slurm refuses a GRES its partition lacks).
 
 GPUs per node, from the first of these that asks for GPUs:
 
@@ -240,6 +246,8 @@ def decide(
     *,
     node_features: Collection[str] | None = None,
     node_share: Callable[[int], int | None] | None = None,
+    gres_units: Callable[[str, str | None], int | None] | None = None,
+    gres_sep: str = ":",
 ) -> Decision:
     """The decision for one submitted job (rules in the module docstring).
 
@@ -251,11 +259,16 @@ def decide(
     prefers a feature no node has ("Invalid preferred feature specification").  None = do
     not check (tools and tests).  ``node_share(gpus_per_node)``: a GPU's even share of
     cores on the leanest node that can hold the job, for ``DefaultCpusPerGpu=share`` (None,
-    or no callable: no default).
+    or no callable: no default).  ``gres_units(gres, partitions)``: the most units of a
+    count-only GRES the job may ask per node in those partitions (None: ask for none; no
+    callable: never ask), for ``MemBwSpreadGres``; ``gres_sep``: how the running Slurm
+    spells a GRES, for a CPU-only job whose request shows no spelling.
     """
     if cfg.mode == "off":
         return _skip(req, "Mode=off")
     admitted = _admit(req, cfg)
+    if isinstance(admitted, _CpuOnly):
+        return _cpu_job(req, cfg, profiles, gres_units, gres_sep)
     if isinstance(admitted, Decision):
         return admitted
 
@@ -305,11 +318,16 @@ class _Admitted:
     directives: Directives
 
 
-def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | Decision:
+@dataclass(frozen=True, slots=True)
+class _CpuOnly:
+    """A job that asks for no GPU (:func:`_cpu_job` decides it)."""
+
+
+def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | _CpuOnly | Decision:
     """The checks a job passes before CODA decides its CPUs: a GPU request that parses and
     asks for GPUs, CPU fields it understands, managed partitions, ``coda:`` directives that
-    parse and do not say ``coda:off``.  The Decision (skip, reject, a CPU-only job's route)
-    of the first check that fails."""
+    parse and do not say ``coda:off``.  The Decision (skip, reject) of the first check that
+    fails; :class:`_CpuOnly` for a job that asks for no GPU."""
     try:
         gpus = (
             gpu_count(req.tres_per_node),
@@ -323,9 +341,7 @@ def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | Decision:
     except TresError as exc:
         return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
     if not any(gpus):
-        if cfg.cpu_job_partitions and not req.partition:
-            return _route_cpu_job(req, cfg)
-        return _skip(req, "no GPUs requested")
+        return _CpuOnly()
     if not (_set16(req.cpus_per_task) or req.cpus_per_task == NO_VAL16):
         # 0 or INFINITE16: no --cpus-per-task sbatch sends; Slurm decides what it means.
         return _skip(req, f"cpus_per_task={req.cpus_per_task} not understood, job left unchanged")
@@ -715,21 +731,121 @@ def _names_gpu_type(req: JobRequest) -> bool:
     )
 
 
-def _route_cpu_job(req: JobRequest, cfg: CodaConfig) -> Decision:
-    """A CPU-only job without ``--partition``, CpuJobPartitions set: offer it the list.
+def _cpu_job(
+    req: JobRequest,
+    cfg: CodaConfig,
+    profiles: Mapping[str, ProfileView],
+    gres_units: Callable[[str, str | None], int | None] | None,
+    gres_sep: str,
+) -> Decision:
+    """A CPU-only job: its route (``CpuJobPartitions``) and, with ``MemBwSpreadGres``, an
+    admin record (so coda-node measures its memory bandwidth) and its share of the
+    memory-bandwidth GRES once measured.
 
-    ``coda:off`` opts out.  A malformed directive is not refused on a CPU job (there is no
-    GPU decision it could mean); the job then passes unrouted, as without this option.
+    ``coda:off`` opts out of both.  A malformed directive is not refused on a CPU job (there
+    is no GPU decision it could mean); the job then passes as without these options.  A
+    partition in ``ExcludePartitions`` is left alone; ``Partitions`` (the GPU partitions
+    CODA manages) does not apply to CPU jobs.
     """
     try:
-        off = parse_coda_directives(req.comment).off
+        directives: Directives | None = parse_coda_directives(req.comment)
     except DirectiveError:
-        off = True
-    route = placement.route_cpu_job(req.partition, cfg.cpu_job_partitions)
-    if off or route is None:
+        directives = None
+    if directives is None or directives.off:
         return _skip(req, "no GPUs requested")
-    if cfg.mode == "advise":
-        return _skip(req, f"no GPUs requested; would route to partitions {route} (advise mode)")
+    route = placement.route_cpu_job(req.partition, cfg.cpu_job_partitions)
+    advise = cfg.mode == "advise"
+    gres = cfg.mem_bw_spread_gres
+    parts = route or req.partition
+    excluded = parts is not None and any(p in cfg.exclude_partitions for p in parts.split(",") if p)
+    if gres is None or excluded:
+        if route is None:
+            return _skip(req, "no GPUs requested")
+        if advise:
+            return _skip(req, f"no GPUs requested; would route to partitions {route} (advise mode)")
+        return _routed(req, route)
+    sig = workload_signature(req.uid, req.job_name, req.script, directives, cfg.signature_ignore)
+    nodes = req.min_nodes if _set32(req.min_nodes) else 1
+    cpus = (req.cpus_per_task if _set16(req.cpus_per_task) else 1) * job_tasks_per_node(req, nodes)
+    units, why = _membw_request(req, cfg, sig, profiles, cpus, gres_units, gres, parts)
+    new_tres: str | None = None
+    tokens = ""
+    msgs: list[str] = []
+    if units:
+        item = f"gres{gres_sep}{gres}:{units}"
+        tokens = f";{'would-' if advise else ''}membw={units}"
+        if not advise:
+            new_tres = f"{req.tres_per_node},{item}" if req.tres_per_node else item
+            msgs.append(f"{item} per node ({why})")
+    if route is not None and not advise:
+        msgs.insert(
+            0,
+            f"CPU-only job offered partitions {route} (it starts in whichever can run "
+            "it first; coda:off in --comment opts out)",
+        )
+    admin = f"{ADMIN_PREFIX}{sig.key};cpg=;was=;action=skip;src=none;gpn=0;nodes={nodes}{tokens}"
+    part_log = f" part={route}" if route is not None and not advise else ""
+    reason = f"CPU-only job; {why}"
+    return Decision(
+        action="skip",
+        cpus_per_tres=None,
+        clear_cpus_per_task=False,
+        user_msg="coda: " + "; ".join(msgs) if msgs else None,
+        log_msg=f"coda: {_job_label(req)} sig={sig.key} action=skip{part_log}"
+        f"{tokens.replace(';', ' ')}: {reason}",
+        admin_comment=admin,
+        reason=reason,
+        partition=None if advise else route,
+        tres_per_node=new_tres,
+    )
+
+
+def _membw_request(
+    req: JobRequest,
+    cfg: CodaConfig,
+    sig: Signature,
+    profiles: Mapping[str, ProfileView],
+    cpus: int,
+    gres_units: Callable[[str, str | None], int | None] | None,
+    gres: str,
+    partitions: str | None,
+) -> tuple[int, str]:
+    """``(units of the memory-bandwidth GRES per node, why)`` for a CPU-only job; 0 units
+    when it asks for none."""
+    view = profiles.get(sig.key)
+    record = view.cpu_usage if view is not None else None
+    gkey = global_key(sig)
+    if record is None and gkey is not None:
+        shared = profiles.get(gkey)
+        record = shared.cpu_usage if shared is not None else None
+    if record is None:
+        return 0, "memory bandwidth not measured yet"
+    bw = record.mem_bw_bytes_per_s_per_cpu
+    measured = f"{bw / 1e9:.1f} GB/s per CPU over {record.ticks} ticks"
+    if bw < cfg.mem_bw_heavy_bytes_per_s_per_cpu:
+        return 0, f"not memory-bound ({measured})"
+    try:
+        tres = parse_tres(req.tres_per_node)
+    except TresError:
+        return 0, "tres_per_node not understood"
+    if any(item.name == gres for item in tres):
+        return 0, f"asked for {gres} itself"
+    cap = gres_units(gres, partitions) if gres_units is not None else None
+    if cap is None:
+        where = f"partitions {partitions}" if partitions else "the default partition"
+        return 0, f"memory-bound ({measured}) but not every node of {where} has {gres}"
+    units = placement.membw_units(
+        bw,
+        cpus,
+        heavy_bytes_per_s_per_core=cfg.mem_bw_heavy_bytes_per_s_per_cpu,
+        unit_bytes_per_s=cfg.mem_bw_unit_bytes_per_s,
+        node_units=cap,
+    )
+    return units, f"memory-bound: {measured}, {cpus} CPUs per node"
+
+
+def _routed(req: JobRequest, route: str) -> Decision:
+    """A CPU-only job without ``--partition``, CpuJobPartitions set: offer it the list."""
     reason = "CPU-only job without --partition, routed by CpuJobPartitions"
     return Decision(
         action="skip",

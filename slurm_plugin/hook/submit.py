@@ -71,6 +71,10 @@ _state: HookState | None = None
 _SUCCESS = 0
 _ERROR = -1
 _NO_VAL = 0xFFFFFFFE
+_GRES_SEP = ":"
+"""How the running Slurm spells a GRES in ``tres_per_node``: ``gres/`` from 23.11 on (see
+slurm_plugin.decision.tres); for CPU-only jobs, whose request shows no spelling."""
+_GRES_SLASH_RELEASE = (23 << 16) | (11 << 8)  # SLURM_VERSION_NUM(23, 11, 0)
 _perf_ns = time.perf_counter_ns
 _time_s = time.time
 
@@ -291,8 +295,8 @@ class HookState:
     """``LogLevel`` as a number."""
     cpu_jobs_silent: bool = True
     """Whether a job that asks for no GPUs ends with nothing written and nothing logged
-    (no ``CpuJobPartitions``, ``LogLevel`` below verbose): the hook then stops after
-    reading the four GPU request fields."""
+    (no ``CpuJobPartitions`` nor ``MemBwSpreadGres``, ``LogLevel`` below verbose): the hook
+    then stops after reading the four GPU request fields."""
 
 
 # -- logging -------------------------------------------------------------------
@@ -329,9 +333,11 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
 
 
 def bind(ffi: Any, lib: Any) -> None:
-    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _c_replay, _c_buf, _next_token
+    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _GRES_SEP, _c_replay, _c_buf, _next_token
     _ffi, _lib = ffi, lib
     _SUCCESS, _ERROR, _NO_VAL = lib.SLURM_SUCCESS, lib.SLURM_ERROR, lib.NO_VAL
+    release = getattr(lib, "SLURM_VERSION_NUMBER", 0)
+    _GRES_SEP = "/" if release >= _GRES_SLASH_RELEASE else ":"
     _c_replay = hasattr(lib, "coda_memo_put")
     # One sequence for the tokens C hands out and Python's (job_submit_coda.c, "Decision
     # tokens").
@@ -494,7 +500,9 @@ def _load_state(path: Path) -> HookState:
         node_cap=node_cap,
         node_features=features,
         log_level=log_level,
-        cpu_jobs_silent=not cfg.cpu_job_partitions and log_level < LOG_VERBOSE,
+        cpu_jobs_silent=not cfg.cpu_job_partitions
+        and cfg.mem_bw_spread_gres is None
+        and log_level < LOG_VERBOSE,
     )
 
 
@@ -941,6 +949,8 @@ def _plan_miss(
         state.node_cap,
         node_features=state.node_features,
         node_share=state.node_cap.share,
+        gres_units=state.node_cap.gres_units,
+        gres_sep=_GRES_SEP,
     )
     plan = make_plan(req, decision)
     memo.add(key, plan)

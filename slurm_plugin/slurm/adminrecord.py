@@ -24,6 +24,11 @@ Placement fields, appended only when the hook changed the job that way::
 
     pcie    1: PCIe-heavy, one unit of the PcieSpreadGres GRES added per node
     prefer  the node feature set as --prefer (PreferGpuTypes)
+    membw   N: a memory-bound CPU-only job, N units of the MemBwSpreadGres GRES added per
+            node (advise mode: would-membw=N)
+
+A CPU-only job's record (``MemBwSpreadGres`` set) has ``cpg=``, ``was=``, ``action=skip``,
+``src=none`` and ``gpn=0``: it names the workload, for coda-node's measurements.
 
 Fields are ``;``-separated ``key=value`` pairs; values never hold ``;``, ``=`` or blanks.
 :func:`parse_admin_record` reads it back (also from inside a longer admin comment).
