@@ -9,9 +9,12 @@ one on the other node; without it, Slurm packs both on the first.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +60,7 @@ def mcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 def _cancel_jobs(mcluster: DevCluster) -> Iterator[None]:
     yield
     mcluster.run(["scancel", "--user=root"], check=False)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # slurmds in namespaces on a loaded 2-vCPU machine
     while mcluster.run(["squeue", "-h", "-t", "R,CG"]).stdout.strip():
         assert time.monotonic() < deadline, "jobs did not end after scancel"
         time.sleep(0.2)
@@ -107,6 +110,17 @@ def test_unmeasured_cpu_job_gets_a_record_for_the_node_daemon(mcluster: DevClust
     record = parse_admin_record(fields["AdminComment"])
     assert record["sig"].startswith("script:0:") and record["action"] == "skip"
     running_on(mcluster, job_id)
+
+
+def test_predict_shows_the_request_the_hook_makes(mcluster: DevCluster, tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    coda_slurm = str(Path(sys.executable).with_name("coda-slurm"))
+    out = mcluster.run([coda_slurm, "predict", "--json", *STREAM, str(script)]).stdout
+    predicted = json.loads(out)
+    job_id, _ = mcluster.sbatch(["--hold", *STREAM], SCRIPT)
+    assert predicted["tres_per_node_after"] == mcluster.show_job(job_id)["TresPerNode"]
+    assert predicted["tres_per_node_after"] == gres("gres:membw:60")
 
 
 def test_without_the_spread_slurm_packs_them(mcluster: DevCluster) -> None:

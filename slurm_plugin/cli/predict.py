@@ -63,7 +63,14 @@ def predict_submission(
     # As the hook does: --prefer only ever names a feature some node has.
     features = frozenset(f for node in node_cap.nodes for f in node.features)
     decision = decide(
-        req, cfg, cache.snapshot(), node_cap, node_features=features, node_share=node_cap.share
+        req,
+        cfg,
+        cache.snapshot(),
+        node_cap,
+        node_features=features,
+        node_share=node_cap.share,
+        gres_units=node_cap.gres_units,
+        gres_sep=local_gres_separator(),
     )
     record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
     try:
