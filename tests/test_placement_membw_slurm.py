@@ -112,6 +112,30 @@ def test_unmeasured_cpu_job_gets_a_record_for_the_node_daemon(mcluster: DevClust
     running_on(mcluster, job_id)
 
 
+def test_repeated_cpu_jobs_are_answered_alike_and_not_counted_as_gpu_jobs(
+    mcluster: DevCluster,
+) -> None:
+    # The second and third submissions match the first byte for byte: the plugin's C side
+    # answers them (HookFastPath=yes). Each gets the GRES and a record with its own token.
+    wait_for_reload(mcluster)
+    before = json.loads(mcluster.hook_stats_file.read_text())
+    args = [*STREAM, "--hold", "--job-name=repeat-cpu"]
+    answers = [submit(mcluster, args) for _ in range(3)]
+    assert [f["TresPerNode"] for _, f, _ in answers] == [gres("gres:membw:60")] * 3
+    records = [parse_admin_record(f["AdminComment"]) for _, f, _ in answers]
+    assert len({r.pop("tok") for r in records}) == 3
+    assert records[0] == records[1] == records[2] and records[0]["membw"] == "60"
+    assert len({said for _, _, said in answers}) == 1
+    wait_for_reload(mcluster)
+    after = json.loads(mcluster.hook_stats_file.read_text())
+    assert after["replayed"] - before.get("replayed", 0) >= 2
+    assert after["cpu_jobs"] - before.get("cpu_jobs", 0) == 3
+    assert after["gpu_jobs"] == before["gpu_jobs"]  # coda-slurm status counts GPU jobs
+    journal = mcluster.decision_journal
+    text = journal.read_text() if journal.exists() else ""
+    assert "repeat-cpu" not in text
+
+
 def test_predict_shows_the_request_the_hook_makes(mcluster: DevCluster, tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT)

@@ -833,7 +833,9 @@ def _hook_lines(doc: dict[str, Any]) -> list[str]:
     return [
         f"Hook     {stats.get('calls', 0)} calls since {_when(stats.get('started_unix_s'))}: "
         f"{stats.get('gpu_jobs', 0)} GPU jobs, {stats.get('changed', 0)} changed, "
-        f"{stats.get('rejected', 0)} rejected; last call "
+        f"{stats.get('rejected', 0)} rejected"
+        + (f", {stats['cpu_jobs']} CPU jobs recorded" if stats.get("cpu_jobs") else "")
+        + f"; last call "
         f"{_ago(now, stats.get('last_call_unix_s'))}",
         f"         in-hook p50 {_us(stats.get('p50_us'))}, p99 {_us(stats.get('p99_us'))} "
         f"(budget {conf['hook_budget_ms']:g} ms); fail-open {stats.get('fail_open', 0)} "

@@ -143,6 +143,9 @@ class Decision:
     """New ``tres_per_node`` (PCIe spread GRES added); None = leave the field alone."""
     prefer: str | None = None
     """New ``--prefer`` node feature; None = leave the field alone."""
+    cpu_job: bool = False
+    """A CPU-only job with an admin record (``MemBwSpreadGres``): not a GPU decision, so
+    the hook neither counts nor journals it as one."""
     min_cpus_rescale: tuple[int, int] | None = None
     """``(user's CPUs per GPU, written CPUs per GPU)`` when a user's ``--cpus-per-gpu`` is
     rewritten: sbatch from 23.11 on sends ``min_cpus`` = that value x GPUs, which the hook
@@ -797,6 +800,7 @@ def _cpu_job(
         reason=reason,
         partition=None if advise else route,
         tres_per_node=new_tres,
+        cpu_job=True,
     )
 
 

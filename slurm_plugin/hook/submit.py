@@ -118,6 +118,8 @@ class HookStats:
     rejected: int = 0
     fail_open: int = 0
     over_budget: int = 0
+    cpu_jobs: int = 0
+    """CPU-only jobs given a record (``MemBwSpreadGres``); not in ``gpu_jobs``."""
     last_call_unix_s: float | None = None
     durations_ns: list[int] = field(default_factory=list)
     _next: int = 0
@@ -145,6 +147,7 @@ class HookStats:
             "rejected": self.rejected,
             "fail_open": self.fail_open,
             "over_budget": self.over_budget,
+            "cpu_jobs": self.cpu_jobs,
             "last_call_unix_s": self.last_call_unix_s,
             "window": len(ordered),
             "p50_us": pct(0.50),
@@ -198,10 +201,11 @@ def make_plan(req: JobRequest, decision: Decision) -> Plan:
         if decision.admin_comment:
             note = _admin_note(user_msg)
         user_msg = _if_accepted(user_msg)
-    if decision.action == "skip" and decision.admin_comment is None:
-        # A CPU-only job routed by CpuJobPartitions is said at info; other skips (CPU-only
-        # job, coda:off) only at LogLevel=verbose.
-        level = LOG_INFO if decision.partition is not None else LOG_VERBOSE
+    if decision.action == "skip" and (decision.admin_comment is None or decision.cpu_job):
+        # A CPU-only job routed by CpuJobPartitions or given the memory-bandwidth GRES is
+        # said at info; other skips (CPU-only job, coda:off) only at LogLevel=verbose.
+        changed = decision.partition is not None or decision.tres_per_node is not None
+        level = LOG_INFO if changed else LOG_VERBOSE
     else:
         level = LOG_INFO
     return Plan(
@@ -380,12 +384,15 @@ def _c_reset_locked(state: HookState) -> int:
 def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: HookState) -> None:
     """Hand ``plan`` to the C table for jobs with ``desc``'s key (before it is applied:
     the key is what the user submitted).  C then does what :func:`job_submit` does for
-    this plan: a GPU decision writes and counts; a skip writes only a route."""
+    this plan: a GPU decision writes and counts; a skip writes only a route, and a CPU-only
+    job's record and GRES."""
     gen = memo.c_gen
     log_level = state.log_level
     decision = plan.decision
-    counted = not (decision.action == "skip" and decision.admin_comment is None)
-    writes = counted or plan.partition is not None
+    counted = not (
+        decision.action == "skip" and (decision.admin_comment is None or decision.cpu_job)
+    )
+    writes = counted or plan.partition is not None or decision.cpu_job
     plan_id = next(_c_ids)
     _c_plans[plan_id] = (plan, counted)
     null = _ffi.NULL
@@ -446,6 +453,8 @@ def _drain_locked(state: HookState | None) -> int:
                 if r.plan_id == 0:  # a job asking for no GPU
                     continue
                 entry = _c_plans.get(r.plan_id)
+                if entry is not None and entry[0].decision.cpu_job:
+                    stats.cpu_jobs += 1
                 if entry is None or not entry[1]:
                     continue
                 plan = entry[0]
@@ -884,9 +893,10 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         if action == "reject":
             journaled = decision
             return _reject(state, plan, err_msg)
-        if action == "skip" and decision.admin_comment is None:
-            # CPU-only job, coda:off, or one routed by CpuJobPartitions: not a GPU decision,
-            # so neither counted nor journaled (coda-slurm status is about GPU jobs' cores).
+        if action == "skip" and (decision.admin_comment is None or decision.cpu_job):
+            # CPU-only job, coda:off, or one routed by CpuJobPartitions or MemBwSpreadGres:
+            # not a GPU decision, so neither counted nor journaled as one (coda-slurm status
+            # is about GPU jobs' cores).
             return _pass_unmanaged(desc, submit_uid, state, memo, plan, err_msg)
         stats.gpu_jobs += 1
         journaled = decision
@@ -969,11 +979,14 @@ def _reject(state: HookState, plan: Plan, err_msg: Any) -> int:
 def _pass_unmanaged(
     desc: Any, submit_uid: int, state: HookState, memo: DecisionMemo, plan: Plan, err_msg: Any
 ) -> int:
-    """A job CODA does not manage passes; only a CPU-only job's route is written and said at
-    info (make_plan set the level)."""
+    """A job CODA does not manage passes; only a CPU-only job's route, record and
+    memory-bandwidth GRES are written (make_plan set the log level)."""
     if memo.c_gen:
         _c_put(desc, submit_uid, memo, plan, state)
-    if plan.partition is not None:
+    if plan.decision.cpu_job:
+        state.stats.cpu_jobs += 1
+        _apply(desc, plan, err_msg, _next_token())
+    elif plan.partition is not None:
         _apply(desc, plan, err_msg)
     if plan.log_level <= state.log_level:
         _lib.coda_log(plan.log_level, plan.log_line)
