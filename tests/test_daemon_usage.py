@@ -1,8 +1,10 @@
-"""coda-node records each DNN job's GPU usage into its profile (used by placement).
+"""coda-node records each DNN job's GPU usage, and each CPU job's memory bandwidth per CPU,
+into its profile (used by placement).
 
 Driven like tests/test_daemon_loop_fixture.py: a fixture node, the NVML double, a fake clock
 advanced 1 s per tick. Job 5001 is a 2-GPU DNN job whose hook record names its workload;
-job 5002 a CPU job that stays idle (no contention). Warm-up is 5 s (``NodeProbeWarmupS=5``).
+job 5002 a CPU job, idle (no contention) unless a test has it draw memory bandwidth and gives
+it a hook record. Warm-up is 5 s (``NodeProbeWarmupS=5``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,22 @@ from pathlib import Path
 import pytest
 
 from coda_node.enforce.state import Limit
+from slurm_plugin.store import dropbox
 from slurm_plugin.store.profiles import Profile
 from tests import test_daemon_loop_fixture as loopfix
-from tests.test_daemon_loop_fixture import DNN, Sim
+from tests.test_daemon_loop_fixture import (
+    CPU,
+    CPU_CORES,
+    DNN,
+    ONSET,
+    R0,
+    B,
+    S,
+    Sim,
+    _run_until_onset,
+    mount_resctrl,
+)
+from tests.test_mbm import _charge, _cpu_tids
 
 RATE = 100.0  # the DNN job's iterations/s, as its progress file says
 GPU_MODEL = "NVIDIA A100-SXM4-80GB"  # what the NVML double names every GPU
@@ -26,11 +41,17 @@ RX_KB, TX_KB = (3000, 1000), (500, 1500)  # PCIe KB/s per GPU
 
 
 def make_sim(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, flush_s: int = 0, min_ticks: int = 5
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    flush_s: int = 0,
+    min_ticks: int = 5,
+    rdt: bool = False,
 ) -> Sim:
+    """``rdt``: resctrl mounted and per-job bandwidth injected from ``sim.bw``."""
     extra = f"NodeUsageFlushS={flush_s}\nNodeUsageMinTicks={min_ticks}\n"
     monkeypatch.setattr(loopfix, "SHORT_TIMES", loopfix.SHORT_TIMES + extra)
-    sim = Sim(tmp_path, dnn_src="profile")
+    sim = Sim(tmp_path, rdt=rdt, dnn_src="profile")
     set_gpus(sim, UTIL)
     return sim
 
@@ -195,3 +216,199 @@ def test_long_jobs_write_periodically_and_a_broken_store_only_logs(
     assert len(failed) >= 1
     assert sim.daemon.tick_errors_total == 0
     assert sim.daemon.loop.progress[DNN].phase == "train"  # the tick went on
+
+
+# --------------------------------------------------------------------------------------------
+# CPU jobs: memory bandwidth per allocated CPU, from the job's resctrl monitoring group.
+# Job 5002 runs on CPU_CORES (16) CPUs; with MemBwSpreadGres set the hook gives it a record.
+
+
+def cpu_record(sim: Sim, job_id: int = CPU, *, uid: int | None = None) -> str:
+    """The hook's record on CPU job ``job_id`` (no cpg, action=skip), naming a key of
+    ``uid`` (default: the job's owner); returns the signature."""
+    job = sim.node.jobs[job_id]
+    sig = f"workload:{job.uid if uid is None else uid}:{job.name}"
+    job.admin_comment = f"coda:sig={sig};cpg=;was=;action=skip;src=none;gpn=0;nodes=1"
+    return sig
+
+
+def mbm_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> Sim:
+    """make_sim's node with resctrl (MBM) mounted and no bandwidth injected: the daemon
+    gives the CPU job its own monitoring group and reads its rate, as on a real node."""
+    sim = make_sim(tmp_path, monkeypatch, **kw)
+    sim.rdt = mount_resctrl(sim.node, tasks_in_root=True)
+    sim.new_daemon()
+    sim.store.ensure_root()
+    return sim
+
+
+def run_cpu_ticks(sim: Sim, n: int, bw_bytes_per_s: float) -> None:
+    """``n`` seconds in which the CPU job draws ``bw_bytes_per_s`` (counted by resctrl in
+    its monitoring group) and the DNN job trains undisturbed."""
+    assert sim.rdt is not None
+    tids = _cpu_tids(sim)
+    for _ in range(n):
+        sim.advance()
+        _charge(sim.rdt, tids, bw_bytes_per_s)
+        sim.write_progress(DNN, RATE)
+        sim.tick()
+
+
+def end_cpu_job(sim: Sim) -> None:
+    sim.node.remove_job(CPU)
+    sim.advance()
+    sim.write_progress(DNN, RATE)
+    sim.tick()
+
+
+def test_a_cpu_job_gets_its_memory_bandwidth_per_cpu_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = mbm_sim(tmp_path, monkeypatch)
+    sig = cpu_record(sim)
+    run_cpu_ticks(sim, 12, 8e9)
+    monitor = sim.daemon.mem_bw_monitor
+    assert monitor is not None and monitor.monitored() == {CPU: f"mon_groups/coda_j{CPU}"}
+    assert sim.events("usage-publish") == []  # NodeUsageFlushS=0: only when the job ends
+    end_cpu_job(sim)
+    ((_tick, event),) = sim.events("usage-publish", CPU)
+    prof = sim.store.read(sig)
+    assert prof is not None and prof.cpu_usage is not None
+    assert prof.cpu_usage.mem_bw_bytes_per_s_per_cpu == pytest.approx(8e9 / CPU_CORES)
+    # Tick 0 makes the group (no rate yet) and shows the job unthrottled; every rate from
+    # tick 1 on counts.
+    assert prof.cpu_usage.ticks == 11
+    assert (prof.source, prof.confidence, prof.usage) == ("cpu-usage", 0.0, ())
+    assert event["reason"] == (
+        f"profile {sig}: memory bandwidth 0.50 GB/s per CPU over 11 ticks (job ended)"
+    )
+
+
+def draw_second(sim: Sim, job_id: int, dnn_sensitivity: float) -> None:
+    """One second in which CPU job ``job_id`` draws B less what its MB cap and CPU quota
+    hold back, and the DNN job slows by ``dnn_sensitivity`` times its share of B."""
+    sim.advance()
+    quota = sim.quota_cores(job_id)
+    share = min(1.0, quota / CPU_CORES) if quota is not None else 1.0
+    sim.bw[job_id] = B * sim.mb_pct(job_id) / 100 * share
+    sim.write_progress(DNN, R0 * (1.0 - dnn_sensitivity * sim.bw[job_id] / B))
+    sim.tick()
+
+
+def test_a_throttled_cpu_jobs_ticks_are_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory-bound CPU job starts beside a training job; once the training job slows
+    down the contention eliminator caps it (MBA): the capped readings stay out of its
+    record."""
+    sim = make_sim(tmp_path, monkeypatch, rdt=True)
+    sim.store.ensure_root()
+    _run_until_onset(sim)  # the DNN job's baseline, beside the idle job 5002
+    assert sim.rdt is not None
+    cpus = sim.node.jobs[CPU].cpus
+    sim.node.remove_job(CPU)
+    new = sim.node.add_job("cpu", cpus, job_id=CPU + 10, admin_comment=None)
+    sim.rdt.live_pids |= set(new.all_tids)
+    sig = cpu_record(sim, new.job_id)
+    for _ in range(10):  # the DNN job does not mind the new job's bandwidth yet
+        draw_second(sim, new.job_id, 0.0)
+    assert sim.events("throttle") == []
+    for _ in range(15):  # now it does: the eliminator caps the CPU job step by step
+        draw_second(sim, new.job_id, S)
+    throttles = sim.events("throttle", new.job_id)
+    assert len(throttles) >= 2 and "capped at MB 70%" in throttles[0][1]["reason"]
+    assert sim.mb_pct(new.job_id) < 100  # still capped when it ends
+    sim.node.remove_job(new.job_id)
+    sim.advance()
+    sim.write_progress(DNN, R0)
+    sim.tick()
+    prof = sim.store.read(sig)
+    assert prof is not None and prof.cpu_usage is not None
+    # Only its uncapped seconds, each B on 16 CPUs: the first is the tick before the first
+    # counted, and the tick that caps it counts no more.
+    assert prof.cpu_usage.mem_bw_bytes_per_s_per_cpu == pytest.approx(B / CPU_CORES)
+    assert prof.cpu_usage.ticks == throttles[0][0] - ONSET - 1
+
+
+def test_ticks_under_an_admin_limit_of_a_cpu_job_and_the_tick_after_are_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = make_sim(tmp_path, monkeypatch, rdt=True)
+    sim.store.ensure_root()
+    sig = cpu_record(sim)
+    for _ in range(8):  # ticks 1-7 count
+        draw_second(sim, CPU, 0.0)
+    # An admin caps the job at 4 cores' CPU time: it draws a quarter of B meanwhile.
+    sim.node.set_limits({CPU: Limit(quota_cores=4.0, reason="admin: squeeze")})
+    for _ in range(5):
+        draw_second(sim, CPU, 0.0)
+    assert sim.quota_cores(CPU) == 4.0 and sim.bw[CPU] == pytest.approx(B / 4)
+    sim.node.set_limits({})
+    draw_second(sim, CPU, 0.0)  # the limit goes; this reading is the capped second before
+    assert sim.quota_cores(CPU) is None and sim.bw[CPU] == pytest.approx(B / 4)
+    for _ in range(6):  # all six count: the tick before each was unlimited
+        draw_second(sim, CPU, 0.0)
+    end_cpu_job(sim)
+    prof = sim.store.read(sig)
+    assert prof is not None and prof.cpu_usage is not None
+    assert prof.cpu_usage.mem_bw_bytes_per_s_per_cpu == pytest.approx(B / CPU_CORES)
+    assert prof.cpu_usage.ticks == 7 + 6
+
+
+@pytest.mark.parametrize("who", ["no record", "another user's key"])
+def test_a_cpu_job_without_its_owners_record_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, who: str
+) -> None:
+    sim = mbm_sim(tmp_path, monkeypatch)
+    job = sim.node.jobs[CPU]
+    sig = f"workload:{job.uid}:{job.name}"
+    if who == "another user's key":
+        other = next(j.uid for j in sim.node.jobs.values() if j.uid != job.uid)
+        sig = cpu_record(sim, uid=other)
+    run_cpu_ticks(sim, 12, 8e9)
+    assert sim.daemon.mem_bw_monitor is not None
+    assert sim.daemon.mem_bw_monitor.rate(CPU) == pytest.approx(8e9)  # it was measured
+    end_cpu_job(sim)
+    assert sim.events("usage-publish", CPU) == []
+    assert sim.store.read(sig) is None
+    assert not any(p.name.startswith(f"workload_{job.uid}") for p in sim.store.root.iterdir())
+
+
+def test_a_damaged_profile_of_a_cpu_job_is_said_and_the_tick_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = mbm_sim(tmp_path, monkeypatch, flush_s=5, min_ticks=3)
+    sig = cpu_record(sim)
+    run_cpu_ticks(sim, 10, 4e9)
+    periodic = sim.events("usage-publish", CPU)
+    assert periodic and all("(periodic)" in e["reason"] for _, e in periodic)
+    sim.store.path_for(sig).write_text("{not json")
+    run_cpu_ticks(sim, 10, 4e9)
+    failed = [e for _, e in sim.events("usage-publish", CPU) if "cannot record" in e["reason"]]
+    assert failed and "cannot record memory bandwidth in" in failed[0]["reason"]
+    assert sim.daemon.tick_errors_total == 0
+    assert sim.store.path_for(sig).read_text() == "{not json"  # left for the admin
+    assert sim.daemon.state.view["jobs"][-1]["job_id"] == CPU  # the view still shows it
+    assert sim.daemon.loop.progress[DNN].phase == "train"  # the tick went on
+
+
+def test_with_profile_publish_munge_the_record_goes_through_the_drop_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dropbox.munge, "encode", lambda payload, *a, **k: payload)
+    sim = make_sim(tmp_path, monkeypatch)
+    drop_dir = tmp_path / "drop"
+    drop_dir.mkdir()
+    sim.rdt = mount_resctrl(sim.node, tasks_in_root=True)
+    sim.new_daemon(conf_extra=f"ProfilePublish=munge\nProfileDropDir={drop_dir}\n")
+    sig = cpu_record(sim)
+    run_cpu_ticks(sim, 12, 8e9)
+    end_cpu_job(sim)
+    ((path,),) = [list(drop_dir.glob("*.munge"))]
+    payload = dropbox.Drop.from_json_bytes(path.read_bytes(), str(path))
+    assert (payload.signature, payload.node, payload.samples) == (sig, sim.daemon.node_name, ())
+    assert payload.cpu_usage is not None and payload.cpu_usage.ticks == 11
+    assert payload.cpu_usage.mem_bw_bytes_per_s_per_cpu == pytest.approx(8e9 / CPU_CORES)
+    ((_t, event),) = sim.events("usage-publish", CPU)
+    assert event["reason"].endswith(f"(job ended), handed to the controller as {path}")
+    assert not sim.store.root.exists()  # the node writes nothing into the store

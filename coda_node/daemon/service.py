@@ -13,6 +13,7 @@ SIGKILL included. The parts are built from coda.conf by :mod:`coda_node.daemon.w
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -73,7 +74,8 @@ from coda_node.system.resctrl import discover as resctrl_discover
 from coda_node.system.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.system.topology import GpuLocality
 from slurm_plugin.config.codaconf import CodaConfig
-from slurm_plugin.store.profiles import ProfileStore, StoreError
+from slurm_plugin.store.dropbox import Drop, DropError, drop
+from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
 
 if TYPE_CHECKING:
     from coda_node.status.metrics import MetricsServer
@@ -471,11 +473,12 @@ class Daemon:
         targets: dict[int, JobTarget],
         loop: LoopOutput,
     ) -> None:
-        """Count this tick into each DNN job's usage record where it shows the job's own
-        GPU usage (coda_node.policy.usage): a signature, past warm-up, its whole allocation (no
-        probe, limit or change of ours in force) and no CPU job on its sockets throttled,
-        in this tick and the one before. NVML's utilisation covers the sample period before
-        the reading (nvml.h, nvmlDeviceGetUtilizationRates), so the first tick after a
+        """Count this tick into each job's usage record (coda_node.policy.usage) where it
+        shows the workload's own usage, in this tick and the one before: a DNN job's GPU
+        usage, a CPU job's memory bandwidth per allocated CPU. Either needs a signature (the
+        hook's record) and no limit or change of ours in force. NVML's utilisation covers the
+        sample period before the reading (nvml.h, nvmlDeviceGetUtilizationRates) and an MBM
+        rate the interval since the group's previous reading, so the first tick after a
         probe or a throttle still shows the job as it was then."""
         gpus = {g.index: g for g in snap.gpus}
         undisturbed: set[int] = set()
@@ -483,60 +486,110 @@ class Daemon:
         for job_id in loop.throttles:
             if job_id in facts:
                 throttled_sockets |= self.loop.sockets_of(facts[job_id].allocated_cpus)
-        trigger = self.loop.eliminator.params.trigger_slowdown
         for job_id, view in snap.jobs.items():
-            record = view.slurm.admin_record if view.slurm and view.kind == "dnn" else None
+            record = view.slurm.admin_record if view.slurm else None
             signature = record.get("sig") if record else None
-            prog = self.loop.progress.get(job_id)
-            if not signature or prog is None or prog.phase in ("warmup", "no-signal"):
+            if not signature or job_id in targets or job_id in self.state.changes:
                 continue
-            rec = self.loop.allocator.records.get(job_id)
-            if (
-                job_id in loop.cores
-                or job_id in targets
-                or job_id in self.state.changes
-                or (rec is not None and rec.state == "probing")
-            ):
-                continue
-            if job_id in facts and throttled_sockets & self.loop.sockets_of(
-                facts[job_id].allocated_cpus
-            ):
-                continue
-            contention = self.loop.eliminator.dnn_status(job_id)
-            slowdown = contention.get("slowdown") if contention else None
-            if isinstance(slowdown, float) and slowdown > trigger:
-                continue
-            undisturbed.add(job_id)
-            tick = usage_tick(view, gpus, prog)
-            if tick is not None and job_id in self._usage_undisturbed:
-                model = gpu_model(snap, job_id)
-                self.usage.add(job_id, signature, model, snap.monotonic_s, tick)
+            if view.kind == "dnn":
+                if not self._gpu_usage_undisturbed(job_id, facts, loop, throttled_sockets):
+                    continue
+                undisturbed.add(job_id)
+                tick = usage_tick(view, gpus, self.loop.progress[job_id])
+                if tick is not None and job_id in self._usage_undisturbed:
+                    model = gpu_model(snap, job_id)
+                    self.usage.add(job_id, signature, model, snap.monotonic_s, tick)
+            elif view.kind == "cpu" and job_id in facts and job_id not in loop.throttles:
+                # In facts: its cgroup is read and not held for a repair, so it runs on
+                # what Slurm allocated it.
+                undisturbed.add(job_id)
+                per_cpu = _mem_bw_per_cpu(view)
+                if per_cpu is not None and job_id in self._usage_undisturbed:
+                    self.usage.add_cpu(job_id, signature, snap.monotonic_s, per_cpu)
         self._usage_undisturbed = undisturbed
 
+    def _gpu_usage_undisturbed(
+        self,
+        job_id: int,
+        facts: dict[int, JobFacts],
+        loop: LoopOutput,
+        throttled_sockets: set[int],
+    ) -> bool:
+        """A DNN job shows its own GPU usage: past warm-up, at its whole allocation (no
+        probe), no CPU job on its sockets throttled, not slowed past the contention
+        trigger."""
+        prog = self.loop.progress.get(job_id)
+        if prog is None or prog.phase in ("warmup", "no-signal"):
+            return False
+        rec = self.loop.allocator.records.get(job_id)
+        if job_id in loop.cores or (rec is not None and rec.state == "probing"):
+            return False
+        if job_id in facts and throttled_sockets & self.loop.sockets_of(
+            facts[job_id].allocated_cpus
+        ):
+            return False
+        contention = self.loop.eliminator.dnn_status(job_id)
+        slowdown = contention.get("slowdown") if contention else None
+        trigger = self.loop.eliminator.params.trigger_slowdown
+        return not (isinstance(slowdown, float) and slowdown > trigger)
+
     def _publish_usage(self, flush: UsageFlush) -> None:
-        """Merge one usage record into its profile; one event line, on failure too.
-        Never raises: the tick goes on whatever the store does."""
-        store = self.loop.store
+        """Merge one usage record into its profile (ProfilePublish=munge: hand it to the
+        controller's collector); one event line, on failure too. Never raises: the tick goes
+        on whatever the store does."""
         r = flush.record
+        what = "memory bandwidth" if isinstance(r, CpuUsageRecord) else "GPU usage"
+        if self.cfg.profile_publish == "munge":
+            self._drop_usage(flush, what)
+            return
+        store = self.loop.store
         try:
-            # No store directory yet: no profile either (merge_usage would fail on its lock).
-            prof = store.merge_usage(flush.signature, r) if store.root.is_dir() else None
+            # No store directory yet: no profile either (a merge would fail on its lock).
+            if not store.root.is_dir():
+                prof = None
+            elif isinstance(r, CpuUsageRecord):
+                prof = store.merge_cpu_usage(flush.signature, r)
+            else:
+                prof = store.merge_usage(flush.signature, r)
         except (StoreError, OSError, ValueError) as exc:
             self._event(
-                flush.job_id, "usage-publish", f"cannot record GPU usage in {store.root}: {exc}"
+                flush.job_id, "usage-publish", f"cannot record {what} in {store.root}: {exc}"
             )
             return
         if prof is None:
             # No profile yet (the hook never saw the workload and no probe published one):
-            # nothing to attach the record to; the next run of the workload tries again.
-            log.debug("job=%d no profile %s: GPU usage not recorded", flush.job_id, flush.signature)
+            # nothing to attach a GPU record to; the next run of the workload tries again.
+            # A CPU record creates its profile, where the store directory exists.
+            log.debug("job=%d no profile %s: %s not recorded", flush.job_id, flush.signature, what)
             return
         self._event(
             flush.job_id,
             "usage-publish",
-            f"profile {flush.signature}: GPU {r.gpu_util:.0%} busy, memory {r.gpu_mem_bw_util:.0%} "
-            f"busy over {r.ticks} ticks on {r.gpu_model or 'an unknown GPU model'} ({flush.why})",
+            f"profile {flush.signature}: {_usage_line(r)} ({flush.why})",
         )
+
+    def _drop_usage(self, flush: UsageFlush, what: str) -> None:
+        """ProfilePublish=munge: the record as a credential in ProfileDropDir (the
+        collector merges it as merge_usage or merge_cpu_usage would)."""
+        r = flush.record
+        cpu = r if isinstance(r, CpuUsageRecord) else None
+        gpu = (r,) if isinstance(r, UsageRecord) else ()
+        payload = Drop(flush.signature, self.node_name, (), time.time(), gpu, cpu)
+        try:
+            path = drop(
+                payload,
+                self.cfg.profile_drop_dir,
+                self.cfg.munge_socket,
+                ttl_s=self.cfg.profile_drop_ttl_s,
+            )
+        except DropError as exc:
+            line = f"cannot hand {what} of {flush.signature} to the controller: {exc}"
+        else:
+            line = (
+                f"profile {flush.signature}: {_usage_line(r)} ({flush.why}), handed to the "
+                f"controller as {path}"
+            )
+        self._event(flush.job_id, "usage-publish", line)
 
     def restore(self) -> dict[int, JobResult]:
         """Put every job back as Slurm set it: from its record, or, where the record is
@@ -729,6 +782,29 @@ class Daemon:
                 )
             )
         return jobs
+
+
+def _mem_bw_per_cpu(view: JobView) -> float | None:
+    """A CPU job's memory bandwidth (its resctrl MON group's rate) per CPU Slurm allocated it
+    on this node; None when either is unknown."""
+    bw = view.mem_bw_bytes_per_s
+    cpus = len(view.slurm.cpu_ids) if view.slurm else 0
+    if bw is None or not cpus or not math.isfinite(bw) or bw < 0:
+        return None
+    return bw / cpus
+
+
+def _usage_line(r: UsageRecord | CpuUsageRecord) -> str:
+    """A usage record in the words of its ``usage-publish`` event."""
+    if isinstance(r, CpuUsageRecord):
+        return (
+            f"memory bandwidth {r.mem_bw_bytes_per_s_per_cpu / 1e9:.2f} GB/s per CPU over "
+            f"{r.ticks} ticks"
+        )
+    return (
+        f"GPU {r.gpu_util:.0%} busy, memory {r.gpu_mem_bw_util:.0%} busy over {r.ticks} ticks "
+        f"on {r.gpu_model or 'an unknown GPU model'}"
+    )
 
 
 def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
