@@ -325,7 +325,8 @@ class CodaConfig:
         "store|munge",
         "store",
         _one_of("store", "munge"),
-        "How coda-node hands a probing run's samples to the controller: store, merged straight "
+        "How coda-node hands a probing run's samples and its jobs' usage records to the "
+        "controller: store, merged straight "
         "into ProfileStore (which the node daemon must be able to write as root); munge, "
         "written as a munge credential into ProfileDropDir, where coda-slurm profiles collect "
         "on the controller checks and merges it (NFS with root_squash).",
@@ -895,8 +896,9 @@ class CodaConfig:
         "float",
         "600",
         _float_at_least_0,
-        "coda-node: seconds between two writes of a running job's GPU usage record to its "
-        "profile (also written when the job ends); 0 = only when the job ends.",
+        "coda-node: seconds between two writes of a running job's usage record (GPU usage, "
+        "or a CPU job's memory bandwidth) to its profile (also written when the job ends); "
+        "0 = only when the job ends.",
     )
     """0 = write usage records only when the job ends."""
     node_usage_min_ticks: int = _key(
@@ -904,7 +906,7 @@ class CodaConfig:
         "int",
         "30",
         _ints(1, 999_999_999),
-        "coda-node: ticks of GPU usage a job must have collected before a usage record is "
+        "coda-node: undisturbed ticks a job must have collected before its usage record is "
         "written (1 or more).",
     )
 
