@@ -321,3 +321,17 @@ def test_unreadable_slurm_conf_never_asks(tmp_path: Path) -> None:
     messages: list[str] = []
     cap = NodeCap.from_slurm_conf(tmp_path / "missing.conf", lambda lvl, msg: messages.append(msg))
     assert cap.gres_units("membw", "gpu") is None and messages
+
+
+def test_the_node_daemon_takes_the_record_the_hook_writes() -> None:
+    # What slurmctld stores: the record, its token, the user's line after a blank.
+    from coda_node.system.slurmjobs import hook_record
+
+    for req in (cpu_job(), cpu_job(job_name="other"), cpu_job(comment="coda:workload=etl")):
+        d = decide_cpu(req)
+        stored = f"{d.admin_comment};tok=0123456789abcdef {d.user_msg or ''}".strip()
+        record, problem = hook_record(stored, UID)
+        assert problem is None and record is not None
+        assert record["sig"] == parse_admin_record(d.admin_comment or "")["sig"]
+        # Another user's job cannot carry it into their profile.
+        assert hook_record(stored, UID + 1)[0] is None
