@@ -14,8 +14,12 @@ Two ways to reach the hook (``--ffi``):
 ``--sections`` adds, for the cold pattern, the time of each step of a repeated GPU job
 (the memo hits, in Python), timed one by one from outside the hook.
 
+``--job cpu`` submits a CPU-only job (``-c 12``, a workload measured at 5 GB/s per CPU)
+instead, with ``MemBwSpreadGres`` off (the C side lets it pass without entering Python) and
+on (``HookFastPath=yes`` and ``=no``): what the spread costs each CPU job.
+
     .venv/bin/python bench/bench_hook_inprocess.py [--calls 2000] [--rounds 2] [--ffi double]
-        [--sections]
+        [--sections] [--job gpu|cpu]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurm_plugin.hook import submit as hook
-from slurm_plugin.store.profiles import Profile, ProfileStore
+from slurm_plugin.store.profiles import CpuUsageRecord, Profile, ProfileStore
 from tests import compiled_hook
 
 
@@ -84,6 +88,17 @@ JOB = {
     "comment": "coda:workload=resnet50",
     "script": "#!/bin/sh\nsleep 300\n",
     "name": "job.sh",
+}
+CPU_JOB = {
+    "comment": "coda:workload=stream",
+    "script": "#!/bin/sh\n./stream\n",
+    "name": "stream.sh",
+    "cpus_per_task": 12,
+}
+CPU_CONFIGS = {
+    "off": "",
+    "on": "MemBwSpreadGres=membw\n",
+    "on, HookFastPath=no": "MemBwSpreadGres=membw\nHookFastPath=no\n",
 }
 
 
@@ -154,7 +169,9 @@ def main() -> int:
     parser.add_argument("--ffi", choices=("compiled", "double"), default="compiled")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sections", action="store_true")
+    parser.add_argument("--job", choices=("gpu", "cpu"), default="gpu")
     args = parser.parse_args()
+    cpu = args.job == "cpu"
     root = Path(tempfile.mkdtemp(prefix="coda-bench-"))
     h = Harness(args.ffi, root)
     store = ProfileStore(root / "profiles")
@@ -173,10 +190,15 @@ def main() -> int:
                 source="bench",
             )
         )
-    (root / "slurm.conf").write_text("NodeName=g1 CPUs=32 Gres=gpu:4\n")
+    store.merge_cpu_usage("workload:*:stream", CpuUsageRecord(5e9, 100, now))
+    (root / "slurm.conf").write_text(
+        "NodeName=g1 CPUs=32 Gres=gpu:4,membw:200\nPartitionName=p Nodes=g1 Default=YES\n"
+    )
     os.environ["CODA_CONF"] = str(root / "coda.conf")
-    # compiled: HookFastPath=yes and =no alternately; double: the Python hook only.
-    configs = ["yes", "no"] if args.ffi == "compiled" else ["-"]
+    # compiled: HookFastPath=yes and =no alternately; double: the Python hook only;
+    # CPU-only jobs: the spread off and on.
+    gpu_configs = ["yes", "no"] if args.ffi == "compiled" else ["-"]
+    configs = list(CPU_CONFIGS) if cpu else gpu_configs
     samples: dict[tuple[str, str], list[float]] = {}
     round_p50: dict[tuple[str, str], list[float]] = {}
     steps: list[tuple[str, float]] = []
@@ -184,21 +206,26 @@ def main() -> int:
         for fast in configs:
             # The decision journal is on, as in production (a local file, flushed once a
             # second).
+            fast_path = f"HookFastPath={fast}\n" if fast != "-" else ""
+            extra = CPU_CONFIGS[fast] if cpu else fast_path
             (root / "coda.conf").write_text(
                 f"ProfileStore={store.root}\nHookStatsFile=\n"
-                f"DecisionJournal={root / 'decisions.jsonl'}\n"
-                + (f"HookFastPath={fast}\n" if fast != "-" else "")
+                f"DecisionJournal={root / 'decisions.jsonl'}\n" + extra
             )
             assert h.init() == 1
-            for pattern, times in measure(h, args.calls, f"r{rnd}").items():
+            job, check = JOB, _gpu_check
+            if cpu:
+                job, check = CPU_JOB, (_membw_check if fast != "off" else _untouched_check)
+            for pattern, times in measure(h, args.calls, f"r{rnd}", job, check).items():
                 samples.setdefault((fast, pattern), []).extend(times)
                 round_p50.setdefault((fast, pattern), []).append(statistics.median(times))
-            if args.sections and fast in ("no", "-") and not steps:
+            if args.sections and not cpu and fast in ("no", "-") and not steps:
                 steps = sections(h, args.calls // 10)
             h.fini()
     q = statistics.quantiles
     out = f"ffi: {args.ffi}, {args.rounds} rounds\n"
-    out += "| HookFastPath | call pattern | calls | p50 µs | p99 µs | p50 of each round |\n"
+    first = "MemBwSpreadGres (CPU-only job)" if cpu else "HookFastPath"
+    out += f"| {first} | call pattern | calls | p50 µs | p99 µs | p50 of each round |\n"
     out += "|---|---|--:|--:|--:|---|\n"
     for (fast, pattern), times in samples.items():
         rounds = ", ".join(f"{v:.1f}" for v in round_p50[(fast, pattern)])
@@ -213,17 +240,35 @@ def main() -> int:
     return 0
 
 
-def measure(h: Harness, calls: int, tag: str) -> dict[str, list[float]]:
+def _gpu_check(h: Harness, desc: Any) -> bool:
+    return h.ffi.string(desc.cpus_per_tres) == b"gres:gpu:6"
+
+
+def _membw_check(h: Harness, desc: Any) -> bool:
+    return h.ffi.string(desc.tres_per_node) == b"gres:membw:60"
+
+
+def _untouched_check(h: Harness, desc: Any) -> bool:
+    return desc.tres_per_node == h.ffi.NULL and desc.admin_comment == h.ffi.NULL
+
+
+def measure(
+    h: Harness,
+    calls: int,
+    tag: str,
+    job: dict[str, Any],
+    check: Callable[[Harness, Any], bool],
+) -> dict[str, list[float]]:
     """µs per call: back to back, cold, and cold with a name never seen (memo miss)."""
     submit = h.submit_fn()
 
-    def one(name: str = JOB["name"]) -> float:
-        desc = h.desc(**{**JOB, "name": name})
+    def one(name: str = job["name"]) -> float:
+        desc = h.desc(**{**job, "name": name})
         err = h.ffi.new("char **")
         t0 = time.perf_counter_ns()
         submit(desc, 0, err)
         elapsed = (time.perf_counter_ns() - t0) / 1000
-        assert h.ffi.string(desc.cpus_per_tres) == b"gres:gpu:6"
+        assert check(h, desc), "the hook did not do what this job should get"
         return elapsed
 
     hot = [one() for _ in range(calls)]
