@@ -123,6 +123,20 @@ def test_report_of_a_job_the_hook_left_alone_and_a_hostile_name() -> None:
     assert "1 cores" in render(report)  # ReqTRES's, without the hook's record of the request
 
 
+@pytest.mark.parametrize(
+    ("tokens", "said"),
+    [
+        (";membw=60", "CPU-only job, memory-bound: 60 units of memory bandwidth per node"),
+        ("", "CPU-only job: recorded so coda-node measures its memory bandwidth"),
+    ],
+)
+def test_report_of_a_cpu_only_jobs_record(tokens: str, said: str) -> None:
+    record = f"coda:sig=workload:1000:stream;cpg=;was=;action=skip;src=none;gpn=0;nodes=1{tokens}"
+    report = _report(f"{record};tok=ab")
+    assert report["coda"]["mem_bw_units"] == (60 if tokens else None)
+    assert said in render(report)
+
+
 def test_a_job_sacct_does_not_list() -> None:
     with pytest.raises(ReportError, match="no job 8"):
         parse_structured(_line(JobID="7") + "\n", 8)

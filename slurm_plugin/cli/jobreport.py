@@ -205,6 +205,7 @@ def decision(admin_comment: str) -> dict[str, Any] | None:
         "signature": fields["sig"],
         "gpus_per_node": _int(fields.get("gpn", "")),
         "nodes": _int(fields.get("nodes", "")),
+        "mem_bw_units": _int(fields.get("membw", "")),
     }
 
 
@@ -360,6 +361,11 @@ def _decided(coda: Mapping[str, Any]) -> str:
     """The hook's decision in words: what it wrote, or why it wrote nothing."""
     cpg, action = coda["cpus_per_gpu"], coda["action"]
     source = _SOURCES.get(coda["source"], coda["source"])
+    if coda["gpus_per_node"] == 0:  # a CPU-only job's record (MemBwSpreadGres)
+        units = coda.get("mem_bw_units")
+        if units:
+            return f"CPU-only job, memory-bound: {units} units of memory bandwidth per node"
+        return "CPU-only job: recorded so coda-node measures its memory bandwidth"
     if action in _WRITTEN:
         text = f"{cpg} cores per GPU ({action}, from {source})"
     elif action == "advise":
