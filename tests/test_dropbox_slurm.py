@@ -27,7 +27,7 @@ import pytest
 
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
 from slurm_plugin.store.dropbox import Drop, drop
-from slurm_plugin.store.profiles import ProfileStore, Sample
+from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _events, _export, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait
@@ -155,6 +155,36 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     out = _collect(cluster, other)
     assert "made on host 127.0.0.1, which is not a node" in _refusal(out.stderr, path)
     assert store.read(user_sig) is None
+
+
+def test_usage_records_from_a_node_are_merged_through_munge(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    # What coda-node drops with ProfilePublish=munge when a job ends: a CPU job's memory
+    # bandwidth (its profile is created) and a GPU job's usage (merged into its profile).
+    drop_dir = tmp_path / "drop"
+    drop_dir.mkdir()
+    drop_dir.chmod(0o1777)
+    store = ProfileStore(cluster.profile_store)
+    conf = _conf(cluster, tmp_path / "coda.conf", drop_dir)
+    now = time.time()
+    gpu_sig, cpu_sig = "workload:0:usagegpu", "workload:0:usagecpu"
+    drop(_payload(gpu_sig, now), drop_dir, cluster.munge_socket, ttl_s=300)
+    _collect(cluster, conf)
+    gpu = UsageRecord("NVIDIA A100", 0.8, 0.4, 5e9, 12.0, 40, now)
+    cpu = CpuUsageRecord(3.5e9, 40, now)
+    for payload in (
+        Drop(gpu_sig, NODE_NAME, (), now, (gpu,)),
+        Drop(cpu_sig, NODE_NAME, (), now, cpu_usage=cpu),
+    ):
+        drop(payload, drop_dir, cluster.munge_socket, ttl_s=300)
+    out = _collect(cluster, conf)
+    assert "2 accepted (0 samples merged), 0 refused" in out.stdout, out
+    assert store.read(gpu_sig).usage == (gpu,) and store.read(gpu_sig).n_samples == 2
+    made = store.read(cpu_sig)
+    assert made is not None and made.cpu_usage == cpu and made.source == "cpu-usage"
+    assert "3.50 GB/s per CPU over 40 ticks" in out.stderr
+    assert not any(drop_dir.iterdir())
 
 
 def test_the_drop_directory_cannot_be_used_against_other_files(
