@@ -194,6 +194,25 @@ def test_conf_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:
     assert "cpg=3" in lines[-1][1]
 
 
+def test_a_slurm_conf_edit_is_picked_up_at_the_next_reload_tick(
+    lib: FakeLib, tmp_path: Path
+) -> None:
+    # scontrol reconfigure does not restart job_submit plugins: the hook watches slurm.conf.
+    case = CASES[0]
+    assert _submit(lib, case)[1][0] == "gres:gpu:6"
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("NodeName=n[1-2] CPUs=8 Gres=gpu:4\n")
+    hook._on_reload_tick()
+    rc, fields, _cpt, said, _lines = _submit(lib, case)
+    assert rc == 0 and fields[0] == "gres:gpu:4"  # 2 GPUs of a node with 8 cores
+    assert said is not None and "capped at 4 by the largest node with 2 GPUs" in said
+    reloaded = f"reloaded {tmp_path / 'coda.conf'} ({slurm_conf} changed)"
+    assert sum(reloaded in text for _, text in lib.lines) == 1
+    hook._on_reload_tick()  # unchanged: no second reload
+    assert _submit(lib, case)[1][0] == "gres:gpu:4"
+    assert sum(reloaded in text for _, text in lib.lines) == 1
+
+
 def test_memo_is_bounded(lib: FakeLib, spy: DecideSpy, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hook, "MEMO_MAX_ENTRIES", 3)
     jobs = [{"tres_per_node": GPU, "comment": f"coda:workload=w{i}"} for i in range(5)]

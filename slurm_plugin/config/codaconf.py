@@ -478,7 +478,7 @@ class CodaConfig:
         "float",
         "5",
         _positive_float,
-        "Seconds between checks for a changed profile store or coda.conf (> 0).",
+        "Seconds between checks for a changed profile store, coda.conf or slurm.conf (> 0).",
     )
     partitions: tuple[str, ...] = _key(
         "Partitions",
@@ -533,8 +533,9 @@ class CodaConfig:
         "path or empty",
         "",
         _path_or_none,
-        "slurm.conf to read node shapes from; empty = the slurm.conf beside coda.conf; a "
-        "relative path is relative to coda.conf's directory.",
+        "slurm.conf to read node shapes and partitions from (read again when it changes); "
+        "empty = the slurm.conf beside coda.conf; a relative path is relative to coda.conf's "
+        "directory.",
     )
     """None = the slurm.conf beside coda.conf (:func:`load_config` fills it in)."""
 

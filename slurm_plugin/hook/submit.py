@@ -288,6 +288,9 @@ class HookState:
     node_cap: NodeCap
     node_features: frozenset[str] = frozenset()
     """Every node's slurm.conf ``Feature=``: the only values the hook sets ``--prefer`` to."""
+    slurm_conf_mtime_ns: int | None = None
+    """slurm.conf's mtime when the node shapes were read (None: it could not be stat'ed); a
+    change reloads them (``scontrol reconfigure`` does not restart job_submit plugins)."""
     reloader: Reloader | None = None
     journal: DecisionJournal | None = None
     stats: HookStats = field(default_factory=HookStats)
@@ -488,7 +491,9 @@ def _load_state(path: Path) -> HookState:
     cfg = load_config(path)
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
-    node_cap = NodeCap.from_slurm_conf(slurm_conf_for(path, cfg.slurm_conf), _log_named)
+    slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
+    slurm_mtime_ns = _mtime_ns(slurm_conf)
+    node_cap = NodeCap.from_slurm_conf(slurm_conf, _log_named)
     features = frozenset(f for node in node_cap.nodes for f in node.features)
     for gpu_type in cfg.prefer_gpu_types:
         feature = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
@@ -508,6 +513,7 @@ def _load_state(path: Path) -> HookState:
         cache=cache,
         node_cap=node_cap,
         node_features=features,
+        slurm_conf_mtime_ns=slurm_mtime_ns,
         log_level=log_level,
         cpu_jobs_silent=not cfg.cpu_job_partitions
         and cfg.mem_bw_spread_gres is None
@@ -581,8 +587,11 @@ def _on_reload_tick() -> None:
     except OSError as exc:
         log(LOG_ERROR, f"cannot stat {state.cfg_path}: {exc}; keeping the loaded configuration")
         mtime_ns = state.cfg_mtime_ns
+    slurm_conf = slurm_conf_for(state.cfg_path, state.cfg.slurm_conf)
     if mtime_ns != state.cfg_mtime_ns:
         _reload_config(state, mtime_ns)
+    elif _mtime_ns(slurm_conf) != state.slurm_conf_mtime_ns:
+        _reload_config(state, mtime_ns, f"{slurm_conf} changed")
     state = _state or state
     snapshot = state.cache.snapshot()
     if state.memo.profiles is not snapshot:
@@ -596,12 +605,20 @@ def _on_reload_tick() -> None:
     _write_stats(state)
 
 
-def _reload_config(state: HookState, mtime_ns: int) -> None:
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
     global _state
     try:
         fresh = _load_state(state.cfg_path)
     except (OSError, ConfigError) as exc:
         state.cfg_mtime_ns = mtime_ns  # log once per edit
+        state.slurm_conf_mtime_ns = _mtime_ns(slurm_conf_for(state.cfg_path, state.cfg.slurm_conf))
         log(
             LOG_ERROR,
             f"{state.cfg_path} changed but is invalid ({exc}); keeping the last good configuration",
@@ -635,7 +652,8 @@ def _reload_config(state: HookState, mtime_ns: int) -> None:
         old_journal.stop()
     log(
         LOG_INFO,
-        f"reloaded {state.cfg_path}: mode={fresh.cfg.mode} user_value={fresh.cfg.user_value}",
+        f"reloaded {state.cfg_path}{f' ({why})' if why else ''}: mode={fresh.cfg.mode} "
+        f"user_value={fresh.cfg.user_value}",
     )
 
 
