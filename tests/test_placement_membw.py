@@ -196,6 +196,12 @@ def test_advise_mode_writes_the_record_and_nothing_else() -> None:
     assert parse_admin_record(d.admin_comment or "")["would-membw"] == "60"
 
 
+def test_advise_mode_says_the_route_it_would_give() -> None:
+    d = decide_cpu(cpu_job(), mode="advise", cpu_job_partitions=("batch", "gpu_spare"))
+    assert d.partition is None and d.tres_per_node is None
+    assert "would-part=batch,gpu_spare would-membw=60" in d.log_msg
+
+
 def test_mode_off_writes_nothing() -> None:
     d = decide_cpu(cpu_job(), mode="off")
     assert (d.admin_comment, d.tres_per_node) == (None, None)

@@ -787,7 +787,7 @@ def _cpu_job(
             "it first; coda:off in --comment opts out)",
         )
     admin = f"{ADMIN_PREFIX}{sig.key};cpg=;was=;action=skip;src=none;gpn=0;nodes={nodes}{tokens}"
-    part_log = f" part={route}" if route is not None and not advise else ""
+    part_log = "" if route is None else f" {'would-' if advise else ''}part={route}"
     reason = f"CPU-only job; {why}"
     return Decision(
         action="skip",
