@@ -274,3 +274,37 @@ def test_journal_entry_of_a_hit_matches_the_miss(lib: FakeLib, tmp_path: Path) -
         del e["t"], e["hook_us"], e["tok"]
     assert entries[0] == entries[1]
     assert entries[0]["uid"] == 1000 and entries[0]["job"] == "train"
+
+
+def test_the_gres_counts_of_partitions_are_worked_out_at_load_not_per_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_plugin.config import nodecap
+    from slurm_plugin.store.profiles import CpuUsageRecord
+
+    calls: list[str] = []
+    real = nodecap.gres_units_per_partition
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(nodecap, "gres_units_per_partition", counted)
+    store = ProfileStore(tmp_path / "profiles")
+    store.ensure_root()
+    store.merge_cpu_usage("workload:*:stream", CpuUsageRecord(5e9, 40, time.time()))
+    conf = f"ProfileStore={store.root}\nHookStatsFile=\nMemBwSpreadGres=membw\n"
+    for lib in start_hook(tmp_path, monkeypatch, conf):
+        assert calls == ["membw"]
+        # start_hook's node has no membw: no GRES, a record only.
+        rc, fields, _cpt, _said, _lines = _submit(lib, {"comment": "coda:workload=stream"})
+        assert rc == 0 and fields[1] is None and "coda:sig=workload:1000:stream" in fields[4]
+        (tmp_path / "slurm.conf").write_text(
+            "NodeName=g1 CPUs=32 Gres=gpu:4,membw:200\nPartitionName=gpu Nodes=g1 Default=YES\n"
+        )
+        hook._on_reload_tick()
+        assert calls == ["membw", "membw"]
+        hook.current_state().cache.refresh()
+        rc, fields, *_ = _submit(lib, {"comment": "coda:workload=stream", "cpus_per_task": 4})
+        assert fields[1] == "gres:membw:20"
+        assert calls == ["membw", "membw"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurm_plugin.config.codaconf import CodaConfig, ConfigError, parse_config, read_slurm_conf
-from slurm_plugin.config.nodecap import NodeCap, gres_units_per_node
+from slurm_plugin.config.nodecap import NodeCap, gres_units_per_node, gres_units_per_partition
 from slurm_plugin.decision.decide import (
     Decision,
     JobRequest,
@@ -320,7 +320,11 @@ def test_slurm_conf_partitions_and_gres_are_read(tmp_path: Path) -> None:
         ("all", "ALL", False),
         ("set", "gpunodes", False),
     ]
-    assert gres_units_per_node(nodes, (), "membw", "gpu") is None  # no partitions known
+    per = gres_units_per_partition(nodes, partitions, "membw")
+    assert per == {"gpu": 150, "fast": 200, "batch": None, "all": None, "set": None}
+    assert gres_units_per_node(per, "gpu", None) == 150
+    assert gres_units_per_node(per, None, None) is None  # no Default=YES partition
+    assert gres_units_per_node(per, "gpu", "gpu,nosuch") is None
 
 
 def test_unreadable_slurm_conf_never_asks(tmp_path: Path) -> None:

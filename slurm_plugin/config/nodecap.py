@@ -1,12 +1,14 @@
-"""Cores per GPU the nodes of slurm.conf can give a job, by its GPUs per node.
+"""Cores per GPU the nodes of slurm.conf can give a job, by its GPUs per node, and the
+units of a count-only GRES its partitions' nodes can give it.
 
-Read once when coda.conf is (re)loaded, off the hot path; the hook then asks
-``node_cap(gpus_per_node)`` from a small dict.  The simulator builds one from its nodes.
+Read once when coda.conf or slurm.conf is (re)loaded, off the hot path; the hook then asks
+``node_cap(gpus_per_node)`` and ``node_cap.gres_units(gres, partitions)`` from small dicts.
+The simulator builds one from its nodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from slurm_plugin.config.codaconf import (
@@ -20,6 +22,7 @@ from slurm_plugin.config.codaconf import (
 __all__ = [
     "NodeCap",
     "gres_units_per_node",
+    "gres_units_per_partition",
     "max_cpus_per_gpu_on_any_node",
     "node_share_cpus_per_gpu",
 ]
@@ -51,52 +54,60 @@ def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> i
     return max(1, min(shares)) if shares else None
 
 
-def gres_units_per_node(
-    nodes: Iterable[NodeShape],
-    partitions: Iterable[PartitionShape],
-    gres: str,
-    partition: str | None,
-) -> int | None:
-    """The most units of the count-only GRES ``gres`` a job may ask per node and still be
-    accepted wherever it could run before: the smallest per-node count of ``gres`` over
-    every node of every partition in ``partition`` (a comma-separated list as submitted;
-    None or "" = the ``Default=YES`` partition).
-
-    None when that cannot be known or is not safe: no such partition in slurm.conf, a
-    partition whose ``Nodes=`` names a node slurm.conf does not define (a NodeSet, a
-    feature), or a node without ``gres``.  Slurm refuses a job asking for a GRES that no
-    node of its partition has, so the caller then asks for none.
-    """
-    by_name = {p.name: p for p in partitions}
-    if partition:
-        names = [p for p in partition.split(",") if p]
-    else:
-        names = [p.name for p in by_name.values() if p.default][:1]
-    if not names:
-        return None
+def gres_units_per_partition(
+    nodes: Iterable[NodeShape], partitions: Iterable[PartitionShape], gres: str
+) -> dict[str, int | None]:
+    """Each partition's smallest per-node count of the count-only GRES ``gres`` over its
+    nodes: the most units a job may ask per node and still be accepted wherever it could run
+    there. None for a partition where that is not known or not safe: its ``Nodes=`` is
+    empty or names a node slurm.conf does not define (a NodeSet, a feature), or one of its
+    nodes lacks ``gres`` (Slurm refuses a job asking for a GRES no node of its partition
+    has). Expands every host list once: run it off the hot path."""
     counts: dict[str, int] = {}
+    unreadable = False
     for node in nodes:
         count = dict(node.gres).get(gres, 0)
         try:
             hosts = expand_hostlist(node.names)
         except ValueError:
-            return None
+            unreadable = True
+            continue
         for host in hosts:
             counts[host] = count
-    least: int | None = None
-    for name in names:
-        part = by_name.get(name)
-        if part is None or not part.nodes:
-            return None
+    out: dict[str, int | None] = {}
+    for part in partitions:
+        least: int | None = None
         try:
             hosts = list(counts) if part.nodes.upper() == "ALL" else expand_hostlist(part.nodes)
         except ValueError:
-            return None
+            hosts = []
+        if unreadable or not hosts:
+            out[part.name] = None
+            continue
         for host in hosts:
             count = counts.get(host, 0)
             if count < 1:
-                return None
+                least = None
+                break
             least = count if least is None else min(least, count)
+        out[part.name] = least
+    return out
+
+
+def gres_units_per_node(
+    per_partition: Mapping[str, int | None], default: str | None, partition: str | None
+) -> int | None:
+    """The most units a job submitted to ``partition`` (a comma-separated list as
+    submitted; None or "" = the ``default`` partition) may ask per node: the smallest of
+    its partitions' :func:`gres_units_per_partition`; None when any of them is None or not
+    in slurm.conf."""
+    names = [p for p in partition.split(",") if p] if partition else [default] if default else []
+    least: int | None = None
+    for name in names:
+        units = per_partition.get(name)
+        if units is None:
+            return None
+        least = units if least is None else min(least, units)
     return least
 
 
@@ -105,7 +116,15 @@ class NodeCap:
     ``cap.share(gpus_per_node)`` -> a GPU's even share of cores on the leanest such node
     (``DefaultCpusPerGpu=share``)."""
 
-    __slots__ = ("_cache", "_gres_cache", "_share_cache", "nodes", "partitions", "source")
+    __slots__ = (
+        "_cache",
+        "_default_partition",
+        "_gres_cache",
+        "_share_cache",
+        "nodes",
+        "partitions",
+        "source",
+    )
 
     def __init__(
         self,
@@ -118,7 +137,8 @@ class NodeCap:
         self.source = source
         self._cache: dict[int, int | None] = {}
         self._share_cache: dict[int, int | None] = {}
-        self._gres_cache: dict[tuple[str, str | None], int | None] = {}
+        self._gres_cache: dict[str, Mapping[str, int | None]] = {}
+        self._default_partition = next((p.name for p in partitions if p.default), None)
 
     @classmethod
     def from_slurm_conf(cls, path: Path, log: Callable[[str, str], None]) -> NodeCap:
@@ -142,16 +162,18 @@ class NodeCap:
         return self._cached(self._share_cache, node_share_cpus_per_gpu, gpus_per_node)
 
     def gres_units(self, gres: str, partition: str | None) -> int | None:
-        """:func:`gres_units_per_node` for these nodes and partitions, once per
-        (GRES, partition list)."""
-        key = (gres, partition)
-        try:
-            return self._gres_cache[key]
-        except KeyError:
-            got = gres_units_per_node(self.nodes, self.partitions, gres, partition)
-            if len(self._gres_cache) < 4096:  # partition strings are the user's: bounded
-                self._gres_cache[key] = got
-            return got
+        """:func:`gres_units_per_node` for these partitions; each partition's count is
+        worked out once per GRES (:meth:`prepare_gres`, which the hook calls at load)."""
+        per = self._gres_cache.get(gres)
+        if per is None:
+            per = self.prepare_gres(gres)
+        return gres_units_per_node(per, self._default_partition, partition)
+
+    def prepare_gres(self, gres: str) -> Mapping[str, int | None]:
+        """Work out every partition's count of ``gres`` now (host lists expanded once)."""
+        per = gres_units_per_partition(self.nodes, self.partitions, gres)
+        self._gres_cache[gres] = per
+        return per
 
     def _cached(
         self,

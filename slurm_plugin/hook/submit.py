@@ -494,6 +494,10 @@ def _load_state(path: Path) -> HookState:
     slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
     slurm_mtime_ns = _mtime_ns(slurm_conf)
     node_cap = NodeCap.from_slurm_conf(slurm_conf, _log_named)
+    if cfg.mem_bw_spread_gres is not None:
+        # Every partition's GRES count now, not under slurmctld's job write lock: expanding
+        # the host lists of 10,000 nodes takes ~20 ms.
+        node_cap.prepare_gres(cfg.mem_bw_spread_gres)
     features = frozenset(f for node in node_cap.nodes for f in node.features)
     for gpu_type in cfg.prefer_gpu_types:
         feature = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
