@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from coda_node.system.slurmjobs import SlurmJobs, make_runner
 from slurm_plugin.decision.decide import parse_admin_record
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec
 from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore
@@ -82,6 +83,14 @@ def test_memory_bound_cpu_jobs_are_spread_over_nodes(mcluster: DevCluster) -> No
     record = parse_admin_record(fields["AdminComment"])
     assert (record["sig"], record["membw"], record["gpn"]) == ("workload:0:stream", "60", "0")
     first_node = running_on(mcluster, first)
+    # What coda-node on that node reads of it: a CPU job, its record, the GRES it holds
+    # (squeue --json says "membw(CNT:60)" for a GRES without device files).
+    slurm = SlurmJobs(first_node, make_runner(mcluster.env))
+    seen = slurm.get({first}).get(first)
+    assert slurm.last_error is None and seen is not None, slurm.last_error
+    assert not seen.is_dnn and seen.admin_record is not None
+    assert seen.admin_record["sig"] == "workload:0:stream"
+    assert [(g.name, g.count) for g in seen.gres] == [("membw", 60)]
 
     # 20 of the first node's 32 CPUs are free, but only 40 of its 100 bandwidth units.
     second, fields, _ = submit(mcluster, STREAM)

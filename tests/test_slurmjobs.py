@@ -312,6 +312,14 @@ def test_a_refused_record_leaves_the_job_shown_but_without_a_signature() -> None
             "gpu:a100:1(IDX:0),gpu:v100:1(IDX:3)",
             [("gpu", "a100", 1, (0,)), ("gpu", "v100", 1, (3,))],
         ),
+        # A GRES without device files (count-only: PcieSpreadGres, MemBwSpreadGres), as
+        # squeue --json gives it (read from a real slurmctld in test_placement_membw_slurm).
+        ("membw(CNT:60)", [("membw", None, 60, ())]),
+        (
+            "gpu:a100:1(IDX:1),membw(CNT:5)",
+            [("gpu", "a100", 1, (1,)), ("membw", None, 5, ())],
+        ),
+        ("gpu:a100:2(IDX:0-1),pcie(CNT:1)", [("gpu", "a100", 2, (0, 1)), ("pcie", None, 1, ())]),
         ("", []),
     ],
 )

@@ -396,11 +396,15 @@ class SlurmGres:
     indices: tuple[int, ...]
 
 
-_GRES_ITEM = re.compile(r"([^:,()]+)(?::([^:,()]+))?(?::(\d+))?(?:\(IDX:([0-9,\-]*)\))?")
+_GRES_ITEM = re.compile(
+    r"([^:,()]+)(?::([^:,()]+))?(?::(\d+))?(?:\((?:IDX:([0-9,\-]*)|CNT:(\d+))\))?"
+)
 
 
 def parse_gres(text: str) -> tuple[SlurmGres, ...]:
-    """``gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:3)`` (a node's entry of ``gres_detail``)."""
+    """``gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:3),membw(CNT:60)`` (a node's entry of
+    ``gres_detail``; a GRES without device files, e.g. a count-only one, shows its count
+    as ``(CNT:N)``)."""
     out: list[SlurmGres] = []
     # Commas also separate indices inside (IDX:0,2); split only outside parentheses.
     try:
@@ -411,10 +415,11 @@ def parse_gres(text: str) -> tuple[SlurmGres, ...]:
         m = _GRES_ITEM.fullmatch(item)
         if m is None:
             raise SlurmQueryError(f"cannot read GRES {item!r}")
-        name, second, count, idx = m.groups()
+        name, second, count, idx, cnt = m.groups()
         gtype = second
         if count is None and second is not None and second.isdigit():
             gtype, count = None, second
+        count = count or cnt
         indices = _gres_indices(idx) if idx else ()
         out.append(SlurmGres(name, gtype, int(count) if count else len(indices), indices))
     return tuple(out)
