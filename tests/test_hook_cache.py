@@ -198,6 +198,7 @@ def test_a_slurm_conf_edit_is_picked_up_at_the_next_reload_tick(
     lib: FakeLib, tmp_path: Path
 ) -> None:
     # scontrol reconfigure does not restart job_submit plugins: the hook watches slurm.conf.
+    _ticks_by_hand_only()
     case = CASES[0]
     assert _submit(lib, case)[1][0] == "gres:gpu:6"
     slurm_conf = tmp_path / "slurm.conf"
@@ -295,6 +296,7 @@ def test_the_gres_counts_of_partitions_are_worked_out_at_load_not_per_job(
     store.merge_cpu_usage("workload:*:stream", CpuUsageRecord(5e9, 40, time.time()))
     conf = f"ProfileStore={store.root}\nHookStatsFile=\nMemBwSpreadGres=membw\n"
     for lib in start_hook(tmp_path, monkeypatch, conf):
+        _ticks_by_hand_only()
         assert calls == ["membw"]
         # start_hook's node has no membw: no GRES, a record only.
         rc, fields, _cpt, _said, _lines = _submit(lib, {"comment": "coda:workload=stream"})
@@ -308,3 +310,11 @@ def test_the_gres_counts_of_partitions_are_worked_out_at_load_not_per_job(
         rc, fields, *_ = _submit(lib, {"comment": "coda:workload=stream", "cpus_per_task": 4})
         assert fields[1] == "gres:membw:20"
         assert calls == ["membw", "membw"]
+
+
+def _ticks_by_hand_only() -> None:
+    """Stop the hook's reloader thread: the test runs each reload tick itself (the thread
+    would also see the edit and reload a second time)."""
+    reloader = hook.current_state().reloader
+    if reloader is not None:
+        reloader.stop()

@@ -345,3 +345,52 @@ def test_the_node_daemon_takes_the_record_the_hook_writes() -> None:
         assert record["sig"] == parse_admin_record(d.admin_comment or "")["sig"]
         # Another user's job cannot carry it into their profile.
         assert hook_record(stored, UID + 1)[0] is None
+
+
+@pytest.mark.parametrize(
+    ("lines", "default", "nodes_of"),
+    [
+        # Slurm takes the last partition that says Default=YES.
+        (
+            "PartitionName=a Nodes=gpu01 Default=YES\nPartitionName=b Nodes=cpu01 Default=YES\n",
+            "b",
+            {"a": "gpu01", "b": "cpu01"},
+        ),
+        # Its boolean words, in any case.
+        ("PartitionName=a Nodes=gpu01 Default=true\n", "a", {"a": "gpu01"}),
+        ("PartitionName=a Nodes=gpu01 Default=1\nPartitionName=b Nodes=gpu01\n", "a", None),
+        ("PartitionName=a Nodes=gpu01 Default=Up\n", "a", None),
+        ("PartitionName=a Nodes=gpu01 Default=NO\n", None, None),
+        # PartitionName=DEFAULT values hold for later lines that do not set their own.
+        (
+            "PartitionName=DEFAULT Nodes=gpu[01-02]\nPartitionName=a\n"
+            "PartitionName=b Nodes=cpu01\n",
+            None,
+            {"a": "gpu[01-02]", "b": "cpu01"},
+        ),
+        (
+            "PartitionName=DEFAULT Default=YES\nPartitionName=a Nodes=gpu01\n"
+            "PartitionName=b Nodes=cpu01 Default=NO\n",
+            "a",
+            None,
+        ),
+    ],
+)
+def test_the_default_partition_is_slurms(
+    tmp_path: Path, lines: str, default: str | None, nodes_of: dict[str, str] | None
+) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "NodeName=gpu[01-02] CPUs=64 Gres=gpu:4,membw:200\nNodeName=cpu01 CPUs=64\n" + lines
+    )
+    _, partitions = read_slurm_conf(conf)
+    assert [p.name for p in partitions if p.default] == ([default] if default else [])
+    if nodes_of is not None:
+        assert {p.name: p.nodes for p in partitions} == nodes_of
+    cap = NodeCap.from_slurm_conf(conf, lambda level, msg: None)
+    want = None if default is None or "cpu01" in cap_nodes(partitions, default) else 200
+    assert cap.gres_units("membw", None) == want
+
+
+def cap_nodes(partitions: Any, name: str) -> str:
+    return next(p.nodes for p in partitions if p.name == name)

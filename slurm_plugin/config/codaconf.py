@@ -1170,9 +1170,11 @@ class PartitionShape:
 
     name: str
     nodes: str
-    """The ``Nodes=`` value as written (``gpu[01-04]``, ``ALL``); "" when none."""
-    default: bool
-    """``Default=YES``: the partition of jobs submitted without ``--partition``."""
+    """The ``Nodes=`` value as written (``gpu[01-04]``, ``ALL``), or the
+    ``PartitionName=DEFAULT`` line's; "" when none."""
+    default: bool | None
+    """The partition of jobs submitted without ``--partition`` (``Default=YES``; when
+    several say so, the last). :func:`read_slurm_conf` gives True or False."""
 
 
 _NODENAME_LINE = re.compile(r"\s*nodename\s*=", re.IGNORECASE)
@@ -1372,15 +1374,46 @@ def _read_slurm_file(
             raise ConfigError(source, lineno, f"NodeName={name}: {exc}") from None
 
 
+_SLURM_TRUE = frozenset({"yes", "up", "true", "1"})
+"""What Slurm's slurm.conf parser takes for a true boolean (case-insensitive)."""
+
+
 def _read_partition(line: str, source: str, lineno: int, partitions: list[PartitionShape]) -> None:
     params = {key.lower(): value for key, value in _tokenize(line, source, lineno)}
     name = params.get("partitionname", "")
     if not name:
         raise ConfigError(source, lineno, "PartitionName without a value")
     if name.upper() == "DEFAULT":
-        return  # its Nodes= would be every partition's; not needed here
-    default = params.get("default", "").upper() == "YES"
-    partitions.append(PartitionShape(name, params.get("nodes", ""), default))
+        # Its values are every later partition's unless it sets its own (as in Slurm);
+        # kept as a pseudo-partition that read_slurm_conf folds in.
+        partitions.append(PartitionShape("DEFAULT", params.get("nodes", ""), _default(params)))
+        return
+    partitions.append(PartitionShape(name, params.get("nodes", ""), _default(params)))
+
+
+def _default(params: dict[str, str]) -> bool | None:
+    """``Default=``: True, False, or None when the line does not set it."""
+    value = params.get("default")
+    return None if value is None else value.lower() in _SLURM_TRUE
+
+
+def _fold_partition_defaults(lines: list[PartitionShape]) -> tuple[PartitionShape, ...]:
+    """The partitions of ``lines`` with ``PartitionName=DEFAULT`` values filled in, and
+    ``default`` True only for the last partition that says so (Slurm takes the last)."""
+    nodes, default = "", None
+    out: list[PartitionShape] = []
+    for p in lines:
+        if p.name.upper() == "DEFAULT":
+            nodes = p.nodes or nodes
+            default = p.default if p.default is not None else default
+            continue
+        out.append(
+            PartitionShape(
+                p.name, p.nodes or nodes, bool(p.default if p.default is not None else default)
+            )
+        )
+    last = max((i for i, p in enumerate(out) if p.default), default=-1)
+    return tuple(replace(p, default=(i == last)) for i, p in enumerate(out))
 
 
 def _include_targets(spec: str, base_dir: Path, source: str, lineno: int) -> list[Path]:
@@ -1410,9 +1443,9 @@ def read_slurm_nodes(path: Path) -> tuple[NodeShape, ...]:
 
 def read_slurm_conf(path: Path) -> tuple[tuple[NodeShape, ...], tuple[PartitionShape, ...]]:
     """The ``NodeName=`` lines (as :func:`read_slurm_nodes`) and the ``PartitionName=``
-    lines of slurm.conf at ``path`` (``PartitionName=DEFAULT`` is skipped).  Raises
-    :class:`ConfigError`."""
+    lines of slurm.conf at ``path`` (``PartitionName=DEFAULT`` values filled in, not a
+    partition itself).  Raises :class:`ConfigError`."""
     nodes: list[NodeShape] = []
     partitions: list[PartitionShape] = []
     _read_slurm_file(path, path.parent, nodes, {}, (), partitions)
-    return tuple(nodes), tuple(partitions)
+    return tuple(nodes), _fold_partition_defaults(partitions)
