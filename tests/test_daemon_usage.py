@@ -412,3 +412,25 @@ def test_with_profile_publish_munge_the_record_goes_through_the_drop_directory(
     ((_t, event),) = sim.events("usage-publish", CPU)
     assert event["reason"].endswith(f"(job ended), handed to the controller as {path}")
     assert not sim.store.root.exists()  # the node writes nothing into the store
+
+
+def test_a_munge_that_cannot_be_run_is_one_event_and_the_tick_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_a: object, **_k: object) -> bytes:
+        raise OSError(8, "Exec format error", "munge")
+
+    monkeypatch.setattr(dropbox.munge, "encode", broken)
+    sim = make_sim(tmp_path, monkeypatch)
+    drop_dir = tmp_path / "drop"
+    drop_dir.mkdir()
+    sim.rdt = mount_resctrl(sim.node, tasks_in_root=True)
+    sim.new_daemon(conf_extra=f"ProfilePublish=munge\nProfileDropDir={drop_dir}\n")
+    sig = cpu_record(sim)
+    run_cpu_ticks(sim, 12, 8e9)
+    end_cpu_job(sim)
+    ((_t, event),) = sim.events("usage-publish", CPU)
+    assert event["reason"].startswith(f"cannot hand memory bandwidth of {sig} to the controller")
+    assert "Exec format error" in event["reason"]
+    assert not list(drop_dir.iterdir())
+    run_ticks(sim, 2)  # ticks go on (the DNN job still trains)

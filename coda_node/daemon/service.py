@@ -582,7 +582,9 @@ class Daemon:
                 self.cfg.munge_socket,
                 ttl_s=self.cfg.profile_drop_ttl_s,
             )
-        except DropError as exc:
+        except (DropError, OSError, ValueError) as exc:
+            # DropError: munge or the drop directory; OSError: munge could not be run;
+            # ValueError: a record JSON cannot carry. None stops the tick or the shutdown.
             line = f"cannot hand {what} of {flush.signature} to the controller: {exc}"
         else:
             line = (
@@ -656,8 +658,12 @@ class Daemon:
                     self.tick_errors_total += 1
                     log.exception("tick failed; retrying next interval")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
-            for flush in self.usage.drain(time.time()):
-                self._publish_usage(flush)
+            try:
+                for flush in self.usage.drain(time.time()):
+                    self._publish_usage(flush)
+            except Exception:
+                # Nothing a usage record can do may keep the jobs from being put back.
+                log.exception("usage records not written at stop")
             self.restore()
             self.nvml.shutdown()
         finally:
