@@ -138,6 +138,12 @@ def test_shared_workload_profile_is_used() -> None:
     assert parse_admin_record(d.admin_comment or "")["sig"] == f"workload:{UID}:shared-etl"
 
 
+def test_an_absurd_measurement_asks_for_a_whole_node_and_no_more() -> None:
+    profiles = {SIG: cpu_view(SIG, 1e308)}
+    d = decide_cpu(cpu_job(cpus_per_task=64), profiles, gres_units=lambda gres, parts: 100)
+    assert d.tres_per_node == "gres:membw:100"
+
+
 def test_never_more_than_the_partitions_nodes_have() -> None:
     d = decide_cpu(cpu_job(cpus_per_task=64), gres_units=lambda gres, parts: 100)
     assert d.tres_per_node == "gres:membw:100"  # 320 GB/s wanted, 100 units per node
@@ -183,6 +189,19 @@ def test_opt_out_and_malformed_directives_get_nothing(req: JobRequest) -> None:
 def test_excluded_partition_is_left_alone() -> None:
     d = decide_cpu(cpu_job(partition="debug"), exclude_partitions=("debug",))
     assert (d.admin_comment, d.tres_per_node) == (None, None)
+
+
+def test_an_excluded_default_partition_is_left_alone() -> None:
+    cfg = dataclasses.replace(CodaConfig(), exclude_partitions=("debug",), **ON)
+    d = decide(
+        cpu_job(), cfg, PROFILES, lambda gpn: None, gres_units=units_200, default_partition="debug"
+    )
+    assert (d.admin_comment, d.tres_per_node) == (None, None)
+    # Another default partition: the job is spread.
+    d = decide(
+        cpu_job(), cfg, PROFILES, lambda gpn: None, gres_units=units_200, default_partition="gpu"
+    )
+    assert d.tres_per_node == "gres:membw:60"
 
 
 def test_partitions_key_does_not_apply_to_cpu_jobs() -> None:

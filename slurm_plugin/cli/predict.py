@@ -71,6 +71,7 @@ def predict_submission(
         node_share=node_cap.share,
         gres_units=node_cap.gres_units,
         gres_sep=local_gres_separator(),
+        default_partition=node_cap.default_partition,
     )
     record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
     try:

@@ -161,6 +161,11 @@ class NodeCap:
     def share(self, gpus_per_node: int) -> int | None:
         return self._cached(self._share_cache, node_share_cpus_per_gpu, gpus_per_node)
 
+    @property
+    def default_partition(self) -> str | None:
+        """slurm.conf's ``Default=YES`` partition (the last that says so), or None."""
+        return self._default_partition
+
     def gres_units(self, gres: str, partition: str | None) -> int | None:
         """:func:`gres_units_per_node` for these partitions; each partition's count is
         worked out once per GRES (:meth:`prepare_gres`, which the hook calls at load)."""

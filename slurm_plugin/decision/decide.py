@@ -251,6 +251,7 @@ def decide(
     node_share: Callable[[int], int | None] | None = None,
     gres_units: Callable[[str, str | None], int | None] | None = None,
     gres_sep: str = ":",
+    default_partition: str | None = None,
 ) -> Decision:
     """The decision for one submitted job (rules in the module docstring).
 
@@ -265,13 +266,15 @@ def decide(
     or no callable: no default).  ``gres_units(gres, partitions)``: the most units of a
     count-only GRES the job may ask per node in those partitions (None: ask for none; no
     callable: never ask), for ``MemBwSpreadGres``; ``gres_sep``: how the running Slurm
-    spells a GRES, for a CPU-only job whose request shows no spelling.
+    spells a GRES, for a CPU-only job whose request shows no spelling;
+    ``default_partition``: slurm.conf's ``Default=YES`` partition, where a CPU-only job
+    without ``--partition`` runs (for ``ExcludePartitions``).
     """
     if cfg.mode == "off":
         return _skip(req, "Mode=off")
     admitted = _admit(req, cfg)
     if isinstance(admitted, _CpuOnly):
-        return _cpu_job(req, cfg, profiles, gres_units, gres_sep)
+        return _cpu_job(req, cfg, profiles, gres_units, gres_sep, default_partition)
     if isinstance(admitted, Decision):
         return admitted
 
@@ -740,6 +743,7 @@ def _cpu_job(
     profiles: Mapping[str, ProfileView],
     gres_units: Callable[[str, str | None], int | None] | None,
     gres_sep: str,
+    default_partition: str | None = None,
 ) -> Decision:
     """A CPU-only job: its route (``CpuJobPartitions``) and, with ``MemBwSpreadGres``, an
     admin record (so coda-node measures its memory bandwidth) and its share of the
@@ -760,7 +764,8 @@ def _cpu_job(
     advise = cfg.mode == "advise"
     gres = cfg.mem_bw_spread_gres
     parts = route or req.partition
-    excluded = parts is not None and any(p in cfg.exclude_partitions for p in parts.split(",") if p)
+    runs_in = parts or default_partition or ""
+    excluded = any(p in cfg.exclude_partitions for p in runs_in.split(",") if p)
     if gres is None or excluded:
         if route is None:
             return _skip(req, "no GPUs requested")

@@ -96,6 +96,8 @@ def membw_units(
     if unit_bytes_per_s <= 0:
         raise ValueError(f"unit_bytes_per_s must be > 0, got {unit_bytes_per_s}")
     want = bw_per_core_bytes_per_s * cores / unit_bytes_per_s
+    if not math.isfinite(want):  # an absurd measurement (1e308): all of a node, no more
+        return node_units
     return min(node_units, max(1, math.ceil(want - 1e-9)))
 
 

@@ -983,6 +983,7 @@ def _plan_miss(
         node_share=state.node_cap.share,
         gres_units=state.node_cap.gres_units,
         gres_sep=_GRES_SEP,
+        default_partition=state.node_cap.default_partition,
     )
     plan = make_plan(req, decision)
     memo.add(key, plan)
