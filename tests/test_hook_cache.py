@@ -277,7 +277,7 @@ def test_journal_entry_of_a_hit_matches_the_miss(lib: FakeLib, tmp_path: Path) -
     assert entries[0]["uid"] == 1000 and entries[0]["job"] == "train"
 
 
-def test_the_gres_counts_of_partitions_are_worked_out_at_load_not_per_job(
+def test_gres_counts_come_from_the_slurm_conf_slurmctld_started_with_and_never_per_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from slurm_plugin.config import nodecap
@@ -295,21 +295,32 @@ def test_the_gres_counts_of_partitions_are_worked_out_at_load_not_per_job(
     store.ensure_root()
     store.merge_cpu_usage("workload:*:stream", CpuUsageRecord(5e9, 40, time.time()))
     conf = f"ProfileStore={store.root}\nHookStatsFile=\nMemBwSpreadGres=membw\n"
+    job = {"comment": "coda:workload=stream", "cpus_per_task": 4}  # 20 GB/s
+    with_membw = "NodeName=g1 CPUs=32 Gres=gpu:4,membw:{}\nPartitionName=gpu Nodes=g1 Default=YES\n"
     for lib in start_hook(tmp_path, monkeypatch, conf):
         _ticks_by_hand_only()
-        assert calls == ["membw"]
+        assert calls == ["membw"]  # at load, off the hot path
         # start_hook's node has no membw: no GRES, a record only.
-        rc, fields, _cpt, _said, _lines = _submit(lib, {"comment": "coda:workload=stream"})
+        rc, fields, *_ = _submit(lib, job)
         assert rc == 0 and fields[1] is None and "coda:sig=workload:1000:stream" in fields[4]
-        (tmp_path / "slurm.conf").write_text(
-            "NodeName=g1 CPUs=32 Gres=gpu:4,membw:200\nPartitionName=gpu Nodes=g1 Default=YES\n"
-        )
+        # The GRES added to slurm.conf: slurmctld knows it only once restarted, so the
+        # hook, reloaded, still asks for none.
+        (tmp_path / "slurm.conf").write_text(with_membw.format(200))
         hook._on_reload_tick()
-        assert calls == ["membw", "membw"]
+        assert _submit(lib, job)[1][1] is None
+        # slurmctld restarted (and the plugin with it): now it asks.
+        hook.plugin_fini()
+        hook.bind(ffi, lib)
+        assert hook.plugin_init() == 1
+        _ticks_by_hand_only()
         hook.current_state().cache.refresh()
-        rc, fields, *_ = _submit(lib, {"comment": "coda:workload=stream", "cpus_per_task": 4})
-        assert fields[1] == "gres:membw:20"
-        assert calls == ["membw", "membw"]
+        n = len(calls)
+        assert _submit(lib, job)[1][1] == "gres:membw:20"
+        assert len(calls) == n  # no host list expanded for a job
+        # A count lowered in slurm.conf is taken at once (a smaller request is always safe).
+        (tmp_path / "slurm.conf").write_text(with_membw.format(10))
+        hook._on_reload_tick()
+        assert _submit(lib, job)[1][1] == "gres:membw:10"
 
 
 def _ticks_by_hand_only() -> None:

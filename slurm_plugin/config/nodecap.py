@@ -111,6 +111,10 @@ def gres_units_per_node(
     return least
 
 
+def _at_most(units: int | None, top: int | None) -> int | None:
+    return None if units is None or top is None else min(units, top)
+
+
 class NodeCap:
     """``cap(gpus_per_node)`` -> the most cores per GPU any node with that many GPUs has;
     ``cap.share(gpus_per_node)`` -> a GPU's even share of cores on the leanest such node
@@ -121,6 +125,7 @@ class NodeCap:
         "_default_partition",
         "_gres_cache",
         "_share_cache",
+        "ceiling",
         "nodes",
         "partitions",
         "source",
@@ -138,6 +143,10 @@ class NodeCap:
         self._cache: dict[int, int | None] = {}
         self._share_cache: dict[int, int | None] = {}
         self._gres_cache: dict[str, Mapping[str, int | None]] = {}
+        self.ceiling: NodeCap | None = None
+        """The slurm.conf read when slurmctld started: a GRES count read later is never
+        above its count there (slurmctld learns a new GRES, or a larger count, only on a
+        restart; a request above what it knows is refused)."""
         self._default_partition = next((p.name for p in partitions if p.default), None)
 
     @classmethod
@@ -175,8 +184,12 @@ class NodeCap:
         return gres_units_per_node(per, self._default_partition, partition)
 
     def prepare_gres(self, gres: str) -> Mapping[str, int | None]:
-        """Work out every partition's count of ``gres`` now (host lists expanded once)."""
+        """Work out every partition's count of ``gres`` now (host lists expanded once),
+        never above the :attr:`ceiling`'s."""
         per = gres_units_per_partition(self.nodes, self.partitions, gres)
+        if self.ceiling is not None:
+            top = self.ceiling._gres_cache.get(gres) or self.ceiling.prepare_gres(gres)
+            per = {name: _at_most(units, top.get(name)) for name, units in per.items()}
         self._gres_cache[gres] = per
         return per
 

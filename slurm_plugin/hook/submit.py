@@ -288,6 +288,9 @@ class HookState:
     node_cap: NodeCap
     node_features: frozenset[str] = frozenset()
     """Every node's slurm.conf ``Feature=``: the only values the hook sets ``--prefer`` to."""
+    started_node_cap: NodeCap | None = None
+    """The node shapes read when the plugin started (with slurmctld): GRES counts read
+    later never go above them (:attr:`NodeCap.ceiling`)."""
     slurm_conf_mtime_ns: int | None = None
     """slurm.conf's mtime when the node shapes were read (None: it could not be stat'ed); a
     change reloads them (``scontrol reconfigure`` does not restart job_submit plugins)."""
@@ -487,13 +490,14 @@ def _drain_locked(state: HookState | None) -> int:
             return total
 
 
-def _load_state(path: Path) -> HookState:
+def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
     cfg = load_config(path)
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
     slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
     slurm_mtime_ns = _mtime_ns(slurm_conf)
     node_cap = NodeCap.from_slurm_conf(slurm_conf, _log_named)
+    node_cap.ceiling = started
     if cfg.mem_bw_spread_gres is not None:
         # Every partition's GRES count now, not under slurmctld's job write lock: expanding
         # the host lists of 10,000 nodes takes ~20 ms.
@@ -517,6 +521,7 @@ def _load_state(path: Path) -> HookState:
         cache=cache,
         node_cap=node_cap,
         node_features=features,
+        started_node_cap=started or node_cap,
         slurm_conf_mtime_ns=slurm_mtime_ns,
         log_level=log_level,
         cpu_jobs_silent=not cfg.cpu_job_partitions
@@ -619,7 +624,7 @@ def _mtime_ns(path: Path) -> int | None:
 def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
     global _state
     try:
-        fresh = _load_state(state.cfg_path)
+        fresh = _load_state(state.cfg_path, state.started_node_cap)
     except (OSError, ConfigError) as exc:
         state.cfg_mtime_ns = mtime_ns  # log once per edit
         state.slurm_conf_mtime_ns = _mtime_ns(slurm_conf_for(state.cfg_path, state.cfg.slurm_conf))
