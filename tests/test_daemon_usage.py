@@ -392,15 +392,21 @@ def test_a_damaged_profile_of_a_cpu_job_is_said_and_the_tick_goes_on(
     assert sim.daemon.loop.progress[DNN].phase == "train"  # the tick went on
 
 
-def test_with_profile_publish_munge_the_record_goes_through_the_drop_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(dropbox.munge, "encode", lambda payload, *a, **k: payload)
+def munge_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Sim, Path]:
+    """mbm_sim's node with ProfilePublish=munge into a fresh drop directory."""
     sim = make_sim(tmp_path, monkeypatch)
     drop_dir = tmp_path / "drop"
     drop_dir.mkdir()
     sim.rdt = mount_resctrl(sim.node, tasks_in_root=True)
     sim.new_daemon(conf_extra=f"ProfilePublish=munge\nProfileDropDir={drop_dir}\n")
+    return sim, drop_dir
+
+
+def test_with_profile_publish_munge_the_record_goes_through_the_drop_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dropbox.munge, "encode", lambda payload, *a, **k: payload)
+    sim, drop_dir = munge_sim(tmp_path, monkeypatch)
     sig = cpu_record(sim)
     run_cpu_ticks(sim, 12, 8e9)
     end_cpu_job(sim)
@@ -417,15 +423,12 @@ def test_with_profile_publish_munge_the_record_goes_through_the_drop_directory(
 def test_a_munge_that_cannot_be_run_is_one_event_and_the_tick_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*_a: object, **_k: object) -> bytes:
-        raise OSError(8, "Exec format error", "munge")
-
-    monkeypatch.setattr(dropbox.munge, "encode", broken)
-    sim = make_sim(tmp_path, monkeypatch)
-    drop_dir = tmp_path / "drop"
-    drop_dir.mkdir()
-    sim.rdt = mount_resctrl(sim.node, tasks_in_root=True)
-    sim.new_daemon(conf_extra=f"ProfilePublish=munge\nProfileDropDir={drop_dir}\n")
+    # A munge binary the kernel cannot execute: subprocess raises OSError (ENOEXEC).
+    broken = tmp_path / "munge"
+    broken.write_bytes(b"\x00not an executable\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(dropbox.munge, "_tool", lambda name: str(broken))
+    sim, drop_dir = munge_sim(tmp_path, monkeypatch)
     sig = cpu_record(sim)
     run_cpu_ticks(sim, 12, 8e9)
     end_cpu_job(sim)

@@ -582,9 +582,7 @@ class Daemon:
                 self.cfg.munge_socket,
                 ttl_s=self.cfg.profile_drop_ttl_s,
             )
-        except (DropError, OSError, ValueError) as exc:
-            # DropError: munge or the drop directory; OSError: munge could not be run;
-            # ValueError: a record JSON cannot carry. None stops the tick or the shutdown.
+        except DropError as exc:
             line = f"cannot hand {what} of {flush.signature} to the controller: {exc}"
         else:
             line = (

@@ -196,9 +196,11 @@ def drop(payload: Drop, drop_dir: Path, munge_socket: Path, *, ttl_s: int) -> Pa
     collector never sees a half-written file, and nothing but the new file is touched.
     """
     try:
-        credential = munge.encode(
-            payload.to_json_bytes(), munge_socket, ttl_s=ttl_s, restrict_uid=0
-        )
+        data = payload.to_json_bytes()
+    except ValueError as exc:  # a non-finite number: no JSON the collector would take
+        raise DropError(f"payload cannot be encoded: {exc}") from None
+    try:
+        credential = munge.encode(data, munge_socket, ttl_s=ttl_s, restrict_uid=0)
     except munge.MungeUnavailable as exc:
         raise DropError(str(exc)) from None
     name = secrets.token_hex(16)

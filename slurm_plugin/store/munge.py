@@ -83,6 +83,8 @@ def encode(payload: bytes, socket: Path, *, ttl_s: int, restrict_uid: int | None
         raise MungeUnavailable(
             f"munge at {socket} did not answer in {_CALL_TIMEOUT_S:g} s"
         ) from None
+    except OSError as exc:  # the binary could not be run (ENOEXEC, EACCES, ...)
+        raise MungeUnavailable(f"cannot run {argv[0]}: {exc}") from None
     if done.returncode != 0:
         why = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
         raise MungeUnavailable(f"munge --socket={socket}: {why}")
@@ -101,6 +103,8 @@ def decode(credential: bytes, socket: Path) -> Decoded:
         raise MungeUnavailable(
             f"unmunge at {socket} did not answer in {_CALL_TIMEOUT_S:g} s"
         ) from None
+    except OSError as exc:
+        raise MungeUnavailable(f"cannot run {argv[0]}: {exc}") from None
     err = done.stderr.decode("utf-8", "replace").strip().removeprefix("unmunge: Error: ")
     head, sep, payload = done.stdout.partition(b"\n\n")
     meta: dict[str, str] = {}

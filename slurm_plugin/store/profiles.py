@@ -935,16 +935,13 @@ class ProfileStore:
         """
         if not isinstance(record, UsageRecord):
             raise TypeError(f"merge_usage wants a UsageRecord, got {type(record).__name__}")
-        problem = signature_problem(signature)
-        if problem:
-            raise ValueError(problem)
-        with self._locked(signature):
-            current = self.read(signature)
+
+        def merged(current: Profile | None) -> Profile | None:
             if current is None:
                 return None
-            result = replace(current, usage=merge_into(current.usage, record))
-            self._write_locked(signature, encode_profile(result))
-            return result
+            return replace(current, usage=merge_into(current.usage, record))
+
+        return self._update(signature, merged)
 
     def merge_cpu_usage(self, signature: str, record: CpuUsageRecord) -> Profile:
         """Merge one CPU-job memory-bandwidth record into the profile of ``signature``;
@@ -960,11 +957,8 @@ class ProfileStore:
         """
         if not isinstance(record, CpuUsageRecord):
             raise TypeError(f"merge_cpu_usage wants a CpuUsageRecord, got {type(record).__name__}")
-        problem = signature_problem(signature)
-        if problem:
-            raise ValueError(problem)
-        with self._locked(signature):
-            current = self.read(signature)
+
+        def merged(current: Profile | None) -> Profile:
             if current is None:
                 current = Profile(
                     signature=signature,
@@ -975,8 +969,24 @@ class ProfileStore:
                     updated_unix_s=record.updated_unix_s,
                     source="cpu-usage",
                 )
-            result = replace(current, cpu_usage=merge_cpu_usage(current.cpu_usage, record))
-            self._write_locked(signature, encode_profile(result))
+            return replace(current, cpu_usage=merge_cpu_usage(current.cpu_usage, record))
+
+        result = self._update(signature, merged)
+        assert result is not None  # merged() always gives a profile
+        return result
+
+    def _update(
+        self, signature: str, change: Callable[[Profile | None], Profile | None]
+    ) -> Profile | None:
+        """Under the signature's lock: read its profile (None when there is none), write
+        what ``change`` makes of it (nothing when it gives None) and return that."""
+        problem = signature_problem(signature)
+        if problem:
+            raise ValueError(problem)
+        with self._locked(signature):
+            result = change(self.read(signature))
+            if result is not None:
+                self._write_locked(signature, encode_profile(result))
             return result
 
     def remove_stale_temp_files(self, older_than_s: float = 3600.0) -> int:
