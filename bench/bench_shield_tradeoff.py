@@ -16,8 +16,11 @@ also give back GPU time worth the cores they hold back at ``NodeThrottleGpuWorth
 per GPU, priced again after every step (the defaults at 14); *membw placement*: the price
 rule with memory-bound CPU jobs spread by their memory bandwidth (``--placement membw``,
 every CPU job's bandwidth known), which costs them queue time rather than run time (the
-tables' CPU wait); ``off`` is ``NodeContention=no``. Every row but *price* and *membw
-placement* sets ``NodeThrottleGpuWorthCores=0``.
+tables' CPU wait); ``off`` is ``NodeContention=no``. Every row but *price*, *membw
+placement* and *trigger* sets ``NodeThrottleGpuWorthCores=0``. *trigger* (run only when
+``--rule trigger`` asks for it) is the price rule with the eliminator acting at another
+slowdown (``NodeContentionTriggerPct``) and releasing at another
+(``NodeContentionReleasePct``).
 
     .venv/bin/python bench/bench_shield_tradeoff.py        # table, docs/shield-tradeoff.svg
     .venv/bin/python bench/bench_shield_tradeoff.py --trace muri --no-plot
@@ -65,6 +68,8 @@ class Variant:
     args: tuple[str, ...] = ()
     """More ``coda-slurm simulate`` arguments (a placement mechanism: its run is the last
     result)."""
+    on_request: bool = False
+    """Run only when ``--rule`` names its rule (not part of the default table and plot)."""
 
 
 def variants() -> list[Variant]:
@@ -126,6 +131,24 @@ def variants() -> list[Variant]:
                 ("--placement", "membw"),
             )
         )
+    # The price rule with the eliminator's trigger and release moved (NodeContentionTriggerPct,
+    # NodeContentionReleasePct): whether acting sooner or later reaches the target on Muri.
+    for trigger, release in ((4, 2), (5, 2), (7, 3), (15, 5), (20, 10)):
+        for price in (10, 14):
+            out.append(
+                Variant(
+                    f"trigger {trigger} %, release {release} %, price {price}",
+                    "trigger",
+                    10.0,
+                    (
+                        *_priced(price),
+                        f"NodeContentionTriggerPct={trigger}",
+                        f"NodeContentionReleasePct={release}",
+                    ),
+                    float(trigger),
+                    on_request=True,
+                )
+            )
     return out
 
 
@@ -163,7 +186,11 @@ def run(
     traces: list[str], workers: int, seeds: list[int] | None = None, rules: list[str] | None = None
 ) -> list[dict[str, object]]:
     seeds = seeds or [1]
-    chosen = [v for v in variants() if not rules or v.rule in rules or v.label == DEEPEST]
+    chosen = [
+        v
+        for v in variants()
+        if (v.rule in rules if rules else not v.on_request) or v.label == DEEPEST
+    ]
     jobs: list[tuple[str, int, str, Variant | None]] = []
     for trace in traces:
         for seed in seeds:

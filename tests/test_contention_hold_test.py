@@ -6,21 +6,32 @@ enough is kept, and with the keys unset the eliminator does what it did without 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from pathlib import Path
 
 import pytest
 
-from coda_node.daemon.adaptive import training_gpus
+from coda_node.daemon.adaptive import AdaptiveLoop, contention_params, training_gpus
 from coda_node.policy.contention import (
     ContentionParams,
     CpuJob,
     DnnJob,
     Eliminator,
+    gpu_worth_cores,
     params_from_config,
     quota_ladder,
     throttle_share,
 )
 from coda_node.policy.observe import Progress
-from slurm_plugin.config.codaconf import ConfigError, parse_config
+from coda_node.system.paths import SystemRoot
+from slurm_plugin.config.codaconf import (
+    CodaConfig,
+    ConfigError,
+    NodeShape,
+    load_config,
+    node_gres_units,
+    parse_config,
+)
 from slurm_plugin.sim.shield import NodeMix, settle, slowdowns
 
 GB = 1e9
@@ -183,3 +194,83 @@ def test_a_multi_node_job_is_priced_with_all_its_gpus() -> None:
     assert training_gpus(2, 4) == 8
     assert training_gpus(8, 1) == 8
     assert training_gpus(0, 1) == 1  # a GPU job whose GPUs are not known here: one
+
+
+# -- the price's default: 14, or 10 on a node whose memory-bound CPU jobs are spread ---------
+
+SLURM_CONF = """\
+NodeName=DEFAULT CPUs=96 RealMemory=500000
+NodeName=gpu[01-02] Gres=gpu:8,membw:200
+NodeName=gpu03 Gres=gpu:8
+PartitionName=gpu Nodes=gpu[01-03] Default=YES
+"""
+
+
+def _node_conf(tmp_path: Path, *lines: str, slurm_conf: str | None = SLURM_CONF) -> CodaConfig:
+    if slurm_conf is not None:
+        (tmp_path / "slurm.conf").write_text(slurm_conf)
+    coda = tmp_path / "coda.conf"
+    coda.write_text("\n".join(lines) + "\n")
+    return load_config(coda)
+
+
+def test_the_price_is_14_and_10_where_the_hook_spreads_memory_bound_cpu_jobs() -> None:
+    cfg, _ = parse_config("", source="test")
+    assert cfg.node_throttle_gpu_worth_cores is None
+    assert gpu_worth_cores(cfg) == 14.0
+    assert gpu_worth_cores(cfg, membw_spread=True) == 10.0
+    assert params_from_config(cfg, membw_spread=True).gpu_worth_cores == 10.0
+    # An admin's value holds either way, 0 (no price test) included.
+    for value in (0.0, 20.0):
+        set_, _ = parse_config(f"NodeThrottleGpuWorthCores={value:g}", source="test")
+        assert gpu_worth_cores(set_) == gpu_worth_cores(set_, membw_spread=True) == value
+
+
+@pytest.mark.parametrize(
+    ("node", "lines", "price"),
+    [
+        ("gpu02", ("MemBwSpreadGres=membw",), 10.0),  # slurm.conf gives gpu02 membw
+        ("gpu03", ("MemBwSpreadGres=membw",), 14.0),  # gpu03 has no membw: CPU jobs packed
+        ("gpu09", ("MemBwSpreadGres=membw",), 14.0),  # not in slurm.conf at all
+        ("gpu02", (), 14.0),  # the hook does not spread: the GRES alone means nothing
+        ("gpu02", ("MemBwSpreadGres=pcie",), 14.0),  # another GRES name
+        ("gpu02", ("MemBwSpreadGres=membw", "NodeThrottleGpuWorthCores=14"), 14.0),
+    ],
+)
+def test_coda_node_takes_the_spread_price_only_where_slurm_conf_gives_its_node_the_gres(
+    tmp_path: Path, node: str, lines: tuple[str, ...], price: float
+) -> None:
+    cfg = _node_conf(tmp_path, *lines)
+    loop = AdaptiveLoop(
+        dataclasses.replace(cfg, profile_store=tmp_path / "store"),
+        SystemRoot(tmp_path),
+        node_name=node,
+        mba=False,
+    )
+    assert loop.eliminator.params.gpu_worth_cores == price
+
+
+def test_an_unreadable_slurm_conf_keeps_the_packed_price_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = _node_conf(tmp_path, "MemBwSpreadGres=membw", slurm_conf=None)  # no slurm.conf
+    with caplog.at_level(logging.INFO, logger="coda-node"):
+        params = contention_params(cfg, "gpu02")
+    assert params.gpu_worth_cores == 14.0
+    assert "cannot read" in caplog.text and "slurm.conf" in caplog.text
+    assert "price of a hold: 14 cores per GPU" in caplog.text
+    (tmp_path / "slurm.conf").write_text("NodeName=gpu[02 Gres=membw:200\n")  # damaged
+    assert contention_params(cfg, "gpu02").gpu_worth_cores == 14.0
+
+
+def test_node_gres_units_reads_the_line_that_names_the_node() -> None:
+    nodes = (
+        NodeShape("cpu[001-100]", 64, 0, 100),
+        NodeShape("gpu[01-04,07]", 96, 8, 5, gres=(("membw", 200), ("pcie", 2))),
+        NodeShape("bad[1-", 8, 0),
+    )
+    assert node_gres_units(nodes, "gpu07", "membw") == 200
+    assert node_gres_units(nodes, "gpu07", "pcie") == 2
+    assert node_gres_units(nodes, "gpu05", "membw") == 0
+    assert node_gres_units(nodes, "cpu042", "membw") == 0
+    assert node_gres_units(nodes, "bad1", "membw") == 0

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from slurm_plugin.cli.main import cli
 from slurm_plugin.sim import mechanisms
-from slurm_plugin.sim.engine import POLICIES, RunResult, SimParams, simulate
+from slurm_plugin.sim.engine import POLICIES, RunResult, SimParams, _Sim, simulate
 from slurm_plugin.sim.mechanisms import PlacementModel, traits_for
 from slurm_plugin.sim.report import render_table, summarise
 from slurm_plugin.sim.traces import NodeSpec, Trace, synthetic, uniform_nodes
@@ -429,3 +429,20 @@ def test_two_pcie_domains_carry_two_heavy_jobs_without_slowdown() -> None:
     params = SimParams(check=True, pcie_interference=True)
     r = simulate(trace, uniform_nodes(1, 32, 4), workloads(trace), model, POLICIES["slurm"], params)
     assert r.end_s.tolist() == pytest.approx([1000, 1000])
+
+
+def test_the_simulated_eliminator_prices_holds_as_coda_node_does_on_a_spread_node() -> None:
+    """Every simulated node carries the GRES when the spread is on, so coda-node's default
+    price there is the spread one; an explicit NodeThrottleGpuWorthCores holds either way."""
+    trace = make_trace(TWO_HEAVY, names=["googlenet"])
+    nodes = uniform_nodes(2, 24, 0)
+
+    def price(**kw: object) -> float:
+        params = SimParams(**kw)  # type: ignore[arg-type]
+        sim = _Sim(trace, nodes, workloads(trace), MODEL, POLICIES["coda"], params, None)
+        return sim.contention.gpu_worth_cores
+
+    assert price() == 14.0
+    assert price(membw_spread=True) == 10.0
+    set_ = (*SimParams().coda_conf, "NodeThrottleGpuWorthCores=14")
+    assert price(membw_spread=True, coda_conf=set_) == 14.0

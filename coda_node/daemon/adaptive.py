@@ -42,7 +42,12 @@ from coda_node.system.paths import SystemRoot
 from coda_node.system.perf import cpu_socket
 from coda_node.system.progress import ProgressFiles
 from coda_node.system.topology import pci_address
-from slurm_plugin.config.codaconf import CodaConfig
+from slurm_plugin.config.codaconf import (
+    CodaConfig,
+    ConfigError,
+    node_gres_units,
+    read_slurm_nodes,
+)
 from slurm_plugin.model.fit import is_censored, refit_profile
 from slurm_plugin.store.dropbox import Drop, DropError, drop
 from slurm_plugin.store.profiles import ProfileStore, Sample, StoreError, run_id_problem
@@ -66,8 +71,32 @@ def probe_params(cfg: CodaConfig, *, why_off: str | None = None) -> ProbeParams:
     )
 
 
-def contention_params(cfg: CodaConfig) -> ContentionParams:
-    return params_from_config(cfg)
+def contention_params(cfg: CodaConfig, node_name: str) -> ContentionParams:
+    spread = cfg.node_throttle_gpu_worth_cores is None and membw_spread_here(cfg, node_name)
+    params = params_from_config(cfg, membw_spread=spread)
+    if cfg.node_throttle_gpu_worth_cores is None:
+        log.info(
+            "price of a hold: %g cores per GPU (%s)",
+            params.gpu_worth_cores,
+            f"{cfg.mem_bw_spread_gres} spreads this node's memory-bound CPU jobs"
+            if spread
+            else "CPU jobs placed as Slurm packs them",
+        )
+    return params
+
+
+def membw_spread_here(cfg: CodaConfig, node_name: str) -> bool:
+    """Whether the submit hook spreads memory-bound CPU jobs over this node: coda.conf names
+    ``MemBwSpreadGres`` and slurm.conf's line for this node has that GRES. An unreadable
+    slurm.conf counts as no (logged)."""
+    if cfg.mem_bw_spread_gres is None or cfg.slurm_conf is None:
+        return False
+    try:
+        nodes = read_slurm_nodes(cfg.slurm_conf)
+    except (ConfigError, OSError) as exc:
+        log.warning("cannot read %s for MemBwSpreadGres: %s", cfg.slurm_conf, exc)
+        return False
+    return node_gres_units(nodes, node_name, cfg.mem_bw_spread_gres) > 0
 
 
 @dataclass(slots=True)
@@ -108,7 +137,7 @@ class AdaptiveLoop:
         self.signal_params = signal_params(cfg)
         self.allocator = Allocator(probe_params(cfg, why_off=profiling_off))
         self.profiling_off = profiling_off
-        cparams = contention_params(cfg)
+        cparams = contention_params(cfg, node_name)
         if contention_off is not None:
             cparams = replace(cparams, enabled=False)
         self.contention_off = contention_off

@@ -161,8 +161,25 @@ def quota_ladder(step_fraction: float, floor_fraction: float) -> tuple[float, ..
     return tuple(out)
 
 
-def params_from_config(cfg: CodaConfig) -> ContentionParams:
-    """The eliminator's settings from coda.conf's ``Node*`` keys."""
+GPU_WORTH_CORES = 14.0
+"""The price of a hold when ``NodeThrottleGpuWorthCores`` is empty, on a node whose CPU jobs
+are packed as Slurm places them (docs/evaluation.md, the eliminator's trade-off)."""
+GPU_WORTH_CORES_SPREAD = 10.0
+"""The same on a node whose memory-bound CPU jobs are spread by ``MemBwSpreadGres``: fewer of
+them share a bus with a DNN job, and a lower price keeps the gain for less CPU work."""
+
+
+def gpu_worth_cores(cfg: CodaConfig, *, membw_spread: bool = False) -> float:
+    """``NodeThrottleGpuWorthCores``, or when it is empty the default for a node whose
+    memory-bound CPU jobs are spread (``membw_spread``) or not."""
+    if cfg.node_throttle_gpu_worth_cores is not None:
+        return cfg.node_throttle_gpu_worth_cores
+    return GPU_WORTH_CORES_SPREAD if membw_spread else GPU_WORTH_CORES
+
+
+def params_from_config(cfg: CodaConfig, *, membw_spread: bool = False) -> ContentionParams:
+    """The eliminator's settings from coda.conf's ``Node*`` keys; ``membw_spread``: this
+    node carries ``MemBwSpreadGres`` (see :func:`gpu_worth_cores`)."""
     ladder = ContentionParams().quota_fractions
     if cfg.node_throttle_step_pct is not None:
         ladder = quota_ladder(
@@ -180,7 +197,7 @@ def params_from_config(cfg: CodaConfig) -> ContentionParams:
         step_s=max(2.0 * cfg.node_interval_s, 1.0),
         min_effect_per_core=cfg.node_throttle_min_effect_pct / 100.0,
         min_gain_per_hold=cfg.node_throttle_min_gain_pct / 100.0,
-        gpu_worth_cores=cfg.node_throttle_gpu_worth_cores,
+        gpu_worth_cores=gpu_worth_cores(cfg, membw_spread=membw_spread),
         quota_fractions=ladder,
     )
 

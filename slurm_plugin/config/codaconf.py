@@ -857,17 +857,19 @@ class CodaConfig:
         "job held back, or all of them are given back and that DNN job is not shielded for "
         "30 min (0 = no such test).",
     )
-    node_throttle_gpu_worth_cores: float = _key(
+    node_throttle_gpu_worth_cores: float | None = _key(
         "NodeThrottleGpuWorthCores",
-        "float",
-        "14",
-        _float_range(0, 10000),
+        "float or empty",
+        "",
+        _or_none(_float_range(0, 10000)),
         "coda-node: the price of a hold, taken after every step for a DNN job: the GPU time "
         "the CPU jobs held back give back (the DNN jobs' GPUs times the points of slowdown "
         "taken off) must be worth, at this many cores per GPU, the cores held back, or all "
         "of them are given back and that DNN job is not shielded for 30 min (0 = no such "
-        "test).",
+        "test); empty = 10 on a node whose slurm.conf Gres= has MemBwSpreadGres (its "
+        "memory-bound CPU jobs are spread), else 14.",
     )
+    """None: :func:`coda_node.policy.contention.gpu_worth_cores` picks 10 or 14."""
     node_job_mem_bw: bool = _key(
         "NodeJobMemBw",
         "yes|no",
@@ -1266,6 +1268,20 @@ def expand_hostlist(expr: str) -> list[str]:
             pos = m.end()
         names += [p + item[pos:] for p in partial]
     return names
+
+
+def node_gres_units(nodes: tuple[NodeShape, ...], node_name: str, gres: str) -> int:
+    """Units of ``gres`` on the ``NodeName=`` line that names ``node_name`` (0 when no line
+    names it, or its ``Gres=`` lacks it). A line whose host list cannot be read is passed
+    over."""
+    for shape in nodes:
+        try:
+            names = expand_hostlist(shape.names)
+        except ValueError:
+            continue
+        if node_name in names:
+            return dict(shape.gres).get(gres, 0)
+    return 0
 
 
 def _gres_gpus(gres: str) -> int:

@@ -351,7 +351,9 @@ class _Sim:
         self.views: dict[str, ProfileView] = {}
         self.decided: dict[tuple[int, int, int, int], int] = {}
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
-        self.contention = params.contention or params_from_config(self.cfg)
+        self.contention = params.contention or params_from_config(
+            self.cfg, membw_spread=params.membw_spread
+        )
         self._priced = self.contention.gpu_worth_cores > 0
         self.shield = Shield(
             self.contention, tick_s=params.shield_tick_s, settle_s=params.shield_settle_s
