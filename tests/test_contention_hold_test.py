@@ -248,6 +248,7 @@ def test_coda_node_takes_the_spread_price_only_where_slurm_conf_gives_its_node_t
         mba=False,
     )
     assert loop.eliminator.params.gpu_worth_cores == price
+    assert loop.hold_price.startswith(f"a hold priced at {price:g} cores a GPU")
 
 
 def test_an_unreadable_slurm_conf_keeps_the_packed_price_and_says_why(
@@ -255,12 +256,13 @@ def test_an_unreadable_slurm_conf_keeps_the_packed_price_and_says_why(
 ) -> None:
     cfg = _node_conf(tmp_path, "MemBwSpreadGres=membw", slurm_conf=None)  # no slurm.conf
     with caplog.at_level(logging.INFO, logger="coda-node"):
-        params = contention_params(cfg, "gpu02")
+        params, said = contention_params(cfg, "gpu02")
     assert params.gpu_worth_cores == 14.0
+    assert said == "a hold priced at 14 cores a GPU, CPU jobs not spread"
     assert "cannot read" in caplog.text and "slurm.conf" in caplog.text
     assert "price of a hold: 14 cores per GPU" in caplog.text
     (tmp_path / "slurm.conf").write_text("NodeName=gpu[02 Gres=membw:200\n")  # damaged
-    assert contention_params(cfg, "gpu02").gpu_worth_cores == 14.0
+    assert contention_params(cfg, "gpu02")[0].gpu_worth_cores == 14.0
 
 
 def test_node_gres_units_reads_the_line_that_names_the_node() -> None:

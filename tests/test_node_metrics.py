@@ -233,3 +233,21 @@ def test_the_dashboard_queries_only_metrics_the_exporter_emits(
         "Events per second by action",
     ):
         assert wanted in titles
+
+
+def test_status_says_what_a_hold_is_priced_at_and_why(node: FakeNode) -> None:
+    """The price follows the GRES slurm.conf gives this node for MemBwSpreadGres."""
+    with Running(node, load_config(node.coda_conf)) as r:
+        r.wait_ticks(2)
+        packed = r.daemon.state.view["daemon"]["contention"]
+    assert packed == "on (a hold priced at 14 cores a GPU, CPU jobs not spread)"
+    slurm_conf = node.etc / "slurm.conf"
+    text = slurm_conf.read_text().replace("GresTypes=gpu\n", "GresTypes=gpu,membw\n")
+    slurm_conf.write_text(re.sub(r"( Gres=\S+)", r"\1,membw:200", text, count=1))
+    node.coda_conf.write_text(node.coda_conf.read_text() + "MemBwSpreadGres=membw\n")
+    with Running(node, load_config(node.coda_conf)) as r:
+        r.wait_ticks(2)
+        spread = r.daemon.state.view["daemon"]["contention"]
+    assert spread == (
+        "on (a hold priced at 10 cores a GPU, membw spreads memory-bound CPU jobs here)"
+    )

@@ -71,18 +71,21 @@ def probe_params(cfg: CodaConfig, *, why_off: str | None = None) -> ProbeParams:
     )
 
 
-def contention_params(cfg: CodaConfig, node_name: str) -> ContentionParams:
-    spread = cfg.node_throttle_gpu_worth_cores is None and membw_spread_here(cfg, node_name)
+def contention_params(cfg: CodaConfig, node_name: str) -> tuple[ContentionParams, str]:
+    """The eliminator's settings on this node, and what ``coda-node status`` says of its
+    price of a hold (where it came from when coda.conf leaves it empty)."""
+    if cfg.node_throttle_gpu_worth_cores is not None:
+        params = params_from_config(cfg)
+        return params, f"a hold priced at {params.gpu_worth_cores:g} cores a GPU"
+    spread = membw_spread_here(cfg, node_name)
     params = params_from_config(cfg, membw_spread=spread)
-    if cfg.node_throttle_gpu_worth_cores is None:
-        log.info(
-            "price of a hold: %g cores per GPU (%s)",
-            params.gpu_worth_cores,
-            f"{cfg.mem_bw_spread_gres} spreads this node's memory-bound CPU jobs"
-            if spread
-            else "CPU jobs placed as Slurm packs them",
-        )
-    return params
+    why = (
+        f"{cfg.mem_bw_spread_gres} spreads memory-bound CPU jobs here"
+        if spread
+        else "CPU jobs not spread"
+    )
+    log.info("price of a hold: %g cores per GPU (%s)", params.gpu_worth_cores, why)
+    return params, f"a hold priced at {params.gpu_worth_cores:g} cores a GPU, {why}"
 
 
 def membw_spread_here(cfg: CodaConfig, node_name: str) -> bool:
@@ -137,7 +140,7 @@ class AdaptiveLoop:
         self.signal_params = signal_params(cfg)
         self.allocator = Allocator(probe_params(cfg, why_off=profiling_off))
         self.profiling_off = profiling_off
-        cparams = contention_params(cfg, node_name)
+        cparams, self.hold_price = contention_params(cfg, node_name)
         if contention_off is not None:
             cparams = replace(cparams, enabled=False)
         self.contention_off = contention_off

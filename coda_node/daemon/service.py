@@ -708,7 +708,6 @@ class Daemon:
         return {**view, "daemon": daemon}
 
     # -- the view for `coda-node status` -----------------------------------------------
-    # -- the view for `coda-node status` -----------------------------------------------
     def _event(
         self, job_id: int, what: str, reason: str, reading: dict[str, Any] | None = None
     ) -> None:
@@ -729,7 +728,11 @@ class Daemon:
                 "enforce": list(self.cfg.node_enforce),
                 "profiling": self.loop.profiling_off or "on",
                 "contention": self.loop.contention_off
-                or ("on" if self.cfg.node_contention else "off (NodeContention=no)"),
+                or (
+                    f"on ({self.loop.hold_price})"
+                    if self.cfg.node_contention
+                    else "off (NodeContention=no)"
+                ),
                 "metrics": self.metrics_state,
                 "counters": self.counters(),
             },
