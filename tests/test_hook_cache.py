@@ -9,6 +9,7 @@ profile store or of coda.conf must change the answer.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -212,6 +213,46 @@ def test_a_slurm_conf_edit_is_picked_up_at_the_next_reload_tick(
     hook._on_reload_tick()  # unchanged: no second reload
     assert _submit(lib, case)[1][0] == "gres:gpu:4"
     assert sum(reloaded in text for _, text in lib.lines) == 1
+
+
+def _touch_later(path: Path) -> None:
+    """Move ``path``'s mtime a second on: two writes in one clock tick share an mtime."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_an_edit_to_a_file_slurm_conf_includes_is_picked_up(lib: FakeLib, tmp_path: Path) -> None:
+    """Sites keep their nodes in included files (``Include nodes.conf``, ``nodes.d/*.conf``):
+    an edit there, or a file added to a globbed folder, reloads the node shapes."""
+    _ticks_by_hand_only()
+    case = CASES[0]
+    slurm_conf = tmp_path / "slurm.conf"
+    nodes = tmp_path / "nodes.conf"
+    nodes.write_text("NodeName=n[1-2] CPUs=8 Gres=gpu:4\n")
+    (tmp_path / "nodes.d").mkdir()
+    slurm_conf.write_text("Include nodes.conf\nInclude nodes.d/*.conf\n")
+    _touch_later(slurm_conf)
+    hook._on_reload_tick()
+    assert _submit(lib, case)[1][0] == "gres:gpu:4"  # 2 GPUs of a node with 8 cores
+    before = len(lib.lines)
+
+    nodes.write_text("NodeName=n[1-2] CPUs=16 Gres=gpu:4\n")
+    _touch_later(nodes)
+    hook._on_reload_tick()
+    assert _submit(lib, case)[1][0] == "gres:gpu:6"  # 16 cores: the profile's 6 fit
+    said = [text for _, text in lib.lines[before:] if text.startswith("reloaded ")]
+    assert len(said) == 1 and f"reloaded {tmp_path / 'coda.conf'} ({nodes} changed)" in said[0]
+
+    nodes.write_text("")  # the nodes move to a file of the globbed folder
+    _touch_later(nodes)
+    hook._on_reload_tick()
+    (tmp_path / "nodes.d" / "a.conf").write_text("NodeName=n[1-2] CPUs=10 Gres=gpu:4\n")
+    _touch_later(tmp_path / "nodes.d")
+    hook._on_reload_tick()
+    assert _submit(lib, case)[1][0] == "gres:gpu:5"  # 10 cores over 2 GPUs
+    hook._on_reload_tick()  # nothing changed: no reload
+    reloads = [text for _, text in lib.lines[before:] if text.startswith("reloaded ")]
+    assert len(reloads) == 3
 
 
 def test_memo_is_bounded(lib: FakeLib, spy: DecideSpy, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1357,7 +1357,10 @@ def _read_slurm_file(
     defaults: dict[str, str],
     stack: tuple[Path, ...],
     partitions: list[PartitionShape] | None = None,
+    read: list[Path] | None = None,
 ) -> None:
+    if read is not None:
+        read.append(path)
     if len(stack) > _MAX_INCLUDE_DEPTH:
         raise ConfigError(str(path), None, "Include nested too deeply")
     resolved = path.resolve()
@@ -1368,8 +1371,9 @@ def _read_slurm_file(
     for lineno, line in _logical_lines(_read_text(path), source):
         include = _INCLUDE_LINE.fullmatch(line)
         if include is not None:
-            for included in _include_targets(include.group(1).strip(), base_dir, source, lineno):
-                _read_slurm_file(included, base_dir, nodes, defaults, stack, partitions)
+            targets = _include_targets(include.group(1).strip(), base_dir, source, lineno, read)
+            for included in targets:
+                _read_slurm_file(included, base_dir, nodes, defaults, stack, partitions, read)
             continue
         if partitions is not None and _PARTITIONNAME_LINE.match(line) is not None:
             _read_partition(line, source, lineno, partitions)
@@ -1432,13 +1436,19 @@ def _fold_partition_defaults(lines: list[PartitionShape]) -> tuple[PartitionShap
     return tuple(replace(p, default=(i == last)) for i, p in enumerate(out))
 
 
-def _include_targets(spec: str, base_dir: Path, source: str, lineno: int) -> list[Path]:
+def _include_targets(
+    spec: str, base_dir: Path, source: str, lineno: int, read: list[Path] | None = None
+) -> list[Path]:
+    """The files an ``Include`` line names; a glob's folder goes into ``read`` too (a file
+    added there changes it)."""
     if len(spec) >= 2 and spec[0] == '"' and spec[-1] == '"':
         spec = spec[1:-1]
     target = Path(spec)
     if not target.is_absolute():
         target = base_dir / target
     if glob.has_magic(str(target)):
+        if read is not None and not glob.has_magic(str(target.parent)):
+            read.append(target.parent)
         return [Path(p) for p in sorted(glob.glob(str(target)))]
     if not target.is_file():
         raise ConfigError(source, lineno, f"Include {spec}: no such file")
@@ -1457,11 +1467,15 @@ def read_slurm_nodes(path: Path) -> tuple[NodeShape, ...]:
     return tuple(nodes)
 
 
-def read_slurm_conf(path: Path) -> tuple[tuple[NodeShape, ...], tuple[PartitionShape, ...]]:
+def read_slurm_conf(
+    path: Path, read: list[Path] | None = None
+) -> tuple[tuple[NodeShape, ...], tuple[PartitionShape, ...]]:
     """The ``NodeName=`` lines (as :func:`read_slurm_nodes`) and the ``PartitionName=``
     lines of slurm.conf at ``path`` (``PartitionName=DEFAULT`` values filled in, not a
-    partition itself).  Raises :class:`ConfigError`."""
+    partition itself).  ``read`` gets every file read (``path`` and what it includes) and
+    every folder an ``Include`` glob looked in, also when it raises.  Raises
+    :class:`ConfigError`."""
     nodes: list[NodeShape] = []
     partitions: list[PartitionShape] = []
-    _read_slurm_file(path, path.parent, nodes, {}, (), partitions)
+    _read_slurm_file(path, path.parent, nodes, {}, (), partitions, read)
     return tuple(nodes), _fold_partition_defaults(partitions)

@@ -126,6 +126,7 @@ class NodeCap:
         "_gres_cache",
         "_share_cache",
         "ceiling",
+        "files",
         "nodes",
         "partitions",
         "source",
@@ -136,8 +137,11 @@ class NodeCap:
         nodes: tuple[NodeShape, ...],
         source: str,
         partitions: tuple[PartitionShape, ...] = (),
+        files: tuple[Path, ...] = (),
     ) -> None:
         self.nodes = nodes
+        self.files = files
+        """slurm.conf, the files it includes and the folders its Include globs look in."""
         self.partitions = partitions
         self.source = source
         self._cache: dict[int, int | None] = {}
@@ -152,8 +156,9 @@ class NodeCap:
     @classmethod
     def from_slurm_conf(cls, path: Path, log: Callable[[str, str], None]) -> NodeCap:
         partitions: tuple[PartitionShape, ...] = ()
+        read: list[Path] = []
         try:
-            nodes, partitions = read_slurm_conf(path)
+            nodes, partitions = read_slurm_conf(path, read)
         except (OSError, ConfigError) as exc:
             # Without node shapes the hook still clamps to MaxCpusPerGpu.
             log(
@@ -162,7 +167,7 @@ class NodeCap:
                 "cores per GPU are capped by MaxCpusPerGpu only",
             )
             nodes = ()
-        return cls(nodes, str(path), partitions)
+        return cls(nodes, str(path), partitions, tuple(dict.fromkeys(read or [path])))
 
     def __call__(self, gpus_per_node: int) -> int | None:
         return self._cached(self._cache, max_cpus_per_gpu_on_any_node, gpus_per_node)

@@ -41,7 +41,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,9 +291,10 @@ class HookState:
     started_node_cap: NodeCap | None = None
     """The node shapes read when the plugin started (with slurmctld): GRES counts read
     later never go above them (:attr:`NodeCap.ceiling`)."""
-    slurm_conf_mtime_ns: int | None = None
-    """slurm.conf's mtime when the node shapes were read (None: it could not be stat'ed); a
-    change reloads them (``scontrol reconfigure`` does not restart job_submit plugins)."""
+    slurm_conf_stamp: tuple[tuple[Path, int | None], ...] = ()
+    """The mtimes of slurm.conf, the files it includes and the folders its Include globs look
+    in, when the node shapes were read (None: it could not be stat'ed); a change reloads them
+    (``scontrol reconfigure`` does not restart job_submit plugins)."""
     reloader: Reloader | None = None
     journal: DecisionJournal | None = None
     stats: HookStats = field(default_factory=HookStats)
@@ -495,8 +496,11 @@ def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
     slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
-    slurm_mtime_ns = _mtime_ns(slurm_conf)
+    slurm_stamp = _stamp((slurm_conf,))
     node_cap = NodeCap.from_slurm_conf(slurm_conf, _log_named)
+    # slurm.conf is stamped before it is read (an edit meanwhile reloads once more), the
+    # files it includes as soon as they have been read.
+    slurm_stamp = _stamp(node_cap.files, dict(slurm_stamp))
     node_cap.ceiling = started
     if cfg.mem_bw_spread_gres is not None:
         # Every partition's GRES count now, not under slurmctld's job write lock: expanding
@@ -522,7 +526,7 @@ def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
         node_cap=node_cap,
         node_features=features,
         started_node_cap=started or node_cap,
-        slurm_conf_mtime_ns=slurm_mtime_ns,
+        slurm_conf_stamp=slurm_stamp,
         log_level=log_level,
         cpu_jobs_silent=not cfg.cpu_job_partitions
         and cfg.mem_bw_spread_gres is None
@@ -596,11 +600,12 @@ def _on_reload_tick() -> None:
     except OSError as exc:
         log(LOG_ERROR, f"cannot stat {state.cfg_path}: {exc}; keeping the loaded configuration")
         mtime_ns = state.cfg_mtime_ns
-    slurm_conf = slurm_conf_for(state.cfg_path, state.cfg.slurm_conf)
     if mtime_ns != state.cfg_mtime_ns:
         _reload_config(state, mtime_ns)
-    elif _mtime_ns(slurm_conf) != state.slurm_conf_mtime_ns:
-        _reload_config(state, mtime_ns, f"{slurm_conf} changed")
+    else:
+        changed = _changed(state.slurm_conf_stamp)
+        if changed is not None:
+            _reload_config(state, mtime_ns, f"{changed} changed")
     state = _state or state
     snapshot = state.cache.snapshot()
     if state.memo.profiles is not snapshot:
@@ -621,13 +626,26 @@ def _mtime_ns(path: Path) -> int | None:
         return None
 
 
+def _stamp(
+    paths: Iterable[Path], known: Mapping[Path, int | None] | None = None
+) -> tuple[tuple[Path, int | None], ...]:
+    """Each path with its mtime (``known``'s where it has one)."""
+    known = known or {}
+    return tuple((p, known[p] if p in known else _mtime_ns(p)) for p in paths)
+
+
+def _changed(stamp: tuple[tuple[Path, int | None], ...]) -> Path | None:
+    """The first path of ``stamp`` whose mtime is not what it was, or None."""
+    return next((p for p, mtime_ns in stamp if _mtime_ns(p) != mtime_ns), None)
+
+
 def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
     global _state
     try:
         fresh = _load_state(state.cfg_path, state.started_node_cap)
     except (OSError, ConfigError) as exc:
         state.cfg_mtime_ns = mtime_ns  # log once per edit
-        state.slurm_conf_mtime_ns = _mtime_ns(slurm_conf_for(state.cfg_path, state.cfg.slurm_conf))
+        state.slurm_conf_stamp = _stamp(p for p, _ in state.slurm_conf_stamp)
         log(
             LOG_ERROR,
             f"{state.cfg_path} changed but is invalid ({exc}); keeping the last good configuration",
