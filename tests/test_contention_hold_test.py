@@ -28,10 +28,12 @@ from slurm_plugin.config.codaconf import (
     CodaConfig,
     ConfigError,
     NodeShape,
+    PartitionShape,
     load_config,
-    node_gres_units,
     parse_config,
+    read_slurm_conf,
 )
+from slurm_plugin.config.nodecap import spread_partitions
 from slurm_plugin.sim.shield import NodeMix, settle, slowdowns
 
 GB = 1e9
@@ -202,7 +204,9 @@ SLURM_CONF = """\
 NodeName=DEFAULT CPUs=96 RealMemory=500000
 NodeName=gpu[01-02] Gres=gpu:8,membw:200
 NodeName=gpu03 Gres=gpu:8
-PartitionName=gpu Nodes=gpu[01-03] Default=YES
+NodeName=gpu04 Gres=gpu:8,membw:200
+PartitionName=spread Nodes=gpu[01-02]
+PartitionName=all Nodes=gpu[01-04] Default=YES
 """
 
 
@@ -229,8 +233,12 @@ def test_the_price_is_14_and_10_where_the_hook_spreads_memory_bound_cpu_jobs() -
 @pytest.mark.parametrize(
     ("node", "lines", "price"),
     [
-        ("gpu02", ("MemBwSpreadGres=membw",), 10.0),  # slurm.conf gives gpu02 membw
+        ("gpu02", ("MemBwSpreadGres=membw",), 10.0),  # partition spread: membw on every node
         ("gpu03", ("MemBwSpreadGres=membw",), 14.0),  # gpu03 has no membw: CPU jobs packed
+        # gpu04 has membw, but its only partition has a node without it: the hook asks for
+        # none there (Slurm would refuse the job), so its CPU jobs are packed.
+        ("gpu04", ("MemBwSpreadGres=membw",), 14.0),
+        ("gpu02", ("MemBwSpreadGres=membw", "ExcludePartitions=spread"), 14.0),
         ("gpu09", ("MemBwSpreadGres=membw",), 14.0),  # not in slurm.conf at all
         ("gpu02", (), 14.0),  # the hook does not spread: the GRES alone means nothing
         ("gpu02", ("MemBwSpreadGres=pcie",), 14.0),  # another GRES name
@@ -258,21 +266,46 @@ def test_an_unreadable_slurm_conf_keeps_the_packed_price_and_says_why(
     with caplog.at_level(logging.INFO, logger="coda-node"):
         params, said = contention_params(cfg, "gpu02")
     assert params.gpu_worth_cores == 14.0
-    assert said == "a hold priced at 14 cores a GPU, CPU jobs not spread"
+    assert said == (
+        "a hold priced at 14 cores a GPU, CPU jobs taken as not spread: "
+        f"{tmp_path / 'slurm.conf'} unreadable"
+    )
     assert "cannot read" in caplog.text and "slurm.conf" in caplog.text
     assert "price of a hold: 14 cores per GPU" in caplog.text
     (tmp_path / "slurm.conf").write_text("NodeName=gpu[02 Gres=membw:200\n")  # damaged
     assert contention_params(cfg, "gpu02")[0].gpu_worth_cores == 14.0
 
 
-def test_node_gres_units_reads_the_line_that_names_the_node() -> None:
+def test_spread_partitions_are_those_of_the_node_the_hook_asks_for_the_gres_in() -> None:
     nodes = (
         NodeShape("cpu[001-100]", 64, 0, 100),
         NodeShape("gpu[01-04,07]", 96, 8, 5, gres=(("membw", 200), ("pcie", 2))),
-        NodeShape("bad[1-", 8, 0),
     )
-    assert node_gres_units(nodes, "gpu07", "membw") == 200
-    assert node_gres_units(nodes, "gpu07", "pcie") == 2
-    assert node_gres_units(nodes, "gpu05", "membw") == 0
-    assert node_gres_units(nodes, "cpu042", "membw") == 0
-    assert node_gres_units(nodes, "bad1", "membw") == 0
+    parts = (
+        PartitionShape("gpu", "gpu[01-04,07]", None),
+        PartitionShape("all", "ALL", None),  # cpu nodes lack membw: none asked for
+        PartitionShape("some", "gpu[01-02]", None),
+        PartitionShape("sets", "gpunodes", None),  # a NodeSet: not known, so none asked for
+    )
+    assert spread_partitions("gpu07", nodes, parts, "membw") == ("gpu",)
+    assert spread_partitions("gpu02", nodes, parts, "membw") == ("gpu", "some")
+    assert spread_partitions("gpu02", nodes, parts, "membw", ("gpu",)) == ("some",)
+    assert spread_partitions("gpu02", nodes, parts, "pcie") == ("gpu", "some")
+    assert spread_partitions("cpu042", nodes, parts, "membw") == ()
+    assert spread_partitions("gpu05", nodes, parts, "membw") == ()
+    every = (PartitionShape("every", "ALL", None),)
+    assert spread_partitions("gpu03", nodes[1:], every, "membw") == ("every",)
+
+
+def test_a_symlink_loop_at_slurm_conf_is_an_unreadable_slurm_conf(tmp_path: Path) -> None:
+    cfg = _node_conf(tmp_path, "MemBwSpreadGres=membw", slurm_conf=None)
+    (tmp_path / "slurm.conf").symlink_to(tmp_path / "slurm.conf")
+    params, said = contention_params(cfg, "gpu02")
+    assert params.gpu_worth_cores == 14.0 and said.endswith("slurm.conf unreadable")
+    with pytest.raises(ConfigError):
+        read_slurm_conf(tmp_path / "slurm.conf")
+
+
+def test_an_admin_price_of_0_says_holds_are_not_priced(tmp_path: Path) -> None:
+    cfg = _node_conf(tmp_path, "NodeThrottleGpuWorthCores=0")
+    assert contention_params(cfg, "gpu02") == (params_from_config(cfg), "holds not priced")

@@ -255,6 +255,41 @@ def test_an_edit_to_a_file_slurm_conf_includes_is_picked_up(lib: FakeLib, tmp_pa
     assert len(reloads) == 3
 
 
+def test_an_included_file_that_is_missing_is_read_once_it_is_there(
+    lib: FakeLib, tmp_path: Path
+) -> None:
+    """A missing Include target (a tool that rewrites it by delete and create, caught in
+    between) leaves the hook without node shapes until the file is back, not until the
+    next edit of slurm.conf."""
+    _ticks_by_hand_only()
+    case = CASES[0]
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text("Include nodes.conf\n")
+    _touch_later(slurm_conf)
+    hook._on_reload_tick()
+    assert any("Include nodes.conf: no such file" in text for _, text in lib.lines)
+    (tmp_path / "nodes.conf").write_text("NodeName=n[1-2] CPUs=8 Gres=gpu:4\n")
+    hook._on_reload_tick()
+    assert _submit(lib, case)[1][0] == "gres:gpu:4"  # 2 GPUs of a node with 8 cores
+
+
+def test_a_glob_with_a_wildcard_folder_watches_the_folder_above_it(
+    lib: FakeLib, tmp_path: Path
+) -> None:
+    _ticks_by_hand_only()
+    case = CASES[0]
+    slurm_conf = tmp_path / "slurm.conf"
+    (tmp_path / "conf.d").mkdir()
+    slurm_conf.write_text("Include conf.d/*/nodes.conf\n")
+    _touch_later(slurm_conf)
+    hook._on_reload_tick()
+    (tmp_path / "conf.d" / "rack1").mkdir()
+    (tmp_path / "conf.d" / "rack1" / "nodes.conf").write_text("NodeName=n1 CPUs=8 Gres=gpu:4\n")
+    _touch_later(tmp_path / "conf.d")
+    hook._on_reload_tick()
+    assert _submit(lib, case)[1][0] == "gres:gpu:4"
+
+
 def test_memo_is_bounded(lib: FakeLib, spy: DecideSpy, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hook, "MEMO_MAX_ENTRIES", 3)
     jobs = [{"tres_per_node": GPU, "comment": f"coda:workload=w{i}"} for i in range(5)]

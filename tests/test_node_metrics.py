@@ -249,5 +249,5 @@ def test_status_says_what_a_hold_is_priced_at_and_why(node: FakeNode) -> None:
         r.wait_ticks(2)
         spread = r.daemon.state.view["daemon"]["contention"]
     assert spread == (
-        "on (a hold priced at 10 cores a GPU, membw spreads memory-bound CPU jobs here)"
+        "on (a hold priced at 10 cores a GPU, membw spreads memory-bound CPU jobs here (gpu,cpu))"
     )

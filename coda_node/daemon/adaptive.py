@@ -42,12 +42,8 @@ from coda_node.system.paths import SystemRoot
 from coda_node.system.perf import cpu_socket
 from coda_node.system.progress import ProgressFiles
 from coda_node.system.topology import pci_address
-from slurm_plugin.config.codaconf import (
-    CodaConfig,
-    ConfigError,
-    node_gres_units,
-    read_slurm_nodes,
-)
+from slurm_plugin.config.codaconf import CodaConfig, ConfigError, read_slurm_conf
+from slurm_plugin.config.nodecap import spread_partitions
 from slurm_plugin.model.fit import is_censored, refit_profile
 from slurm_plugin.store.dropbox import Drop, DropError, drop
 from slurm_plugin.store.profiles import ProfileStore, Sample, StoreError, run_id_problem
@@ -76,30 +72,34 @@ def contention_params(cfg: CodaConfig, node_name: str) -> tuple[ContentionParams
     price of a hold (where it came from when coda.conf leaves it empty)."""
     if cfg.node_throttle_gpu_worth_cores is not None:
         params = params_from_config(cfg)
+        if params.gpu_worth_cores == 0:
+            return params, "holds not priced"
         return params, f"a hold priced at {params.gpu_worth_cores:g} cores a GPU"
-    spread = membw_spread_here(cfg, node_name)
+    spread, why = membw_spread_here(cfg, node_name)
     params = params_from_config(cfg, membw_spread=spread)
-    why = (
-        f"{cfg.mem_bw_spread_gres} spreads memory-bound CPU jobs here"
-        if spread
-        else "CPU jobs not spread"
-    )
     log.info("price of a hold: %g cores per GPU (%s)", params.gpu_worth_cores, why)
     return params, f"a hold priced at {params.gpu_worth_cores:g} cores a GPU, {why}"
 
 
-def membw_spread_here(cfg: CodaConfig, node_name: str) -> bool:
-    """Whether the submit hook spreads memory-bound CPU jobs over this node: coda.conf names
-    ``MemBwSpreadGres`` and slurm.conf's line for this node has that GRES. An unreadable
-    slurm.conf counts as no (logged)."""
-    if cfg.mem_bw_spread_gres is None or cfg.slurm_conf is None:
-        return False
+def membw_spread_here(cfg: CodaConfig, node_name: str) -> tuple[bool, str]:
+    """Whether the submit hook spreads memory-bound CPU jobs over this node, and why: coda.conf
+    names ``MemBwSpreadGres`` and a partition of this node, not in ``ExcludePartitions``,
+    has that GRES on every node (:func:`spread_partitions`). An unreadable slurm.conf counts
+    as no."""
+    gres = cfg.mem_bw_spread_gres
+    if gres is None:
+        return False, "CPU jobs not spread"
+    if cfg.slurm_conf is None:
+        return False, "CPU jobs taken as not spread: no slurm.conf"
     try:
-        nodes = read_slurm_nodes(cfg.slurm_conf)
+        nodes, partitions = read_slurm_conf(cfg.slurm_conf)
     except (ConfigError, OSError) as exc:
         log.warning("cannot read %s for MemBwSpreadGres: %s", cfg.slurm_conf, exc)
-        return False
-    return node_gres_units(nodes, node_name, cfg.mem_bw_spread_gres) > 0
+        return False, f"CPU jobs taken as not spread: {cfg.slurm_conf} unreadable"
+    spread = spread_partitions(node_name, nodes, partitions, gres, cfg.exclude_partitions)
+    if not spread:
+        return False, f"CPU jobs not spread: no partition of this node has {gres} on every node"
+    return True, f"{gres} spreads memory-bound CPU jobs here ({','.join(spread)})"
 
 
 @dataclass(slots=True)

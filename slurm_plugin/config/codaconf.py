@@ -866,8 +866,9 @@ class CodaConfig:
         "the CPU jobs held back give back (the DNN jobs' GPUs times the points of slowdown "
         "taken off) must be worth, at this many cores per GPU, the cores held back, or all "
         "of them are given back and that DNN job is not shielded for 30 min (0 = no such "
-        "test); empty = 10 on a node whose slurm.conf Gres= has MemBwSpreadGres (its "
-        "memory-bound CPU jobs are spread), else 14.",
+        "test); empty = 10 on a node the submit hook spreads memory-bound CPU jobs over "
+        "(MemBwSpreadGres: a partition of the node, not excluded, has that GRES on every "
+        "node), else 14.",
     )
     """None: :func:`coda_node.policy.contention.gpu_worth_cores` picks 10 or 14."""
     node_job_mem_bw: bool = _key(
@@ -1270,18 +1271,12 @@ def expand_hostlist(expr: str) -> list[str]:
     return names
 
 
-def node_gres_units(nodes: tuple[NodeShape, ...], node_name: str, gres: str) -> int:
-    """Units of ``gres`` on the ``NodeName=`` line that names ``node_name`` (0 when no line
-    names it, or its ``Gres=`` lacks it). A line whose host list cannot be read is passed
-    over."""
-    for shape in nodes:
-        try:
-            names = expand_hostlist(shape.names)
-        except ValueError:
-            continue
-        if node_name in names:
-            return dict(shape.gres).get(gres, 0)
-    return 0
+def mtime_ns(path: Path) -> int | None:
+    """``path``'s mtime in ns, or None when it cannot be stat'ed."""
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _gres_gpus(gres: str) -> int:
@@ -1357,13 +1352,16 @@ def _read_slurm_file(
     defaults: dict[str, str],
     stack: tuple[Path, ...],
     partitions: list[PartitionShape] | None = None,
-    read: list[Path] | None = None,
+    read: list[tuple[Path, int | None]] | None = None,
 ) -> None:
     if read is not None:
-        read.append(path)
+        read.append((path, mtime_ns(path)))  # before reading: an edit meanwhile is seen
     if len(stack) > _MAX_INCLUDE_DEPTH:
         raise ConfigError(str(path), None, "Include nested too deeply")
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except RuntimeError as exc:  # a symlink loop (Python 3.11)
+        raise ConfigError(str(path), None, str(exc)) from None
     if resolved in stack:
         raise ConfigError(str(path), None, "Include loop")
     stack = (*stack, resolved)
@@ -1437,20 +1435,30 @@ def _fold_partition_defaults(lines: list[PartitionShape]) -> tuple[PartitionShap
 
 
 def _include_targets(
-    spec: str, base_dir: Path, source: str, lineno: int, read: list[Path] | None = None
+    spec: str,
+    base_dir: Path,
+    source: str,
+    lineno: int,
+    read: list[tuple[Path, int | None]] | None = None,
 ) -> list[Path]:
-    """The files an ``Include`` line names; a glob's folder goes into ``read`` too (a file
-    added there changes it)."""
+    """The files an ``Include`` line names. ``read`` also gets a glob's last folder without
+    wildcards (a file or folder added there changes its mtime) and a missing file (its
+    creation is a change), each with its mtime before the glob is expanded."""
     if len(spec) >= 2 and spec[0] == '"' and spec[-1] == '"':
         spec = spec[1:-1]
     target = Path(spec)
     if not target.is_absolute():
         target = base_dir / target
     if glob.has_magic(str(target)):
-        if read is not None and not glob.has_magic(str(target.parent)):
-            read.append(target.parent)
+        if read is not None:
+            folder = target.parent
+            while glob.has_magic(str(folder)):
+                folder = folder.parent
+            read.append((folder, mtime_ns(folder)))
         return [Path(p) for p in sorted(glob.glob(str(target)))]
     if not target.is_file():
+        if read is not None:
+            read.append((target, mtime_ns(target)))
         raise ConfigError(source, lineno, f"Include {spec}: no such file")
     return [target]
 
@@ -1468,13 +1476,14 @@ def read_slurm_nodes(path: Path) -> tuple[NodeShape, ...]:
 
 
 def read_slurm_conf(
-    path: Path, read: list[Path] | None = None
+    path: Path, read: list[tuple[Path, int | None]] | None = None
 ) -> tuple[tuple[NodeShape, ...], tuple[PartitionShape, ...]]:
     """The ``NodeName=`` lines (as :func:`read_slurm_nodes`) and the ``PartitionName=``
     lines of slurm.conf at ``path`` (``PartitionName=DEFAULT`` values filled in, not a
-    partition itself).  ``read`` gets every file read (``path`` and what it includes) and
-    every folder an ``Include`` glob looked in, also when it raises.  Raises
-    :class:`ConfigError`."""
+    partition itself).  ``read`` gets every path whose change could change the result,
+    each with its mtime (:func:`mtime_ns`) taken before it was read: every file read (``path`` and
+    what it includes), a missing included file and every folder an ``Include`` glob looked
+    in, also when it raises.  Raises :class:`ConfigError`."""
     nodes: list[NodeShape] = []
     partitions: list[PartitionShape] = []
     _read_slurm_file(path, path.parent, nodes, {}, (), partitions, read)

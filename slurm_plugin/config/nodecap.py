@@ -94,6 +94,34 @@ def gres_units_per_partition(
     return out
 
 
+def spread_partitions(
+    node_name: str,
+    nodes: tuple[NodeShape, ...],
+    partitions: tuple[PartitionShape, ...],
+    gres: str,
+    exclude: Iterable[str] = (),
+) -> tuple[str, ...]:
+    """The partitions holding node ``node_name`` in which the submit hook asks for the
+    count-only GRES ``gres`` (:func:`gres_units_per_partition` knows a count for them), but
+    those in ``exclude`` (``ExcludePartitions``)."""
+    units = gres_units_per_partition(nodes, partitions, gres)
+    skip = set(exclude)
+    out: list[str] = []
+    for part in partitions:
+        if part.name in skip or units.get(part.name) is None:
+            continue
+        if part.nodes.upper() == "ALL":
+            out.append(part.name)  # a count is known: every node has the GRES
+            continue
+        try:
+            hosts = expand_hostlist(part.nodes)
+        except ValueError:
+            continue
+        if node_name in hosts:
+            out.append(part.name)
+    return tuple(out)
+
+
 def gres_units_per_node(
     per_partition: Mapping[str, int | None], default: str | None, partition: str | None
 ) -> int | None:
@@ -126,9 +154,9 @@ class NodeCap:
         "_gres_cache",
         "_share_cache",
         "ceiling",
-        "files",
         "nodes",
         "partitions",
+        "read_stamp",
         "source",
     )
 
@@ -137,11 +165,12 @@ class NodeCap:
         nodes: tuple[NodeShape, ...],
         source: str,
         partitions: tuple[PartitionShape, ...] = (),
-        files: tuple[Path, ...] = (),
+        read_stamp: tuple[tuple[Path, int | None], ...] = (),
     ) -> None:
         self.nodes = nodes
-        self.files = files
-        """slurm.conf, the files it includes and the folders its Include globs look in."""
+        self.read_stamp = read_stamp
+        """slurm.conf, the files it includes and the folders its Include globs look in, each
+        with its mtime before it was read (:func:`read_slurm_conf`)."""
         self.partitions = partitions
         self.source = source
         self._cache: dict[int, int | None] = {}
@@ -156,7 +185,7 @@ class NodeCap:
     @classmethod
     def from_slurm_conf(cls, path: Path, log: Callable[[str, str], None]) -> NodeCap:
         partitions: tuple[PartitionShape, ...] = ()
-        read: list[Path] = []
+        read: list[tuple[Path, int | None]] = []
         try:
             nodes, partitions = read_slurm_conf(path, read)
         except (OSError, ConfigError) as exc:
@@ -167,7 +196,10 @@ class NodeCap:
                 "cores per GPU are capped by MaxCpusPerGpu only",
             )
             nodes = ()
-        return cls(nodes, str(path), partitions, tuple(dict.fromkeys(read or [path])))
+        first: dict[Path, int | None] = {}
+        for p, mtime in read:
+            first.setdefault(p, mtime)
+        return cls(nodes, str(path), partitions, tuple(first.items()))
 
     def __call__(self, gpus_per_node: int) -> int | None:
         return self._cached(self._cache, max_cpus_per_gpu_on_any_node, gpus_per_node)

@@ -41,12 +41,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
+from slurm_plugin.config.codaconf import mtime_ns as file_mtime_ns
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.config.paths import default_conf_path, slurm_conf_for
 from slurm_plugin.decision import placement
@@ -496,11 +497,7 @@ def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
     slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
-    slurm_stamp = _stamp((slurm_conf,))
     node_cap = NodeCap.from_slurm_conf(slurm_conf, _log_named)
-    # slurm.conf is stamped before it is read (an edit meanwhile reloads once more), the
-    # files it includes as soon as they have been read.
-    slurm_stamp = _stamp(node_cap.files, dict(slurm_stamp))
     node_cap.ceiling = started
     if cfg.mem_bw_spread_gres is not None:
         # Every partition's GRES count now, not under slurmctld's job write lock: expanding
@@ -526,7 +523,7 @@ def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
         node_cap=node_cap,
         node_features=features,
         started_node_cap=started or node_cap,
-        slurm_conf_stamp=slurm_stamp,
+        slurm_conf_stamp=node_cap.read_stamp,
         log_level=log_level,
         cpu_jobs_silent=not cfg.cpu_job_partitions
         and cfg.mem_bw_spread_gres is None
@@ -619,24 +616,9 @@ def _on_reload_tick() -> None:
     _write_stats(state)
 
 
-def _mtime_ns(path: Path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return None
-
-
-def _stamp(
-    paths: Iterable[Path], known: Mapping[Path, int | None] | None = None
-) -> tuple[tuple[Path, int | None], ...]:
-    """Each path with its mtime (``known``'s where it has one)."""
-    known = known or {}
-    return tuple((p, known[p] if p in known else _mtime_ns(p)) for p in paths)
-
-
 def _changed(stamp: tuple[tuple[Path, int | None], ...]) -> Path | None:
     """The first path of ``stamp`` whose mtime is not what it was, or None."""
-    return next((p for p, mtime_ns in stamp if _mtime_ns(p) != mtime_ns), None)
+    return next((p for p, was in stamp if file_mtime_ns(p) != was), None)
 
 
 def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
@@ -645,7 +627,7 @@ def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
         fresh = _load_state(state.cfg_path, state.started_node_cap)
     except (OSError, ConfigError) as exc:
         state.cfg_mtime_ns = mtime_ns  # log once per edit
-        state.slurm_conf_stamp = _stamp(p for p, _ in state.slurm_conf_stamp)
+        state.slurm_conf_stamp = tuple((p, file_mtime_ns(p)) for p, _ in state.slurm_conf_stamp)
         log(
             LOG_ERROR,
             f"{state.cfg_path} changed but is invalid ({exc}); keeping the last good configuration",
