@@ -32,8 +32,8 @@ from slurm_plugin.config.codaconf import (
     load_config,
     parse_config,
     read_slurm_conf,
+    spread_partitions,
 )
-from slurm_plugin.config.nodecap import spread_partitions
 from slurm_plugin.sim.shield import NodeMix, settle, slowdowns
 
 GB = 1e9

@@ -42,8 +42,12 @@ from coda_node.system.paths import SystemRoot
 from coda_node.system.perf import cpu_socket
 from coda_node.system.progress import ProgressFiles
 from coda_node.system.topology import pci_address
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, read_slurm_conf
-from slurm_plugin.config.nodecap import spread_partitions
+from slurm_plugin.config.codaconf import (
+    CodaConfig,
+    ConfigError,
+    read_slurm_conf,
+    spread_partitions,
+)
 from slurm_plugin.model.fit import is_censored, refit_profile
 from slurm_plugin.store.dropbox import Drop, DropError, drop
 from slurm_plugin.store.profiles import ProfileStore, Sample, StoreError, run_id_problem

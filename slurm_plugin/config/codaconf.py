@@ -14,8 +14,8 @@ in ``\\`` continues on the next.  Unknown keys are errors (``coda.conf:7: unknow
 defined once, as a :class:`CodaConfig` field that carries its name, value syntax, default,
 parser and help; :data:`CONFIG_KEYS` lists them.
 
-Only :func:`load_config`, :func:`read_slurm_nodes` and :func:`read_slurm_conf` read files;
-everything else is pure.
+Only :func:`load_config`, :func:`read_slurm_nodes`, :func:`read_slurm_conf` and
+:func:`mtime_ns` touch files; everything else is pure.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import glob
 import ipaddress
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -44,11 +44,13 @@ __all__ = [
     "PartitionShape",
     "count_hostlist",
     "expand_hostlist",
+    "gres_units_per_partition",
     "load_config",
     "parse_config",
     "read_slurm_conf",
     "read_slurm_nodes",
     "split_outside",
+    "spread_partitions",
 ]
 
 MAX_CPUS = 65533
@@ -1277,6 +1279,74 @@ def mtime_ns(path: Path) -> int | None:
         return path.stat().st_mtime_ns
     except OSError:
         return None
+
+
+def gres_units_per_partition(
+    nodes: Iterable[NodeShape], partitions: Iterable[PartitionShape], gres: str
+) -> dict[str, int | None]:
+    """Each partition's smallest per-node count of the count-only GRES ``gres`` over its
+    nodes: the most units a job may ask per node and still be accepted wherever it could run
+    there. None for a partition where that is not known or not safe: its ``Nodes=`` is
+    empty or names a node slurm.conf does not define (a NodeSet, a feature), or one of its
+    nodes lacks ``gres`` (Slurm refuses a job asking for a GRES no node of its partition
+    has). Expands every host list once: run it off the hot path."""
+    counts: dict[str, int] = {}
+    unreadable = False
+    for node in nodes:
+        count = dict(node.gres).get(gres, 0)
+        try:
+            hosts = expand_hostlist(node.names)
+        except ValueError:
+            unreadable = True
+            continue
+        for host in hosts:
+            counts[host] = count
+    out: dict[str, int | None] = {}
+    for part in partitions:
+        least: int | None = None
+        try:
+            hosts = list(counts) if part.nodes.upper() == "ALL" else expand_hostlist(part.nodes)
+        except ValueError:
+            hosts = []
+        if unreadable or not hosts:
+            out[part.name] = None
+            continue
+        for host in hosts:
+            count = counts.get(host, 0)
+            if count < 1:
+                least = None
+                break
+            least = count if least is None else min(least, count)
+        out[part.name] = least
+    return out
+
+
+def spread_partitions(
+    node_name: str,
+    nodes: tuple[NodeShape, ...],
+    partitions: tuple[PartitionShape, ...],
+    gres: str,
+    exclude: Iterable[str] = (),
+) -> tuple[str, ...]:
+    """The partitions holding node ``node_name`` in which the submit hook asks for the
+    count-only GRES ``gres`` (:func:`gres_units_per_partition` knows a count for them), but
+    those in ``exclude`` (``ExcludePartitions``)."""
+    units = gres_units_per_partition(nodes, partitions, gres)
+    skip = set(exclude)
+    out: list[str] = []
+    for part in partitions:
+        if part.name in skip or units.get(part.name) is None:
+            continue
+        if part.nodes.upper() == "ALL":
+            out.append(part.name)  # a count is known: every node has the GRES
+            continue
+        try:
+            hosts = expand_hostlist(part.nodes)
+        except ValueError:
+            continue
+        if node_name in hosts:
+            out.append(part.name)
+    return tuple(out)
 
 
 def _gres_gpus(gres: str) -> int:

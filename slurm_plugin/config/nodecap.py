@@ -15,7 +15,7 @@ from slurm_plugin.config.codaconf import (
     ConfigError,
     NodeShape,
     PartitionShape,
-    expand_hostlist,
+    gres_units_per_partition,
     read_slurm_conf,
 )
 
@@ -52,74 +52,6 @@ def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> i
         return None
     shares = [node.cpus // node.gpus for node in nodes if node.gpus >= gpus_per_node]
     return max(1, min(shares)) if shares else None
-
-
-def gres_units_per_partition(
-    nodes: Iterable[NodeShape], partitions: Iterable[PartitionShape], gres: str
-) -> dict[str, int | None]:
-    """Each partition's smallest per-node count of the count-only GRES ``gres`` over its
-    nodes: the most units a job may ask per node and still be accepted wherever it could run
-    there. None for a partition where that is not known or not safe: its ``Nodes=`` is
-    empty or names a node slurm.conf does not define (a NodeSet, a feature), or one of its
-    nodes lacks ``gres`` (Slurm refuses a job asking for a GRES no node of its partition
-    has). Expands every host list once: run it off the hot path."""
-    counts: dict[str, int] = {}
-    unreadable = False
-    for node in nodes:
-        count = dict(node.gres).get(gres, 0)
-        try:
-            hosts = expand_hostlist(node.names)
-        except ValueError:
-            unreadable = True
-            continue
-        for host in hosts:
-            counts[host] = count
-    out: dict[str, int | None] = {}
-    for part in partitions:
-        least: int | None = None
-        try:
-            hosts = list(counts) if part.nodes.upper() == "ALL" else expand_hostlist(part.nodes)
-        except ValueError:
-            hosts = []
-        if unreadable or not hosts:
-            out[part.name] = None
-            continue
-        for host in hosts:
-            count = counts.get(host, 0)
-            if count < 1:
-                least = None
-                break
-            least = count if least is None else min(least, count)
-        out[part.name] = least
-    return out
-
-
-def spread_partitions(
-    node_name: str,
-    nodes: tuple[NodeShape, ...],
-    partitions: tuple[PartitionShape, ...],
-    gres: str,
-    exclude: Iterable[str] = (),
-) -> tuple[str, ...]:
-    """The partitions holding node ``node_name`` in which the submit hook asks for the
-    count-only GRES ``gres`` (:func:`gres_units_per_partition` knows a count for them), but
-    those in ``exclude`` (``ExcludePartitions``)."""
-    units = gres_units_per_partition(nodes, partitions, gres)
-    skip = set(exclude)
-    out: list[str] = []
-    for part in partitions:
-        if part.name in skip or units.get(part.name) is None:
-            continue
-        if part.nodes.upper() == "ALL":
-            out.append(part.name)  # a count is known: every node has the GRES
-            continue
-        try:
-            hosts = expand_hostlist(part.nodes)
-        except ValueError:
-            continue
-        if node_name in hosts:
-            out.append(part.name)
-    return tuple(out)
 
 
 def gres_units_per_node(
