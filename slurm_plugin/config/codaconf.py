@@ -1333,20 +1333,14 @@ def spread_partitions(
     those in ``exclude`` (``ExcludePartitions``)."""
     units = gres_units_per_partition(nodes, partitions, gres)
     skip = set(exclude)
-    out: list[str] = []
-    for part in partitions:
-        if part.name in skip or units.get(part.name) is None:
-            continue
-        if part.nodes.upper() == "ALL":
-            out.append(part.name)  # a count is known: every node has the GRES
-            continue
-        try:
-            hosts = expand_hostlist(part.nodes)
-        except ValueError:
-            continue
-        if node_name in hosts:
-            out.append(part.name)
-    return tuple(out)
+    # A partition with a known count has a readable host list (ALL: every node).
+    return tuple(
+        p.name
+        for p in partitions
+        if p.name not in skip
+        and units.get(p.name) is not None
+        and (p.nodes.upper() == "ALL" or node_name in expand_hostlist(p.nodes))
+    )
 
 
 def _gres_gpus(gres: str) -> int:
@@ -1471,11 +1465,8 @@ def _read_partition(line: str, source: str, lineno: int, partitions: list[Partit
     name = params.get("partitionname", "")
     if not name:
         raise ConfigError(source, lineno, "PartitionName without a value")
-    if name.upper() == "DEFAULT":
-        # Its values are every later partition's unless it sets its own (as in Slurm);
-        # kept as a pseudo-partition that read_slurm_conf folds in.
-        partitions.append(PartitionShape("DEFAULT", params.get("nodes", ""), _default(params)))
-        return
+    # PartitionName=DEFAULT is kept as a pseudo-partition that read_slurm_conf folds into
+    # the later lines (its values are theirs unless they set their own, as in Slurm).
     partitions.append(PartitionShape(name, params.get("nodes", ""), _default(params)))
 
 
