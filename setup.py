@@ -11,7 +11,16 @@ setup(
     long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["slurm_plugin", "slurm_plugin.*", "coda_node", "coda_node.*"]),
+    packages=find_packages(
+        include=[
+            "coda_common",
+            "coda_common.*",
+            "slurm_plugin",
+            "slurm_plugin.*",
+            "coda_node",
+            "coda_node.*",
+        ]
+    ),
     # The public traces `coda-slurm simulate philly|muri` replay, each with its licence
     # (slurm_plugin/sim/data/README.md).
     package_data={"slurm_plugin.sim": ["data/README.md", "data/*/*"]},

@@ -12,7 +12,7 @@ one tick per simulated second (the daemon's default ``NodeIntervalS=1``). Time i
 nothing sleeps, and every run is reproducible from its seed.
 
 **Part 1, online profiling.** One single-GPU job per SoCC'18 reference workload
-(:data:`slurm_plugin.model.curves.REFERENCE_WORKLOADS`: P100, 24-core host) on a 24-core
+(:data:`coda_common.model.curves.REFERENCE_WORKLOADS`: P100, 24-core host) on a 24-core
 allocation. At ``c`` cores it trains at ``PEAK * throughput_curve(sweet_spot, c)``
 iterations/s times ``1 + noise * N(0, 1)``, drawn afresh each tick (2 % and 5 %), or held
 for 20 s (5 %: slow noise, so that each of the allocator's 20 s sub-windows sees a
@@ -57,10 +57,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from coda_common.model.curves import REFERENCE_WORKLOADS, cores_for_fraction, throughput_curve
 from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams
 from coda_node.policy.contention import ContentionParams, CpuJob, DnnJob, Eliminator
 from coda_node.policy.observe import JobSignal, Reading, SignalParams
-from slurm_plugin.model.curves import REFERENCE_WORKLOADS, cores_for_fraction, throughput_curve
 
 PEAK = 100.0
 """Iterations/s of a job at its plateau (part 1) or uncontended (part 2)."""

@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from coda_common.store.profiles import CpuUsageRecord, Profile, ProfileStore
 from slurm_plugin.hook import submit as hook
-from slurm_plugin.store.profiles import CpuUsageRecord, Profile, ProfileStore
 from tests import compiled_hook
 
 

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/bench_model.py [--seed N] [--trials N]``
 
 For each box size (24 cores as on the SoCC'18 P100 VM, then 32 and 64) and each case, the
-probing loop asks :func:`slurm_plugin.model.fit.next_probe` where to measure, "measures" a
+probing loop asks :func:`coda_common.model.fit.next_probe` where to measure, "measures" a
 synthetic curve with multiplicative noise, and after 3, 4, 5 and 8 probes fits the curve.
 The loop stops early when ``next_probe`` returns ``None``; the budgets share one probe
 sequence per case (``next_probe`` is deterministic), so the columns differ only in how many
@@ -26,7 +26,7 @@ raise, ignoring confidence, to show what the refusal buys.
 
 Then: calibration (reported confidence against the share of answers that reach 95 %, for
 the 8-probe fits above and for random probe sets), the twelve model classes
-(:data:`slurm_plugin.model.curves.MODEL_CLASSES`) from 4 fixed probes at 1, 3, 6 and 12 cores and
+(:data:`coda_common.model.curves.MODEL_CLASSES`) from 4 fixed probes at 1, 3, 6 and 12 cores and
 from full grids, probe placement, and the time of a fit.
 """
 
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slurm_plugin.model.curves import (
+from coda_common.model.curves import (
     MODEL_CLASSES,
     REFERENCE_WORKLOADS,
     cores_for_fraction,
     noisy_samples,
     throughput_curve,
 )
-from slurm_plugin.model.fit import ModelError, fit_curve, next_probe
+from coda_common.model.fit import ModelError, fit_curve, next_probe
 
 BUDGETS = (3, 4, 5, 8)
 BOX_CORES = (24, 32, 64)

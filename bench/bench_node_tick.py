@@ -76,13 +76,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 
+from coda_common.config.codaconf import load_config
 from coda_node.daemon.service import Daemon, TickReport
 from coda_node.enforce.enforcer import VERIFY_EVERY_TICKS
 from coda_node.enforce.state import LIMITS_SETTLED_S, Limit
 from coda_node.policy.targets import JobFacts, plan
 from coda_node.sampling.mbm import mon_group_name
 from coda_node.system.nvml import Nvml
-from slurm_plugin.config.codaconf import load_config
 from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node, mknod_reason
 from tests.test_daemon_loop_fixture import mount_resctrl

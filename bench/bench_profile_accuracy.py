@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from slurm_plugin.model.curves import throughput_at
-from slurm_plugin.model.fit import is_censored
+from coda_common.model.curves import throughput_at
+from coda_common.model.fit import is_censored
 from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, _Sim
 from slurm_plugin.sim.traces import (

@@ -65,9 +65,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_plugin.config.codaconf import load_config
+from coda_common.config.codaconf import load_config
+from coda_common.store.profiles import Profile, ProfileStore, Sample
 from slurm_plugin.devtools.cluster import DevCluster, DevClusterError, parse_scontrol_line
-from slurm_plugin.store.profiles import Profile, ProfileStore, Sample
 
 CONFIGS = ("none", "lua", "coda", "coda-b")
 PLUGINS = {"none": "", "lua": "lua", "coda": "coda", "coda-b": "coda"}

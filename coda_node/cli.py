@@ -14,6 +14,9 @@ from typing import Any
 
 import click
 
+from coda_common.cli import CliError, conf_option, emit_json, run_cli
+from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.paths import default_conf_path
 from coda_node import __version__
 from coda_node.enforce.state import (
     STATE_FILE,
@@ -27,9 +30,6 @@ from coda_node.status.document import load_status
 from coda_node.status.text import render
 from coda_node.system.check import probe_all
 from coda_node.system.paths import SystemRoot
-from slurm_plugin.cli.common import CliError, conf_option, emit_json, run_cli
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
-from slurm_plugin.config.paths import default_conf_path
 
 WATCH_DEFAULT_S = 2.0
 TERMINAL_FALLBACK = (160, 50)

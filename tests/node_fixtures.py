@@ -10,7 +10,7 @@ reads on a node like Slurm 22.05 sets it up (``proctrack/cgroup``, ``task/cgroup
   controller enabled down to every job) with steps ``extern``, ``batch`` and ``0`` (two
   tasks); the jobs' threads in ``/proc``; ``/dev/nvidia0..N`` as real character devices (major 195);
 - ``<tmp>/etc``: ``slurm.conf``, ``gres.conf`` and ``coda.conf`` (read with
-  :func:`slurm_plugin.config.codaconf.load_config`); ``<tmp>/state``: the daemon's state directory;
+  :func:`coda_common.config.codaconf.load_config`); ``<tmp>/state``: the daemon's state directory;
 - :class:`FakeSlurm`: answers ``squeue --json``, ``squeue -w`` and ``sinfo --json`` like
   Slurm 22.05 does, and counts the calls;
 - a :class:`~tests.nvml_double.FakeNvml` whose NVML index order (PCI order) is not the order
@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import STATE_FILE, VIEW_FILE, Limit, save_limits
 from coda_node.system.cgroups import (
@@ -54,7 +55,6 @@ from coda_node.system.cgroups import (
 )
 from coda_node.system.nvml import Nvml
 from coda_node.system.slurmjobs import SlurmQueryError
-from slurm_plugin.config.codaconf import CodaConfig, load_config
 from tests.cgroup_fixtures import (
     CGROUP,
     MOUNTS_V1_DEBIAN,

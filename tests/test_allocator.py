@@ -2,7 +2,7 @@
 
 The end-to-end cases drive :class:`JobSignal` and :class:`Allocator` together as the daemon
 does (hold the level while a probe runs), with the job's rate from the modelled curve
-(:func:`slurm_plugin.model.curves.throughput_curve`) plus 3 % noise, on 1-s ticks. Time is passed
+(:func:`coda_common.model.curves.throughput_curve`) plus 3 % noise, on 1-s ticks. Time is passed
 in; nothing sleeps.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from coda_common.model.curves import REFERENCE_WORKLOADS, cores_for_fraction, throughput_curve
 from coda_node.policy.allocator import Allocator, AllocatorOutput, Event, ProbeJob, ProbeParams
 from coda_node.policy.observe import JobSignal, Progress, Reading, SignalParams
-from slurm_plugin.model.curves import REFERENCE_WORKLOADS, cores_for_fraction, throughput_curve
 
 FAST = ProbeParams(settle_s=5.0, measure_s=9.0)
 WARMUP_S = 3.0

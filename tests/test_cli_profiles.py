@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 import pytest
 from click.testing import CliRunner
 
+from coda_common.cli import CliError, run_cli
+from coda_common.store.profiles import Profile, ProfileStore, Sample, profile_stem
 from slurm_plugin.cli import profiles as cli_profiles
-from slurm_plugin.cli.common import CliError, run_cli
 from slurm_plugin.cli.profiles import profiles, read_profile_store_key, resolve_store
-from slurm_plugin.store.profiles import Profile, ProfileStore, Sample, profile_stem
 
 
 class Result(NamedTuple):

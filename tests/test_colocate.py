@@ -13,15 +13,15 @@ from typing import Any, NamedTuple
 import pytest
 from click.testing import CliRunner
 
+from coda_common.cli import run_cli
+from coda_common.store.profiles import Profile, ProfileStore, UsageRecord
 from slurm_plugin.cli.colocate import colocate_cmd
-from slurm_plugin.cli.common import run_cli
 from slurm_plugin.decision.colocate import (
     ShareCandidate,
     judge_pairs,
     predict_speedup,
     shareable_workloads,
 )
-from slurm_plugin.store.profiles import Profile, ProfileStore, UsageRecord
 
 THESIS_CSV = Path(__file__).parent / "data" / "colocate_thesis.csv"
 

@@ -1,4 +1,4 @@
-"""coda.conf parsing and slurm.conf node shapes (slurm_plugin.config.codaconf)."""
+"""coda.conf parsing and slurm.conf node shapes (coda_common.config.codaconf)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.config.codaconf import (
+from coda_common.config.codaconf import (
     CONFIG_KEYS,
     CodaConfig,
     ConfigError,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from coda_common.config.codaconf import parse_config
 from coda_node.policy.allocator import Event
 from coda_node.policy.contention import (
     ContentionOutput,
@@ -26,7 +27,6 @@ from coda_node.policy.contention import (
     quota_ladder,
 )
 from coda_node.policy.observe import Progress
-from slurm_plugin.config.codaconf import parse_config
 
 DNN, HOG, HOG2 = 1, 2, 3
 GB = 1e9

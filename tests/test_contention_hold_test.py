@@ -11,6 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.config.codaconf import (
+    CodaConfig,
+    ConfigError,
+    NodeShape,
+    PartitionShape,
+    load_config,
+    parse_config,
+    read_slurm_conf,
+    spread_partitions,
+)
 from coda_node.daemon.adaptive import AdaptiveLoop, contention_params, training_gpus
 from coda_node.policy.contention import (
     ContentionParams,
@@ -24,16 +34,6 @@ from coda_node.policy.contention import (
 )
 from coda_node.policy.observe import Progress
 from coda_node.system.paths import SystemRoot
-from slurm_plugin.config.codaconf import (
-    CodaConfig,
-    ConfigError,
-    NodeShape,
-    PartitionShape,
-    load_config,
-    parse_config,
-    read_slurm_conf,
-    spread_partitions,
-)
 from slurm_plugin.sim.shield import NodeMix, settle, slowdowns
 
 GB = 1e9

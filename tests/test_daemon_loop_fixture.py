@@ -29,15 +29,15 @@ import numpy as np
 import pynvml
 import pytest
 
+from coda_common.config.codaconf import load_config
+from coda_common.model.curves import cores_for_fraction, throughput_curve
+from coda_common.store.profiles import ProfileStore
 from coda_node.daemon.service import MAX_EVENTS, Daemon, TickReport
 from coda_node.enforce.state import Limit
 from coda_node.status.document import event_action
 from coda_node.system.cgroups import format_cpulist, parse_cpulist
 from coda_node.system.nvml import Nvml
 from coda_node.system.resctrl import parse_schemata
-from slurm_plugin.config.codaconf import load_config
-from slurm_plugin.model.curves import cores_for_fraction, throughput_curve
-from slurm_plugin.store.profiles import ProfileStore
 from tests import resctrl_fixtures
 from tests.node_fixtures import FakeNode, build_node
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store import dropbox
+from coda_common.store.profiles import Profile
 from coda_node.enforce.state import Limit
-from slurm_plugin.store import dropbox
-from slurm_plugin.store.profiles import Profile
 from tests import test_daemon_loop_fixture as loopfix
 from tests.test_daemon_loop_fixture import (
     CPU,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_plugin.config.codaconf import CONFIG_KEYS, parse_config
+from coda_common.config.codaconf import CONFIG_KEYS, parse_config
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugin.store import dropbox, munge
-from slurm_plugin.store.dropbox import (
+from coda_common.store import dropbox, munge
+from coda_common.store.dropbox import (
     MAX_DROP_FILE_BYTES,
     Collector,
     Drop,
     DropError,
     HostFilter,
 )
-from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
+from coda_common.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
 
 NOW_S = 1_800_000_000.0
 SIG = "workload:1000:train"

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store.dropbox import Drop, drop
+from coda_common.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
-from slurm_plugin.store.dropbox import Drop, drop
-from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _events, _export, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait

@@ -17,8 +17,8 @@ from typing import Any
 import cffi
 import pytest
 
+from coda_common.store.profiles import Profile, ProfileStore
 from slurm_plugin.hook import submit as hook
-from slurm_plugin.store.profiles import Profile, ProfileStore
 
 NO_VAL = 0xFFFFFFFE
 NO_VAL16 = 0xFFFE
@@ -305,7 +305,7 @@ def test_stats_file_stays_whole_under_concurrent_writers(lib: FakeLib, tmp_path:
 
 def _placement_setup(tmp_path: Path, *, features: str = "a100,v100") -> None:
     """Profiles with usage records, the three placement switches on, and a reload."""
-    from slurm_plugin.store.profiles import UsageRecord
+    from coda_common.store.profiles import UsageRecord
 
     def usage(model: str, iters: float, pcie: float | None = None) -> UsageRecord:
         return UsageRecord(model, 0.9, 0.4, pcie, iters, 10, time.time())

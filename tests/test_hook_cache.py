@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from coda_common.store.profiles import Profile, ProfileStore
 from slurm_plugin.decision.decide import decide as real_decide
 from slurm_plugin.hook import submit as hook
-from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests.test_hook import NO_VAL, FakeLib, ffi, field, make_desc, start_hook
 
 WRITTEN = ("cpus_per_tres", "tres_per_node", "partition", "prefer", "admin_comment")
@@ -356,8 +356,8 @@ def test_journal_entry_of_a_hit_matches_the_miss(lib: FakeLib, tmp_path: Path) -
 def test_gres_counts_come_from_the_slurm_conf_slurmctld_started_with_and_never_per_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from coda_common.store.profiles import CpuUsageRecord
     from slurm_plugin.config import nodecap
-    from slurm_plugin.store.profiles import CpuUsageRecord
 
     calls: list[str] = []
     real = nodecap.gres_units_per_partition

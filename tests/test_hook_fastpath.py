@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from coda_common.store.profiles import ProfileStore
 from slurm_plugin.hook import submit as hook
-from slurm_plugin.store.profiles import ProfileStore
 from tests import compiled_hook
 from tests.test_hook_cache import CASES, WRITTEN, _profile, untokened
 

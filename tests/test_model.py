@@ -10,15 +10,14 @@ import click
 import numpy as np
 import pytest
 
-from slurm_plugin.cli.common import run_cli
-from slurm_plugin.cli.model import model
-from slurm_plugin.model.curves import (
+from coda_common.cli import run_cli
+from coda_common.model.curves import (
     REFERENCE_WORKLOADS,
     cores_for_fraction,
     noisy_samples,
     throughput_curve,
 )
-from slurm_plugin.model.fit import (
+from coda_common.model.fit import (
     Fit,
     InconsistentSamples,
     InsufficientSamples,
@@ -28,6 +27,7 @@ from slurm_plugin.model.fit import (
     next_probe,
     normalise_samples,
 )
+from slurm_plugin.cli.model import model
 
 P100_BOX_CORES = 24
 ALL_CORES = np.arange(1, P100_BOX_CORES + 1, dtype=float)

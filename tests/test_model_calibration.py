@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slurm_plugin.model.curves import MODEL_CLASSES, throughput_curve
-from slurm_plugin.model.fit import ModelError, fit_curve
+from coda_common.model.curves import MODEL_CLASSES, throughput_curve
+from coda_common.model.fit import ModelError, fit_curve
 
 # The poster's predictor with no, some and much log term, each with a hard knee and with
 # the benchmark's rounder knees.

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_plugin.model.curves import cores_for_fraction, noisy_samples, throughput_curve
-from slurm_plugin.model.fit import (
+from coda_common.model.curves import cores_for_fraction, noisy_samples, throughput_curve
+from coda_common.model.fit import (
     InconsistentSamples,
     InsufficientSamples,
     SweetSpot,
@@ -19,7 +19,7 @@ from slurm_plugin.model.fit import (
     is_censored,
     refit_profile,
 )
-from slurm_plugin.store.profiles import Profile, ProfileStore, Sample
+from coda_common.store.profiles import Profile, ProfileStore, Sample
 
 SIG = "workload:1000:train"
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
+from coda_common.model.curves import cores_for_fraction
+from coda_common.model.fit import is_censored, refit_profile, run_labels
+from coda_common.store.profiles import Profile, Sample
 from coda_node.policy.allocator import ProbeParams
-from slurm_plugin.model.curves import cores_for_fraction
-from slurm_plugin.model.fit import is_censored, refit_profile, run_labels
 from slurm_plugin.sim.profiling import probe_run
-from slurm_plugin.store.profiles import Profile, Sample
 
 SIG = "workload:1000:train"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store.profiles import Profile, ProfileStore
 from coda_node.enforce.state import StateFile
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec, parse_scontrol_line
-from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _squeue, _wait

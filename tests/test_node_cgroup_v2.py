@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 
 import coda_node.progress_client
+from coda_common.config.codaconf import load_config
+from coda_common.store.profiles import ProfileStore
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import Limit, StateFile, save_limits
 from coda_node.system import cgroups
 from coda_node.system.paths import SystemRoot
-from slurm_plugin.config.codaconf import load_config
-from slurm_plugin.store.profiles import ProfileStore
 
 pytestmark = pytest.mark.cgroup_v2_node
 

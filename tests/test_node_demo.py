@@ -20,7 +20,10 @@ def test_node_demo_slims_caps_and_restores() -> None:
     if reason:
         pytest.skip(reason)
     proc = subprocess.run(
-        [sys.executable, "-m", "coda_node.demo"], capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", "slurm_plugin.devtools.node_demo"],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout

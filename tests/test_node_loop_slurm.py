@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 import coda_node.progress_client
+from coda_common.store.profiles import ProfileStore
 from coda_node.enforce.state import StateFile
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
-from slurm_plugin.store.profiles import ProfileStore
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait
 

@@ -17,12 +17,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from coda_common.config.codaconf import CodaConfig, ConfigError, load_config, parse_config
 from coda_node.cli import cli
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import Limit
 from coda_node.status.metrics import METRIC_NAMES
 from coda_node.system.nvml import Nvml
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config, parse_config
 from tests.node_fixtures import FakeNode, build_node
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from coda_common.config.codaconf import load_config
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import STATE_FILE, Limit, StateFile, save_limits
 from coda_node.system.cpulist import parse_cpulist
-from slurm_plugin.config.codaconf import load_config
 from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
 from tests.test_node_slurm import (

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.config.codaconf import load_config
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import Limit, StateFile, load_limits, save_limits
 from coda_node.system import cgroups
-from slurm_plugin.config.codaconf import load_config
 from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from coda_common.store.usage import CpuUsageRecord, UsageRecord, merge_cpu_usage
 from coda_node.policy.usage import UsageAccumulator, UsageTick
-from slurm_plugin.store.usage import CpuUsageRecord, UsageRecord, merge_cpu_usage
 
 SIG = "workload:1000:train"
 CPU_SIG = "workload:1001:stream"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.config.codaconf import CodaConfig
 from coda_node.daemon.adaptive import AdaptiveLoop
 from coda_node.policy.contention import PcieUse, pcie_pairs
 from coda_node.system.paths import SystemRoot
-from slurm_plugin.config.codaconf import CodaConfig
 
 GB = 1e9
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, parse_config
+from coda_common.config.codaconf import CodaConfig, ConfigError, parse_config
+from coda_common.store.usage import UsageRecord
 from slurm_plugin.decision import placement
 from slurm_plugin.decision.decide import (
     Decision,
@@ -25,7 +26,6 @@ from slurm_plugin.decision.placement import (
     route_cpu_job,
     workload_speedup,
 )
-from slurm_plugin.store.usage import UsageRecord
 
 UID = 1000
 GB = 1e9

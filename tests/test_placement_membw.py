@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, parse_config, read_slurm_conf
+from coda_common.config.codaconf import CodaConfig, ConfigError, parse_config, read_slurm_conf
+from coda_common.signature import Directives, workload_signature
+from coda_common.store.usage import CpuUsageRecord
 from slurm_plugin.config.nodecap import NodeCap, gres_units_per_node, gres_units_per_partition
 from slurm_plugin.decision.decide import (
     Decision,
@@ -20,8 +22,6 @@ from slurm_plugin.decision.decide import (
     decide,
     parse_admin_record,
 )
-from slurm_plugin.decision.signature import Directives, workload_signature
-from slurm_plugin.store.usage import CpuUsageRecord
 
 UID = 1000
 GB = 1e9

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store.profiles import CpuUsageRecord, ProfileStore
 from coda_node.system.slurmjobs import SlurmJobs, make_runner
 from slurm_plugin.decision.decide import parse_admin_record
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec
-from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore
 from tests.conftest import LogWatch, gres, require_slurm, started
 from tests.test_multinode_slurm import _multinode_reason
 from tests.test_placement_slurm import wait_state

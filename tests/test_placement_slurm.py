@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store.profiles import Profile, ProfileStore, UsageRecord
 from slurm_plugin.decision.decide import parse_admin_record
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec
-from slurm_plugin.store.profiles import Profile, ProfileStore, UsageRecord
 from tests.conftest import LogWatch, gres, require_slurm, started
 from tests.test_submit_slurm import wait_for_reload
 

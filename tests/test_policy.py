@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.config.codaconf import CodaConfig
+from coda_common.config.codaconf import CodaConfig
+from coda_common.signature import Directives, workload_signature
 from slurm_plugin.decision.decide import (
     ACTIONS,
     NO_VAL,
@@ -20,7 +21,6 @@ from slurm_plugin.decision.decide import (
     parse_admin_record,
     predict_cpus_per_gpu,
 )
-from slurm_plugin.decision.signature import Directives, workload_signature
 
 UID = 1000
 SCRIPT = "#!/bin/bash\n#SBATCH --gpus-per-node=2\npython train.py\n"

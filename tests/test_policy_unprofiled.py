@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.config.codaconf import (
+from coda_common.config.codaconf import (
     CodaConfig,
     ConfigError,
     NodeShape,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store.profiles import Profile, ProfileStore
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec
-from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests.conftest import require_slurm, started
 from tests.test_multinode_slurm import _multinode_reason
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script

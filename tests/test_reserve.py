@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.config.codaconf import ConfigError, parse_config
 from slurm_plugin.cli.main import main
-from slurm_plugin.config.codaconf import ConfigError, parse_config
 from slurm_plugin.reserve.cluster import (
     STATE_FORMAT,
     ClusterView,

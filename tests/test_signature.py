@@ -1,4 +1,4 @@
-"""Workload signatures and --comment directives (slurm_plugin.decision.signature)."""
+"""Workload signatures and --comment directives (coda_common.signature)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from slurm_plugin.decision.signature import (
+from coda_common.signature import (
     DEFAULT_IGNORE,
     DEFAULT_SPEC,
     NO_IGNORE,

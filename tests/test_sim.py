@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from coda_common.model.curves import cores_for_fraction, throughput_at
+from coda_common.model.fit import is_censored
 from coda_node.policy.contention import (
     ContentionParams,
     CpuJob,
@@ -21,8 +23,6 @@ from coda_node.policy.contention import (
 from coda_node.policy.observe import Progress
 from slurm_plugin.cli.main import cli
 from slurm_plugin.decision.decide import JobRequest, decide
-from slurm_plugin.model.curves import cores_for_fraction, throughput_at
-from slurm_plugin.model.fit import is_censored
 from slurm_plugin.sim import engine
 from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
 from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
@@ -560,7 +560,7 @@ def test_plots_are_written(tmp_path: Path) -> None:
 
 
 def test_scalar_curve_is_the_vector_curve() -> None:
-    from slurm_plugin.model.curves import throughput_curve
+    from coda_common.model.curves import throughput_curve
 
     for theta in (1.0, 1.5, 3.0, 8.0, 19.3):
         for cores in (0.5, 1.0, 2.0, 7.9, 8.0, 30.0):

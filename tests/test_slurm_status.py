@@ -22,11 +22,12 @@ from typing import Any, NamedTuple
 import pytest
 from click.testing import CliRunner
 
+from coda_common.cli import run_cli
+from coda_common.config.codaconf import CodaConfig, parse_config
+from coda_common.store.profiles import Profile, ProfileStore
 from slurm_plugin.cli import status as cli_status
-from slurm_plugin.cli.common import run_cli
 from slurm_plugin.cli.main import cli as coda_slurm
 from slurm_plugin.cli.status import collect_status, parse_since, render
-from slurm_plugin.config.codaconf import CodaConfig, parse_config
 from slurm_plugin.decision.decide import NO_VAL, JobRequest, ProfileView, decide, parse_admin_record
 from slurm_plugin.devtools.cluster import DevCluster
 from slurm_plugin.hook import submit as hook
@@ -39,7 +40,6 @@ from slurm_plugin.hook.journal import (
     rotated_path,
     summarize_decisions,
 )
-from slurm_plugin.store.profiles import Profile, ProfileStore
 from tests.conftest import LogWatch
 from tests.test_hook import FakeLib, ffi, field, lib, make_desc
 from tests.test_submit_slurm import coda_conf, put_profile, set_conf, wait_for_reload

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.store.profiles import ProfileStore
 from coda_node.system.slurmjobs import (
     SlurmJob,
     SlurmJobs,
@@ -32,7 +33,6 @@ from coda_node.system.slurmjobs import (
     query_jobs,
 )
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
-from slurm_plugin.store.profiles import ProfileStore
 from tests.conftest import require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _wait

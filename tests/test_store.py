@@ -1,4 +1,4 @@
-"""Tests for slurm_plugin.store.profiles: file format, atomic writes, the hook's cache, merges,
+"""Tests for coda_common.store.profiles: file format, atomic writes, the hook's cache, merges,
 locks.
 
 These tests run as root (ownership cases chown files to uid 12345 to play a user).
@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from slurm_plugin.decision.decide import ProfileView
-from slurm_plugin.store import profiles as store_mod
-from slurm_plugin.store.profiles import (
+from coda_common.store import profiles as store_mod
+from coda_common.store.profiles import (
     FORMAT_VERSION,
     CpuUsageRecord,
     Profile,
@@ -39,6 +38,7 @@ from slurm_plugin.store.profiles import (
     read_profile_file,
     to_view,
 )
+from slurm_plugin.decision.decide import ProfileView
 
 USER_UID = 12345
 SIG = "workload:1000:train"

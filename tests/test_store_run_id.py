@@ -2,7 +2,7 @@
 
 Each coda-node run publishes throughputs as % of that run's own plateau, so the refit must
 know which samples share a scale. Before version 3 it inferred the runs from the publish
-order (``slurm_plugin.model.fit._inferred_run_labels``); these tests cover the id on disk, the
+order (``coda_common.model.fit._inferred_run_labels``); these tests cover the id on disk, the
 grouping by it, what it changes in a refit, and the ids coda-node writes.
 """
 
@@ -16,13 +16,10 @@ from typing import Any
 
 import pytest
 
-from coda_node.daemon.adaptive import AdaptiveLoop
-from coda_node.policy.allocator import Publish
-from coda_node.system.paths import SystemRoot
-from slurm_plugin.config.codaconf import CodaConfig
-from slurm_plugin.model.curves import cores_for_fraction, throughput_at
-from slurm_plugin.model.fit import _inferred_run_labels, is_censored, refit_profile, run_labels
-from slurm_plugin.store.profiles import (
+from coda_common.config.codaconf import CodaConfig
+from coda_common.model.curves import cores_for_fraction, throughput_at
+from coda_common.model.fit import _inferred_run_labels, is_censored, refit_profile, run_labels
+from coda_common.store.profiles import (
     FORMAT_VERSION,
     Profile,
     ProfileFormatError,
@@ -30,6 +27,9 @@ from slurm_plugin.store.profiles import (
     Sample,
     read_profile_file,
 )
+from coda_node.daemon.adaptive import AdaptiveLoop
+from coda_node.policy.allocator import Publish
+from coda_node.system.paths import SystemRoot
 from tests.test_cli_profiles import cli
 
 SIG = "workload:1000:train"

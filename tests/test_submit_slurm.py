@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.signature import parse_coda_directives, workload_signature
+from coda_common.store.profiles import Profile, ProfileStore, profile_stem
 from slurm_plugin.decision.decide import parse_admin_record
-from slurm_plugin.decision.signature import parse_coda_directives, workload_signature
 from slurm_plugin.devtools.cluster import DevCluster
-from slurm_plugin.store.profiles import Profile, ProfileStore, profile_stem
 from tests.conftest import LogWatch, gres, require_slurm
 
 pytestmark = pytest.mark.slurm

@@ -17,6 +17,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from coda_common.config.codaconf import (
+    CodaConfig,
+    ConfigError,
+    read_slurm_conf,
+    spread_partitions,
+)
+from coda_common.model.fit import is_censored, refit_profile
+from coda_common.store.dropbox import Drop, DropError, drop
+from coda_common.store.profiles import ProfileStore, Sample, StoreError, run_id_problem
 from coda_node.policy.allocator import (
     Allocator,
     AllocatorOutput,
@@ -42,15 +51,6 @@ from coda_node.system.paths import SystemRoot
 from coda_node.system.perf import cpu_socket
 from coda_node.system.progress import ProgressFiles
 from coda_node.system.topology import pci_address
-from slurm_plugin.config.codaconf import (
-    CodaConfig,
-    ConfigError,
-    read_slurm_conf,
-    spread_partitions,
-)
-from slurm_plugin.model.fit import is_censored, refit_profile
-from slurm_plugin.store.dropbox import Drop, DropError, drop
-from slurm_plugin.store.profiles import ProfileStore, Sample, StoreError, run_id_problem
 
 log = logging.getLogger("coda-node")
 
@@ -420,7 +420,7 @@ class AdaptiveLoop:
 
         The samples share one run id, ``<node>:<job id>:<unix s>`` (``now_unix_s``, default
         now): they are relative to this run's own top, and ``refit_profile`` puts runs on one
-        scale by it (:func:`slurm_plugin.model.fit.run_labels`).
+        scale by it (:func:`coda_common.model.fit.run_labels`).
         """
         now = time.time() if now_unix_s is None else now_unix_s
         run: str | None = f"{self.node_name}:{pub.job_id}:{int(now)}"

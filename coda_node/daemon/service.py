@@ -23,6 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coda_common.config.codaconf import CodaConfig
+from coda_common.store.dropbox import Drop, DropError, drop
+from coda_common.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
 from coda_node import __version__
 from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
@@ -73,9 +76,6 @@ from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
 from coda_node.system.resctrl import discover as resctrl_discover
 from coda_node.system.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.system.topology import GpuLocality
-from slurm_plugin.config.codaconf import CodaConfig
-from slurm_plugin.store.dropbox import Drop, DropError, drop
-from slurm_plugin.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
 
 if TYPE_CHECKING:
     from coda_node.status.metrics import MetricsServer

@@ -10,6 +10,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from coda_common.config.codaconf import CodaConfig
+from coda_common.store.profiles import ProfileStore
 from coda_node.daemon.adaptive import AdaptiveLoop
 from coda_node.enforce.enforcer import Enforcer
 from coda_node.enforce.mongroups import JobMonitor
@@ -17,8 +19,6 @@ from coda_node.enforce.state import NodeState
 from coda_node.system.cgroups import CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.system.paths import SystemRoot
 from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
-from slurm_plugin.config.codaconf import CodaConfig
-from slurm_plugin.store.profiles import ProfileStore
 
 if TYPE_CHECKING:
     from coda_node.system.perf import PcieBwSample, UncoreMemBw, UncorePcieBw, UncorePlan

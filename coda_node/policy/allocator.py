@@ -2,11 +2,11 @@
 
 For a GPU job whose workload has no confident profile, probe core counts *inside its own
 allocation*: shrink its cpuset to the count the experiment design picks
-(:func:`slurm_plugin.model.fit.next_probe`: the whole allocation first, which is the baseline,
+(:func:`coda_common.model.fit.next_probe`: the whole allocation first, which is the baseline,
 then the fewest cores, then where one measurement best separates the candidate sweet
 spots), hold it ``settle_s`` for the data pipeline to reach its new level, measure
 ``measure_s`` in ``windows`` sub-windows (each a sample, so the noise is measured too), and
-stop as soon as :func:`slurm_plugin.model.fit.estimate_sweet_spot` is ``min_confidence`` sure.
+stop as soon as :func:`coda_common.model.fit.estimate_sweet_spot` is ``min_confidence`` sure.
 The job then gets its whole allocation back and keeps it: Slurm owns the allocation, and
 cores taken from a running job would only idle (nothing else can be scheduled onto them);
 the gain comes at the next submission, which the hook right-sizes from the published
@@ -34,10 +34,10 @@ Units: core counts are the job's cores on this node; rates are whatever
 :class:`coda_node.policy.observe.Progress` gives (iterations/s or GPU %). Published samples are
 normalised to the job's own plateau (100 = the plateau of this run), so runs with other
 batch sizes, data sets or GPU proxies of the same workload merge into one curve; a run
-given too few cores calls its top 100 too, and :func:`slurm_plugin.model.fit.refit_profile`
+given too few cores calls its top 100 too, and :func:`coda_common.model.fit.refit_profile`
 puts the runs on one scale. It finds them by the run id the daemon gives each publish
 (store format 3); samples from older files have none and are told apart by the order
-published here (:func:`slurm_plugin.model.fit.run_labels`): the whole allocation first, then
+published here (:func:`coda_common.model.fit.run_labels`): the whole allocation first, then
 the floor of one core per GPU, each count in one block, never revisited within a run.
 Keep that order.
 """
@@ -48,14 +48,14 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from coda_node.policy.observe import Progress
-from slurm_plugin.model.fit import (
+from coda_common.model.fit import (
     InconsistentSamples,
     ModelError,
     SweetSpot,
     estimate_sweet_spot,
     next_probe,
 )
+from coda_node.policy.observe import Progress
 
 
 @dataclass(frozen=True, slots=True)

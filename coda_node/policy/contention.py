@@ -85,9 +85,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from coda_common.config.codaconf import CodaConfig
 from coda_node.policy.allocator import Event
 from coda_node.policy.observe import Progress
-from slurm_plugin.config.codaconf import CodaConfig
 
 CLOCK_SLACK_S = 1e-6
 """How far two clocks may disagree by rounding on when a wait ends

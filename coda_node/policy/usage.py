@@ -30,7 +30,7 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from slurm_plugin.store.profiles import CpuUsageRecord, UsageRecord
+from coda_common.store.profiles import CpuUsageRecord, UsageRecord
 
 __all__ = ["UsageAccumulator", "UsageFlush", "UsageTick"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from slurm_plugin.slurm.ranges import parse_ranges
+from coda_common.slurm.ranges import parse_ranges
 
 
 @functools.lru_cache(maxsize=512)

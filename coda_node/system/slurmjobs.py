@@ -5,7 +5,7 @@ has not seen yet, all of them in one ``squeue --json --jobs=<ids>`` per tick (on
 start, not one per tick), so a thousand nodes ticking every few seconds put no load on the
 controller. Where Slurm keeps no cgroups (``proctrack/linuxproc``) the job ids come from
 ``squeue -w <node>`` instead. Slurm's JSON records, of every supported release, are read by
-:mod:`slurm_plugin.slurm.slurmjson` (structured records only: nothing a user typed can pose as
+:mod:`coda_common.slurm.slurmjson` (structured records only: nothing a user typed can pose as
 another field); this module turns them into the daemon's :class:`SlurmJob`.
 
 **Whose record.** The hook writes its record (``coda:sig=<key>;...``) into the job's
@@ -16,7 +16,7 @@ job's owner (``workload:<uid>:``, ``script:<uid>:``, ``name:<uid>:`` with the jo
 logged, and the job is shown but not profiled.
 
 CPUs: numbered as ``scontrol -d`` prints ``CPU_IDs``
-(:func:`slurm_plugin.slurm.slurmjson.cpus_on_node`):
+(:func:`coda_common.slurm.slurmjson.cpus_on_node`):
 Slurm's abstract ids, equal to the kernel's on nodes without hyper-threads or where the
 kernel numbers a core's threads next to each other.
 
@@ -39,10 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coda_node.system.paths import SystemRoot
-from slurm_plugin.config.codaconf import expand_hostlist
-from slurm_plugin.slurm.adminrecord import ADMIN_PREFIX, parse_admin_record
-from slurm_plugin.slurm.slurmjson import (
+from coda_common.config.codaconf import expand_hostlist
+from coda_common.slurm.adminrecord import ADMIN_PREFIX, parse_admin_record
+from coda_common.slurm.slurmjson import (
     ACTIVE_STATES,
     NODE_JSON_COMMANDS,
     NodeLayout,
@@ -63,6 +62,7 @@ from slurm_plugin.slurm.slurmjson import (
     query_jobs,
     query_node_layout,
 )
+from coda_node.system.paths import SystemRoot
 
 __all__ = [
     "ACTIVE_STATES",

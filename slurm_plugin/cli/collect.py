@@ -1,5 +1,5 @@
 """``coda-slurm profiles collect``: merge the profiles node daemons dropped as munge
-credentials into the profile store (:mod:`slurm_plugin.store.dropbox`)."""
+credentials into the profile store (:mod:`coda_common.store.dropbox`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import click
 
-from slurm_plugin.cli.common import CliError, conf_option, emit_json
-from slurm_plugin.config.codaconf import ConfigError, load_config
-from slurm_plugin.config.paths import default_conf_path
-from slurm_plugin.store.dropbox import (
+from coda_common.cli import CliError, conf_option, emit_json
+from coda_common.config.codaconf import ConfigError, load_config
+from coda_common.config.paths import default_conf_path
+from coda_common.store.dropbox import (
     Collector,
     CollectStats,
     HostFilter,
     node_addresses_from_slurm,
 )
-from slurm_plugin.store.profiles import ProfileStore, StoreError
+from coda_common.store.profiles import ProfileStore, StoreError
 
 
 def _log(level: str, message: str) -> None:

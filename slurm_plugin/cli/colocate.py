@@ -1,7 +1,7 @@
 """``coda-slurm colocate``: which workloads would gain from sharing one GPU, and which must not.
 
 Reads the usage records coda-node writes into the profiles (NVML GPU and memory
-utilisation, :class:`slurm_plugin.store.profiles.UsageRecord`) and judges every pair with
+utilisation, :class:`coda_common.store.profiles.UsageRecord`) and judges every pair with
 :func:`slurm_plugin.decision.colocate.judge_pairs`, then names the set of workloads that may all
 share
 with each other (:func:`slurm_plugin.decision.colocate.shareable_workloads`): what an admin can give
@@ -19,27 +19,27 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli.common import CliError, conf_option, emit_json, store_option
+from coda_common.cli import CliError, conf_option, emit_json, store_option
+from coda_common.config.codaconf import CodaConfig, load_config
+from coda_common.config.paths import default_conf_path
+from coda_common.store.profiles import (
+    Profile,
+    ProfileFormatError,
+    ProfileStore,
+    UsageRecord,
+    usage_for_model,
+)
 from slurm_plugin.cli.profiles import (
     _load_all,
     _warn_unusable,
     format_table,
     resolve_store,
 )
-from slurm_plugin.config.codaconf import CodaConfig, load_config
-from slurm_plugin.config.paths import default_conf_path
 from slurm_plugin.decision.colocate import (
     PairVerdict,
     ShareCandidate,
     judge_pairs,
     shareable_workloads,
-)
-from slurm_plugin.store.profiles import (
-    Profile,
-    ProfileFormatError,
-    ProfileStore,
-    UsageRecord,
-    usage_for_model,
 )
 
 NO_USAGE_HINT = "no NVML usage yet: run once under coda-node"

@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli.common import CliError, conf_option, emit_json
+from coda_common.cli import CliError, conf_option, emit_json
+from coda_common.config.codaconf import ConfigError, load_config
+from coda_common.config.paths import default_conf_path
 from slurm_plugin.cli.jobreport import ReportError, fetch_report, render
-from slurm_plugin.config.codaconf import ConfigError, load_config
-from slurm_plugin.config.paths import default_conf_path
 
 
 def _node_status(conf_path: Path | None) -> dict[str, Any] | None:

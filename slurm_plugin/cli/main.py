@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
+from coda_common.cli import CliError, conf_option, emit_json, run_cli
 from slurm_plugin import __version__
 from slurm_plugin.cli.collect import collect_cmd
 from slurm_plugin.cli.colocate import colocate_cmd
-from slurm_plugin.cli.common import CliError, conf_option, emit_json, run_cli
 from slurm_plugin.cli.job import job_cmd
 from slurm_plugin.cli.model import model
 from slurm_plugin.cli.profiles import profiles

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from slurm_plugin.cli.common import CliError, emit_json
-from slurm_plugin.model.fit import Fit, ModelError, fit_curve, normalise_samples
+from coda_common.cli import CliError, emit_json
+from coda_common.model.fit import Fit, ModelError, fit_curve, normalise_samples
 
 _REQUIRED_COLUMNS = ("cores", "throughput")
 

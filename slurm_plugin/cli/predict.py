@@ -6,20 +6,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.cli.common import CliError
-from slurm_plugin.cli.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch
-from slurm_plugin.config.codaconf import ConfigError, load_config
-from slurm_plugin.config.nodecap import NodeCap
-from slurm_plugin.config.paths import default_conf_path, slurm_conf_for
-from slurm_plugin.decision.decide import JobRequest, decide, parse_admin_record
-from slurm_plugin.decision.signature import (
+from coda_common.cli import CliError
+from coda_common.config.codaconf import ConfigError, load_config
+from coda_common.config.paths import default_conf_path, slurm_conf_for
+from coda_common.signature import (
     DirectiveError,
     Directives,
     parse_coda_directives,
     workload_signature,
 )
+from coda_common.store.profiles import ProfileCache, StoreUnavailable
+from slurm_plugin.cli.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch
+from slurm_plugin.config.nodecap import NodeCap
+from slurm_plugin.decision.decide import JobRequest, decide, parse_admin_record
 from slurm_plugin.decision.tres import TresError, gpu_count
-from slurm_plugin.store.profiles import ProfileCache, StoreUnavailable
 
 
 def _asks_for_gpus(req: JobRequest) -> bool:

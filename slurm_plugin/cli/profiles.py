@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli.common import CliError, conf_option, emit_json, store_option
-from slurm_plugin.config.paths import default_conf_path
-from slurm_plugin.store.profiles import (
+from coda_common.cli import CliError, conf_option, emit_json, store_option
+from coda_common.config.paths import default_conf_path
+from coda_common.store.profiles import (
     Profile,
     ProfileFormatError,
     ProfileStore,
@@ -43,7 +43,7 @@ _META_KEY = "coda.profiles.options"
 def read_profile_store_key(conf_path: Path) -> str | None:
     """The ``ProfileStore=`` value of a coda.conf, or None if it has none.
 
-    A minimal reader for when the full parser (slurm_plugin.config.codaconf) is not available: Slurm
+    A minimal reader for when the full parser (coda_common.config.codaconf) is not available: Slurm
     style ``Key=Value`` words, keys case-insensitive, ``#`` starts a comment, the last
     occurrence wins.
     """
@@ -65,11 +65,11 @@ def read_profile_store_key(conf_path: Path) -> str | None:
 
 
 def _full_config_loader() -> Callable[[Path], Any] | None:
-    """``slurm_plugin.config.codaconf.load_config`` when that module exists, else None."""
+    """``coda_common.config.codaconf.load_config`` when that module exists, else None."""
     try:
-        module = importlib.import_module("slurm_plugin.config.codaconf")
+        module = importlib.import_module("coda_common.config.codaconf")
     except ModuleNotFoundError as exc:
-        if exc.name != "slurm_plugin.config.codaconf":
+        if exc.name != "coda_common.config.codaconf":
             raise  # the module exists but is broken: that is a bug to see, not to skip
         return None
     loader = getattr(module, "load_config", None)
@@ -94,7 +94,7 @@ def resolve_store(store: Path | None, conf: Path | None) -> Path:
             ) from exc
         except (
             ValueError
-        ) as exc:  # slurm_plugin.config.codaconf.ConfigError, unreadable files included
+        ) as exc:  # coda_common.config.codaconf.ConfigError, unreadable files included
             raise CliError(
                 f"cannot load {conf_path}", f"{exc}; pass --store PATH or fix --conf PATH"
             ) from exc

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
-from slurm_plugin.cli.common import CliError, conf_option, emit_json
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
-from slurm_plugin.config.paths import default_conf_path
+from coda_common.cli import CliError, conf_option, emit_json
+from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.paths import default_conf_path
+from coda_common.slurm.slurmjson import Runner, SlurmQueryError, make_runner
 from slurm_plugin.reserve.cluster import (
     PartitionOutcome,
     ReserveSettings,
@@ -26,7 +27,6 @@ from slurm_plugin.reserve.cluster import (
     revert,
     run_loop,
 )
-from slurm_plugin.slurm.slurmjson import Runner, SlurmQueryError, make_runner
 
 
 def _load(conf_path: Path) -> CodaConfig:

@@ -10,8 +10,8 @@ from typing import Any
 import click
 import numpy as np
 
-from slurm_plugin.cli.common import CliError, emit_json
-from slurm_plugin.config.codaconf import ConfigError, parse_config
+from coda_common.cli import CliError, emit_json
+from coda_common.config.codaconf import ConfigError, parse_config
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, RunResult, SimParams, simulate
 from slurm_plugin.sim.report import SCHEMA_VERSION, Summary, plot, render_table, summarise

@@ -35,13 +35,13 @@ from typing import Any
 
 import click
 
-from slurm_plugin.cli.common import CliError, conf_option, emit_json
+from coda_common.cli import CliError, conf_option, emit_json
+from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.paths import default_conf_path
+from coda_common.store.profiles import ProfileFormatError, ProfileStore, StoreUnavailable
 from slurm_plugin.cli.profiles import format_age, format_table
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
-from slurm_plugin.config.paths import default_conf_path
 from slurm_plugin.decision.decide import ADMIN_PREFIX, parse_admin_record
 from slurm_plugin.hook.journal import read_journal, reconcile, rotated_path, summarize_decisions
-from slurm_plugin.store.profiles import ProfileFormatError, ProfileStore, StoreUnavailable
 
 SCHEMA_VERSION = 1
 STATS_FORMAT = "coda-hook-stats"

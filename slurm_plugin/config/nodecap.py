@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from slurm_plugin.config.codaconf import (
+from coda_common.config.codaconf import (
     ConfigError,
     NodeShape,
     PartitionShape,

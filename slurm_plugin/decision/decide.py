@@ -21,7 +21,7 @@ Actions (:data:`ACTIONS`, a closed set)::
     reject   refuse the submission: a malformed ``coda:`` directive in --comment
 
 Admin record (``Decision.admin_comment``): one token, its format in
-:mod:`slurm_plugin.slurm.adminrecord`; :func:`parse_admin_record` reads it back.  Jobs
+:mod:`coda_common.slurm.adminrecord`; :func:`parse_admin_record` reads it back.  Jobs
 CODA skips for good (CPU-only, Mode=off, partition filter, coda:off, malformed TRES,
 reject) get no record; an unknown workload's skip does, so node daemons can profile it.
 A CPU-only job routed by ``CpuJobPartitions`` gets no record either: its log line says
@@ -66,17 +66,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from slurm_plugin.config.codaconf import CodaConfig
-from slurm_plugin.decision import placement
-from slurm_plugin.decision.request import (
-    INFINITE,
-    INFINITE16,
-    NO_VAL,
-    NO_VAL16,
-    JobRequest,
-    ProfileView,
-)
-from slurm_plugin.decision.signature import (
+from coda_common.config.codaconf import CodaConfig
+from coda_common.signature import (
     DirectiveError,
     Directives,
     Signature,
@@ -85,6 +76,16 @@ from slurm_plugin.decision.signature import (
     quote_label,
     workload_signature,
 )
+from coda_common.slurm.adminrecord import ADMIN_PREFIX, parse_admin_record
+from coda_common.store.request import (
+    INFINITE,
+    INFINITE16,
+    NO_VAL,
+    NO_VAL16,
+    JobRequest,
+    ProfileView,
+)
+from slurm_plugin.decision import placement
 from slurm_plugin.decision.tres import (
     TresError,
     cpus_per_gpu,
@@ -94,7 +95,6 @@ from slurm_plugin.decision.tres import (
     parse_tres,
     set_gpu_count,
 )
-from slurm_plugin.slurm.adminrecord import ADMIN_PREFIX, parse_admin_record
 
 __all__ = [
     "ACTIONS",

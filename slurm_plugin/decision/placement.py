@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from slurm_plugin.decision.request import ProfileView
-from slurm_plugin.store.usage import UsageRecord
+from coda_common.store.request import ProfileView
+from coda_common.store.usage import UsageRecord
 
 __all__ = [
     "GpuRanking",

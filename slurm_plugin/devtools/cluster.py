@@ -1124,7 +1124,7 @@ def _status_lines(root: Path, info: Mapping[str, Any]) -> list[str]:
 def _cli():  # built lazily: importing this module must stay cheap for the tests
     import click
 
-    from slurm_plugin.cli.common import CliError
+    from coda_common.cli import CliError
     from slurm_plugin.devtools.accounting import AccountingError
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -1216,7 +1216,7 @@ def _cli():  # built lazily: importing this module must stay cheap for the tests
 
 
 def main(argv: list[str] | None = None) -> int:
-    from slurm_plugin.cli.common import run_cli
+    from coda_common.cli import run_cli
 
     return run_cli(_cli(), "dev-cluster", argv)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from coda_common.model.curves import REFERENCE_WORKLOADS, noisy_samples
+from coda_common.model.fit import ModelError, fit_curve, next_probe
+from coda_common.store.profiles import Profile, ProfileStore, Sample
 from slurm_plugin.devtools.cluster import DevCluster
-from slurm_plugin.model.curves import REFERENCE_WORKLOADS, noisy_samples
-from slurm_plugin.model.fit import ModelError, fit_curve, next_probe
-from slurm_plugin.store.profiles import Profile, ProfileStore, Sample
 
 DEMO_WORKLOADS = ("Alexnet", "Googlenet", "LanguageModel", "DeepSpeech")
 PROBE_BUDGET = 8

@@ -31,7 +31,7 @@ Line format, version :data:`JOURNAL_VERSION` (keys may be added, never renamed):
     job_id       the job id when job_desc carried one; null for sbatch/salloc/srun
                  submissions, whose id slurmctld assigns after job_submit returns
     job, uid     the job name (at most 128 characters) and the submitting user
-    sig          workload signature (slurm_plugin.decision.signature); profile: the signature of the
+    sig          workload signature (coda_common.signature); profile: the signature of the
                  profile that decided (src profile or global), else null
     action       the Decision's action (slurm_plugin.decision.decide.ACTIONS); null when the hook
                  failed before deciding; would: the action enforce would take (advise)
@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from coda_common.store.profiles import workload_of_signature
 from slurm_plugin.decision.decide import (
     NO_VAL,
     Decision,
@@ -70,7 +71,6 @@ from slurm_plugin.decision.decide import (
     job_tasks_per_node,
     parse_admin_record,
 )
-from slurm_plugin.store.profiles import workload_of_signature
 
 __all__ = [
     "FLUSH_INTERVAL_S",

@@ -2,7 +2,7 @@
 
 slurmctld calls ``job_submit()`` for every new job while it holds its job locks, so
 this path does no I/O: the profile store and coda.conf are reloaded by a
-background thread (:class:`slurm_plugin.store.profiles.Reloader`) and the hook reads an
+background thread (:class:`coda_common.store.profiles.Reloader`) and the hook reads an
 immutable snapshot. The decision itself is :func:`slurm_plugin.decision.decide.decide`, a
 pure function tested by tables; this module only moves data between the C struct
 and Python, enforces the time budget and fails open.
@@ -46,15 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.config.codaconf import CodaConfig, ConfigError, load_config
-from slurm_plugin.config.codaconf import mtime_ns as file_mtime_ns
+from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.codaconf import mtime_ns as file_mtime_ns
+from coda_common.config.paths import default_conf_path, slurm_conf_for
+from coda_common.signature import DirectiveError, parse_coda_directives, quote_label
+from coda_common.store.profiles import ProfileCache, Reloader, StoreUnavailable
 from slurm_plugin.config.nodecap import NodeCap
-from slurm_plugin.config.paths import default_conf_path, slurm_conf_for
 from slurm_plugin.decision import placement
 from slurm_plugin.decision.decide import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
-from slurm_plugin.decision.signature import DirectiveError, parse_coda_directives, quote_label
 from slurm_plugin.hook.journal import DecisionJournal, pending_entry
-from slurm_plugin.store.profiles import ProfileCache, Reloader, StoreUnavailable
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
 _LEVELS = {"error": LOG_ERROR, "info": LOG_INFO, "verbose": LOG_VERBOSE, "debug": LOG_DEBUG}

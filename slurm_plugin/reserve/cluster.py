@@ -37,10 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.config.codaconf import _gres_gpus, expand_hostlist
-from slurm_plugin.reserve.plan import NodeLoad, ReservePlan, plan_partition
-from slurm_plugin.slurm.scontrol import scontrol_records
-from slurm_plugin.slurm.slurmjson import (
+from coda_common.config.codaconf import _gres_gpus, expand_hostlist
+from coda_common.slurm.slurmjson import (
     ACTIVE_STATES,
     Runner,
     SlurmQueryError,
@@ -50,6 +48,8 @@ from slurm_plugin.slurm.slurmjson import (
     job_text,
     query_active_jobs,
 )
+from slurm_plugin.reserve.plan import NodeLoad, ReservePlan, plan_partition
+from slurm_plugin.slurm.scontrol import scontrol_records
 
 __all__ = [
     "STATE_FORMAT",

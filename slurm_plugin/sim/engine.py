@@ -52,21 +52,21 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from coda_common.config.codaconf import CodaConfig, NodeShape, parse_config
+from coda_common.model.curves import throughput_at
+from coda_common.model.fit import is_censored, refit_profile
+from coda_common.store.profiles import Profile, Sample, to_view
 from coda_node.policy.allocator import ProbeParams
 from coda_node.policy.contention import ContentionParams, params_from_config
-from slurm_plugin.config.codaconf import CodaConfig, NodeShape, parse_config
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision import placement
 from slurm_plugin.decision.decide import JobRequest, ProfileView, decide
-from slurm_plugin.model.curves import throughput_at
-from slurm_plugin.model.fit import is_censored, refit_profile
 from slurm_plugin.sim.cluster import busy_window
 from slurm_plugin.sim.mechanisms import PlacementModel, ShareModel, spare_cpus_by_shape
 from slurm_plugin.sim.profiling import WARMUP_S, ProbeRun, probe_run
 from slurm_plugin.sim.shield import NodeMix, Shield, slowdowns
 from slurm_plugin.sim.traces import NodeSpec, Trace
 from slurm_plugin.sim.workloads import JobModel, Workloads
-from slurm_plugin.store.profiles import Profile, Sample, to_view
 
 __all__ = ["CODA_CONF", "POLICIES", "Policy", "RunResult", "SimParams", "simulate"]
 

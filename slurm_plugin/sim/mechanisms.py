@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coda_common.store.usage import UsageRecord
 from slurm_plugin.decision.colocate import ShareCandidate, shareable_workloads
 from slurm_plugin.decision.decide import ProfileView
 from slurm_plugin.decision.placement import GpuRanking, gpu_ranking, is_pcie_heavy, prefer_gpu_type
 from slurm_plugin.reserve.plan import NodeLoad, expected_cpus_per_gpu, spare_cpus_per_node
 from slurm_plugin.sim.workloads import CLASSES, GENERATIONS, JobModel, Workloads
-from slurm_plugin.store.usage import UsageRecord
 
 __all__ = [
     "TRAITS",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coda_common.model.curves import throughput_at
 from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
 from coda_node.policy.observe import Progress, SignalParams
-from slurm_plugin.model.curves import throughput_at
 
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slurm_plugin.decision.signature import UNNAMED
+from coda_common.signature import UNNAMED
 from slurm_plugin.decision.tres import TresError, gpu_count, gpu_types
 
 __all__ = [

@@ -5,7 +5,7 @@ result can always be traced back to a number someone can argue with (``coda-slur
 --param NAME=VALUE`` changes any of them).
 
 **DNN jobs.** A training job's throughput at ``C`` cores on one node is the SoCC'18
-predictor shape (:func:`slurm_plugin.model.curves.throughput_curve`): rising as ``log`` plus
+predictor shape (:func:`coda_common.model.curves.throughput_curve`): rising as ``log`` plus
 linear up to the sweet spot ``θ``, flat after it. ``θ`` per GPU comes from the workload's
 class: the SoCC'18 table of cores for best 1-GPU performance (P100, 24-core host), and on one
 node it grows linearly with the GPUs (CODA §I.C: "in the case of a single node, its CPU
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from slurm_plugin.model.curves import REFERENCE_WORKLOADS
+from coda_common.model.curves import REFERENCE_WORKLOADS
 from slurm_plugin.sim.traces import Trace
 
 __all__ = [
@@ -114,7 +114,7 @@ class JobModel:
     """No workload's θ per GPU exceeds this."""
     log_share: float = 0.3
     """Weight of the log term below the knee
-    (:func:`slurm_plugin.model.curves.throughput_curve`)."""
+    (:func:`coda_common.model.curves.throughput_curve`)."""
     multi_node_cores_per_gpu: float = 2.0
     """Per-GPU demand of a job spread over several nodes is at most this (CODA §I.C)."""
     distinct_workload_fraction: float = 0.1

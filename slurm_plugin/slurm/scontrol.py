@@ -3,7 +3,7 @@
 Pure: the dev cluster (its jobs' and nodes' records) and ``coda-slurm reserve`` (nodes and
 partitions) pass the text of ``scontrol -o show ...`` here. Job records are free text a
 user can shape (a job name or comment holding `` Key=Value``), so a reader that must not
-be fooled by one takes Slurm's JSON instead (:mod:`slurm_plugin.slurm.slurmjson`).
+be fooled by one takes Slurm's JSON instead (:mod:`coda_common.slurm.slurmjson`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from slurm_plugin.decision.signature import (
+from coda_common.signature import (
     DEFAULT_SPEC,
     ScriptIgnore,
     SignatureIgnoreError,

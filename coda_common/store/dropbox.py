@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.store import munge
-from slurm_plugin.store.profiles import (
+from coda_common.store import munge
+from coda_common.store.profiles import (
     CpuUsageRecord,
     LogFn,
     ProfileFormatError,
@@ -333,7 +333,7 @@ class Collector:
     """Reads ``drop_dir``, merges what munge vouches for into ``store``; see the module doc.
 
     ``decode`` and ``refit`` are the defaults in production (:func:`munge.decode`,
-    :func:`slurm_plugin.model.fit.refit_profile`).
+    :func:`coda_common.model.fit.refit_profile`).
     """
 
     def __init__(
@@ -350,7 +350,7 @@ class Collector:
         clock: Callable[[], float] = _now_s,
     ) -> None:
         if refit is None:
-            from slurm_plugin.model.fit import refit_profile
+            from coda_common.model.fit import refit_profile
 
             refit = refit_profile
         self.drop_dir = drop_dir

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_plugin.config.codaconf import split_outside
-from slurm_plugin.slurm.ranges import parse_ranges
+from coda_common.config.codaconf import split_outside
+from coda_common.slurm.ranges import parse_ranges
 
 SCONTROL_TIMEOUT_S = 10.0
 

@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from coda_common.config.codaconf import load_config
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import Limit, save_limits
 from coda_node.status.document import load_status
 from coda_node.status.text import render
-from slurm_plugin.config.codaconf import load_config
 from slurm_plugin.devtools.cluster import DevCluster
 
 

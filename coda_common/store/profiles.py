@@ -26,7 +26,7 @@ Why users cannot plant profiles: the reader only accepts regular files owned by 
 the configured store owner that are not group/other-writable, in a directory that passes the
 same test. A file failing this is logged once and ignored. On NFS with root_squash the node
 daemons do not write here: they drop munge credentials that the controller merges
-(``ProfilePublish=munge``, :mod:`slurm_plugin.store.dropbox`).
+(``ProfilePublish=munge``, :mod:`coda_common.store.dropbox`).
 """
 
 from __future__ import annotations
@@ -49,20 +49,20 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from slurm_plugin.decision.request import ProfileView
+from coda_common.store.request import ProfileView
 
-# UsageRecord is re-exported (``from slurm_plugin.store.profiles import UsageRecord``); it lives
+# UsageRecord is re-exported (``from coda_common.store.profiles import UsageRecord``); it lives
 # in a leaf module so that request.ProfileView can carry usage records without importing the store.
-from slurm_plugin.store.usage import CpuUsageRecord as CpuUsageRecord
-from slurm_plugin.store.usage import UsageRecord as UsageRecord
-from slurm_plugin.store.usage import merge_cpu_usage, merge_into
-from slurm_plugin.store.usage import usage_for_model as usage_for_model
+from coda_common.store.usage import CpuUsageRecord as CpuUsageRecord
+from coda_common.store.usage import UsageRecord as UsageRecord
+from coda_common.store.usage import merge_cpu_usage, merge_into
+from coda_common.store.usage import usage_for_model as usage_for_model
 
 FORMAT = "coda-profile"
 #: Version 2 added ``usage`` (per-GPU-model utilisation, PCIe traffic, progress).
 #: Version 1 files (no ``usage`` key) are still read, as ``usage=()``.
 #: Version 3 added ``run`` to every sample (which probing run measured it: samples of one run
-#: share a scale, see slurm_plugin.model.fit.run_labels). Version 1 and 2 samples are read with
+#: share a scale, see coda_common.model.fit.run_labels). Version 1 and 2 samples are read with
 #: ``run=None``.
 #: Version 4 added ``cpu_usage`` (the memory bandwidth the workload drew as a CPU job, or null).
 #: Earlier files are read with ``cpu_usage=None``. Writers write 4.

@@ -134,7 +134,7 @@ def relative_throughput(
 ) -> np.ndarray:
     """:func:`throughput_curve` with ``peak`` 1, every argument broadcast against the others
     and not checked (knee >= 1, log share in [0, 1], softness in [0, 1), cores > 0): the
-    shape family :func:`slurm_plugin.model.fit.fit_curve` weighs, many curves at once."""
+    shape family :func:`coda_common.model.fit.fit_curve` weighs, many curves at once."""
     theta = np.asarray(knee_cores, dtype=float)
     share = np.asarray(log_share, dtype=float)
     soft = np.asarray(softness, dtype=float)

@@ -1,9 +1,9 @@
 """What the submit decision reads: the job's request fields and the profile view.
 
-A leaf module (stdlib and :mod:`slurm_plugin.store.usage` only) so that the decision
+A leaf module (stdlib and :mod:`coda_common.store.usage` only) so that the decision
 (:mod:`slurm_plugin.decision.decide`), the placement rules
 (:mod:`slurm_plugin.decision.placement`) and the
-profile store (:mod:`slurm_plugin.store.profiles`) share these types without importing each other;
+profile store (:mod:`coda_common.store.profiles`) share these types without importing each other;
 :mod:`slurm_plugin.decision.decide` re-exports them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_plugin.store.usage import CpuUsageRecord, UsageRecord
+from coda_common.store.usage import CpuUsageRecord, UsageRecord
 
 __all__ = ["INFINITE", "INFINITE16", "NO_VAL", "NO_VAL16", "JobRequest", "ProfileView"]
 

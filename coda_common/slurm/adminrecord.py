@@ -8,7 +8,7 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 200 chara
 
     coda:sig=<KEY>;cpg=<N>;was=<WAS>;action=<ACTION>;src=<SRC>[;would=<ACTION>];gpn=<N>;nodes=<N>
 
-    sig     signature key (slurm_plugin.decision.signature), e.g. workload:1000:resnet50,
+    sig     signature key (coda_common.signature), e.g. workload:1000:resnet50,
             script:1000:0123456789abcdef, name:1000:0123456789abcdef
     cpg     CPUs per GPU CODA chose: written (set/default/raise/lower/replace), suggested
             (keep/advise); empty when there is none (skip of an unknown workload)

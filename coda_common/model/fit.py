@@ -59,10 +59,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slurm_plugin.model.curves import relative_throughput
+from coda_common.model.curves import relative_throughput
 
 if TYPE_CHECKING:  # the store imports nothing from here, but keep the model numpy-only at runtime
-    from slurm_plugin.store.profiles import Profile, Sample
+    from coda_common.store.profiles import Profile, Sample
 
 __all__ = [
     "Fit",

@@ -1,9 +1,9 @@
 """Usage records: what a workload did with its GPUs, per GPU model (profile format v2), and
 the memory bandwidth it drew as a CPU job (format v4).
 
-A leaf module (stdlib only) so that both :mod:`slurm_plugin.decision.request` (the hook's
-``ProfileView``) and :mod:`slurm_plugin.store.profiles` (the file format) can import it without a
-cycle; :mod:`slurm_plugin.store.profiles` re-exports :class:`UsageRecord`.
+A leaf module (stdlib only) so that both :mod:`coda_common.store.request` (the hook's
+``ProfileView``) and :mod:`coda_common.store.profiles` (the file format) can import it without a
+cycle; :mod:`coda_common.store.profiles` re-exports :class:`UsageRecord`.
 
 The placement mechanisms read these records: PCIe traffic marks jobs that should
 not share a node's PCIe domain (CODA measured AlexNet/ResNet50 at 8-12 GB/s and a 5-10 %

@@ -1,0 +1,1 @@
+"""coda.conf's keys and where coda's files live."""

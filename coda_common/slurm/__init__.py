@@ -1,0 +1,1 @@
+"""Slurm's syntax: squeue/sacct JSON records, cpu ranges, the hook's admin_comment record."""
