@@ -3,6 +3,14 @@
 setup.py names this in ``cffi_modules``; it can also be run by hand::
 
     python csrc/build_plugin.py OUTDIR
+    python csrc/build_plugin.py --passthrough OUTDIR
+
+The second form builds ``job_submit_coda_passthrough.so`` from
+``job_submit_coda_passthrough.c``: a plugin that accepts every job unchanged, built without
+Slurm's headers or cffi, which ``coda-slurm plugin guard`` installs when the real plugin
+cannot be built for the Slurm about to start.  Nothing here reads the Slurm headers or
+imports cffi until the real plugin is built: ``ffibuilder`` is the function cffi's
+``cffi_modules`` calls for the FFI.
 
 The module is built in cffi's *embedding* mode: the shared object starts its own
 interpreter (the Python this script runs on, e.g. Debian's libpython3.11) inside slurmctld
@@ -25,11 +33,15 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import cffi
+if TYPE_CHECKING:
+    import cffi
 
 HERE = Path(__file__).resolve().parent
 MODULE_NAME = "slurm_plugin._job_submit"
+PASSTHROUGH_SOURCE = HERE / "job_submit_coda_passthrough.c"
+PASSTHROUGH_FILE = "job_submit_coda_passthrough.so"
 
 TESTED_RELEASES = ((22, 5), (24, 11), (26, 5))
 """Slurm releases (major, minor) the version matrix of the test suite builds and runs."""
@@ -64,6 +76,16 @@ def slurm_version(include_dirs: tuple[Path, ...] = INCLUDE_DIRS) -> tuple[int, i
         f"slurm/slurm_version.h not found in {dirs}: install Slurm's development headers "
         "(Debian: libslurm-dev) of the Slurm this plugin will run in"
     )
+
+
+def _slurm_include_dirs() -> list[str]:
+    """``-I`` directories that make the compiler read the Slurm headers whose version
+    :func:`slurm_version` read: the first with ``slurm/slurm_version.h``, unless it is
+    the compiler's own ``/usr/include`` (naming that with -I reorders system headers)."""
+    for d in INCLUDE_DIRS:
+        if (d / "slurm" / "slurm_version.h").is_file():
+            return [] if d == Path("/usr/include") else [str(d)]
+    return []
 
 
 def job_id_cdef(version: tuple[int, int, int]) -> str:
@@ -228,6 +250,8 @@ def describe(version: tuple[int, int, int]) -> str:
 
 
 def make_builder(version: tuple[int, int, int] | None = None) -> cffi.FFI:
+    import cffi
+
     version = version or slurm_version()
     sys.stderr.write(describe(version) + "\n")
     cdef = CDEF.replace("@JOB_ID@", job_id_cdef(version))
@@ -258,6 +282,7 @@ def make_builder(version: tuple[int, int, int] | None = None) -> cffi.FFI:
         # Link libpython explicitly: slurmctld has no Python of its own. (cffi's
         # setuptools integration would otherwise build an abi3 extension that
         # expects the host process to provide the Python symbols.)
+        include_dirs=_slurm_include_dirs(),
         libraries=["dl", "python" + sysconfig.get_config_var("LDVERSION")],
         library_dirs=[sysconfig.get_config_var("LIBDIR")],
         py_limited_api=False,
@@ -266,7 +291,14 @@ def make_builder(version: tuple[int, int, int] | None = None) -> cffi.FFI:
     return ffibuilder
 
 
-ffibuilder = make_builder()
+# cffi's setuptools integration calls a ``cffi_modules`` target that is not an FFI, so the
+# headers are read only when setup.py builds the plugin.
+ffibuilder = make_builder
+
+
+def _cc() -> list[str]:
+    """The C compiler Python was built with (``x86_64-linux-gnu-gcc`` on Debian)."""
+    return (sysconfig.get_config_var("CC") or "cc").split()
 
 
 def compile_plugin(out_dir: Path) -> Path:
@@ -280,8 +312,8 @@ def compile_plugin(out_dir: Path) -> Path:
     gen.mkdir(exist_ok=True)
     c_file = gen / "job_submit_coda.c"
     with contextlib.redirect_stdout(sys.stderr):  # cffi says "generating ..." on stdout
-        ffibuilder.emit_c_code(str(c_file))
-    cc = (sysconfig.get_config_var("CC") or "cc").split()
+        make_builder().emit_c_code(str(c_file))
+    cc = _cc()
     tmp = out_dir / f".job_submit_coda.so.{os.getpid()}"
     argv = [
         *cc,
@@ -291,6 +323,7 @@ def compile_plugin(out_dir: Path) -> Path:
         "-Wall",
         "-Wno-unused-function",
         f"-I{sysconfig.get_paths()['include']}",
+        *(f"-I{d}" for d in _slurm_include_dirs()),
         str(c_file),
         "-o",
         str(tmp),
@@ -304,9 +337,39 @@ def compile_plugin(out_dir: Path) -> Path:
     return final
 
 
+def compile_passthrough(out_dir: Path) -> Path:
+    """Build ``out_dir/job_submit_coda_passthrough.so``: no Slurm header, no cffi, no
+    Python inside; its ``plugin_version`` is a placeholder the guard replaces."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{PASSTHROUGH_FILE}.{os.getpid()}"
+    argv = [
+        *_cc(),
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-Wall",
+        str(PASSTHROUGH_SOURCE),
+        "-o",
+        str(tmp),
+        "-ldl",  # dlsym() lives in libdl before glibc 2.34
+    ]
+    try:
+        subprocess.run(argv, check=True)
+        final = out_dir / PASSTHROUGH_FILE
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[1]) if len(argv) > 1 else Path.cwd()
-    sys.stdout.write(f"{compile_plugin(out_dir)}\n")
+    args = argv[1:]
+    passthrough = "--passthrough" in args
+    if passthrough:
+        args.remove("--passthrough")
+    out_dir = Path(args[0]) if args else Path.cwd()
+    built = compile_passthrough(out_dir) if passthrough else compile_plugin(out_dir)
+    sys.stdout.write(f"{built}\n")
     return 0
 
 

@@ -70,7 +70,7 @@ CONTROLLER_LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "configuration": ("config.nodecap",),
     "decision": ("decision.decide", "decision.placement"),
-    "hook": ("hook.submit", "hook.journal", "hook.install", "hook.guard"),
+    "hook": ("hook.submit", "hook.journal", "hook.elf", "hook.install", "hook.guard"),
     "tools": (
         "cli",
         "cli.*",

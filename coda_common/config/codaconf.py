@@ -14,8 +14,8 @@ in ``\\`` continues on the next.  Unknown keys are errors (``coda.conf:7: unknow
 defined once, as a :class:`CodaConfig` field that carries its name, value syntax, default,
 parser and help; :data:`CONFIG_KEYS` lists them.
 
-Only :func:`load_config`, :func:`read_slurm_nodes`, :func:`read_slurm_conf` and
-:func:`mtime_ns` touch files; everything else is pure.
+Only :func:`load_config`, :func:`read_slurm_nodes`, :func:`read_slurm_conf`,
+:func:`read_slurm_keys` and :func:`mtime_ns` touch files; everything else is pure.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_slurm_conf",
+    "read_slurm_keys",
     "read_slurm_nodes",
     "split_outside",
     "spread_partitions",
@@ -1549,3 +1550,38 @@ def read_slurm_conf(
     partitions: list[PartitionShape] = []
     _read_slurm_file(path, path.parent, nodes, {}, (), partitions, read)
     return tuple(nodes), _fold_partition_defaults(partitions)
+
+
+_NESTED_LINES = frozenset({"nodename", "nodeset", "partitionname", "downnodes", "frontendname"})
+"""slurm.conf lines whose other pairs belong to the line's object, not to slurm.conf."""
+
+
+def read_slurm_keys(path: Path, names: Iterable[str]) -> dict[str, str]:
+    """The values of the top-level keys ``names`` in slurm.conf at ``path``, by lower-case
+    name (the last one given wins, as in Slurm); ``Include`` lines are followed as by
+    :func:`read_slurm_conf`.  Raises :class:`ConfigError`."""
+    wanted = {n.lower() for n in names}
+    found: dict[str, str] = {}
+
+    def read(file: Path, stack: tuple[Path, ...]) -> None:
+        if len(stack) > _MAX_INCLUDE_DEPTH:
+            raise ConfigError(str(file), None, "Include nested too deeply")
+        resolved = file.resolve()
+        if resolved in stack:
+            raise ConfigError(str(file), None, "Include loop")
+        source = str(file)
+        for lineno, line in _logical_lines(_read_text(file), source):
+            include = _INCLUDE_LINE.fullmatch(line)
+            if include is not None:
+                for target in _include_targets(
+                    include.group(1).strip(), path.parent, source, lineno
+                ):
+                    read(target, (*stack, resolved))
+                continue
+            pairs = _tokenize(line, source, lineno)
+            if pairs[0][0].lower() in _NESTED_LINES:
+                continue
+            found.update((k.lower(), v) for k, v in pairs if k.lower() in wanted)
+
+    read(path, ())
+    return found

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +20,9 @@ from slurm_plugin.cli.reserve import reserve_cmd
 from slurm_plugin.cli.simulate import simulate_cmd
 from slurm_plugin.cli.status import status
 from slurm_plugin.hook.install import PluginNotBuilt, built_plugin, install_plugin
+
+if TYPE_CHECKING:
+    from slurm_plugin.hook.guard import GuardResult
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,6 +71,109 @@ def plugin_install(plugin_dir: Path) -> None:
     except OSError as exc:
         raise CliError(f"cannot install into {plugin_dir}", exc.strerror or str(exc)) from exc
     click.echo(f"installed {dest}; restart slurmctld to load it")
+
+
+def _guard_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The inputs `plugin guard` and `plugin check` share."""
+    for option in reversed(
+        (
+            click.option(
+                "--slurm-conf",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="slurm.conf to read JobSubmitPlugins and PluginDir from "
+                "(default: $SLURM_CONF, else /etc/slurm/slurm.conf).",
+            ),
+            click.option(
+                "--slurmctld",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="The slurmctld about to start (default: the one on PATH, "
+                "else /usr/sbin/slurmctld).",
+            ),
+            click.option(
+                "--source",
+                type=click.Path(file_okay=False, path_type=Path),
+                default=None,
+                help="Directory with build_plugin.py and the plugin's C sources (default: "
+                "/usr/share/coda-slurm/plugin-src, else the checkout's csrc/).",
+            ),
+            click.option(
+                "--passthrough",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="The passthrough plugin to install when no rebuild is possible (default: "
+                "/usr/lib/coda-slurm/job_submit_coda_passthrough.so, else one beside the "
+                "package, else one compiled now).",
+            ),
+            click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def _run_guard(change: bool, as_json: bool, **inputs: Path | None) -> GuardResult:
+    from slurm_plugin.hook.guard import guard
+
+    result = guard(change=change, **inputs)
+    if as_json:
+        emit_json(result.as_json())
+    else:
+        for line in result.lines:
+            click.echo(line, err=True)
+    return result
+
+
+@plugin.command("guard")
+@_guard_options
+def plugin_guard(
+    slurm_conf: Path | None,
+    slurmctld: Path | None,
+    source: Path | None,
+    passthrough: Path | None,
+    as_json: bool,
+) -> None:
+    """Make job_submit/coda loadable by the slurmctld about to start (its ExecStartPre).
+
+    Rebuilds the plugin when it was built for another Slurm or Python and this host can
+    build it; otherwise installs the passthrough (jobs are not changed by coda) and says
+    what to install. Exits 0 whatever it found: slurmctld must start.
+    """
+    _run_guard(
+        True,
+        as_json,
+        slurm_conf=slurm_conf,
+        slurmctld=slurmctld,
+        source=source,
+        passthrough=passthrough,
+    )
+
+
+@plugin.command("check")
+@_guard_options
+def plugin_check(
+    slurm_conf: Path | None,
+    slurmctld: Path | None,
+    source: Path | None,
+    passthrough: Path | None,
+    as_json: bool,
+) -> None:
+    """Say whether slurmctld will load the real job_submit/coda; change nothing.
+
+    Exits 1 when it would not (missing, built for another Slurm or Python, or the
+    passthrough).
+    """
+    result = _run_guard(
+        False,
+        as_json,
+        slurm_conf=slurm_conf,
+        slurmctld=slurmctld,
+        source=source,
+        passthrough=passthrough,
+    )
+    if not result.ok:
+        raise click.exceptions.Exit(1)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

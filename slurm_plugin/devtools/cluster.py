@@ -38,7 +38,12 @@ from typing import Any
 
 from slurm_plugin.devtools.accounting import DevAccounting
 from slurm_plugin.devtools.procs import free_ports, pid_alive, reap, stop_pid
-from slurm_plugin.hook.install import install_plugin
+from slurm_plugin.hook.install import (
+    SLURM_PLUGIN_PROBE,
+    find_system_plugin_dir,
+    install_plugin,
+    plugin_dir_candidates,
+)
 from slurm_plugin.slurm.scontrol import parse_scontrol_line
 
 NODE_NAME = "gpu01"
@@ -122,7 +127,12 @@ class DevCluster:
     def_cpu_per_gpu: int | None = 4
     coda_conf_extra: str = ""
     ctld_env: dict[str, str] = field(default_factory=dict)
-    """Extra environment for slurmctld only (fault-injection tests)."""
+    """Extra environment for slurmctld and ``ctld_pre_exec`` only (fault-injection tests)."""
+    plugin_file: Path | None = None
+    """The job_submit_coda.so ``up`` installs; None = the one built with the package."""
+    ctld_pre_exec: tuple[str, ...] = ()
+    """A command run just before slurmctld starts, as systemd's ``ExecStartPre=-``: its
+    exit status is ignored, its output goes to ``log/slurmctld-pre.log``."""
     extra_partitions: str = ""
     """More ``PartitionName=`` lines over the node (e.g. one with ``OverSubscribe=FORCE``)."""
     cgroups: bool = False
@@ -251,7 +261,7 @@ class DevCluster:
         """Write the configuration, start the three daemons, wait for an idle node."""
         self._check_can_start()
         self._prepare_root()
-        install_plugin(self.plugin_dir)
+        install_plugin(self.plugin_dir, source=self.plugin_file)
         self._make_gpu_devices()
         # slurmctld, slurmd; with Prometheus: each node's metrics, then Prometheus's web.
         ports = free_ports(2 + (self.nodes + 1 if self.prometheus else 0))
@@ -266,7 +276,19 @@ class DevCluster:
         self._save_state(pids)  # so down() stops munged even if slurmctld fails to start
         if self.accounting:
             self._accounting().start(self.env)
-        pids["slurmctld"] = self._spawn(
+        if self.ctld_pre_exec:
+            with open(self.root / "log" / "slurmctld-pre.log", "ab") as out:
+                subprocess.run(
+                    self.ctld_pre_exec,
+                    env={**self.env, **self.ctld_env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    cwd=self.root,
+                    timeout=600,
+                    check=False,
+                )
+        pids["slurmctld"] = ctld = self._spawn(
             ["slurmctld", "-D", "-f", str(self.slurm_conf)],
             self.ctld_stderr,
             extra_env=self.ctld_env,
@@ -274,7 +296,7 @@ class DevCluster:
         self._save_state(pids)
         if self.cgroups or self.nodes > 1:  # the slot lives as long as this slurmctld
             CGROUP_SLOT.write_text(f"{pids['slurmctld']} {self.root}")
-        self._wait_for(lambda: self._scontrol_ok(), "slurmctld to answer")
+        self._wait_for(lambda: self._ctld_answers(ctld), "slurmctld to answer")
         pids.update(self._start_slurmds())
         self._save_state(pids)
         self._wait_for(
@@ -727,6 +749,11 @@ class DevCluster:
     def _accounting(self) -> DevAccounting:
         return DevAccounting(self.root, self.etc, self.munge_socket)
 
+    def _ctld_answers(self, pid: int) -> bool:
+        if not pid_alive(pid):  # a fatal error at start: no use waiting
+            raise DevClusterError("slurmctld exited", f"see {self.ctld_log} and {self.ctld_stderr}")
+        return self._scontrol_ok()
+
     def _scontrol_ok(self) -> bool:
         return self.run(["scontrol", "ping"], check=False, timeout_s=5).returncode == 0
 
@@ -759,29 +786,17 @@ class DevCluster:
             return {}
 
 
-SLURM_PLUGIN_PROBE = "select_cons_tres.so"
-"""A plugin every Slurm install has and the dev cluster loads (SelectType=select/cons_tres)."""
-
-
-def plugin_dir_candidates(multiarch: str | None) -> list[Path]:
-    """Where distributions put Slurm's plugins: Debian's per-architecture ``slurm-wlm``
-    first, then the RPM and source-build layouts (``$libdir/slurm``)."""
-    arch = [Path("/usr/lib") / multiarch / d for d in ("slurm-wlm", "slurm")] if multiarch else []
-    return [*arch, Path("/usr/lib64/slurm"), Path("/usr/lib/slurm"), Path("/usr/local/lib/slurm")]
-
-
 def system_plugin_dir(candidates: Sequence[Path] | None = None) -> Path:
     """Slurm's own plugin directory: the first candidate that holds select/cons_tres.
 
     The dev cluster's ``PluginDir`` lists it after the directory job_submit/coda is
-    installed into.  The default candidates follow this Python's architecture
-    (``MULTIARCH``, e.g. ``x86_64-linux-gnu``), which is Debian's libslurm's too.
+    installed into.
     """
+    found = find_system_plugin_dir(candidates)
+    if found is not None:
+        return found
     if candidates is None:
         candidates = plugin_dir_candidates(sysconfig.get_config_var("MULTIARCH"))
-    for directory in candidates:
-        if (directory / SLURM_PLUGIN_PROBE).is_file():
-            return directory
     raise DevClusterError(
         f"no Slurm plugin directory found (no {SLURM_PLUGIN_PROBE} in "
         f"{', '.join(str(d) for d in candidates)})",

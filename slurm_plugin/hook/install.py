@@ -10,26 +10,58 @@ from __future__ import annotations
 
 import os
 import shutil
+import sysconfig
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 PLUGIN_FILE = "job_submit_coda.so"
+SLURM_PLUGIN_PROBE = "select_cons_tres.so"
+"""A plugin every Slurm install has: the directory that holds it is Slurm's own."""
 
 
 class PluginNotBuilt(FileNotFoundError):
     """The embedded plugin was not built with this install of the package."""
 
 
+def plugin_dir_candidates(multiarch: str | None) -> list[Path]:
+    """Where distributions put Slurm's plugins: Debian's per-architecture ``slurm-wlm``
+    first, then the RPM and source-build layouts (``$libdir/slurm``)."""
+    arch = [Path("/usr/lib") / multiarch / d for d in ("slurm-wlm", "slurm")] if multiarch else []
+    return [*arch, Path("/usr/lib64/slurm"), Path("/usr/lib/slurm"), Path("/usr/local/lib/slurm")]
+
+
+def find_system_plugin_dir(candidates: Sequence[Path] | None = None) -> Path | None:
+    """Slurm's own plugin directory (its compiled-in ``PluginDir``): the first candidate
+    that holds select/cons_tres; None when none does.
+
+    The default candidates follow this Python's architecture (``MULTIARCH``, e.g.
+    ``x86_64-linux-gnu``), which is Debian's libslurm's too.
+    """
+    if candidates is None:
+        candidates = plugin_dir_candidates(sysconfig.get_config_var("MULTIARCH"))
+    for directory in candidates:
+        if (directory / SLURM_PLUGIN_PROBE).is_file():
+            return directory
+    return None
+
+
 def built_plugin() -> Path:
-    """The job_submit_coda shared object built by setup.py (cffi embedding mode)."""
+    """The job_submit_coda shared object: the one setup.py built beside the package (cffi
+    embedding mode), else, on a system where a package installed it, the one in Slurm's
+    own plugin directory."""
     here = Path(__file__).resolve().parent.parent
     candidates = sorted(here.glob("_job_submit*.so"))
-    if not candidates:
-        raise PluginNotBuilt(
-            f"no _job_submit*.so in {here}: reinstall the package (pip install .) "
-            "on a machine with libslurm-dev and python3-dev"
-        )
-    return candidates[0]
+    if candidates:
+        return candidates[0]
+    system_dir = find_system_plugin_dir()
+    if system_dir is not None and (system_dir / PLUGIN_FILE).is_file():
+        return system_dir / PLUGIN_FILE
+    raise PluginNotBuilt(
+        f"no _job_submit*.so in {here} and no {PLUGIN_FILE} in Slurm's plugin directory "
+        f"({system_dir or 'not found'}): reinstall the package (pip install .) on a machine "
+        "with libslurm-dev and python3-dev"
+    )
 
 
 def install_plugin(plugin_dir: Path, source: Path | None = None) -> Path:
