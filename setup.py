@@ -1,5 +1,6 @@
 """CODA for Slurm: CPU-aware scheduling of GPU jobs (job_submit/coda + coda-node)."""
 
+import os
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -24,18 +25,20 @@ setup(
     # The public traces `coda-slurm simulate philly|muri` replay, each with its licence
     # (slurm_plugin/sim/data/README.md).
     package_data={"slurm_plugin.sim": ["data/README.md", "data/*/*"]},
-    setup_requires=["cffi>=1.16"],
-    # csrc/build_plugin.py: the embedded-Python Slurm plugin (job_submit_coda.so).
+    # The floors are Debian 12's versions, which the Debian packages (debian/) run on.
+    setup_requires=["cffi>=1.15.1"],
     # csrc/build_perf.py: coda_node._perf, the perf_event_open(2) syscall wrappers.
-    cffi_modules=["csrc/build_plugin.py:ffibuilder", "csrc/build_perf.py:ffibuilder"],
+    # csrc/build_plugin.py: the embedded-Python Slurm plugin (job_submit_coda.so), unless
+    # CODA_BUILD_PLUGIN=0: debian/rules builds it on its own, into coda-slurm-plugin.
+    cffi_modules=["csrc/build_perf.py:ffibuilder"]
+    + (["csrc/build_plugin.py:ffibuilder"] if os.environ.get("CODA_BUILD_PLUGIN") != "0" else []),
     install_requires=[
         "numpy>=1.24",
-        "cffi>=1.16",
+        "cffi>=1.15.1",
         "click>=8.1",
         "psutil>=5.9",
         "nvidia-ml-py>=12.535",
-        # coda-node's /metrics (NodeMetricsPort); 0.17 made start_http_server return the server.
-        "prometheus-client>=0.17",
+        "prometheus-client>=0.16",
     ],
     extras_require={
         # PyPI only has pyslurm for Slurm 25.11; nothing requires it.

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -301,6 +302,12 @@ def _cc() -> list[str]:
     return (sysconfig.get_config_var("CC") or "cc").split()
 
 
+def _env_flags(*names: str) -> list[str]:
+    """CPPFLAGS, CFLAGS or LDFLAGS from the environment, as setuptools and make take them:
+    a Debian build passes dpkg-buildflags' hardening and -g this way."""
+    return [flag for name in names for flag in shlex.split(os.environ.get(name, ""))]
+
+
 def compile_plugin(out_dir: Path) -> Path:
     """Build ``out_dir/job_submit_coda.so`` with the C compiler Python was built with.
 
@@ -324,9 +331,11 @@ def compile_plugin(out_dir: Path) -> Path:
         "-Wno-unused-function",
         f"-I{sysconfig.get_paths()['include']}",
         *(f"-I{d}" for d in _slurm_include_dirs()),
+        *_env_flags("CPPFLAGS", "CFLAGS"),
         str(c_file),
         "-o",
         str(tmp),
+        *_env_flags("LDFLAGS"),
         f"-L{sysconfig.get_config_var('LIBDIR')}",
         f"-lpython{sysconfig.get_config_var('LDVERSION')}",
         "-ldl",
@@ -348,9 +357,11 @@ def compile_passthrough(out_dir: Path) -> Path:
         "-fPIC",
         "-O2",
         "-Wall",
+        *_env_flags("CPPFLAGS", "CFLAGS"),
         str(PASSTHROUGH_SOURCE),
         "-o",
         str(tmp),
+        *_env_flags("LDFLAGS"),
         "-ldl",  # dlsym() lives in libdl before glibc 2.34
     ]
     try:

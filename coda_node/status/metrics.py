@@ -14,12 +14,15 @@ jobs at most, and a job's series end with the job.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -264,10 +267,23 @@ def _counters(doc: Mapping[str, Any]) -> Iterator[Metric]:
         )
 
 
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape on the daemon's stderr (the journal)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per scrape; daemon threads, so a stuck scraper never holds up an exit."""
+
+    daemon_threads = True
+
+
 class MetricsServer:
     """The HTTP server thread serving ``/metrics``."""
 
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
         self._server = server
         self._thread = thread
 
@@ -286,8 +302,23 @@ def start_metrics_server(
     view: Callable[[], Mapping[str, Any]], port: int, address: str, *, interval_s: float = 1.0
 ) -> MetricsServer:
     """Serve the metrics of ``view()`` on ``address:port`` (port 0: any free port).
-    Raises OSError when the address cannot be bound."""
+    Raises OSError when the address cannot be bound.
+
+    The server is built here from prometheus_client's WSGI app, as its own
+    ``start_http_server`` does, because that function returns the server only from
+    prometheus_client 0.17 on and Debian 12 ships 0.16."""
     registry = CollectorRegistry()
     registry.register(StatusCollector(view, interval_s))
-    server, thread = start_http_server(port, addr=address, registry=registry)
+    # An IPv6 address needs an AF_INET6 socket; the class attribute is what
+    # socketserver reads, so each server gets its own subclass.
+    family, _, _, _, sockaddr = socket.getaddrinfo(address, port)[0]
+
+    class _Server(_ThreadingServer):
+        address_family = family
+
+    server = make_server(
+        sockaddr[0], port, make_wsgi_app(registry), _Server, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="coda-node-metrics", daemon=True)
+    thread.start()
     return MetricsServer(server, thread)
