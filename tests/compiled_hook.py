@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -83,8 +85,31 @@ def load(build_dir: Path) -> tuple[Any, Any]:
     try:
         from slurm_plugin._job_submit import ffi, lib
     except ImportError as exc:
-        raise Unavailable(f"the compiled plugin module is not built ({exc})") from exc
+        module = _installed_plugin_module()
+        if module is None:
+            raise Unavailable(f"the compiled plugin module is not built ({exc})") from exc
+        ffi, lib = module.ffi, module.lib
     return ffi, lib
+
+
+def _installed_plugin_module() -> Any:
+    """The plugin a Debian package installed (job_submit_coda.so in Slurm's PluginDir, the
+    same module under slurmctld's file name), imported as ``slurm_plugin._job_submit``."""
+    from slurm_plugin.hook.install import PluginNotBuilt, built_plugin
+
+    try:
+        path = built_plugin()
+    except PluginNotBuilt:
+        return None
+    name = "slurm_plugin._job_submit"
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module
 
 
 def start(ffi: Any, lib: Any) -> None:

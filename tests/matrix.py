@@ -1,21 +1,24 @@
-"""The Slurm version matrix: the test suite on this host's Slurm, and the Slurm-facing tests
-on every other supported Slurm in a Debian root (tests/slurm-root).
+"""The Slurm version matrix: the tests that need no Slurm on this host (its virtualenv, the
+developers' install), and the Slurm-facing tests on every supported Slurm in a Debian root
+(tests/slurm-root) against coda's own Debian packages, installed there as an admin installs
+them (tests/package-leg).
 
     .venv/bin/python -m tests.matrix [PYTEST ARGS...]        (bash scripts/test runs this)
 
 ``CODA_SLURM_VERSIONS`` (e.g. ``24.11`` or ``22.05,26.05``) picks the versions; the default
-is every version tests/slurm-root knows.  The host runs all the tests of the given paths when
-its own Slurm is picked, else only those that need no Slurm.  Each other version is a leg in
-its root: ``bash scripts/setup`` there (the plugin is built against that root's slurm.h),
-then the tests marked ``slurm`` or ``compiled``, less those marked ``prometheus`` (they test
-the dashboard, not Slurm, and need Debian's prometheus, which setup leaves out in a root:
-``CODA_SETUP_PROMETHEUS=0``).  A root that cannot be built here (exit 3
-from tests/slurm-root: no mirror) is a SKIPPED leg with debootstrap's reason in the table;
-it does not fail the run (``CODA_REQUIRE_SLURM=1`` makes a Slurm missing *inside* a leg a
-failure, as on the host).  Last, the tests marked ``cgroup_v2_node`` run on a real cgroup v2
-node: a QEMU guest of this host's Debian release with its Slurm (tests/cgroup-v2-guest),
-when this host's Slurm is picked and the arguments do not leave them out.  The last line is
-``N passed, N failed, N skipped`` over every leg; the exit status is 1 when a leg failed.
+is every version tests/slurm-root knows, this host's own included.  The host runs the tests
+of the given paths that need no Slurm, and, when its own Slurm is picked, those marked
+``prometheus`` (they test the dashboard, not Slurm, and need Debian's prometheus, which only
+the host installs).  Each picked version is a leg in its root: tests/package-leg installs
+Debian's Slurm, builds coda's packages from this checkout with scripts/build-debs, installs
+them with apt and runs the tests marked ``slurm`` or ``compiled`` on Debian's python3 against
+what is installed.  A root that cannot be built here (exit 3 from tests/slurm-root: no
+mirror) is a SKIPPED leg with debootstrap's reason in the table; it does not fail the run
+(``CODA_REQUIRE_SLURM=1`` makes a Slurm missing *inside* a leg a failure).  Last, the tests
+marked ``cgroup_v2_node`` run on a real cgroup v2 node: a QEMU guest of this host's Debian
+release with its Slurm (tests/cgroup-v2-guest), when this host's Slurm is picked and the
+arguments do not leave them out.  The last line is ``N passed, N failed, N skipped`` over
+every leg; the exit status is 1 when a leg failed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from slurm_plugin.devtools.cluster import DevClusterError, slurm_version
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_ROOT = REPO / "tests" / "slurm-root"
+PACKAGE_LEG = "tests/package-leg"
+"""The leg's script, run at the top of the checkout's copy inside a root."""
 GUEST = REPO / "tests" / "cgroup-v2-guest"
 V2_MARKER = "cgroup_v2_node"
 V2_TESTS = "test_node_cgroup_v2"
@@ -50,20 +55,13 @@ module built against its slurm.h loaded in-process."""
 HOST_ONLY_MARKER = "prometheus"
 """Slurm tests that do not depend on the Slurm version and need a heavy package the version
 roots do not install (Debian's prometheus): they run on the host leg only."""
+HOST_TESTS = f"not ({SLURM_TESTS})"
+"""What the host runs: the tests that need no Slurm."""
 ROOT_TESTS = f"({SLURM_TESTS}) and not {HOST_ONLY_MARKER}"
 """What a version root runs."""
 ROOT_UNAVAILABLE = 3
 """tests/slurm-root's exit status for "this root cannot be built here"."""
 PYTEST_NO_TESTS = 5
-
-LEG_SCRIPT = r"""
-out=$1; shift
-rm -rf "$out" && mkdir -p "$out"
-start=$SECONDS
-CODA_SETUP_PROMETHEUS=0 bash scripts/setup || { echo $? >"$out/setup-failed"; exit 1; }
-echo $((SECONDS - start)) >"$out/setup-s"
-exec .venv/bin/python -m pytest "$@"
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,17 +139,16 @@ def plan(
     suites: dict[str, str],
     user_marker: str | None,
 ) -> list[Leg]:
-    """The host leg first, then one root leg for each picked version the host does not have."""
+    """The host leg first (the tests that need no Slurm; with its own Slurm picked, the
+    host-only Slurm tests too), then one package leg in a root for each picked version."""
     if host_version in versions:
-        legs = [Leg(host_version, None, user_marker)]
+        host = Leg(host_version, None, combine(f"{HOST_TESTS} or {HOST_ONLY_MARKER}", user_marker))
     else:
-        host_marker = combine(f"not ({SLURM_TESTS})", user_marker)
-        legs = [Leg(host_version or "?", None, host_marker, "tests that need no Slurm")]
+        host = Leg(host_version or "?", None, combine(HOST_TESTS, user_marker))
+    legs = [Leg(host.version, None, host.marker, "tests that need no Slurm, in .venv")]
     if user_marker and V2_MARKER in user_marker and "slurm" not in user_marker:
         return legs  # only the guest's tests: no root has any
-    legs += [
-        Leg(v, suites[v], combine(ROOT_TESTS, user_marker)) for v in versions if v != host_version
-    ]
+    legs += [Leg(v, suites[v], combine(ROOT_TESTS, user_marker), "packages") for v in versions]
     return legs
 
 
@@ -271,7 +268,10 @@ def run_root(leg: Leg, args: Sequence[str]) -> Outcome:
     assert leg.suite is not None
     inside = translate_paths(args, REPO, ROOT_CHECKOUT)
     inner = pytest_args(leg, inside, f"/{ROOT_REPORT_DIR}/junit.xml")
-    banner(f"Slurm {leg.version} in the {leg.suite} root: setup, then pytest {shlex.join(inner)}")
+    banner(
+        f"Slurm {leg.version} in the {leg.suite} root: coda's packages built and installed, "
+        f"then pytest {shlex.join(inner)}"
+    )
     start = time.monotonic()
     build = subprocess.run([str(SLURM_ROOT), "build", leg.suite], stderr=subprocess.PIPE, text=True)
     sys.stderr.write(build.stderr)
@@ -282,15 +282,16 @@ def run_root(leg: Leg, args: Sequence[str]) -> Outcome:
         return Outcome(leg, result, None, build_s, reason.removeprefix("slurm-root: "))
     reports = Path(root_tool("path", leg.suite)) / ROOT_REPORT_DIR
     shutil.rmtree(reports, ignore_errors=True)  # no report from an earlier run is read as ours
-    script = [str(SLURM_ROOT), "run", leg.suite, "bash", "-c", LEG_SCRIPT, "bash"]
+    script = [str(SLURM_ROOT), "run", leg.suite, "bash", PACKAGE_LEG]
     status = subprocess.call([*script, f"/{ROOT_REPORT_DIR}", *inner])
     wall_s = time.monotonic() - start
     notes = [f"root built in {duration(build_s)}"] if build_s >= 5 else []
-    if (reports / "setup-failed").exists():
-        code = (reports / "setup-failed").read_text().strip()
-        return Outcome(leg, "FAILED", None, wall_s, f"scripts/setup failed (exit {code})")
-    if (reports / "setup-s").exists():
-        notes.append(f"setup {duration(float((reports / 'setup-s').read_text()))}")
+    if (reports / "failed").exists():
+        step = (reports / "failed").read_text().strip()
+        return Outcome(leg, "FAILED", None, wall_s, f"{step} failed")
+    for name, what in (("build-s", "packages built"), ("install-s", "installed")):
+        if (reports / name).exists():
+            notes.append(f"{what} at {duration(float((reports / name).read_text()))}")
     return leg_outcome(leg, status, reports / "junit.xml", wall_s, ", ".join(notes))
 
 

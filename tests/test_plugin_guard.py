@@ -38,7 +38,12 @@ from slurm_plugin.hook.guard import (
     version_number,
     version_of_number,
 )
-from slurm_plugin.hook.install import PluginNotBuilt, built_plugin
+from slurm_plugin.hook.install import (
+    PLUGIN_FILE,
+    PluginNotBuilt,
+    built_plugin,
+    find_system_plugin_dir,
+)
 from tests.conftest import gres, require_slurm
 
 REPO = Path(__file__).resolve().parent.parent
@@ -480,6 +485,14 @@ def test_after_a_slurm_upgrade_slurmctld_starts_with_coda_rebuilt_or_bypassed(
         )
     )
     pre_log = cluster.root / "log" / "slurmctld-pre.log"
+    # Where coda's Debian package is installed, Slurm's own directory (the cluster's second
+    # PluginDir entry) holds a plugin that matches, and slurmctld from 24.11 on goes on to
+    # the next entry when one is refused: out of the way, so the stale one is all there is.
+    system_dir = find_system_plugin_dir()
+    packaged = system_dir / PLUGIN_FILE if system_dir else None
+    aside = packaged.with_name(f".{PLUGIN_FILE}.coda-test") if packaged else None
+    if packaged and aside and packaged.exists():
+        packaged.rename(aside)
     try:
         # Without the guard: slurmctld refuses the plugin and exits.
         with pytest.raises(DevClusterError, match="slurmctld exited"):
@@ -527,3 +540,5 @@ def test_after_a_slurm_upgrade_slurmctld_starts_with_coda_rebuilt_or_bypassed(
         assert "job_submit/coda: passthrough: coda is bypassed" in log
     finally:
         cluster.down()
+        if packaged and aside and aside.exists():
+            aside.rename(packaged)
