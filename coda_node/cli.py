@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,7 @@ from coda_node.enforce.state import (
     VIEW_FILE,
     Limit,
     StateError,
+    StateNewer,
     load_limits,
     save_limits,
 )
@@ -30,6 +31,9 @@ from coda_node.status.document import load_status
 from coda_node.status.text import render
 from coda_node.system.check import probe_all
 from coda_node.system.paths import SystemRoot
+
+if TYPE_CHECKING:
+    from coda_node.enforce.enforcer import JobResult
 
 WATCH_DEFAULT_S = 2.0
 TERMINAL_FALLBACK = (160, 50)
@@ -129,6 +133,15 @@ def run(conf_path: Path | None, root: Path | None, once: bool, verbose: bool) ->
     daemon = Daemon(cfg)
     try:
         daemon.start()
+    except StateNewer as exc:
+        # A newer coda-node ran here: this one is a downgrade or a second installation,
+        # and what the newer one recorded may be more than this one can read. Running on
+        # would have an older policy act on the jobs behind a record it cannot keep, so
+        # the operator decides; but first every job goes back to Slurm's allocation, so
+        # that the refusal leaves none shrunk (a `run` by hand has no systemd
+        # ExecStopPost to run `coda-node restore` after it).
+        summary = _put_back(cfg)
+        raise CliError("cannot start", f"{exc}; {summary}") from None
     except StateError as exc:
         raise CliError("cannot start", str(exc)) from None
     if once:
@@ -149,28 +162,10 @@ def restore(conf_path: Path | None) -> None:
 
     The systemd unit runs this after the daemon stops for any reason.
     """
-    from coda_node.daemon.service import Daemon, default_state_dir_ok
-
     logging.basicConfig(level=logging.INFO, format="coda-node: %(message)s")
     cfg = load_node_config(conf_path)
-    if os.geteuid() != 0 and cfg.node_root.resolve() == Path("/"):
-        raise CliError(
-            "coda-node restore must run as root",
-            "it writes the jobs' cgroups and the state file; try: sudo coda-node restore",
-        )
-    problem = default_state_dir_ok(cfg.node_state_dir)
-    if problem:
-        raise CliError("cannot restore", problem)
-    try:
-        daemon = Daemon(cfg)
-        daemon.start()
-        results = daemon.restore()
-    except StateError as exc:
-        raise CliError("cannot restore", str(exc)) from None
-    except PermissionError as exc:
-        raise CliError(
-            "cannot restore", f"{exc.filename or exc}: permission denied; run as root"
-        ) from None
+    _check_can_put_back(cfg, "restore")
+    results = _restore(cfg, None)
     failed = {j: r.failed for j, r in results.items() if r.failed}
     restored = [j for j, r in results.items() if r.applied]
     ended = [j for j, r in results.items() if r.gone]
@@ -184,6 +179,53 @@ def restore(conf_path: Path | None) -> None:
             "some jobs could not be restored",
             "; ".join(f"job {j}: {', '.join(f)}" for j, f in failed.items()),
         )
+
+
+def _check_can_put_back(cfg: CodaConfig, command: str) -> None:
+    """Root and a usable NodeStateDir, or a CliError saying so."""
+    from coda_node.daemon.service import default_state_dir_ok
+
+    if os.geteuid() != 0 and cfg.node_root.resolve() == Path("/"):
+        raise CliError(
+            f"coda-node {command} must run as root",
+            f"it writes the jobs' cgroups and the state file; try: sudo coda-node {command}",
+        )
+    problem = default_state_dir_ok(cfg.node_state_dir)
+    if problem:
+        raise CliError(f"cannot {command}", problem)
+
+
+def _restore(cfg: CodaConfig, only: frozenset[int] | None) -> dict[int, JobResult]:
+    """Every job (or those ``only`` names) put back as Slurm set it, whatever the state
+    file says or cannot say (Daemon.start's ``put_back``)."""
+    from coda_node.daemon.service import Daemon
+
+    try:
+        daemon = Daemon(cfg)
+        daemon.start(put_back=True)
+        return daemon.restore(only)
+    except StateError as exc:
+        raise CliError("cannot restore", str(exc)) from None
+    except PermissionError as exc:
+        raise CliError(
+            "cannot restore", f"{exc.filename or exc}: permission denied; run as root"
+        ) from None
+
+
+def _put_back(cfg: CodaConfig) -> str:
+    """:func:`_restore` of every job, in words (for a command that then fails)."""
+    try:
+        results = _restore(cfg, None)
+    except CliError as exc:
+        return f"the jobs could not be put back ({exc})"
+    restored = [str(j) for j, r in results.items() if r.applied]
+    failed = [f"job {j}: {', '.join(r.failed)}" for j, r in results.items() if r.failed]
+    said = (
+        f"put jobs {', '.join(restored)} back to Slurm's allocation"
+        if restored
+        else "no job needed putting back"
+    )
+    return said + (f"; not put back: {'; '.join(failed)}" if failed else "")
 
 
 @cli.command()
@@ -247,13 +289,64 @@ def limit(
 @CONF_OPTION
 @click.argument("job_id", type=int)
 def release(conf_path: Path | None, job_id: int) -> None:
-    """Remove a job's limit; the daemon puts the job back as Slurm set it."""
+    """Remove a job's limit and put the job back as Slurm set it.
+
+    With the daemon running, its next tick puts the job back. Without one, this command
+    does it now (whatever the state file says or cannot say, and with or without a limit),
+    and says what it did.
+    """
     cfg = load_node_config(conf_path)
-    limits = _limits(cfg)
-    if limits.pop(job_id, None) is None:
-        raise CliError(f"job {job_id} has no limit")
-    _save_limits(cfg, limits)
-    click.echo(f"job {job_id}: limit removed; restored within {cfg.node_interval_s:g}s")
+    if _daemon_running(cfg):
+        limits = _limits(cfg)
+        if limits.pop(job_id, None) is None:
+            raise CliError(f"job {job_id} has no limit")
+        _save_limits(cfg, limits)
+        click.echo(
+            f"job {job_id}: limit removed; the running coda-node puts it back within "
+            f"{cfg.node_interval_s:g}s"
+        )
+        return
+    logging.basicConfig(level=logging.INFO, format="coda-node: %(message)s")
+    _check_can_put_back(cfg, "release")
+    try:
+        limits = load_limits(cfg.node_state_dir)
+    except StateError as exc:
+        # The limit is not needed to put the job back, only to say it is gone.
+        click.echo(f"coda-node: {exc}", err=True)
+        limits = {}
+    if limits.pop(job_id, None) is not None:
+        _save_limits(cfg, limits)
+        click.echo(f"job {job_id}: limit removed")
+    result = _restore(cfg, frozenset({job_id})).get(job_id)
+    # Nothing else puts the job back: say what this command did, and only that.
+    if result is not None and result.gone:
+        click.echo(f"job {job_id}: not running on this node; coda's groups of it removed")
+    elif result is not None and result.applied:
+        click.echo(f"job {job_id}: put back as Slurm set it ({'; '.join(result.applied)})")
+    elif result is None or not result.failed:
+        click.echo(f"job {job_id}: nothing of coda's on it to undo")
+    if result is not None and result.failed:
+        raise CliError(f"job {job_id} could not be put back", "; ".join(result.failed))
+
+
+def _daemon_running(cfg: CodaConfig) -> bool:
+    """Whether a coda-node daemon is ticking on this node: its view is fresh and says it
+    runs, and its process is alive (a daemon killed a moment ago left a fresh view)."""
+    doc = load_status(
+        cfg.node_runtime_dir / VIEW_FILE,
+        state_path=cfg.node_state_dir / STATE_FILE,
+        interval_s=cfg.node_interval_s,
+    )
+    pid = doc["daemon"].get("pid")
+    if doc["daemon"]["status"] != "running" or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _limits(cfg: CodaConfig) -> dict[int, Limit]:

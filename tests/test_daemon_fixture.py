@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from coda_node.enforce.enforcer import VERIFY_EVERY_TICKS
-from coda_node.enforce.state import FORMAT_VERSION, Limit, StateError
+from coda_node.enforce.state import FORMAT_VERSION, Limit, StateNewer
 from tests.node_fixtures import FakeNode, build_node
 
 # Job 5001 is a GPU job on CPUs 0-1,32 holding Slurm's GPUs 0 and 1; step 0's task_0 is
@@ -428,7 +428,7 @@ def test_state_file_from_a_newer_version_is_refused_and_left_untouched(node: Fak
     )
     before = node.state_file.read_bytes()
     daemon = node.daemon(start=False)
-    with pytest.raises(StateError) as err:
+    with pytest.raises(StateNewer) as err:
         daemon.start()
     message = str(err.value)
     assert str(node.state_file) in message and "newer coda-node" in message
@@ -436,6 +436,47 @@ def test_state_file_from_a_newer_version_is_refused_and_left_untouched(node: Fak
     assert node.state_file.read_bytes() == before
     assert list(node.state_dir.iterdir()) == [node.state_file]
     assert node.journal == []
+
+
+def _newer(node: FakeNode) -> None:
+    data = _on_disk(node)
+    data["format_version"] = FORMAT_VERSION + 1
+    node.state_file.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "what_is_left",
+    [
+        ("a file from a newer coda-node", _newer),
+        ("no file", lambda node: node.state_file.unlink()),
+        ("a damaged file", lambda node: node.state_file.write_bytes(b'{"format": "coda-n')),
+    ],
+    ids=lambda p: p[0],
+)
+def test_restore_puts_a_shrunk_job_back_to_slurms_allocation_whatever_the_state_file_says(
+    node: FakeNode, what_is_left: tuple[str, Any]
+) -> None:
+    """A job slimmed to one core, a daemon killed, the limit released meanwhile, and a state
+    file this coda-node cannot use: ``restore`` still puts the job back to the CPUs Slurm
+    allocated it, and a newer coda-node's file stays byte for byte as it was."""
+    original = node.cpuset_texts(GPU_JOB)
+    node.set_limits({GPU_JOB: Limit(cores=1)})
+    node.daemon().tick()
+    assert node.cpuset_texts(GPU_JOB)["."] == "0\n"
+    node.set_limits({})
+    what_is_left[1](node)
+    before = node.state_file.read_bytes() if node.state_file.exists() else None
+
+    daemon = node.daemon(start=False)
+    daemon.start(put_back=True)
+    results = daemon.restore()
+    assert results[GPU_JOB].applied == ["cpuset restored to 0-1,32 (Slurm's allocation)"]
+    assert results[GPU_JOB].failed == []
+    assert node.cpuset_texts(GPU_JOB)["."] == original["."]
+    if what_is_left[0] == "a file from a newer coda-node":
+        assert node.state_file.read_bytes() == before
+    else:
+        assert _on_disk(node)["changes"] == {} and "repair" not in _on_disk(node)
 
 
 def test_damaged_state_file_is_kept_aside_and_replaced_by_a_repair_of_every_job(

@@ -19,7 +19,7 @@ import pytest
 
 from coda_common.config.codaconf import load_config
 from coda_node.daemon.service import Daemon
-from coda_node.enforce.state import STATE_FILE, Limit, StateFile, save_limits
+from coda_node.enforce.state import FORMAT_VERSION, STATE_FILE, Limit, StateFile, save_limits
 from coda_node.system.cpulist import parse_cpulist
 from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
@@ -150,6 +150,8 @@ def _record(**fields: Any) -> Callable[[bytes], bytes]:
     return damage
 
 
+NEWER = "format_version of a newer coda-node"
+
 DAMAGE: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     # damage -> (how the state file is damaged, what the daemon repairs)
     "truncated": (_truncated, "every job"),
@@ -160,6 +162,9 @@ DAMAGE: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "format_version true": (_version(True), "every job"),
     "not UTF-8": (_not_utf8, "every job"),
     "not a state file": (lambda _: b"[1, 2, 3]", "every job"),
+    # Not damaged, but this coda-node must not overwrite it (a downgrade): the jobs go back
+    # all the same, and the file stays as the newer coda-node left it.
+    NEWER: (_version(FORMAT_VERSION + 1), "every job"),
     "record names CPUs 0-63": (_record(cpus="0-63"), "the job"),
     "record disagrees with Slurm": (_record(cpus="1"), "the job"),
 }
@@ -186,8 +191,16 @@ def test_a_damaged_state_file_puts_every_job_back_to_slurms_allocation(
         del first  # killed: nothing put back
         save_limits(cluster.node_state_dir, {})  # released while the daemon was down
         state_file.write_bytes(damage(state_file.read_bytes()))
+        left = state_file.read_bytes()
         caplog.clear()
-        if then == "restart":
+        if kind == NEWER and then == "restart":
+            # `run` refuses the file, but only after putting every job back.
+            proc = _node_cli(cluster, "run")
+            assert proc.returncode == 1, (kind, proc.stderr)
+            assert "written by a newer coda-node" in proc.stderr, proc.stderr
+            assert f"put jobs {job_id} back to Slurm's allocation" in proc.stderr, proc.stderr
+            out = proc.stderr
+        elif then == "restart":
             daemon = Daemon(cfg)
             daemon.start()
             report = daemon.tick()
@@ -205,8 +218,56 @@ def test_a_damaged_state_file_puts_every_job_back_to_slurms_allocation(
             assert f"restored 1 job(s) ({job_id})" in proc.stdout, (kind, proc.stdout)
             out = proc.stderr
         seen[kind] = (_cpus(d), _quota_us(job_id), scope)
-        assert "damaged" in out or "Slurm says" in out or "does not have online" in out, out
+        assert any(
+            why in out for why in ("damaged", "Slurm says", "does not have online", "newer")
+        ), out
         assert {_allowed(t) for t in pids} == {"0-1"}, kind
-        assert StateFile(cluster.node_state_dir).load().repair == {}, kind
+        if kind == NEWER:
+            assert state_file.read_bytes() == left
+            state_file.unlink()  # what an operator does once the jobs are back
+        else:
+            assert StateFile(cluster.node_state_dir).load().repair == {}, kind
         assert not list(cluster.node_state_dir.glob(".*.tmp"))
     assert seen == {kind: ("0-1", None, scope) for kind, (_, scope) in DAMAGE.items()}
+
+
+@pytest.mark.parametrize("left", ["newer", "damaged", "missing"])
+def test_release_without_a_daemon_puts_the_job_back_whatever_the_state_file_says(
+    cluster: DevCluster, left: str
+) -> None:
+    """A job slimmed to one core under a CPU quota, the daemon gone, and a state file this
+    coda-node cannot use (or none): ``coda-node release`` itself gives the job back the
+    CPUs Slurm allocated it and removes coda's cpu cgroup, and says so; a newer
+    coda-node's file stays as it was."""
+    job_id, d, pids = _start(cluster, ["--gpus=1", "-c2"], SLEEP)
+    state_file = cluster.node_state_dir / STATE_FILE
+    save_limits(cluster.node_state_dir, {job_id: Limit(cores=1, quota_cores=0.5)})
+    proc = _daemon_process(cluster)
+    try:
+        _wait(lambda: (_cpus(d), _quota_us(job_id)) == ("0", 50000), "cpuset 0, quota")
+    finally:
+        _stop(proc, signal.SIGKILL)  # nothing put back
+    assert (_cpus(d), _quota_us(job_id)) == ("0", 50000)
+    if left == "newer":
+        state_file.write_bytes(_version(FORMAT_VERSION + 1)(state_file.read_bytes()))
+    elif left == "damaged":
+        state_file.write_bytes(_truncated(state_file.read_bytes()))
+    else:
+        state_file.unlink()
+    before = state_file.read_bytes() if state_file.exists() else None
+
+    proc = _node_cli(cluster, "release", str(job_id))
+    assert proc.returncode == 0, proc.stderr
+    assert f"job {job_id}: limit removed" in proc.stdout
+    assert f"job {job_id}: put back as Slurm set it (cpuset restored to 0-1" in proc.stdout
+    assert "cpu quota released" in proc.stdout, proc.stdout
+    assert "within" not in proc.stdout  # no promise of a daemon that is not there
+    assert _cpus(d) == "0-1" and {_allowed(t) for t in pids} == {"0-1"}
+    assert _quota_us(job_id) is None and not (CODA_CPU / f"job_{job_id}").exists()
+    if left == "newer":
+        assert state_file.read_bytes() == before
+    # Nothing left to do: a second release says so and changes nothing.
+    again = _node_cli(cluster, "release", str(job_id))
+    assert again.returncode == 0, again.stderr
+    assert f"job {job_id}: nothing of coda's on it to undo" in again.stdout, again.stdout
+    assert _cpus(d) == "0-1"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coda_node.enforce.enforcer import Enforcer, JobResult
-from coda_node.enforce.state import REPAIR_ALL, NodeState, StateDamaged, StateFile
+from coda_node.enforce.state import REPAIR_ALL, NodeState, StateDamaged, StateFile, StateNewer
 from coda_node.sampling.snapshot import Sampler
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout
@@ -72,16 +72,32 @@ class Recovery:
         self.waiting: dict[int, str] = {}
         """Jobs to repair that could not be repaired yet -> why (shown in status)."""
 
-    def load(self) -> NodeState:
-        """What a previous run changed. Raises StateError for a file we must not
-        overwrite (a newer format) or cannot read. A damaged file is kept aside and
-        replaced, durably, by one that says every running job is to be repaired from
-        Slurm's allocation: nothing the daemon finds in the cgroups is taken for the
-        allocation before that is done."""
+    def load(self, *, put_back: bool = False) -> NodeState:
+        """What a previous run changed. Raises StateError for a file we cannot read, and
+        StateNewer for one we must not overwrite (a newer format) unless ``put_back``. A
+        damaged file is kept aside and replaced, durably, by one that says every running
+        job is to be repaired from Slurm's allocation: nothing the daemon finds in the
+        cgroups is taken for the allocation before that is done.
+
+        ``put_back`` (``restore``, ``release`` without a daemon) is for putting jobs back:
+        that never needs our record, since Slurm's record says what each job owns. A file
+        from a newer coda-node is then left untouched and every running job repaired from
+        Slurm's allocation; so is every job when there is no file (a record deleted, or
+        lost with its directory, must not leave a job shrunk)."""
         for path in self.state_file.remove_stale_temps(_pid_alive):
             log.info("removed %s, left by a writer that was killed", path)
         try:
             state = self.state_file.load()
+            if put_back and not self.state_file.path.exists():
+                why = f"there is no state file ({self.state_file.path})"
+                state.repair[REPAIR_ALL] = why
+        except StateNewer as exc:
+            if not put_back:
+                raise
+            log.error("%s. Every running job is put back to the CPUs Slurm allocated it", exc)
+            self.state_file.leave_untouched(str(exc))
+            why = "the state file was written by a newer coda-node"
+            state = NodeState(repair={REPAIR_ALL: why}, view=self.state_file.load_view())
         except StateDamaged as exc:
             aside = self.state_file.keep_aside()
             kept = f"kept as {aside.name}" if aside is not None else "not kept"

@@ -295,13 +295,14 @@ class Daemon:
         monitor.sync(self._clock(), cpu_jobs, ctrl_group_of, tids)
 
     # -- lifecycle ----------------------------------------------------------------
-    def start(self) -> None:
-        """Load what a previous run changed. Raises StateError for a file we must not
-        overwrite (a newer format) or cannot read. A damaged file is kept aside and
-        replaced, durably, by one that says every running job is to be repaired from
-        Slurm's allocation: nothing the daemon finds in the cgroups is taken for the
-        allocation before that is done."""
-        self.state = self.recovery.load()
+    def start(self, *, put_back: bool = False) -> None:
+        """Load what a previous run changed. Raises StateError for a file we cannot read,
+        and StateNewer for one we must not overwrite (a newer format) unless ``put_back``
+        (then every job is to be repaired from Slurm's allocation by :meth:`restore`; see
+        Recovery.load). A damaged file is kept aside and replaced, durably, by one that says
+        every running job is to be repaired from Slurm's allocation: nothing the daemon
+        finds in the cgroups is taken for the allocation before that is done."""
+        self.state = self.recovery.load(put_back=put_back)
         self.enforcer = self._make_enforcer()
         self.capabilities = [
             c.to_dict()
@@ -591,20 +592,27 @@ class Daemon:
             )
         self._event(flush.job_id, "usage-publish", line)
 
-    def restore(self) -> dict[int, JobResult]:
-        """Put every job back as Slurm set it: from its record, or, where the record is
-        missing or cannot be trusted, to the allocation Slurm reports (a job Slurm does
-        not answer for is left as it is and reported as failed)."""
+    def restore(self, only: frozenset[int] | None = None) -> dict[int, JobResult]:
+        """Put every job (or the jobs ``only`` names) back as Slurm set it: from its
+        record, or, where the record is missing or cannot be trusted, to the allocation
+        Slurm reports (a job Slurm does not answer for is left as it is and reported as
+        failed). coda's own cgroups and resctrl groups that no record covers go too."""
         jobs = self._cgroup_jobs()
-        repaired = self._repair(self.recovery.prepare(self.state, self.layout, jobs))
+        # Every running job is prepared (the pending repairs of the others stay on record);
+        # only the chosen ones are written.
+        plan = self.recovery.prepare(self.state, self.layout, jobs)
+        if only is not None:
+            plan.jobs = [p for p in plan.jobs if p[0] in only]
+            jobs = {j: cg for j, cg in jobs.items() if j in only}
+        repaired = self._repair(plan)
         results = self.enforcer.restore_all(
-            {j: cg for j, cg in jobs.items() if j not in self.state.repair}
+            {j: cg for j, cg in jobs.items() if j not in self.state.repair}, only=only
         )
         for job_id, res in repaired.items():
             results.setdefault(job_id, JobResult()).applied[:0] = res.applied
             results[job_id].failed[:0] = res.failed
         for job_id, why in self.recovery.waiting.items():
-            if job_id not in repaired:
+            if job_id not in repaired and (only is None or job_id in only):
                 results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
         if self.mem_bw_monitor is not None:
             # Every coda_j* MON group goes too (also those a killed daemon left): each

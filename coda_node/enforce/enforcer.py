@@ -211,11 +211,16 @@ class Enforcer:
         self.state.prune()
         return results
 
-    def restore_all(self, jobs: Mapping[int, CgroupJob]) -> dict[int, JobResult]:
-        """Put every job coda-node changed back as Slurm set it (SIGTERM, ``restore``)."""
+    def restore_all(
+        self, jobs: Mapping[int, CgroupJob], only: frozenset[int] | None = None
+    ) -> dict[int, JobResult]:
+        """Put every job coda-node changed (or those of them ``only`` names) back as Slurm
+        set it (SIGTERM, ``restore``, ``release`` without a daemon)."""
         results: dict[int, JobResult] = {}
         with self._rdt_lock():
             for job_id in sorted(self.state.changes):
+                if only is not None and job_id not in only:
+                    continue
                 cg = jobs.get(job_id)
                 if cg is None:
                     results[job_id] = self._ended(job_id)

@@ -15,7 +15,8 @@ Format: JSON, ``{"format": "coda-node-state", "format_version": 1, ...}`` and
 ``{"format": "coda-node-view", "format_version": 1, ...}``. A state file that records jobs
 still to be repaired from Slurm's allocation (``"repair"``) is written as format 2, so a
 coda-node that cannot read that part refuses the file instead of ignoring it. A state file
-from a newer coda-node is refused with what to do, never overwritten; a damaged one
+from a newer coda-node is never overwritten: ``run`` refuses it with what to do, after
+putting every job back to the allocation Slurm reports, as ``restore`` does; a damaged one
 (unreadable bytes, not JSON, a format version that is not a known one, a record that does
 not parse) raises :class:`StateDamaged`, and the daemon repairs every job from Slurm.
 """
@@ -65,6 +66,12 @@ class StateDamaged(StateError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path} is damaged ({reason})")
+
+
+class StateNewer(StateError):
+    """The state file was written by a newer coda-node: this one must not overwrite it (what
+    it records may be more than this one can read). The jobs can still be put back to the
+    allocation Slurm reports (:meth:`StateFile.leave_untouched`)."""
 
 
 TEMP_SUFFIX = ".tmp"
@@ -264,6 +271,16 @@ class StateFile:
         self._written: tuple[tuple[str, str], bool] | None = None
         """((the changes' encoding, the repairs'), whether fsynced) as this process last
         wrote them."""
+        self.untouched: str | None = None
+        """Why the record of changes is never written (the file belongs to a newer
+        coda-node); None while it is this process's to write."""
+
+    def leave_untouched(self, why: str) -> None:
+        """Never write the record of changes from now on (the view is still written): the
+        file on disk stays as a newer coda-node left it, for that version's restore. While
+        it is there, every run of this one starts by repairing every job from Slurm, so no
+        record of this run's repairs is needed."""
+        self.untouched = why
 
     def load(self) -> NodeState:
         """The recorded state; empty when there is none. Raises :class:`StateDamaged` for a
@@ -288,10 +305,11 @@ class StateFile:
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise StateDamaged(self.path, _short(exc)) from None
         if version > FORMAT_VERSION:
-            raise StateError(
+            raise StateNewer(
                 f"{self.path} was written by a newer coda-node (format {version}; this one "
-                f"reads {FORMAT_VERSION}). Run `coda-node restore` with the newer version "
-                "first, or upgrade this one; the file is left untouched"
+                f"reads {FORMAT_VERSION}) and is left untouched. `coda-node restore` puts "
+                "every job back to Slurm's allocation; then upgrade this coda-node, or move "
+                "the file away to run this one"
             )
         try:
             changes = _job_map(data.get("changes"), "changes", JobChanges.from_dict)
@@ -387,7 +405,9 @@ class StateFile:
         repair = _encode_state({str(k): v for k, v in sorted(state.repair.items())})
         record = (changes, repair)
         written = self._written
-        if written is None or written[0] != record or (durable and not written[1]):
+        if self.untouched is not None:
+            pass
+        elif written is None or written[0] != record or (durable and not written[1]):
             version = FORMAT_VERSION if state.repair else BASE_FORMAT_VERSION
             head = self._head(FORMAT, version)
             tail = f', "repair": {repair}' if state.repair else ""
