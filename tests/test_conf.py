@@ -95,6 +95,9 @@ def test_full_config() -> None:
     [
         ("Mode=off", "mode", "off"),
         ("UserValue=replace", "user_value", "replace"),
+        ("", "user_message", "batch"),
+        ("UserMessage=all", "user_message", "all"),
+        ("UserMessage=None", "user_message", "none"),
         ("DefaultCpusPerGpu=", "default_cpus_per_gpu", None),
         ('DefaultCpusPerGpu=""', "default_cpus_per_gpu", None),
         ("MinConfidence=0", "min_confidence", 0.0),
@@ -134,6 +137,7 @@ def test_values(text: str, attr: str, value: object) -> None:
         ("Mode=fast", 1, "Mode must be one of enforce|advise|off"),
         ("Mode=", 1, "Mode must be one of"),
         ("UserValue=ignore", 1, "UserValue must be one of keep|lower|replace"),
+        ("UserMessage=srun", 1, "UserMessage must be one of all|batch|none"),
         ("LogLevel=trace", 1, "LogLevel must be one of"),
         ("# x\nMinCpusPerGpu=0", 2, "MinCpusPerGpu must be 1..65533"),
         ("MinCpusPerGpu=-1", 1, "whole number"),

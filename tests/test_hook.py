@@ -84,6 +84,10 @@ class FakeLib:
             desc.min_cpus = m // was * now
 
 
+BATCH_SCRIPT = "#!/bin/sh\npython train.py\n"
+"""A script: what makes a submission sbatch's (the user is told the decision by default)."""
+
+
 def make_desc(lib: FakeLib, **strings: str) -> Any:
     desc = ffi.new("job_desc_msg_t *")
     desc.cpus_per_task = NO_VAL16
@@ -344,7 +348,9 @@ def _placement_setup(tmp_path: Path, *, features: str = "a100,v100") -> None:
 
 def test_placement_fields_are_written(lib: FakeLib, tmp_path: Path) -> None:
     _placement_setup(tmp_path)
-    desc = make_desc(lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50")
+    desc = make_desc(
+        lib, tres_per_node="gres:gpu:2", comment="coda:workload=resnet50", script=BATCH_SCRIPT
+    )
     err = ffi.new("char **")
     assert hook.job_submit(desc, 1000, err) == 0
     assert field(desc, "tres_per_node") == "gres:gpu:2,gres:pcie:1"

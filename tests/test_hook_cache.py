@@ -132,6 +132,9 @@ CASES: list[dict[str, Any]] = [
     {"num_tasks": 4, "comment": "coda:workload=resnet50"},
 ]
 
+BATCH = {**CASES[0], "script": "#!/bin/sh\npython train.py\n"}
+"""CASES[0] as sbatch sends it (a script): told the decision under the default UserMessage."""
+
 
 @pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
 def test_memo_hit_gives_what_decide_gives(lib: FakeLib, spy: DecideSpy, case: dict) -> None:
@@ -163,7 +166,7 @@ def test_each_field_the_decision_reads_is_in_the_key(lib: FakeLib, spy: DecideSp
 
 
 def test_user_message_of_an_earlier_plugin_is_kept_on_a_hit(lib: FakeLib) -> None:
-    case = CASES[0]
+    case = BATCH
     _submit(lib, case)
     rc, _fields, _cpt, said, _lines = _submit(lib, case, err_first="lua: hello")
     assert rc == 0 and said is not None
@@ -183,7 +186,7 @@ def test_store_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:
 
 
 def test_conf_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:
-    case = CASES[0]
+    case = BATCH
     assert _submit(lib, case)[1][0] == "gres:gpu:6"
     conf = tmp_path / "coda.conf"
     conf.write_text(conf.read_text() + "MaxCpusPerGpu=3\n")
@@ -200,7 +203,7 @@ def test_a_slurm_conf_edit_is_picked_up_at_the_next_reload_tick(
 ) -> None:
     # scontrol reconfigure does not restart job_submit plugins: the hook watches slurm.conf.
     _ticks_by_hand_only()
-    case = CASES[0]
+    case = BATCH
     assert _submit(lib, case)[1][0] == "gres:gpu:6"
     slurm_conf = tmp_path / "slurm.conf"
     slurm_conf.write_text("NodeName=n[1-2] CPUs=8 Gres=gpu:4\n")

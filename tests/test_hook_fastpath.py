@@ -159,7 +159,7 @@ def test_a_repeated_job_is_answered_in_c_as_python_answered_it(plugin: Plugin, c
 
 
 def test_an_answer_from_c_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> None:
-    case = {**CASES[0], "admin_comment": "from-lua"}
+    case = {**CASES[0], "script": BASE["script"], "admin_comment": "from-lua"}
     plugin.submit(case)
     rc, fields, _cpt, said, _lines = plugin.submit(case, err_first="lua: hello")
     assert plugin.calls == 1 and rc == 0
@@ -169,6 +169,40 @@ def test_an_answer_from_c_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> 
     assert first == "lua: hello" and second.startswith(
         "coda (if Slurm accepts the job): --cpus-per-gpu=6"
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "batch_told", "interactive_told"),
+    [("", True, False), ("UserMessage=all\n", True, True), ("UserMessage=none\n", False, False)],
+    ids=["default", "all", "none"],
+)
+def test_user_message_decides_who_sees_the_line_on_both_paths(
+    compiled: tuple[Any, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str,
+    batch_told: bool,
+    interactive_told: bool,
+) -> None:
+    """sbatch sends a script, srun and salloc none. UserMessage decides which of them print
+    coda's line, when Python decides and when C replays; the decision is in the admin
+    comment and slurmctld's log for all of them."""
+    interactive = {k: v for k, v in BASE.items() if k != "script"}
+    with _started(compiled, tmp_path, monkeypatch, setting) as plugin:
+        for case, told in ((BASE, batch_told), (interactive, interactive_told)):
+            for path in ("python", "c"):
+                calls = plugin.calls
+                rc, fields, _cpt, said, lines = plugin.submit(case)
+                assert plugin.calls == calls + (path == "python")
+                assert rc == 0 and fields[0] == "gres:gpu:6", path
+                what = ("interactive" if case is interactive else "batch", path)
+                if told:
+                    assert said is not None and said.startswith(hook.IF_ACCEPTED), what
+                else:
+                    assert said is None, what
+                note = fields[WRITTEN.index("admin_comment")]
+                assert note is not None and "coda: --cpus-per-gpu=6" in note, what
+                assert any("action=set cpg=6" in line for line in lines), what
 
 
 # One field of BASE changed at a time: each is a job C has not seen.

@@ -433,3 +433,33 @@ def test_plugin_that_cannot_start_leaves_slurm_scheduling(
         assert fields.get("AdminComment", "") == ""
     finally:
         c.down()
+
+
+def test_interactive_stderr_stays_the_programs_unless_the_site_says_all(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
+    """``srun`` prints nothing of coda's on stderr by default (scripts read it, and Slurm's
+    own tests expect it empty with ``--error=none``) while ``sbatch`` still shows the line;
+    with ``UserMessage=all`` srun shows it too. Either way the job runs with coda's cores
+    and its admin comment says so."""
+    put_profile(cluster, "workload:*:interactive", 3)
+    wait_for_reload(cluster)
+    args = ["--gpus=1", "--comment=coda:workload=interactive"]
+
+    def srun() -> tuple[str, dict[str, str]]:
+        proc = cluster.run(["srun", *args, "sh", "-c", "echo $SLURM_JOB_ID"], timeout_s=60)
+        job_id = int(proc.stdout.split()[-1])
+        return proc.stderr, parse_admin_record(cluster.show_job(job_id)["AdminComment"])
+
+    for _ in range(2):  # decided in Python, then answered by the C side
+        stderr, record = srun()
+        assert stderr == "", stderr
+        assert record["action"] == "set" and record["cpg"] == "3"
+    _, _, said = submit(cluster, args)
+    assert "coda (if Slurm accepts the job): --cpus-per-gpu=3" in said, said
+
+    set_conf(cluster, ctld_log, "UserMessage=all")
+    for _ in range(2):
+        stderr, record = srun()
+        assert "srun: coda (if Slurm accepts the job): --cpus-per-gpu=3" in stderr, stderr
+        assert record["cpg"] == "3"

@@ -396,6 +396,17 @@ class CodaConfig:
         "to the profile's value when that is smaller, or replace it with the profile's value.",
     )
     """``keep``, ``lower`` or ``replace`` (lower case)."""
+    user_message: str = _key(
+        "UserMessage",
+        "all|batch|none",
+        "batch",
+        _one_of("all", "batch", "none"),
+        "Which submissions get coda's line on the submitting command's stderr: all (sbatch, "
+        "srun and salloc), batch (sbatch only: interactive stderr stays the program's), or "
+        "none. The decision is in slurmctld's log and the job's AdminComment whatever this "
+        "says, and a refused submission always gets its reason.",
+    )
+    """``all``, ``batch`` or ``none`` (lower case)."""
     min_cpus_per_gpu: int = _key(
         "MinCpusPerGpu", "int", "1", _ints(1), "Smallest --cpus-per-gpu CODA sets (1 or more)."
     )

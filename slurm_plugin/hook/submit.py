@@ -191,9 +191,10 @@ class Plan:
     """:func:`log`'s bytes for the decision's line."""
 
 
-def make_plan(req: JobRequest, decision: Decision) -> Plan:
+def make_plan(req: JobRequest, decision: Decision, user_message: str = "all") -> Plan:
     """The :class:`Plan` of ``decision`` for ``req``; every value is encoded here, before
-    the hook writes anything."""
+    the hook writes anything. ``user_message`` is UserMessage: which submissions get the
+    line on stderr (the admin comment's note and the log line are the same for all)."""
     user_msg = decision.user_msg
     note: str | None = None
     if decision.action == "reject":
@@ -201,7 +202,7 @@ def make_plan(req: JobRequest, decision: Decision) -> Plan:
     elif user_msg:
         if decision.admin_comment:
             note = _admin_note(user_msg)
-        user_msg = _if_accepted(user_msg)
+        user_msg = _if_accepted(user_msg) if _tells_user(req, user_message) else None
     if decision.action == "skip" and (decision.admin_comment is None or decision.cpu_job):
         # A CPU-only job routed by CpuJobPartitions or given the memory-bandwidth GRES is
         # said at info; other skips (CPU-only job, coda:off) only at LogLevel=verbose.
@@ -225,6 +226,17 @@ def make_plan(req: JobRequest, decision: Decision) -> Plan:
         log_level=level,
         log_line=_log_bytes(_log_line(decision)),
     )
+
+
+def _tells_user(req: JobRequest, user_message: str) -> bool:
+    """Whether the submitting command prints the line, by UserMessage. Only a batch job
+    has a script (job_desc's ``script``); srun and salloc send none, and their stderr is
+    the program's, which scripts and Slurm's own tests read (``srun --error=none``).
+    The script is part of the memo's key, so a plan kept for one is never replayed for
+    the other, in Python or by the C side."""
+    if user_message == "all":
+        return True
+    return user_message == "batch" and req.script is not None
 
 
 IF_ACCEPTED = "coda (if Slurm accepts the job): "
@@ -990,7 +1002,7 @@ def _plan_miss(
         gres_sep=_GRES_SEP,
         default_partition=state.node_cap.default_partition,
     )
-    plan = make_plan(req, decision)
+    plan = make_plan(req, decision, state.cfg.user_message)
     memo.add(key, plan)
     return plan
 
