@@ -229,9 +229,12 @@ def drop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluste
         pytest.skip("needs setpriv (util-linux) to run the daemon without CAP_DAC_OVERRIDE")
     root = tmp_path_factory.mktemp("dropslurm")
     # The coda.conf of the whole cluster, as an admin would write it for NFS with root_squash.
+    # MinConfidence=0: the hook uses whatever profile the probing run publishes. How sure
+    # the model is of a run depends on this host's load (2 shared vCPUs); what the test
+    # shows is the way a profile takes through the drop directory to the next sbatch.
     munge_keys = (
         f"ProfilePublish=munge\nProfileDropDir={root / 'drop'}\n"
-        f"MungeSocket={root / 'munge' / 'munge.socket'}\n"
+        f"MungeSocket={root / 'munge' / 'munge.socket'}\nMinConfidence=0\n"
     )
     cluster = DevCluster(
         root, cgroups=True, def_cpu_per_gpu=2, coda_conf_extra=LOOP_CONF + munge_keys
@@ -280,13 +283,9 @@ def test_a_probing_run_reaches_the_next_sbatch_through_munge_with_the_store_unwr
         store = ProfileStore(cluster.profile_store)
         sig = "workload:0:viamunge"
 
-        def profiled():
-            prof = store.read(sig)
-            return prof if prof is not None and prof.confidence >= 0.8 else None
-
-        prof = _wait(profiled, "the collector to merge a confident profile", 180)
-        # What the model makes of the run depends on this host's load (2 shared vCPUs); what
-        # matters here is that it reached the store, and from there the next submission.
+        prof = _wait(lambda: store.read(sig), "the collector to merge the run's profile", 180)
+        # What the model makes of the run depends on this host's load; what matters here is
+        # that it reached the store, and from there the next submission.
         assert prof.source == f"coda-node:{NODE_NAME}" and prof.n_samples >= 2
         published = [
             e["reason"] for e in _events(cluster, job_id) if e["action"] == "profile-publish"
