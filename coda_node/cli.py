@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -29,8 +30,9 @@ from coda_node.enforce.state import (
 )
 from coda_node.status.document import load_status
 from coda_node.status.text import render
-from coda_node.system.check import probe_all
+from coda_node.system.check import probe_all, probe_slurm_jobs
 from coda_node.system.paths import SystemRoot
+from coda_node.system.slurmjobs import Runner, make_runner
 
 if TYPE_CHECKING:
     from coda_node.enforce.enforcer import JobResult
@@ -80,7 +82,10 @@ def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
     """Which capabilities (cpusets, CPU quota, RDT, uncore PMUs, NVML) are usable here.
 
     The Slurm job cgroups row shows only the tree of coda.conf's NodeName where one host
-    runs several slurmd (every tree when NodeName is unset).
+    runs several slurmd (every tree when NodeName is unset). On the real system the Slurm
+    jobs seen row compares the jobs squeue runs here with those in the tree; a directory
+    there that names no job, or running jobs the tree does not show, is a PROBLEM and the
+    exit status is 1 (a missing capability is not).
     """
     # check runs before a node is configured: no coda.conf at all means the defaults, quietly.
     if conf_path is None and not default_conf_path().exists():
@@ -89,18 +94,29 @@ def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
         cfg = load_node_config(conf_path)
     system_root = root if root is not None else cfg.node_root
     # Ask slurmctld only about the real system, not about a fixture tree.
-    caps = probe_all(
-        SystemRoot(system_root),
-        slurm=system_root.resolve() == Path("/"),
-        node_name=cfg.node_name,
-    )
+    real = system_root.resolve() == Path("/")
+    caps = probe_all(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
+    jobs_runner = _jobs_runner(real)
+    if jobs_runner is not None:
+        # As the daemon names the node (coda_node.daemon.service).
+        node_name = cfg.node_name or socket.gethostname().split(".")[0]
+        caps.append(probe_slurm_jobs(SystemRoot(system_root), node_name, jobs_runner))
+    problems = [c for c in caps if c.problem]
     if as_json:
         emit_json([c.to_dict() for c in caps])
-        return
-    width = max(len(c.name) for c in caps)
-    for c in caps:
-        state = "available" if c.available else "unavailable"
-        click.echo(f"{c.name:<{width}}  {state:<11}  {c.detail}")
+    else:
+        width = max(len(c.name) for c in caps)
+        for c in caps:
+            state = "PROBLEM" if c.problem else "available" if c.available else "unavailable"
+            click.echo(f"{c.name:<{width}}  {state:<11}  {c.detail}")
+    if problems:
+        raise CliError("; ".join(c.name for c in problems), "; ".join(c.detail for c in problems))
+
+
+def _jobs_runner(real: bool) -> Runner | None:
+    """The Slurm commands ``check`` compares the node's jobs with: the real ones on the
+    real system, none for a fixture tree."""
+    return make_runner() if real else None
 
 
 @cli.command()

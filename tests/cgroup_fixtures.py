@@ -3,9 +3,10 @@
 One builder per variant: cgroup v1 as Debian 12's Slurm 22.05 lays it out (cpu and cpuacct
 co-mounted, as systemd mounts them), v1 with a multiple-slurmd ``slurm_<nodename>`` tree (each
 controller mounted alone, as on the development host), cgroup v2 with
-``<nodename>_slurmstepd.scope``,
-and hosts with no Slurm tree. :class:`FakeKernel` stands in for the few kernel answers the tests
-depend on (pid moves, v1 cpuset nesting, controller files appearing on mkdir).
+``<nodename>_slurmstepd.scope``, the same scope with its job directories named as Slurm 24.11
+and 26.05 name them (``job_<id>`` or the job's SLUID), and hosts with no Slurm tree.
+:class:`FakeKernel` stands in for the few kernel answers the tests depend on (pid moves, v1
+cpuset nesting, controller files appearing on mkdir).
 """
 
 from __future__ import annotations
@@ -305,6 +306,58 @@ def build_v2(base: Path, *, cpu_delegated: bool = True) -> CgroupFixture:
     job_dir(j302 / "step_batch/user/task_0", "", "0-7", (3121,), subtree="")
     for tid in (3000, 3010, 3011, 3020, 3021, 3022, 3030, 3031, 3032, 3121):
         proc_thread(base, tid, "x", 0, 0)
+    return CgroupFixture(base)
+
+
+SLURM_26_SLUIDS = {1: "s1PDM89Q772300", 2: "s1PDM89Q773700", 3: "s1PDM89Q774700"}
+"""The running jobs of tests/data/slurm_json/26.05-squeue.json and their SLUIDs there."""
+SLURM_26_CPUS = {1: "0-1", 2: "2-5", 3: "6-7,16-17"}
+"""Their CPUs on gpu01 (CPU_IDs in 26.05-scontrol.txt)."""
+
+
+def build_v2_job_dirs(
+    base: Path, dirs: dict[int, str | tuple[str, ...]], *, task_special: bool = True
+) -> CgroupFixture:
+    """cgroup v2 with the jobs of the 26.05 capture (``SLURM_26_CPUS``) in directories
+    named by ``dirs`` (job id -> name, or names where one job has two), as Slurm lays out a
+    batch job on the QEMU guests (Debian's kernel, unified hierarchy)::
+
+        system.slice/gpu01_slurmstepd.scope/
+            system/                          idle slurmstepds
+            <job_<id> or SLUID>/             cpuset.cpus = the job's CPUs
+                step_batch/
+                    slurm/                   slurmstepd
+                    user/                    cpuset.cpus = the step's CPUs
+                        task_0/              the batch script
+                        task_special/        empty (26.05 makes it for the step's
+                                             non-task processes)
+
+    Slurm 24.11 names the job directories ``job_<id>``, 26.05 by the job's SLUID unless
+    cgroup.conf sets ``CgroupJobIdPaths=yes``. The job's batch script is pid
+    ``4000 + 10 x id``, its slurmstepd one less.
+    """
+    put(base / "proc/self/mounts", MOUNTS_V2)
+    cg = base / CGROUP
+    ctl = "cpuset cpu memory pids"
+    v2_dir(cg, controllers="cpuset cpu io memory pids", subtree="cpuset cpu io memory pids")
+    v2_dir(cg / "system.slice", "", "0-31", controllers=ctl, subtree=ctl)
+    scope = cg / V2_SCOPE
+    v2_dir(scope, "", "0-31", controllers=ctl, subtree=ctl)
+    v2_dir(scope / "system", "", "0-31", procs=(3999,), controllers=ctl)
+    for job_id, names in dirs.items():
+        cpus = SLURM_26_CPUS[job_id]
+        script = 4000 + 10 * job_id
+        for name in (names,) if isinstance(names, str) else names:
+            job = scope / name
+            v2_dir(job, cpus, cpus, controllers=ctl, subtree=ctl)
+            step = job / "step_batch"
+            v2_dir(step, "", cpus, controllers=ctl, subtree=ctl)
+            v2_dir(step / "slurm", "", cpus, (script - 1,), controllers=ctl)
+            v2_dir(step / "user", cpus, cpus, controllers=ctl, subtree=ctl)
+            v2_dir(step / "user/task_0", "", cpus, (script,), controllers=ctl)
+            if task_special:
+                v2_dir(step / "user/task_special", "", cpus, controllers=ctl)
+        proc_thread(base, script, "job.sh", 0, 0)
     return CgroupFixture(base)
 
 

@@ -185,6 +185,32 @@ def query_jobs(runner: Runner, job_ids: Iterable[int]) -> dict[int, Mapping[str,
     return out
 
 
+def query_node_jobs(runner: Runner, node_name: str) -> list[Mapping[str, Any]]:
+    """Slurm's JSON record of every job ``squeue`` places on ``node_name`` (22.05, which
+    ignores the filter, answers with every job), in one call."""
+    argv = ["squeue", "--json", "--all", f"--nodelist={node_name}"]
+    jobs = _document(runner(argv), argv).get("jobs")
+    if not isinstance(jobs, list):
+        raise SlurmQueryError(f"{' '.join(argv)} printed no job list")
+    if not all(isinstance(record, Mapping) for record in jobs):
+        raise SlurmQueryError(f"{' '.join(argv)}: a job record that is not an object")
+    return jobs
+
+
+def job_sluid(record: Mapping[str, Any]) -> str | None:
+    """The job's SLUID (Slurm 26.05 and later), None before 26.05 or when unset.
+
+    ``data_parser/v0.0.45`` (26.05) puts it in the job's ``step_id`` object beside the job
+    id (``PARSER_ARRAY(SLURM_STEP_ID)``: ``"sluid"``, ``"job_id"``, ...; squeue(1) field
+    ``Sluid``: "remains constant during the lifetime of the job"); an unset one dumps as
+    ``""`` or null.
+    """
+    step_id = record.get("step_id")
+    if not isinstance(step_id, Mapping):
+        return None
+    return json_text(step_id.get("sluid"), "step_id sluid") or None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeLayout:
     """How Slurm numbers a node's CPUs (its node record: ``CoresPerSocket``,

@@ -333,7 +333,11 @@ class Daemon:
         self.state_file.save(self.state, view=False)
 
     def _cgroup_jobs(self) -> dict[int, CgroupJob]:
-        return cgroups.list_jobs(self.layout) if self.layout.has_slurm else {}
+        if not self.layout.has_slurm:
+            return {}
+        # SLUID-named jobs (Slurm 26.05) by what the ticks learnt from Slurm's record, so
+        # that putting them back at stop needs no answer from slurmctld.
+        return cgroups.list_jobs(self.layout, resolve=self.slurm.job_ids_of_dirs)
 
     def _allocated(self, job_id: int, cg: CgroupJob) -> frozenset[int]:
         """Slurm's allocation: what the cgroup held before our first change."""

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("coda-node")
 
+UNSEEN_CHECK_S = 120.0
+"""How often a daemon that finds no job in Slurm's cgroup tree asks ``squeue`` whether
+jobs run here (one call per node per period, and none while the tree shows jobs)."""
+
 _Sample = TypeVar("_Sample")
 
 
@@ -122,6 +126,13 @@ class Sampler:
         self._subdirs = cgroups.SubdirCache()
         """Those jobs' directories, listed again only when they change."""
         self._gres: list[GresDevice] | None = None
+        self._unseen_asked_s: float | None = None
+        self._unseen_listed: frozenset[int] = frozenset()
+        """The running jobs squeue listed at the last check while the tree showed none."""
+        self._unseen: frozenset[int] = frozenset()
+        """Jobs squeue listed at two checks in a row while the tree showed none."""
+        self._logged: set[str] = set()
+        """The cgroup problems already logged: each is logged when it starts, not per tick."""
 
     def gres_devices(self) -> list[GresDevice]:
         if self._gres is None:
@@ -170,7 +181,14 @@ class Sampler:
             # Without cgroup accounting CPU time comes from each thread in /proc: every job
             # is then read with its tasks.
             detail = self._detail if self._accounting_in_cgroups() else None
-            cg_jobs = cgroups.list_jobs(self.layout, detail=detail, cache=self._subdirs)
+            scan = cgroups.scan_jobs(
+                self.layout,
+                detail=detail,
+                cache=self._subdirs,
+                resolve=self.slurm.job_ids_of_dirs,
+            )
+            cg_jobs = scan.jobs
+            self._cgroup_problems(scan, errors)
         ids = set(cg_jobs)
         if self.layout is None:
             try:
@@ -230,6 +248,50 @@ class Sampler:
             errors=tuple(errors),
             pcie_bw=tuple(pcie_bw),
         )
+
+    def _cgroup_problems(self, scan: cgroups.JobScan, errors: list[str]) -> None:
+        """What keeps jobs out of sight: directories under Slurm's scope no job can be
+        named for, and jobs squeue runs here while the tree shows none. Each is in the
+        view's errors while it lasts, and logged once when it starts."""
+        found = [f"{d.path} is no job coda-node can name ({d.why})" for d in scan.unattributed]
+        if self.slurm.sluid_error:
+            found.append(self.slurm.sluid_error)
+        unseen = self._unseen_jobs(bool(scan.jobs or scan.unattributed))
+        if unseen:
+            assert self.layout is not None
+            where = ", ".join(map(str, self.layout.slurm_dirs))
+            found.append(
+                f"squeue lists running job(s) {', '.join(map(str, sorted(unseen)))} on "
+                f"{self.node_name}, but Slurm's cgroup tree ({where}) holds no job: "
+                "coda-node cannot see or change them"
+            )
+        errors.extend(found)
+        for line in found:
+            if line not in self._logged:
+                log.warning("%s", line)
+        for line in self._logged - set(found):
+            log.info("resolved: %s", line)
+        self._logged = set(found)
+
+    def _unseen_jobs(self, tree_shows_jobs: bool) -> frozenset[int]:
+        """Jobs ``squeue`` lists as running here at two checks in a row (UNSEEN_CHECK_S
+        apart) while the tree showed none: a job just started may not have its cgroup yet,
+        one seen twice has had a whole period to make it."""
+        if tree_shows_jobs:
+            self._unseen_asked_s = None
+            self._unseen_listed = self._unseen = frozenset()
+            return self._unseen
+        now = self._clock()
+        if self._unseen_asked_s is not None and now - self._unseen_asked_s < UNSEEN_CHECK_S:
+            return self._unseen
+        self._unseen_asked_s = now
+        try:
+            listed = frozenset(self.slurm.on_node(states="R"))
+        except SlurmQueryError:
+            return self._unseen  # slurmctld unreachable: the tick's other errors say so
+        self._unseen = listed & self._unseen_listed
+        self._unseen_listed = listed
+        return self._unseen
 
     def _read_uncore(
         self, what: str, read: Callable[[], Sequence[_Sample]] | None, errors: list[str]

@@ -15,6 +15,9 @@ class Capability:
     name: str
     available: bool
     detail: str
+    problem: bool = False
+    """Something is wrong, not merely missing (jobs run here that coda-node cannot see):
+    ``coda-node check`` exits non-zero."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -15,8 +15,16 @@ Slurm's layouts (22.05, ``src/plugins/cgroup/v1/xcgroup.c`` and ``src/plugins/cg
   directory is ``CgroupPrepend`` from cgroup.conf: ``/slurm``, or ``/slurm_<nodename>`` when
   slurmd is built with multiple-slurmd. Slurm does not create job directories in the v1
   ``cpu`` hierarchy (unless it is co-mounted with cpuacct).
-- cgroup v2: ``<unified mount>/system.slice/[<nodename>_]slurmstepd.scope/job_<id>/
+- cgroup v2: ``<unified mount>/system.slice/[<nodename>_]slurmstepd.scope/<job>/
   step_<step>/{user/task_<n>,slurm}``; the scope's ``system/`` holds idle slurmstepds.
+  ``<job>`` is ``job_<id>`` up to Slurm 25.11. From 26.05 it is the job's SLUID
+  (``sEKNKTV3WPV500``: "s" and 13 Crockford base32 digits, ``src/common/sluid.h``) unless
+  cgroup.conf sets ``CgroupJobIdPaths=yes`` (cgroup.conf(5); ``cgroup_p_step_create`` in
+  ``src/plugins/cgroup/v2/cgroup_v2.c``). The name holds no job id: :func:`scan_jobs` asks
+  a resolver built on Slurm's own record of the node's jobs (``squeue --json`` carries each
+  job's SLUID) which job a SLUID names. Each slurmstepd names its job's directory by the
+  setting it started with, so after a change of ``CgroupJobIdPaths`` one scope holds both
+  forms, and a job whose later step started under the other setting has a directory of each.
 
 Steps are named ``batch``, ``extern``, ``interactive``, ``<n>``, or ``<n>+<het component>``.
 """
@@ -28,7 +36,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Callable, Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -387,6 +395,31 @@ def _numbered(
     return out
 
 
+# A SLUID as Slurm prints it (``print_sluid`` in src/common/sluid.c): "s", then 13 digits of
+# Crockford's base32 (0-9 and A-Z without I, L, O, U), upper case.
+_SLUID = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
+# The scope's own directory for slurmstepd's infinity process (cgroup_v2.c: "system").
+_V2_SCOPE_SYSTEM = "system"
+
+
+def is_sluid(name: str) -> bool:
+    """Whether ``name`` is a SLUID as Slurm 26.05 names a job's cgroup v2 directory."""
+    return _SLUID.fullmatch(name) is not None
+
+
+SluidResolver = Callable[[Collection[str]], Mapping[str, int]]
+"""Given the SLUID-named job directories under Slurm's scope, the job id of each one that
+Slurm's record names (those it does not name are left out)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedDir:
+    """A directory under Slurm's v2 scope that is no job coda-node can name, and why."""
+
+    path: Path
+    why: str
+
+
 def _subtree(
     top: str | Path, listing: Callable[[str], list[str]] | None = None
 ) -> list[tuple[str, str]]:
@@ -707,25 +740,75 @@ def _read_job(
     )
 
 
-def list_jobs(
+@dataclass(frozen=True, slots=True)
+class JobScan:
+    """What :func:`scan_jobs` found: the jobs by id, and the directories under Slurm's v2
+    scope that it could not attribute to one (each is to be reported, never skipped)."""
+
+    jobs: dict[int, CgroupJob]
+    unattributed: tuple[UnattributedDir, ...] = ()
+
+
+def _v2_job_dirs(
+    top: Path,
+    resolve: SluidResolver | None,
+    join: Callable[[Path, str], Path] | None,
+) -> tuple[list[tuple[int, int | None, Path]], list[UnattributedDir]]:
+    """The job directories in one v2 scope, ``job_<id>`` and SLUID-named, by job id; and the
+    directories that name no job coda-node knows."""
+    found: list[tuple[int, int | None, Path]] = []
+    other: list[str] = []
+    for name in _subdirs(top):
+        suffix = name[len("job_") :]
+        if name.startswith("job_") and suffix.isdecimal():
+            found.append((int(suffix), None, join(top, name) if join else top / name))
+        elif name != _V2_SCOPE_SYSTEM:
+            other.append(name)
+    unattributed = []
+    sluids = [n for n in other if is_sluid(n)]
+    ids = resolve(sluids) if (sluids and resolve is not None) else {}
+    for name in other:
+        path = join(top, name) if join else top / name
+        job_id = ids.get(name)
+        if job_id is not None:
+            found.append((job_id, None, path))
+        elif not is_sluid(name):
+            why = "not a job directory as Slurm names one (job_<id> or a SLUID)"
+            unattributed.append(UnattributedDir(path, why))
+        elif resolve is None:
+            unattributed.append(UnattributedDir(path, "a SLUID, and Slurm was not asked"))
+        else:
+            why = "a SLUID that Slurm's record of this node's jobs does not name"
+            unattributed.append(UnattributedDir(path, why))
+    return found, unattributed
+
+
+def scan_jobs(
     layout: CgroupLayout,
     *,
     detail: Callable[[int], Detail] | None = None,
     cache: SubdirCache | None = None,
-) -> dict[int, CgroupJob]:
-    """Every job in Slurm's tree, by job id. Jobs that end while being read are left out.
+    resolve: SluidResolver | None = None,
+) -> JobScan:
+    """Every job in Slurm's tree, by job id, and the v2 job directories that could not be
+    attributed. Jobs that end while being read are left out.
 
+    ``resolve`` names the job of each SLUID-named v2 directory (Slurm 26.05 and later; see
+    the module's docstring); without it such directories are reported as unattributed.
     With several ``slurm_<nodename>`` trees (multiple-slurmd) a job id seen twice keeps the
-    first tree's entry. ``detail(job_id)`` says how much of each job to read (default
-    ``"tasks"``: everything; see :class:`CgroupJob`): the daemon reads steps only of jobs it
-    may change, and tasks only where a change it makes acts on tasks, which keeps a tick on
-    a node of many jobs to a few reads per job. With ``cache`` (kept between ticks)
-    the directories inside each detailed job are listed only when they changed; the
-    directories that hold the jobs are always listed afresh, so a new job is never missed.
+    first tree's entry; a v2 job with two directories (``CgroupJobIdPaths`` changed while it
+    ran) keeps its ``job_<id>`` one and reports the other. ``detail(job_id)`` says how much
+    of each job to read (default ``"tasks"``: everything; see :class:`CgroupJob`): the
+    daemon reads steps only of jobs it may change, and tasks only where a change it makes
+    acts on tasks, which keeps a tick on a node of many jobs to a few reads per job. With
+    ``cache`` (kept between ticks) the directories inside each detailed job are listed only
+    when they changed; the directories that hold the jobs are always listed afresh, so a
+    new job is never missed.
     """
     if cache is not None:
         cache.new_pass()
     found: list[tuple[int, int | None, Path]] = []
+    unattributed: list[UnattributedDir] = []
     join = cache.path if cache is not None else None
     for top in layout.slurm_dirs:
         if layout.version == 1:
@@ -734,13 +817,21 @@ def list_jobs(
                     (job_id, owner, job_dir) for job_id, job_dir in _numbered(uid_dir, "job_", join)
                 )
         else:
-            found.extend(
-                (job_id, None, job_dir) for job_id, job_dir in _numbered(top, "job_", join)
-            )
+            in_scope, unknown = _v2_job_dirs(top, resolve, join)
+            found.extend(in_scope)
+            unattributed.extend(unknown)
     jobs: dict[int, CgroupJob] = {}
+    seen: dict[int, Path] = {}
     for job_id, uid, job_dir in found:
-        if job_id in jobs:
+        if job_id in seen:
+            if layout.version == 2 and job_dir.parent == seen[job_id].parent:
+                why = (
+                    f"a second directory of job {job_id} beside {seen[job_id].name} "
+                    "(CgroupJobIdPaths changed while the job ran); only that one is read"
+                )
+                unattributed.append(UnattributedDir(job_dir, why))
             continue
+        seen[job_id] = job_dir
         want: Detail = detail(job_id) if detail is not None else "tasks"
         if cache is None or want == "cpus":
             job = _read_job(layout, job_id, uid, job_dir, detail=want)
@@ -762,7 +853,19 @@ def list_jobs(
                 job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
         if job is not None:
             jobs[job_id] = job
-    return jobs
+    return JobScan(jobs, tuple(unattributed))
+
+
+def list_jobs(
+    layout: CgroupLayout,
+    *,
+    detail: Callable[[int], Detail] | None = None,
+    cache: SubdirCache | None = None,
+    resolve: SluidResolver | None = None,
+) -> dict[int, CgroupJob]:
+    """Every job in Slurm's tree, by job id: :func:`scan_jobs` without the directories it
+    could not attribute."""
+    return scan_jobs(layout, detail=detail, cache=cache, resolve=resolve).jobs
 
 
 def read_job(layout: CgroupLayout, job: CgroupJob, detail: Detail = "tasks") -> CgroupJob | None:

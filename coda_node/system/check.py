@@ -13,6 +13,7 @@ from coda_node.system.paths import SystemRoot
 
 if TYPE_CHECKING:
     from coda_node.system.nvml import Nvml
+    from coda_node.system.slurmjobs import Runner
 
 
 def _mounts(root: SystemRoot) -> list[tuple[str, str, str, str]]:
@@ -76,6 +77,51 @@ def probe_slurm_tree(root: SystemRoot, node_name: str | None = None) -> Capabili
         f"{layout.reason or 'none found'}; without them coda-node observes but changes nothing "
         "(cgroup.conf ConstrainCores=yes and TaskPlugin=task/cgroup create them)",
     )
+
+
+def probe_slurm_jobs(root: SystemRoot, node_name: str, runner: Runner) -> Capability:
+    """Whether coda-node sees the jobs Slurm runs on ``node_name``: every directory under
+    Slurm's v2 scope is a job it can name (``job_<id>``, or a SLUID that Slurm's record
+    names), and the tree holds jobs whenever ``squeue`` lists running ones here. Either
+    failing is a problem, not an idle node."""
+    from coda_node.system.cgroups import discover_layout, scan_jobs
+    from coda_node.system.slurmjobs import SlurmJobs, SlurmQueryError
+
+    name = "Slurm jobs seen"
+    layout = discover_layout(root, node_name)
+    slurm = SlurmJobs(node_name, runner)
+    try:
+        running = slurm.on_node(states="R")
+    except SlurmQueryError as exc:
+        return Capability(name, False, f"cannot ask squeue for this node's jobs ({exc})")
+    if not layout.has_slurm:
+        if running:
+            detail = (
+                f"squeue lists running job(s) {_ids(running)} on {node_name}, but there is "
+                f"no Slurm cgroup tree ({layout.reason}): coda-node observes them only"
+            )
+            return Capability(name, False, detail)
+        return Capability(name, True, f"no job runs on {node_name}")
+    scan = scan_jobs(layout, detail=lambda _job: "cpus", resolve=slurm.job_ids_of_dirs)
+    problems = [f"{d.path} is no job coda-node can name ({d.why})" for d in scan.unattributed]
+    if slurm.sluid_error:
+        problems.append(slurm.sluid_error)
+    if running and not scan.jobs:
+        where = ", ".join(map(str, layout.slurm_dirs))
+        problems.append(
+            f"squeue lists running job(s) {_ids(running)} on {node_name}, but Slurm's cgroup "
+            f"tree ({where}) holds no job: coda-node cannot see or change them"
+        )
+    if problems:
+        return Capability(name, False, "; ".join(problems), problem=True)
+    if not scan.jobs:
+        return Capability(name, True, f"no job runs on {node_name}")
+    found = ", ".join(f"{j} ({job.path.name})" for j, job in sorted(scan.jobs.items()))
+    return Capability(name, True, f"job(s) {found} in cgroup v{layout.version}")
+
+
+def _ids(job_ids: set[int]) -> str:
+    return ", ".join(map(str, sorted(job_ids)))
 
 
 def probe_resctrl(root: SystemRoot) -> list[Capability]:

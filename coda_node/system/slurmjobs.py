@@ -8,6 +8,12 @@ controller. Where Slurm keeps no cgroups (``proctrack/linuxproc``) the job ids c
 :mod:`coda_common.slurm.slurmjson` (structured records only: nothing a user typed can pose as
 another field); this module turns them into the daemon's :class:`SlurmJob`.
 
+**Which job a cgroup is.** Slurm 26.05 names a job's cgroup v2 directory by the job's SLUID,
+which holds no job id (see :mod:`coda_node.system.cgroups`). :meth:`SlurmJobs.job_ids_of_dirs`
+maps it to the job id from Slurm's own record (``squeue --json --nodelist=<node>``, one call
+when a directory of an unknown SLUID appears), never from anything a job's processes can
+change (their environment names ``SLURM_JOB_ID`` too, but the job's user can rewrite it).
+
 **Whose record.** The hook writes its record (``coda:sig=<key>;...``) into the job's
 ``AdminComment``, which only the hook and Slurm operators can set. The daemon profiles a
 job and publishes what it learns under the record's key only when that key is a key of the
@@ -34,7 +40,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +59,7 @@ from coda_common.slurm.slurmjson import (
     cores_on_node,
     cpu_ids_by_job,
     cpu_ids_of_cores,
+    job_sluid,
     json_names,
     json_number,
     json_text,
@@ -60,6 +67,7 @@ from coda_common.slurm.slurmjson import (
     parse_gres,
     parse_node_layout,
     query_jobs,
+    query_node_jobs,
     query_node_layout,
 )
 from coda_node.system.paths import SystemRoot
@@ -84,6 +92,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+SLUID_RETRY_S = 60.0
+"""How soon a SLUID Slurm's record did not name is asked about again: slurmctld knows a
+job's SLUID from its submission, so one it does not name is no job of this node's now."""
 
 
 # -- the daemon's view of a job ---------------------------------------------------------
@@ -221,17 +233,68 @@ class SlurmJobs:
         self._layout: tuple[float, NodeLayout] | None = None
         self._node_command: int | None = None
         self.last_error: str | None = None
+        self._sluids: dict[str, int] = {}
+        """SLUID -> job id from Slurm's record; a SLUID is never reused (sluid.h)."""
+        self._sluid_asked: dict[str, float] = {}
+        """When each SLUID Slurm's record did not name was last asked about."""
+        self.sluid_error: str | None = None
+        """Why the last question about SLUIDs went unanswered, None when it was."""
 
-    def on_node(self) -> set[int]:
-        """Job ids squeue places on this node (used where Slurm keeps no cgroups). ``%A``
-        prints the job id alone, one per line: there is no free text to mistake for it."""
-        out = self._run(["squeue", "-h", "-w", self.node_name, "-t", "R,S,CG", "-o", "%A"])
+    def on_node(self, states: str = "R,S,CG") -> set[int]:
+        """Job ids squeue places on this node in ``states`` (used where Slurm keeps no
+        cgroups, and to tell a node whose jobs coda-node cannot see from an idle one).
+        ``%A`` prints the job id alone, one per line: there is no free text to mistake
+        for it."""
+        out = self._run(["squeue", "-h", "-w", self.node_name, "-t", states, "-o", "%A"])
         ids: set[int] = set()
         for line in out.split():
             if not line.isdigit():
                 raise SlurmQueryError(f"squeue printed {line[:40]!r} where a job id belongs")
             ids.add(int(line))
         return ids
+
+    def job_ids_of_dirs(self, sluids: Collection[str]) -> dict[str, int]:
+        """The job id of each of ``sluids`` (the names of SLUID-named job cgroups here)
+        that Slurm's record of this node's jobs names.
+
+        Asks ``squeue`` only when one of them is new, or when one it did not name was
+        last asked about ``SLUID_RETRY_S`` ago; an answer is kept while its directory
+        stays (at stop the daemon puts jobs back from what it knows, without asking).
+        A failed question leaves the unknown ones out and says why in ``sluid_error``.
+        """
+        present = set(sluids)
+        for gone in set(self._sluids) - present:
+            del self._sluids[gone]
+        for gone in set(self._sluid_asked) - present:
+            del self._sluid_asked[gone]
+        now = self._clock()
+        due = [
+            n
+            for n in sorted(present)
+            if n not in self._sluids
+            and (n not in self._sluid_asked or now - self._sluid_asked[n] >= SLUID_RETRY_S)
+        ]
+        if due:
+            try:
+                records = query_node_jobs(self._run, self.node_name)
+                named = {}
+                for record in records:
+                    sluid = job_sluid(record)
+                    job_id = json_number(record.get("job_id"), "job_id")
+                    if sluid is not None and job_id is not None:
+                        named[sluid] = job_id
+            except SlurmQueryError as exc:
+                self.sluid_error = f"cannot ask Slurm which jobs {', '.join(due)} are: {exc}"
+            else:
+                self.sluid_error = None
+                for name in present:
+                    if name in named:
+                        self._sluids[name] = named[name]
+                        self._sluid_asked.pop(name, None)
+            for name in due:
+                if name not in self._sluids:
+                    self._sluid_asked[name] = now
+        return {n: self._sluids[n] for n in sorted(present) if n in self._sluids}
 
     def layout(self) -> NodeLayout:
         """This node's layout in Slurm, read once and again after ``refresh_s``."""
