@@ -356,13 +356,9 @@ def _daemon_running(cfg: CodaConfig) -> bool:
     pid = doc["daemon"].get("pid")
     if doc["daemon"]["status"] != "running" or not isinstance(pid, int):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from coda_node.daemon.recovery import pid_alive
+
+    return pid_alive(pid)
 
 
 def _limits(cfg: CodaConfig) -> dict[int, Limit]:

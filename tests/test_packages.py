@@ -23,6 +23,7 @@ import pytest
 
 from slurm_plugin.devtools.cluster import DevCluster
 from tests.conftest import require_slurm, started
+from tests.test_node_slurm import _cgroup_v1_reason as cgroup_v1_reason
 from tests.test_node_slurm import _start as start_confined_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.package]
@@ -172,20 +173,11 @@ def test_removing_the_controller_package_while_slurm_conf_names_coda_is_refused(
 # -- coda-node: an upgrade or a removal puts slimmed jobs back first ------------------------
 
 
-def _cgroup_v1_reason() -> str | None:
-    mounts = Path("/proc/self/mounts").read_text()
-    if not re.search(r"^\S+ /sys/fs/cgroup/cpuset cgroup \S*cpuset", mounts, re.M):
-        return "needs a cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset"
-    if (os.cpu_count() or 1) < 2:
-        return "needs at least 2 CPUs to shrink a cpuset"
-    return None
-
-
 @pytest.fixture(scope="module")
 def cg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     _require_packages()
     require_slurm()
-    reason = _cgroup_v1_reason()
+    reason = cgroup_v1_reason()
     if reason:
         pytest.skip(reason)
     yield from started(DevCluster(tmp_path_factory.mktemp("pkgslurm"), cgroups=True))

@@ -84,7 +84,7 @@ class Recovery:
         from a newer coda-node is then left untouched and every running job repaired from
         Slurm's allocation; so is every job when there is no file (a record deleted, or
         lost with its directory, must not leave a job shrunk)."""
-        for path in self.state_file.remove_stale_temps(_pid_alive):
+        for path in self.state_file.remove_stale_temps(pid_alive):
             log.info("removed %s, left by a writer that was killed", path)
         try:
             state = self.state_file.load()
@@ -340,7 +340,7 @@ def _adopt_probes(loop: AdaptiveLoop, view: dict[str, Any]) -> None:
         log.info("online profiles from the last run: %s", ", ".join(adopted))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (one we may not signal counts)."""
     try:
         os.kill(pid, 0)

@@ -513,8 +513,9 @@ def _install_passthrough(
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             why_none = f"{template} cannot be used ({why})"
     head = f"error: {problem}; job_submit/coda cannot be rebuilt for slurmctld {running}"
-    if patched is None:
-        line = _say(f"{head} (missing: {lacking}) and {why_none}: left as it was. {fix}")
+
+    def unchanged(why_not: str) -> GuardResult:
+        line = _say(f"{head} (missing: {lacking}){why_not}: left as it was. {fix}")
         return GuardResult(
             "unchanged",
             (*notes, line),
@@ -524,6 +525,9 @@ def _install_passthrough(
             None,
             tuple(missing),
         )
+
+    if patched is None:
+        return unchanged(f" and {why_none}")
     dest = ctx.target_dir / PLUGIN_FILE
     done = "kept the passthrough"
     try:
@@ -533,18 +537,9 @@ def _install_passthrough(
             dest = install_plugin(ctx.target_dir, source=staged)
             done = "installed the passthrough"
     except OSError as exc:
-        line = _say(
-            f"{head} (missing: {lacking}), and the passthrough cannot be installed into "
-            f"{ctx.target_dir} ({exc.strerror or exc}): left as it was. {fix}"
-        )
-        return GuardResult(
-            "unchanged",
-            (*notes, line),
-            ctx.slurm_conf,
-            ctx.running,
-            ctx.plugin,
-            None,
-            tuple(missing),
+        return unchanged(
+            f", and the passthrough cannot be installed into {ctx.target_dir} "
+            f"({exc.strerror or exc})"
         )
     line = _say(
         f"{head} (missing: {lacking}): {done} -> {dest}; slurmctld "
