@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.devtools.cluster import DevCluster
+from slurm_plugin.hook.guard import SlurmVersion, format_version, parse_slurmctld_version
 from tests.conftest import require_slurm, started
 from tests.test_node_slurm import _cgroup_v1_reason as cgroup_v1_reason
 from tests.test_node_slurm import _start as start_confined_job
@@ -68,14 +69,9 @@ def _reinstall(*packages: str) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def _slurm_release() -> tuple[int, int, int]:
-    words = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True).stdout.split()
-    major, minor, micro = (int(x) for x in words[-1].split("-")[0].split(".")[:3])
-    return major, minor, micro
-
-
-def _release_text(v: tuple[int, int, int]) -> str:
-    return f"{v[0]}.{v[1]:02d}.{v[2]}"
+def _slurm_release() -> SlurmVersion:
+    out = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, check=True)
+    return parse_slurmctld_version(out.stdout)
 
 
 def test_the_plugin_package_pins_the_slurm_and_the_python_it_was_built_for() -> None:
@@ -84,8 +80,8 @@ def test_the_plugin_package_pins_the_slurm_and_the_python_it_was_built_for() -> 
     ).stdout
     release = _slurm_release()
     nxt = (release[0], release[1], release[2] + 1)
-    assert f"slurmctld (>= {_release_text(release)})" in depends, depends
-    assert f"slurmctld (<< {_release_text(nxt)}~)" in depends, depends
+    assert f"slurmctld (>= {format_version(release)})" in depends, depends
+    assert f"slurmctld (<< {format_version(nxt)}~)" in depends, depends
     python = f"libpython{sys.version_info.major}.{sys.version_info.minor}"
     assert python in depends, depends
     plugin_files = subprocess.run(["dpkg", "-L", PLUGIN_PACKAGE], capture_output=True, text=True)
@@ -123,7 +119,7 @@ def test_apt_keeps_a_newer_slurm_back_and_upgrades_it_only_by_removing_the_plugi
     upgrading Slurm by name takes the plugin package out, and never installs a plugin
     that does not match (the guard then rebuilds one, tests/test_plugin_guard.py)."""
     release = _slurm_release()
-    newer = f"{_release_text((release[0], release[1], release[2] + 1))}-1"
+    newer = f"{format_version((release[0], release[1], release[2] + 1))}-1"
     repo = tmp_path / "repo"
     repo.mkdir()
     _fake_slurmctld(repo, newer)
@@ -146,7 +142,7 @@ def test_apt_keeps_a_newer_slurm_back_and_upgrades_it_only_by_removing_the_plugi
     assert by_name.returncode == 0, by_name.stderr
     assert re.search(rf"REMOVED:\s*\n\s*{PLUGIN_PACKAGE}\b", by_name.stdout), by_name.stdout
     assert f"Remv {PLUGIN_PACKAGE}" in by_name.stdout
-    assert f"Inst slurmctld [{_release_text(release)}" in by_name.stdout
+    assert f"Inst slurmctld [{format_version(release)}" in by_name.stdout
 
 
 def test_removing_the_controller_package_while_slurm_conf_names_coda_is_refused(

@@ -127,51 +127,25 @@ def _run_guard(change: bool, as_json: bool, **inputs: Path | None) -> GuardResul
 
 @plugin.command("guard")
 @_guard_options
-def plugin_guard(
-    slurm_conf: Path | None,
-    slurmctld: Path | None,
-    source: Path | None,
-    passthrough: Path | None,
-    as_json: bool,
-) -> None:
+def plugin_guard(as_json: bool, **inputs: Path | None) -> None:
     """Make job_submit/coda loadable by the slurmctld about to start (its ExecStartPre).
 
     Rebuilds the plugin when it was built for another Slurm or Python and this host can
     build it; otherwise installs the passthrough (jobs are not changed by coda) and says
     what to install. Exits 0 whatever it found: slurmctld must start.
     """
-    _run_guard(
-        True,
-        as_json,
-        slurm_conf=slurm_conf,
-        slurmctld=slurmctld,
-        source=source,
-        passthrough=passthrough,
-    )
+    _run_guard(True, as_json, **inputs)
 
 
 @plugin.command("check")
 @_guard_options
-def plugin_check(
-    slurm_conf: Path | None,
-    slurmctld: Path | None,
-    source: Path | None,
-    passthrough: Path | None,
-    as_json: bool,
-) -> None:
+def plugin_check(as_json: bool, **inputs: Path | None) -> None:
     """Say whether slurmctld will load the real job_submit/coda; change nothing.
 
     Exits 1 when it would not (missing, built for another Slurm or Python, or the
     passthrough).
     """
-    result = _run_guard(
-        False,
-        as_json,
-        slurm_conf=slurm_conf,
-        slurmctld=slurmctld,
-        source=source,
-        passthrough=passthrough,
-    )
+    result = _run_guard(False, as_json, **inputs)
     if not result.ok:
         raise click.exceptions.Exit(1)
 
