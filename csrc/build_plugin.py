@@ -139,7 +139,7 @@ static void coda_log(int level, const char *msg);
 static void coda_replace_str(char **slot, const char *value);
 static uint32_t coda_job_id(const job_desc_msg_t *d);
 static void coda_set_job_id(job_desc_msg_t *d, uint32_t job_id);
-static void coda_clear_cpus_per_task(job_desc_msg_t *d);
+static void coda_set_cpus_per_task(job_desc_msg_t *d, uint16_t now);
 static void coda_rescale_min_cpus(job_desc_msg_t *d, uint32_t was, uint32_t now);
 
 /* The replay table (job_submit_coda.c, "Replay"). */
@@ -153,7 +153,7 @@ typedef struct {
 static uint64_t coda_next_token(void);
 static int64_t coda_memo_reset(int enabled, int cpu_jobs_silent);
 static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
-                         int64_t plan_id, int clear_cpus_per_task, uint32_t cpg_was,
+                         int64_t plan_id, uint16_t cpus_per_task_now, uint32_t cpg_was,
                          uint32_t cpg_now, int log_level,
                          const char *cpus_per_tres, const char *tres_per_node,
                          const char *prefer, const char *partition,

@@ -100,27 +100,33 @@ static void coda_set_job_id(job_desc_msg_t *d, uint32_t job_id)
 	CODA_JOB_ID(d) = job_id;
 }
 
-/* Drop the "cpu=N" items of a tres_per_task list ("cpu=9,gres/gpu=1" becomes
- * "gres/gpu=1"; NULL when nothing is left).  Slurm 23.11 and later keep -c there
- * too.  Left alone when memory runs out: the caller's job then keeps its -c in
- * this field, which Slurm refuses beside --cpus-per-gpu, so nothing wrong runs. */
-static void coda_drop_task_cpus(char **slot)
+/* Set the "cpu=N" item of a tres_per_task list to "cpu=NOW" ("cpu=2,gres/gpu=1"
+ * becomes "cpu=4,gres/gpu=1"); other items are kept as they are.  Slurm 23.11 and
+ * later keep -c there too, and ask the node for that count.  Returns 0 when
+ * memory runs out (the list is then left as it was), else 1. */
+static int coda_set_task_cpus(char **slot, uint16_t now)
 {
 	const char *p = *slot;
 	char *out, *o;
-	size_t n;
+	size_t n, cap;
 
 	if (!p || !strstr(p, "cpu="))
-		return;
-	out = malloc(strlen(p) + 1);
+		return 1;
+	/* Each "cpu=..." item (4 characters at least) grows by at most 5: twice the
+	 * length holds any list. */
+	cap = 2 * strlen(p) + 8;
+	out = malloc(cap);
 	if (!out)
-		return;
+		return 0;
 	o = out;
 	while (*p) {
 		n = strcspn(p, ",");
-		if (!(n >= 4 && strncmp(p, "cpu=", 4) == 0)) {
-			if (o != out)
-				*o++ = ',';
+		if (o != out)
+			*o++ = ',';
+		if (n >= 4 && strncmp(p, "cpu=", 4) == 0) {
+			o += snprintf(o, cap - (size_t) (o - out), "cpu=%u",
+				      (unsigned) now);
+		} else {
 			memcpy(o, p, n);
 			o += n;
 		}
@@ -129,27 +135,30 @@ static void coda_drop_task_cpus(char **slot)
 			p++;
 	}
 	*o = '\0';
-	coda_replace_str(slot, o == out ? NULL : out);
+	coda_replace_str(slot, out);
 	free(out);
+	return 1;
 }
 
-/* Called from Python and by the replay table when --cpus-per-gpu replaces the
- * user's -c: undo all that sbatch derived from -c (src/sbatch/opt.c raises
+/* Called from Python and by the replay table when coda rewrites the user's -c to
+ * NOW CPUs per task: -c and all sbatch derived from it (src/sbatch/opt.c raises
  * pn_min_cpus to it; min_cpus is tasks x -c; from 23.11 tres_per_task carries
- * cpu=N).  Left as they were, Slurm still gives the job -c CPUs per task (22.05)
- * or refuses it (24.11).  A larger --mincpus of the user's own is kept. */
-static void coda_clear_cpus_per_task(job_desc_msg_t *d)
+ * cpu=N) move together, so Slurm gives every task NOW CPUs and says so in
+ * SLURM_CPUS_PER_TASK.  A larger --mincpus of the user's own is kept.  Nothing
+ * changes when memory runs out. */
+static void coda_set_cpus_per_task(job_desc_msg_t *d, uint16_t now)
 {
 	uint16_t cpt = d->cpus_per_task;
 
-	if (cpt == 0 || cpt >= NO_VAL16)
+	if (cpt == 0 || cpt >= NO_VAL16 || now == 0 || now >= NO_VAL16)
+		return;
+	if (!coda_set_task_cpus(&d->tres_per_task, now))
 		return;
 	if (d->pn_min_cpus == cpt)
-		d->pn_min_cpus = NO_VAL16;
+		d->pn_min_cpus = now;
 	if (d->min_cpus != NO_VAL && d->min_cpus >= cpt && d->min_cpus % cpt == 0)
-		d->min_cpus /= cpt;
-	coda_drop_task_cpus(&d->tres_per_task);
-	d->cpus_per_task = NO_VAL16;
+		d->min_cpus = d->min_cpus / cpt * now;
+	d->cpus_per_task = now;
 }
 
 /* Called from Python and by the replay table when the user's --cpus-per-gpu=WAS is
@@ -210,7 +219,8 @@ struct coda_memo_entry {
 	int64_t plan_id;
 	char *cpus_per_tres, *tres_per_node, *prefer, *partition;
 	char *admin_comment, *admin_note, *user_msg, *log_line;
-	int clear_cpus_per_task, log_level; /* log_level < 0: no line */
+	uint16_t cpus_per_task_now; /* coda_set_cpus_per_task(); 0: not called */
+	int log_level; /* < 0: no line */
 };
 
 static struct {
@@ -451,8 +461,8 @@ static void coda_memo_apply(const struct coda_memo_entry *e, job_desc_msg_t *d,
 {
 	if (e->cpus_per_tres)
 		coda_replace_str(&d->cpus_per_tres, e->cpus_per_tres);
-	if (e->clear_cpus_per_task)
-		coda_clear_cpus_per_task(d);
+	if (e->cpus_per_task_now)
+		coda_set_cpus_per_task(d, e->cpus_per_task_now);
 	if (e->cpg_was)
 		coda_rescale_min_cpus(d, e->cpg_was, e->cpg_now);
 	if (e->tres_per_node)
@@ -557,7 +567,7 @@ static char *coda_dup_opt(const char *value, int *failed)
  * a plan for this key is already there (kept), 0 when refused (an old
  * generation, replay off, a key over the byte bound, no memory). */
 static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
-			 int64_t plan_id, int clear_cpus_per_task, uint32_t cpg_was,
+			 int64_t plan_id, uint16_t cpus_per_task_now, uint32_t cpg_was,
 			 uint32_t cpg_now, int log_level,
 			 const char *cpus_per_tres, const char *tres_per_node,
 			 const char *prefer, const char *partition,
@@ -603,7 +613,7 @@ static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
 	}
 	e->key_bytes = key_bytes;
 	e->plan_id = plan_id;
-	e->clear_cpus_per_task = clear_cpus_per_task;
+	e->cpus_per_task_now = cpus_per_task_now;
 	e->cpg_was = cpg_was;
 	e->cpg_now = cpg_now;
 	e->log_level = log_level;

@@ -18,6 +18,7 @@ import cffi
 import pytest
 
 from coda_common.store.profiles import Profile, ProfileStore
+from slurm_plugin.decision.tres import with_task_cpus
 from slurm_plugin.hook import submit as hook
 
 NO_VAL = 0xFFFFFFFE
@@ -63,20 +64,19 @@ class FakeLib:
     def coda_job_id(self, desc: Any) -> int:
         return desc.job_id
 
-    def coda_clear_cpus_per_task(self, desc: Any) -> None:
+    def coda_set_cpus_per_task(self, desc: Any, now: int) -> None:
         # What job_submit_coda.c does (tests/test_hook_fastpath.py runs the real one).
         cpt = desc.cpus_per_task
-        if cpt == 0 or cpt >= NO_VAL16:
+        if cpt == 0 or cpt >= NO_VAL16 or now == 0 or now >= NO_VAL16:
             return
         if desc.pn_min_cpus == cpt:
-            desc.pn_min_cpus = NO_VAL16
+            desc.pn_min_cpus = now
         if desc.min_cpus != NO_VAL and desc.min_cpus >= cpt and desc.min_cpus % cpt == 0:
-            desc.min_cpus //= cpt
+            desc.min_cpus = desc.min_cpus // cpt * now
         if desc.tres_per_task != ffi.NULL:
-            items = ffi.string(desc.tres_per_task).decode().split(",")
-            kept = ",".join(i for i in items if not i.startswith("cpu="))
-            self.coda_replace_str(ffi.addressof(desc, "tres_per_task"), kept.encode() or None)
-        desc.cpus_per_task = NO_VAL16
+            rewritten = with_task_cpus(ffi.string(desc.tres_per_task).decode(), now)
+            self.coda_replace_str(ffi.addressof(desc, "tres_per_task"), rewritten.encode())
+        desc.cpus_per_task = now
 
     def coda_rescale_min_cpus(self, desc: Any, was: int, now: int) -> None:
         m = desc.min_cpus
@@ -243,15 +243,23 @@ def test_cpu_only_job_is_left_alone_silently(lib: FakeLib) -> None:
     assert lib.lines[before:] == []
 
 
-def test_replace_clears_cpus_per_task(lib: FakeLib, tmp_path: Path) -> None:
+def test_replace_rewrites_cpus_per_task_per_task(lib: FakeLib, tmp_path: Path) -> None:
     conf = tmp_path / "coda.conf"
     conf.write_text(conf.read_text() + "UserValue=replace\n")
     hook._reload_config(hook.current_state(), conf.stat().st_mtime_ns)
-    desc = make_desc(lib, tres_per_node="gres:gpu:1", comment="coda:workload=resnet50")
+    # -n2 -c9 --gpus-per-node=2 (24.11's spelling): 6 per GPU x 2 GPUs over 2 tasks.
+    desc = make_desc(
+        lib, tres_per_node="gres/gpu:2", tres_per_task="cpu=9", comment="coda:workload=resnet50"
+    )
     desc.cpus_per_task = 9
+    desc.num_tasks = 2
+    desc.pn_min_cpus = 9
+    desc.min_cpus = 18
     hook.job_submit(desc, 1000, ffi.new("char **"))
-    assert field(desc, "cpus_per_tres") == "gres:gpu:6"
-    assert desc.cpus_per_task == NO_VAL16
+    assert field(desc, "cpus_per_tres") is None
+    assert (desc.cpus_per_task, desc.pn_min_cpus, desc.min_cpus) == (6, 6, 12)
+    assert field(desc, "tres_per_task") == "cpu=6"
+    assert ";cpt=6" in (field(desc, "admin_comment") or "")
 
 
 def test_modify_rejects_only_invalid_directives(lib: FakeLib) -> None:

@@ -358,18 +358,19 @@ def test_plans_kept_for_c_records_stay_bounded(
     assert hook.current_state().stats.changed == plugin.calls + hook.current_state().stats.replayed
 
 
-# What sbatch of each Slurm release sends for `-n1 -c 9 --gpus-per-task=1`.
+# What sbatch of each Slurm release sends for `-n2 -c 9 --gpus-per-task=1`.
 MINUS_C_JOBS = {
-    "22.05": {"tres_per_task": "gres:gpu:1", "cpus_per_tres_written": "gres:gpu:6"},
-    "24.11": {"tres_per_task": "cpu=9,gres/gpu=1", "cpus_per_tres_written": "gres/gpu:6"},
+    "22.05": {"tres_per_task": "gres:gpu:1", "tres_per_task_written": "gres:gpu:1"},
+    "24.11": {"tres_per_task": "cpu=9,gres/gpu=1", "tres_per_task_written": "cpu=6,gres/gpu=1"},
 }
 
 
 @pytest.mark.parametrize("release", sorted(MINUS_C_JOBS))
-def test_replacing_minus_c_undoes_all_sbatch_derived_from_it(
+def test_replacing_minus_c_moves_all_sbatch_derived_from_it(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str
 ) -> None:
-    """UserValue=replace: the job keeps nothing of its -c 9, in Python and in C's replay."""
+    """UserValue=replace: -c 9 becomes the profile's 6 per GPU x 2 GPUs over 2 tasks, and
+    everything sbatch derived from -c follows, in Python and in C's replay."""
     form = MINUS_C_JOBS[release]
     job = {
         **BASE,
@@ -377,8 +378,8 @@ def test_replacing_minus_c_undoes_all_sbatch_derived_from_it(
         "tres_per_task": form["tres_per_task"],
         "cpus_per_task": 9,
         "pn_min_cpus": 9,  # sbatch raises --mincpus to -c
-        "min_cpus": 9,  # tasks x -c
-        "num_tasks": 1,
+        "min_cpus": 18,  # tasks x -c
+        "num_tasks": 2,
     }
     job = {k: v for k, v in job.items() if v is not None}
     with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
@@ -388,24 +389,39 @@ def test_replacing_minus_c_undoes_all_sbatch_derived_from_it(
             err = compiled_hook.new_err(plugin.ffi, plugin.lib)
             assert plugin.lib.job_submit(desc, 1000, err) == 0
             assert (plugin.calls > calls) == (answered_by == "python")
-            ffi, lib = plugin.ffi, plugin.lib
-            assert ffi.string(desc.cpus_per_tres).decode() == form["cpus_per_tres_written"]
-            assert desc.cpus_per_task == lib.NO_VAL16
-            assert desc.pn_min_cpus == lib.NO_VAL16
-            assert desc.min_cpus == 1
-            left = None if desc.tres_per_task == ffi.NULL else ffi.string(desc.tres_per_task)
-            assert left == form["tres_per_task"].removeprefix("cpu=9,").encode()
+            ffi = plugin.ffi
+            assert desc.cpus_per_tres == ffi.NULL
+            assert (desc.cpus_per_task, desc.pn_min_cpus, desc.min_cpus) == (6, 6, 12)
+            written = ffi.string(desc.tres_per_task).decode()
+            assert written == form["tres_per_task_written"]
+            assert "--cpus-per-task=6" in ffi.string(err[0]).decode()
 
 
 def test_a_larger_mincpus_of_the_users_own_is_kept(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = {**BASE, "cpus_per_task": 9, "pn_min_cpus": 12, "min_cpus": 9}
+    job = {**BASE, "cpus_per_task": 9, "pn_min_cpus": 14, "min_cpus": 9}
     with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
         desc = plugin.desc(job)
         assert plugin.lib.job_submit(desc, 1000, compiled_hook.new_err(plugin.ffi, plugin.lib)) == 0
-        assert desc.cpus_per_task == plugin.lib.NO_VAL16
-        assert desc.pn_min_cpus == 12
+        assert desc.cpus_per_task == 12  # 6 per GPU x 2 GPUs, one task
+        assert desc.pn_min_cpus == 14
+
+
+def test_a_hostile_tres_per_task_is_rewritten_within_its_buffer(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``cpu=`` item grows to the new count; the C side sizes its buffer for that."""
+    hostile = ",".join(["cpu=1"] * 400 + ["gres/gpu=1"])
+    job = {**BASE, "tres_per_task": hostile, "cpus_per_task": 1}
+    del job["tres_per_node"]
+    with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
+        for _ in ("python", "c"):
+            desc = plugin.desc(job)
+            err = compiled_hook.new_err(plugin.ffi, plugin.lib)
+            assert plugin.lib.job_submit(desc, 1000, err) == 0
+            written = plugin.ffi.string(desc.tres_per_task).decode()
+            assert written == ",".join(["cpu=6"] * 400 + ["gres/gpu=1"])
 
 
 @pytest.mark.parametrize("user_value", ["replace", "lower"])
@@ -428,14 +444,16 @@ def test_a_rewritten_cpus_per_gpu_rescales_the_min_cpus_sbatch_sent(
             assert desc.min_cpus == 12
 
 
-def test_sockets_per_node_is_part_of_the_replay_key(
+def test_gpus_per_socket_pass_as_submitted_in_python_and_in_c(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--gpus-per-socket=1 on one socket or on two: two GPUs per node, two decisions."""
+    """--gpus-per-socket: the GPU count follows the sockets Slurm picks; nothing written."""
     base = {k: v for k, v in BASE.items() if k != "tres_per_node"}
     base["tres_per_socket"] = "gres:gpu:1"
     with _started(compiled, tmp_path, monkeypatch) as plugin:
-        one = plugin.submit(base)
-        two = plugin.submit({**base, "sockets_per_node": 2})
-        assert "gpn=1" in (one[1][-1] or "")
-        assert "gpn=2" in (two[1][-1] or "")
+        for sockets in (None, 1, 2):
+            job = base if sockets is None else {**base, "sockets_per_node": sockets}
+            first = plugin.submit(job)
+            again = plugin.submit(job)
+            assert first[:4] == again[:4]
+            assert first[0] == 0 and first[1][0] is None  # no cpus_per_tres

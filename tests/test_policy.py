@@ -21,6 +21,7 @@ from slurm_plugin.decision.decide import (
     parse_admin_record,
     predict_cpus_per_gpu,
 )
+from slurm_plugin.decision.tres import gpu_count
 
 UID = 1000
 SCRIPT = "#!/bin/bash\n#SBATCH --gpus-per-node=2\npython train.py\n"
@@ -81,17 +82,17 @@ def run(req: JobRequest, config: CodaConfig | None = None, cap=no_cap) -> Decisi
 
 # ------------------------------------------------------------ the full decision table
 
-Case = tuple[str, JobRequest, CodaConfig, Callable[[int], int | None], str, str | None, bool]
+Case = tuple[str, JobRequest, CodaConfig, Callable[[int], int | None], str, str | None, int | None]
 
 CASES: list[Case] = [
-    # id, request, config, node cap, action, cpus_per_tres written, clear cpus_per_task
+    # id, request, config, node cap, action, cpus_per_tres written, cpus_per_task written
     # -- jobs CODA never touches
-    ("cpu-only", job(tres_per_node=None), cfg(), no_cap, "skip", None, False),
-    ("cpu-only-shard", job(tres_per_node="gres:shard:2"), cfg(), no_cap, "skip", None, False),
-    ("zero-gpus", job(tres_per_node="gres:gpu:0"), cfg(), no_cap, "skip", None, False),
-    ("gpu-license-only", job(tres_per_node="license:gpu:1"), cfg(), no_cap, "skip", None, False),
-    ("mode-off", job(), cfg(mode="off"), no_cap, "skip", None, False),
-    ("coda-off", job(comment="coda:off"), cfg(), no_cap, "skip", None, False),
+    ("cpu-only", job(tres_per_node=None), cfg(), no_cap, "skip", None, None),
+    ("cpu-only-shard", job(tres_per_node="gres:shard:2"), cfg(), no_cap, "skip", None, None),
+    ("zero-gpus", job(tres_per_node="gres:gpu:0"), cfg(), no_cap, "skip", None, None),
+    ("gpu-license-only", job(tres_per_node="license:gpu:1"), cfg(), no_cap, "skip", None, None),
+    ("mode-off", job(), cfg(mode="off"), no_cap, "skip", None, None),
+    ("coda-off", job(comment="coda:off"), cfg(), no_cap, "skip", None, None),
     (
         "coda-off-with-workload",
         job(comment="coda:workload=resnet50 coda:off"),
@@ -99,13 +100,13 @@ CASES: list[Case] = [
         no_cap,
         "skip",
         None,
-        False,
+        None,
     ),
-    ("bad-tres", job(tres_per_node="gres:gpu:-2"), cfg(), no_cap, "skip", None, False),
-    ("bad-tres-job", job(tres_per_job="gres:gpu:9999999"), cfg(), no_cap, "skip", None, False),
-    ("bad-cpus-per-tres", job(cpus_per_tres="gres::4"), cfg(), no_cap, "skip", None, False),
-    ("bad-directive", job(comment="coda:workload="), cfg(), no_cap, "reject", None, False),
-    ("unknown-directive", job(comment="coda:fast"), cfg(), no_cap, "reject", None, False),
+    ("bad-tres", job(tres_per_node="gres:gpu:-2"), cfg(), no_cap, "skip", None, None),
+    ("bad-tres-job", job(tres_per_job="gres:gpu:9999999"), cfg(), no_cap, "skip", None, None),
+    ("bad-cpus-per-tres", job(cpus_per_tres="gres::4"), cfg(), no_cap, "skip", None, None),
+    ("bad-directive", job(comment="coda:workload="), cfg(), no_cap, "reject", None, None),
+    ("unknown-directive", job(comment="coda:fast"), cfg(), no_cap, "reject", None, None),
     (
         "bad-directive-cpu-job",
         job(tres_per_node=None, comment="coda:bogus"),
@@ -113,7 +114,7 @@ CASES: list[Case] = [
         no_cap,
         "skip",
         None,
-        False,
+        None,
     ),
     (
         "bad-directive-advise",
@@ -122,13 +123,13 @@ CASES: list[Case] = [
         no_cap,
         "skip",
         None,
-        False,
+        None,
     ),
     # -- partition filters
-    ("part-in", job(partition="gpu"), cfg(partitions=("gpu",)), no_cap, "set", "gres:gpu:6", False),
-    ("part-out", job(partition="cpu"), cfg(partitions=("gpu",)), no_cap, "skip", None, False),
-    ("part-mixed", job(partition="gpu,cpu"), cfg(partitions=("gpu",)), no_cap, "skip", None, False),
-    ("part-none", job(partition=None), cfg(partitions=("gpu",)), no_cap, "skip", None, False),
+    ("part-in", job(partition="gpu"), cfg(partitions=("gpu",)), no_cap, "set", "gres:gpu:6", None),
+    ("part-out", job(partition="cpu"), cfg(partitions=("gpu",)), no_cap, "skip", None, None),
+    ("part-mixed", job(partition="gpu,cpu"), cfg(partitions=("gpu",)), no_cap, "skip", None, None),
+    ("part-none", job(partition=None), cfg(partitions=("gpu",)), no_cap, "skip", None, None),
     (
         "part-excluded",
         job(partition="debug"),
@@ -136,7 +137,7 @@ CASES: list[Case] = [
         no_cap,
         "skip",
         None,
-        False,
+        None,
     ),
     (
         "part-excluded-wins",
@@ -145,7 +146,7 @@ CASES: list[Case] = [
         no_cap,
         "skip",
         None,
-        False,
+        None,
     ),
     (
         "part-none-exclude-only",
@@ -154,11 +155,11 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:6",
-        False,
+        None,
     ),
     # -- no user value: the profile decides
-    ("set", job(), cfg(), no_cap, "set", "gres:gpu:6", False),
-    ("set-typed", job(tres_per_node="gres:gpu:a100:2"), cfg(), no_cap, "set", "gres:gpu:6", False),
+    ("set", job(), cfg(), no_cap, "set", "gres:gpu:6", None),
+    ("set-typed", job(tres_per_node="gres:gpu:a100:2"), cfg(), no_cap, "set", "gres:gpu:6", None),
     (
         "set-keeps-other-cpus-per-tres",
         job(cpus_per_tres="gres:shard:1"),
@@ -166,9 +167,9 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:shard:1,gres:gpu:6",
-        False,
+        None,
     ),
-    ("set-from-script", job(comment=None), cfg(), no_cap, "set", "gres:gpu:5", False),
+    ("set-from-script", job(comment=None), cfg(), no_cap, "set", "gres:gpu:5", None),
     (
         "set-global",
         job(uid=2000, comment="coda:workload=bert"),
@@ -176,7 +177,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:10",
-        False,
+        None,
     ),
     (
         "weak-own-confident-global",
@@ -185,11 +186,11 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:10",
-        False,
+        None,
     ),
-    ("other-user-no-profile", job(uid=2000), cfg(), no_cap, "skip", None, False),
-    ("unknown", job(comment="coda:workload=new"), cfg(), no_cap, "skip", None, False),
-    ("weak", job(comment="coda:workload=weak"), cfg(), no_cap, "skip", None, False),
+    ("other-user-no-profile", job(uid=2000), cfg(), no_cap, "skip", None, None),
+    ("unknown", job(comment="coda:workload=new"), cfg(), no_cap, "skip", None, None),
+    ("weak", job(comment="coda:workload=weak"), cfg(), no_cap, "skip", None, None),
     (
         "weak-but-threshold-lowered",
         job(comment="coda:workload=weak"),
@@ -197,7 +198,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:5",
-        False,
+        None,
     ),
     (
         "shared-weak",
@@ -206,7 +207,7 @@ CASES: list[Case] = [
         no_cap,
         "skip",
         None,
-        False,
+        None,
     ),
     (
         "unknown-default",
@@ -215,7 +216,7 @@ CASES: list[Case] = [
         no_cap,
         "default",
         "gres:gpu:4",
-        False,
+        None,
     ),
     (
         "weak-default",
@@ -224,7 +225,7 @@ CASES: list[Case] = [
         no_cap,
         "default",
         "gres:gpu:4",
-        False,
+        None,
     ),
     (
         "default-node-capped",
@@ -233,10 +234,10 @@ CASES: list[Case] = [
         cap16,
         "default",
         "gres:gpu:16",
-        False,
+        None,
     ),
     # -- clamping
-    ("clamp-max", job(comment="coda:workload=big"), cfg(), no_cap, "set", "gres:gpu:64", False),
+    ("clamp-max", job(comment="coda:workload=big"), cfg(), no_cap, "set", "gres:gpu:64", None),
     (
         "clamp-min",
         job(comment="coda:workload=one"),
@@ -244,9 +245,9 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:2",
-        False,
+        None,
     ),
-    ("clamp-node", job(comment="coda:workload=big"), cfg(), cap16, "set", "gres:gpu:16", False),
+    ("clamp-node", job(comment="coda:workload=big"), cfg(), cap16, "set", "gres:gpu:16", None),
     (
         "node-cap-beats-min",
         job(),
@@ -254,9 +255,9 @@ CASES: list[Case] = [
         cap16,
         "set",
         "gres:gpu:16",
-        False,
+        None,
     ),
-    ("node-cap-zero-floors-at-1", job(), cfg(), cap0, "set", "gres:gpu:1", False),
+    ("node-cap-zero-floors-at-1", job(), cfg(), cap0, "set", "gres:gpu:1", None),
     # -- GPUs per node and the multi-node rule (profile 6/GPU, cap 2)
     (
         "multi-node-per-node",
@@ -265,7 +266,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:3",  # ceil(6 * 2 / 4)
-        False,
+        None,
     ),
     (
         "multi-node-two-gpus",
@@ -274,7 +275,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:6",  # min(2, cap) / 2 = 1
-        False,
+        None,
     ),
     (
         "multi-node-cap-4",
@@ -283,7 +284,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:3",  # ceil(6 * 4 / 8)
-        False,
+        None,
     ),
     (
         "multi-node-measured",
@@ -292,7 +293,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:5",
-        False,
+        None,
     ),
     (
         "single-node-ignores-measured",
@@ -301,7 +302,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:8",
-        False,
+        None,
     ),
     (
         "per-job-over-nodes",
@@ -310,7 +311,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:3",  # 4 GPUs per node on 2 nodes
-        False,
+        None,
     ),
     (
         "per-job-one-node",
@@ -319,7 +320,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:6",
-        False,
+        None,
     ),
     (
         "per-task",
@@ -328,7 +329,7 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:3",
-        False,
+        None,
     ),
     (
         "per-task-num-tasks",  # 8 tasks on 2 nodes: 4 tasks, 4 GPUs per node
@@ -337,16 +338,16 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:3",
-        False,
+        None,
     ),
     (
-        "per-socket",
+        "per-socket",  # the GPU count follows the sockets Slurm picks
         job(tres_per_node=None, tres_per_socket="gres:gpu:1"),
         cfg(),
         no_cap,
-        "set",
-        "gres:gpu:6",
-        False,
+        "skip",
+        None,
+        None,
     ),
     (
         "mig",
@@ -355,11 +356,11 @@ CASES: list[Case] = [
         no_cap,
         "set",
         "gres:gpu:6",
-        False,
+        None,
     ),
     # -- the user gave a value
-    ("keep-cpg", job(cpus_per_tres="gres:gpu:12"), cfg(), no_cap, "keep", None, False),
-    ("keep-cpt", job(cpus_per_task=8), cfg(), no_cap, "keep", None, False),
+    ("keep-cpg", job(cpus_per_tres="gres:gpu:12"), cfg(), no_cap, "keep", None, None),
+    ("keep-cpt", job(cpus_per_task=8), cfg(), no_cap, "keep", None, None),
     (
         "lower-cpg",
         job(cpus_per_tres="gres:gpu:12"),
@@ -367,7 +368,7 @@ CASES: list[Case] = [
         no_cap,
         "lower",
         "gres:gpu:6",
-        False,
+        None,
     ),
     (
         "lower-not-needed",
@@ -376,7 +377,7 @@ CASES: list[Case] = [
         no_cap,
         "keep",
         None,
-        False,
+        None,
     ),
     (
         "lower-equal-keeps",
@@ -385,7 +386,7 @@ CASES: list[Case] = [
         no_cap,
         "keep",
         None,
-        False,
+        None,
     ),
     (
         "lower-cpt",  # 16 CPUs per task, 1 task, 2 GPUs: 8 per GPU > 6
@@ -393,8 +394,8 @@ CASES: list[Case] = [
         cfg(user_value="lower"),
         no_cap,
         "lower",
-        "gres:gpu:6",
-        True,
+        None,
+        12,
     ),
     (
         "lower-cpt-not-needed",  # 8 per task, 1 task, 2 GPUs: 4 per GPU < 6
@@ -403,25 +404,25 @@ CASES: list[Case] = [
         no_cap,
         "keep",
         None,
-        False,
+        None,
     ),
     (
-        "lower-cpt-many-tasks",  # 4 per task x 4 tasks / 2 GPUs = 8 per GPU > 6
+        "lower-cpt-many-tasks",  # 6 per GPU x 2 GPUs over 4 tasks: 3 per task < 4
         job(cpus_per_task=4, ntasks_per_node=4),
         cfg(user_value="lower"),
         no_cap,
         "lower",
-        "gres:gpu:6",
-        True,
+        None,
+        3,
     ),
     (
-        "lower-cpt-num-tasks",  # 4 per task x ceil(6 tasks / 2 nodes) / 2 GPUs = 6 > 1
+        "lower-cpt-num-tasks",  # 1 per GPU x 2 GPUs over ceil(6 tasks / 2 nodes): 1 < 4
         job(cpus_per_task=4, num_tasks=6, min_nodes=2, comment="coda:workload=one"),
         cfg(user_value="lower"),
         no_cap,
         "lower",
-        "gres:gpu:1",
-        True,
+        None,
+        1,
     ),
     (
         "replace-cpg",
@@ -430,16 +431,16 @@ CASES: list[Case] = [
         no_cap,
         "replace",
         "gres:gpu:6",
-        False,
+        None,
     ),
     (
-        "replace-cpt",
+        "replace-cpt",  # 6 per GPU x 2 GPUs, one task
         job(cpus_per_task=2),
         cfg(user_value="replace"),
         no_cap,
         "replace",
-        "gres:gpu:6",
-        True,
+        None,
+        12,
     ),
     (
         "replace-unknown-keeps",
@@ -448,10 +449,10 @@ CASES: list[Case] = [
         no_cap,
         "keep",
         None,
-        False,
+        None,
     ),
     # -- advise mode writes nothing
-    ("advise-set", job(), cfg(mode="advise"), no_cap, "advise", None, False),
+    ("advise-set", job(), cfg(mode="advise"), no_cap, "advise", None, None),
     (
         "advise-replace",
         job(cpus_per_task=2),
@@ -459,7 +460,7 @@ CASES: list[Case] = [
         no_cap,
         "advise",
         None,
-        False,
+        None,
     ),
     (
         "advise-default",
@@ -468,7 +469,7 @@ CASES: list[Case] = [
         no_cap,
         "advise",
         None,
-        False,
+        None,
     ),
     (
         "advise-keep",
@@ -477,14 +478,14 @@ CASES: list[Case] = [
         no_cap,
         "keep",
         None,
-        False,
+        None,
     ),
-    ("advise-cpu-only", job(tres_per_node=None), cfg(mode="advise"), no_cap, "skip", None, False),
+    ("advise-cpu-only", job(tres_per_node=None), cfg(mode="advise"), no_cap, "skip", None, None),
 ]
 
 
 @pytest.mark.parametrize(
-    ("req", "config", "cap", "action", "cpus_per_tres", "clear"),
+    ("req", "config", "cap", "action", "cpus_per_tres", "cpus_per_task"),
     [c[1:] for c in CASES],
     ids=[c[0] for c in CASES],
 )
@@ -494,10 +495,10 @@ def test_decision_table(
     cap: Callable[[int], int | None],
     action: str,
     cpus_per_tres: str | None,
-    clear: bool,
+    cpus_per_task: int | None,
 ) -> None:
     d = decide(req, config, PROFILES, cap)
-    assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task) == (action, cpus_per_tres, clear)
+    assert (d.action, d.cpus_per_tres, d.cpus_per_task) == (action, cpus_per_tres, cpus_per_task)
     assert d.action in ACTIONS
     # One-line messages only.
     assert "\n" not in d.log_msg and d.log_msg.startswith("coda: ")
@@ -512,9 +513,22 @@ def test_decision_table(
                 f"gres:gpu:{record['cpg']}," in d.cpus_per_tres
             )
     if d.action in {"set", "default", "lower", "replace"}:
-        assert d.cpus_per_tres is not None and d.user_msg is not None
+        written = d.cpus_per_tres is not None or d.cpus_per_task is not None
+        assert written and d.user_msg is not None
     else:
-        assert d.cpus_per_tres is None and not d.clear_cpus_per_task
+        assert d.cpus_per_tres is None and d.cpus_per_task is None
+    if d.cpus_per_task is not None and d.cpus_per_tres is not None:
+        # -c that sbatch derived from --cpus-per-gpu x --gpus-per-task follows it.
+        assert "cpt" not in record
+        assert d.cpus_per_task == int(record["cpg"]) * gpu_count(req.tres_per_task)
+    elif d.cpus_per_task is not None:
+        # A per-task request stays per task: never both fields, and raise never lowers.
+        assert req.cpus_per_task != NO_VAL16
+        assert record.get("cpt") == str(d.cpus_per_task)
+        if d.action == "raise":
+            assert d.cpus_per_task > req.cpus_per_task
+        if d.action == "lower":
+            assert d.cpus_per_task < req.cpus_per_task
 
 
 # ------------------------------------------------------------------- specific outputs
@@ -631,10 +645,10 @@ def test_malformed_tres_fails_open_with_reason() -> None:
 
 def test_cpu_only_job_untouched_even_with_cpus_per_task() -> None:
     d = run(job(tres_per_node=None, cpus_per_task=8), cfg(user_value="replace"))
-    assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task, d.admin_comment) == (
+    assert (d.action, d.cpus_per_tres, d.cpus_per_task, d.admin_comment) == (
         "skip",
         None,
-        False,
+        None,
         None,
     )
 
@@ -713,7 +727,7 @@ def test_a_cpus_per_task_sbatch_never_sends_leaves_the_job_alone(cpus_per_task: 
     # they mean, so nothing is written beside them.
     d = run(job(cpus_per_task=cpus_per_task))
     assert d.action == "skip"
-    assert d.cpus_per_tres is None and not d.clear_cpus_per_task
+    assert d.cpus_per_tres is None and d.cpus_per_task is None
     assert "not understood" in d.log_msg
 
 
@@ -787,55 +801,105 @@ def test_decision_is_immutable() -> None:
 
 # What sbatch of Slurm 24.11 and 26.05 sends (see tests/test_tres.py), and what is written.
 SLASH_CASES = [
-    ("--gpus-per-node=2", {"tres_per_node": "gres/gpu:2"}, "set", "gres/gpu:6", False),
-    ("--gpus=2", {"tres_per_node": None, "tres_per_job": "gres/gpu:2"}, "set", "gres/gpu:6", False),
+    ("--gpus-per-node=2", {"tres_per_node": "gres/gpu:2"}, "set", "gres/gpu:6", None),
+    ("--gpus=2", {"tres_per_node": None, "tres_per_job": "gres/gpu:2"}, "set", "gres/gpu:6", None),
     (
         "-n2 --gpus-per-task=1",
         {"tres_per_node": None, "tres_per_task": "gres/gpu=1", "num_tasks": 2},
         "set",
         "gres/gpu:6",
-        False,
+        None,
     ),
     (
         "--gpus-per-node=2 --cpus-per-gpu=3, replace",
         {"tres_per_node": "gres/gpu:2", "cpus_per_tres": "gres/gpu:3"},
         "replace",
         "gres/gpu:6",
-        False,
+        None,
     ),
     (
         "-n1 -c 9 --gpus-per-task=1, replace",
         {"tres_per_node": None, "tres_per_task": "cpu=9,gres/gpu=1", "cpus_per_task": 9},
         "replace",
-        "gres/gpu:6",
-        True,
+        None,
+        6,
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("fields", "action", "written", "clear"),
+    ("fields", "action", "written", "cpus_per_task"),
     [c[1:] for c in SLASH_CASES],
     ids=[c[0] for c in SLASH_CASES],
 )
 def test_jobs_of_slurm_24_11_are_written_in_its_spelling(
-    fields: dict[str, Any], action: str, written: str, clear: bool
+    fields: dict[str, Any], action: str, written: str | None, cpus_per_task: int | None
 ) -> None:
     d = run(job(**fields), cfg(user_value="replace"))
-    assert (d.action, d.cpus_per_tres, d.clear_cpus_per_task) == (action, written, clear)
+    assert (d.action, d.cpus_per_tres, d.cpus_per_task) == (action, written, cpus_per_task)
 
 
-def test_gpus_per_socket_count_every_socket_asked_for() -> None:
-    # --gpus-per-socket=1 --sockets-per-node=2: two GPUs on the node.
-    req = job(tres_per_node=None, tres_per_socket="gres:gpu:1", sockets_per_node=2)
-    d = run(req)
-    assert parse_admin_record(d.admin_comment or "")["gpn"] == "2"
-    # -c 4 is 2 per GPU there, below the profile's 3: lower keeps it.
-    lowered = run(dataclasses.replace(req, cpus_per_task=4), cfg(user_value="lower"))
-    assert (lowered.action, lowered.cpus_per_tres) == ("keep", None)
-    # Without --sockets-per-node the socket count is unknown: one socket.
-    one = run(dataclasses.replace(req, sockets_per_node=NO_VAL16))
-    assert parse_admin_record(one.admin_comment or "")["gpn"] == "1"
+@pytest.mark.parametrize("sockets_per_node", [2, 1, NO_VAL16])
+def test_gpus_per_socket_leave_the_job_as_submitted(sockets_per_node: int) -> None:
+    # Slurm gives that many GPUs on each socket the job's cores land on: a CPU request of
+    # coda's could itself add GPUs, so nothing is written, with or without
+    # --sockets-per-node (a minimum, not a limit).
+    req = job(tres_per_node=None, tres_per_socket="gres:gpu:1", sockets_per_node=sockets_per_node)
+    for conf in (cfg(), cfg(user_value="replace", default_cpus_per_gpu=4)):
+        for user in ({}, {"cpus_per_task": 4}, {"cpus_per_tres": "gres:gpu:2"}):
+            d = run(dataclasses.replace(req, **user), conf)
+            assert d.action == "skip" and "per socket" in d.reason
+            assert (d.cpus_per_tres, d.cpus_per_task, d.admin_comment) == (None, None, None)
+
+
+def test_a_per_task_value_is_rewritten_per_task_and_the_node_cap_bounds_the_rounding() -> None:
+    # 6 per GPU x 2 GPUs over 5 tasks is 2.4 per task: rounded up to 3 (15 CPUs) ...
+    req = job(cpus_per_task=1, ntasks_per_node=5)
+    assert run(req, cfg(user_value="replace")).cpus_per_task == 3
+    # ... unless the node cap (at most 6 per GPU, 12 CPUs for 2 GPUs) forbids 15: then 2.
+    d = decide(req, cfg(user_value="replace"), PROFILES, lambda gpn: 6)
+    assert (d.action, d.cpus_per_task) == ("replace", 2)
+    assert "--cpus-per-task=2" in (d.user_msg or "") and "replaces --cpus-per-task=1" in (
+        d.user_msg or ""
+    )
+
+
+def test_raise_never_gives_a_task_fewer_cpus_than_it_asked() -> None:
+    # -n2 -c2 --gpus-per-node=1 with an 8-per-GPU default: 8 CPUs over 2 tasks, 4 each.
+    conf = cfg(default_cpus_per_gpu=8, unprofiled_user_value="raise")
+    new = job(tres_per_node="gres:gpu:1", comment="coda:workload=new", num_tasks=2)
+    raised = run(dataclasses.replace(new, cpus_per_task=2), conf)
+    assert (raised.action, raised.cpus_per_tres, raised.cpus_per_task) == ("raise", None, 4)
+    assert "--cpus-per-task=4" in (raised.user_msg or "")
+    # 4 per task already gives the default: nothing to raise; 5 is above it: kept.
+    for cpt in (4, 5):
+        kept = run(dataclasses.replace(new, cpus_per_task=cpt), conf)
+        assert (kept.action, kept.cpus_per_task) == ("keep", None)
+    # The per-GPU form is raised per GPU as before.
+    per_gpu = run(dataclasses.replace(new, cpus_per_tres="gres:gpu:2"), conf)
+    assert (per_gpu.action, per_gpu.cpus_per_tres, per_gpu.cpus_per_task) == (
+        "raise",
+        "gres:gpu:8",
+        None,
+    )
+
+
+@pytest.mark.parametrize("tres_per_task", ["gres:gpu:2", "cpu=8,gres/gpu=2"])
+def test_minus_c_sbatch_derived_from_cpus_per_gpu_follows_it(tres_per_task: str) -> None:
+    # -n1 --gpus-per-task=2 --cpus-per-gpu=4: sbatch also sends -c 8, and Slurm refuses a
+    # job whose -c is not --cpus-per-gpu x --gpus-per-task.
+    req = job(tres_per_node=None, tres_per_task=tres_per_task, num_tasks=1, cpus_per_task=8)
+    sep = "/" if "/" in tres_per_task else ":"
+    d = run(dataclasses.replace(req, cpus_per_tres=f"gres{sep}gpu:4"), cfg(user_value="replace"))
+    assert (d.action, d.cpus_per_tres, d.cpus_per_task) == ("replace", f"gres{sep}gpu:6", 12)
+    assert d.min_cpus_rescale is None  # min_cpus moves with -c, once
+
+
+def test_advise_mode_says_which_cpus_per_task_it_would_write() -> None:
+    d = run(job(cpus_per_task=2), cfg(mode="advise", user_value="replace"))
+    assert (d.action, d.cpus_per_tres, d.cpus_per_task) == ("advise", None, None)
+    record = parse_admin_record(d.admin_comment or "")
+    assert (record["would"], record["cpt"]) == ("replace", "12")
 
 
 @pytest.mark.parametrize(

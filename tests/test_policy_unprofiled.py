@@ -82,9 +82,9 @@ def test_no_user_value_gets_the_share() -> None:
 @pytest.mark.parametrize(
     ("fields", "action", "written"),
     [
-        # A user who asked for less than the share is raised to it...
+        # A user who asked for less than the share is raised to it, in the form asked...
         ({"cpus_per_tres": "gres:gpu:2"}, "raise", "gres:gpu:8"),
-        ({"cpus_per_task": 4}, "raise", "gres:gpu:8"),
+        ({"cpus_per_task": 4}, "raise", 8),  # one task, one GPU x 8
         # ...one who asked for the share or more keeps their value (their own judgement
         # until coda-node has measured the workload).
         ({"cpus_per_tres": "gres:gpu:8"}, "keep", None),
@@ -92,16 +92,15 @@ def test_no_user_value_gets_the_share() -> None:
     ],
 )
 def test_a_low_user_value_is_raised_without_a_profile(
-    fields: dict[str, Any], action: str, written: str | None
+    fields: dict[str, Any], action: str, written: str | int | None
 ) -> None:
     d = run(job(**fields))
     assert d.action == action
-    assert d.cpus_per_tres == written
+    # ... a per-task value stays per task (what each task sees is raised too).
+    assert (d.cpus_per_task if "cpus_per_task" in fields else d.cpus_per_tres) == written
     if action == "raise":
         assert "raises --cpus-per-" in (d.user_msg or "")
         assert parse_admin_record(d.admin_comment or "")["action"] == "raise"
-        # Slurm refuses --cpus-per-task beside --cpus-per-gpu: a raised cpt is cleared.
-        assert d.clear_cpus_per_task == ("cpus_per_task" in fields)
 
 
 def test_raise_is_off_by_default_and_a_profile_wins() -> None:

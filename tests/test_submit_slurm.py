@@ -19,7 +19,7 @@ import pytest
 from coda_common.signature import parse_coda_directives, workload_signature
 from coda_common.store.profiles import Profile, ProfileStore, profile_stem
 from slurm_plugin.decision.decide import parse_admin_record
-from slurm_plugin.devtools.cluster import DevCluster
+from slurm_plugin.devtools.cluster import DevCluster, parse_scontrol_line
 from tests.conftest import LogWatch, gres, require_slurm
 
 pytestmark = pytest.mark.slurm
@@ -255,12 +255,99 @@ def test_explicit_user_value_kept_then_replaced_after_live_conf_change(
     set_conf(cluster, ctld_log, "UserValue=replace")
     _, replaced, _ = submit(cluster, args)
     assert cpus_per_tres(replaced) == gres("gres:gpu:6")
-    # --cpus-per-task is replaced too (and cleared, as Slurm forbids both).
-    _, from_cpt, _ = submit(
+    # --cpus-per-task is replaced too, per task: one task, one GPU x 6.
+    _, from_cpt, said = submit(
         cluster, ["--gpus-per-node=1", "--cpus-per-task=9", "--comment=coda:workload=vgg16"]
     )
-    assert cpus_per_tres(from_cpt) == gres("gres:gpu:6")
-    assert from_cpt["CPUs/Task"] != "9"
+    assert cpus_per_tres(from_cpt) is None
+    assert from_cpt["CPUs/Task"] == "6"
+    assert "--cpus-per-task=6" in said and "replaces --cpus-per-task=9" in said
+
+
+def _components(cluster: DevCluster, job_id: int) -> list[dict[str, str]]:
+    """``scontrol -o show job`` of every component of a heterogeneous job, or every task
+    of an array, in order."""
+    out = cluster.run(["scontrol", "-o", "show", "job", str(job_id)]).stdout
+    return [parse_scontrol_line(line.strip()) for line in out.splitlines() if line.strip()]
+
+
+def test_each_component_of_a_het_job_and_an_array_is_decided_as_asked(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch
+) -> None:
+    put_profile(cluster, "workload:*:hetero", 6)
+    set_conf(cluster, ctld_log, "UserValue=replace")
+    wait_for_reload(cluster, min_profiles=1)
+    comment = "--comment=coda:workload=hetero"
+    # Component 0 per GPU, component 1 per task (2 GPUs x 6 over 3 tasks), component 2 none.
+    components = (
+        [comment, "--gpus-per-node=1", "--cpus-per-gpu=2"],
+        [comment, "-n3", "-c1", "--gpus-per-node=2"],
+        ["-n1"],
+    )
+    job_id, _ = cluster.sbatch(["--hold", *" : ".join(map(" ".join, components)).split()], SCRIPT)
+    first, second, third = _components(cluster, job_id)
+    assert cpus_per_tres(first) == gres("gres:gpu:6")
+    assert (cpus_per_tres(second), second["CPUs/Task"]) == (None, "4")
+    assert parse_admin_record(second["AdminComment"])["cpt"] == "4"
+    assert third.get("AdminComment", "") == "" and third["CPUs/Task"] == "1"
+    # An array is one submission: one decision for all its tasks.
+    array_id, _ = cluster.sbatch(
+        ["--hold", comment, "--array=0-2", "-c2", "--gpus-per-node=1"], SCRIPT
+    )
+    tasks = _components(cluster, array_id)
+    assert tasks and all(t["CPUs/Task"] == "6" and cpus_per_tres(t) is None for t in tasks)
+
+
+TASK_CPUS_SCRIPT = (
+    "#!/bin/sh\n"
+    'echo "batch=$SLURM_CPUS_PER_TASK"\n'
+    "srun sh -c 'echo \"task=$SLURM_CPUS_PER_TASK\"'\n"
+)
+
+
+def _run_to_end(cluster: DevCluster, args: list[str], out: Path) -> tuple[dict[str, str], str]:
+    """Run a job of TASK_CPUS_SCRIPT to its end: (its record while it ran, its output)."""
+    job_id, _ = cluster.sbatch([*args, f"--output={out}"], TASK_CPUS_SCRIPT)
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + 60
+    while True:
+        fields = cluster.show_job(job_id)
+        if fields.get("JobState") in ("RUNNING", "COMPLETING", "COMPLETED"):
+            seen = seen or fields
+        if fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        assert time.monotonic() < deadline, fields
+        time.sleep(0.2)
+    assert fields["JobState"] == "COMPLETED", fields
+    return seen, out.read_text()
+
+
+def _task_cpus(output: str) -> tuple[str, list[str]]:
+    """(SLURM_CPUS_PER_TASK of the batch step, of each srun task), from the job's output."""
+    batch = [line.split("=", 1)[1] for line in output.splitlines() if line.startswith("batch=")]
+    tasks = [line.split("=", 1)[1] for line in output.splitlines() if line.startswith("task=")]
+    assert len(batch) == 1 and len(tasks) == 2, output
+    return batch[0], sorted(tasks)
+
+
+def test_raise_keeps_what_every_task_sees_per_task(
+    cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch, tmp_path: Path
+) -> None:
+    """-n2 -c2 --gpus-per-node=1, raised to the node's share of 8 CPUs per GPU: each task
+    gets 4 CPUs and sees 4 wherever it saw the 2 it asked for without coda."""
+    set_conf(cluster, ctld_log, "DefaultCpusPerGpu=share\nUnprofiledUserValue=raise")
+    args = ["-n2", "-c2", "--gpus-per-node=1", "-J", "per-task"]
+    plain, plain_out = _run_to_end(cluster, [*args, "--comment=coda:off"], tmp_path / "off.out")
+    raised, raised_out = _run_to_end(cluster, args, tmp_path / "raised.out")
+    assert (plain["NumCPUs"], plain["CPUs/Task"]) == ("4", "2")
+    assert (raised["NumCPUs"], raised["CPUs/Task"]) == ("8", "4")
+    record = parse_admin_record(raised["AdminComment"])
+    assert (record["action"], record["cpt"], record["was"]) == ("raise", "4", "cpt:2")
+    plain_batch, plain_tasks = _task_cpus(plain_out)
+    raised_batch, raised_tasks = _task_cpus(raised_out)
+    assert plain_batch == "2" and raised_batch == "4"
+    # srun's tasks inherit -c as this Slurm does it, with coda's value in place of the user's.
+    assert raised_tasks == ["4" if v == "2" else v for v in plain_tasks]
 
 
 def test_lower_mode_only_lowers(cluster: DevCluster, coda_conf: Path, ctld_log: LogWatch) -> None:

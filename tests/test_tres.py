@@ -15,7 +15,7 @@ from slurm_plugin.decision.tres import (
     parse_tres,
     set_gpu_count,
     task_cpus,
-    without_task_cpus,
+    with_task_cpus,
 )
 
 
@@ -263,25 +263,36 @@ def test_set_gpu_count_in_the_slash_spelling(text: str | None, expected: str) ->
 
 
 @pytest.mark.parametrize(
-    ("text", "cpus", "left"),
+    ("text", "cpus", "rewritten"),
     [
-        ("cpu=9,gres/gpu=1", 9, "gres/gpu=1"),
-        ("cpu=3", 3, None),
-        ("gres/gpu=1,cpu=4,license/foo=1", 4, "gres/gpu=1,license/foo=1"),
+        ("cpu=9,gres/gpu=1", 9, "cpu=12,gres/gpu=1"),
+        ("cpu=3", 3, "cpu=12"),
+        ("gres/gpu=1,cpu=4,license/foo=1", 4, "gres/gpu=1,cpu=12,license/foo=1"),
         ("gres/gpu=1", None, "gres/gpu=1"),
         ("gres:gpu:1", None, "gres:gpu:1"),
         (None, None, None),
     ],
 )
-def test_task_cpus_are_found_and_dropped(
-    text: str | None, cpus: int | None, left: str | None
+def test_task_cpus_are_found_and_rewritten(
+    text: str | None, cpus: int | None, rewritten: str | None
 ) -> None:
     assert task_cpus(text) == cpus
-    assert without_task_cpus(text) == left
+    assert with_task_cpus(text, 12) == rewritten
 
 
 @pytest.mark.parametrize(
-    "text", ["gpu=", "=3", "cpu=x", "gres/gpu:a:b=1", "gres/gpu:1=2", "cpu=-1"]
+    "text",
+    [
+        "gpu=",
+        "=3",
+        "cpu=x",
+        "gres/gpu:a:b=1",
+        "gres/gpu:1=2",
+        "cpu=-1",
+        "gres:gpu:=4",
+        "gres/gpu:=4",
+        "gpu:=2",
+    ],
 )
 def test_bad_counts_after_equals_are_refused(text: str) -> None:
     with pytest.raises(TresError):

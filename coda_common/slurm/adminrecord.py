@@ -19,6 +19,9 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 200 chara
             (DefaultCpusPerGpu), none (no confident profile)
     would   only with action=advise: the action enforce mode would have taken
     gpn     GPUs per node as CODA computed it;  nodes: node count assumed
+    cpt     only where the user asked ``--cpus-per-task`` and CODA rewrote it (or, with
+            action=advise, would): the CPUs per task written (cpg x gpn over the tasks
+            on a node)
 
 Placement fields, appended only when the hook changed the job that way::
 

@@ -175,6 +175,10 @@ def predict(conf_file: Path | None, uid: int | None, as_json: bool, args: tuple[
         f"cpus/tres:  {result['cpus_per_tres_before'] or '-'} -> "
         f"{result['cpus_per_tres_after'] or '(unchanged)'}"
     )
+    if result["cpus_per_task_after"] is not None:
+        click.echo(
+            f"cpus/task:  {result['cpus_per_task_before']} -> {result['cpus_per_task_after']}"
+        )
     # Placement: shown only where the hook would change the field.
     for label, key in (
         ("partition", "partition"),

@@ -16,6 +16,7 @@ from coda_common.signature import (
     workload_signature,
 )
 from coda_common.store.profiles import ProfileCache, StoreUnavailable
+from coda_common.store.request import NO_VAL16
 from slurm_plugin.cli.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision.decide import JobRequest, decide, parse_admin_record
@@ -88,7 +89,8 @@ def predict_submission(
         "action": decision.action,
         "cpus_per_tres_before": req.cpus_per_tres,
         "cpus_per_tres_after": decision.cpus_per_tres,
-        "clear_cpus_per_task": decision.clear_cpus_per_task,
+        "cpus_per_task_before": req.cpus_per_task if 0 < req.cpus_per_task < NO_VAL16 else None,
+        "cpus_per_task_after": decision.cpus_per_task,
         "partition_before": req.partition,
         "partition_after": decision.partition,
         "tres_per_node_before": req.tres_per_node,

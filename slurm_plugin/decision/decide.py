@@ -14,6 +14,14 @@ Actions (:data:`ACTIONS`, a closed set)::
              no raise)
     lower    UserValue=lower and the prediction is below the user's per-GPU value: set
     replace  UserValue=replace: the prediction replaces the user's value
+
+A user's value is rewritten in the form the user gave it.  ``--cpus-per-gpu`` becomes the new
+CPUs per GPU (``cpus_per_tres``).  ``--cpus-per-task`` stays per task: the new CPUs on a node
+(CPUs per GPU x GPUs per node) are divided over the job's tasks on a node, rounded up unless
+that would ask more than the node cap allows (then down), and written as ``cpus_per_task``;
+so every task keeps its share and ``SLURM_CPUS_PER_TASK`` says it.  ``raise`` never lowers
+what a task asked, ``lower`` never raises it: a division that does not move the user's
+``--cpus-per-task`` the intended way keeps it.
     advise   Mode=advise: one of set/default/raise/lower/replace was decided but nothing is
              written (the admin record's ``would=`` says which)
     skip     CODA leaves the job alone (CPU-only, Mode=off, partition filter, coda:off,
@@ -50,10 +58,11 @@ GPUs per node, from the first of these that asks for GPUs:
   rounded up;
 * ``tres_per_task`` (``--gpus-per-task``): times tasks per node (``ntasks_per_node``, else
   ``num_tasks`` / nodes rounded up, else 1);
-* ``tres_per_socket`` (``--gpus-per-socket``): times ``sockets_per_node``
-  (``--sockets-per-node``); without it the socket count is not known at submit time, so it
-  is treated as one socket per node.  That can only undercount, which loosens the node cap
-  and the multi-node rule, never tightens them.
+* ``tres_per_socket`` (``--gpus-per-socket``): the job is left unchanged.  Slurm gives
+  that many GPUs on every socket the job's cores land on, so the count follows the cores
+  (``--sockets-per-node`` is a minimum, not a limit) and a CPU request of coda's could
+  itself add GPUs; Slurm 22.05 and 24.11 also count such GPUs differently for
+  ``--cpus-per-gpu``.
 
 The node count is ``min_nodes`` when set, else 1 (``max_nodes`` is not used).  A job with
 several partitions (``-p a,b``) is managed only if every one of them is; a job without
@@ -127,8 +136,11 @@ class Decision:
     """One of :data:`ACTIONS`."""
     cpus_per_tres: str | None
     """New ``cpus_per_tres`` to write; None = leave the field alone."""
-    clear_cpus_per_task: bool
-    """Also set ``cpus_per_task`` to NO_VAL16 (Slurm refuses both at once)."""
+    cpus_per_task: int | None
+    """New ``cpus_per_task`` (the user asked per task, see the module docstring; or sbatch
+    sent ``-c`` as ``--cpus-per-gpu`` x ``--gpus-per-task`` and the CPUs per GPU change);
+    None = leave the field alone.  Written with what sbatch derived from it (``min_cpus``,
+    ``pn_min_cpus``, 23.11's ``cpu=N`` in ``tres_per_task``)."""
     user_msg: str | None
     """One line for sbatch's output, or None."""
     log_msg: str
@@ -196,7 +208,7 @@ def _skip(req: JobRequest, reason: str, user_msg: str | None = None) -> Decision
     return Decision(
         action="skip",
         cpus_per_tres=None,
-        clear_cpus_per_task=False,
+        cpus_per_task=None,
         user_msg=user_msg,
         log_msg=f"coda: {_job_label(req)} action=skip: {reason}",
         admin_comment=None,
@@ -221,9 +233,7 @@ def _partition_reason(partition: str | None, cfg: CodaConfig) -> str | None:
     return None
 
 
-def _clamp(
-    value: int, gpn: int, cfg: CodaConfig, node_cap: Callable[[int], int | None]
-) -> tuple[int, str]:
+def _clamp(value: int, gpn: int, cfg: CodaConfig, cap: int | None) -> tuple[int, str]:
     """``value`` within MinCpusPerGpu..MaxCpusPerGpu and the node cap, and a note (or "")
     saying which bound applied.  The node cap wins over MinCpusPerGpu (a larger value
     could not run anywhere) but never goes below 1."""
@@ -234,7 +244,6 @@ def _clamp(
     elif value < cfg.min_cpus_per_gpu:
         value = cfg.min_cpus_per_gpu
         note = f", raised to MinCpusPerGpu={value}"
-    cap = node_cap(gpn)
     if cap is not None and value > cap:
         value = max(cap, 1)
         note = f", capped at {value} by the largest node with {gpn} GPUs"
@@ -289,12 +298,15 @@ def decide(
     )
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
     place = _placement(req, cfg, sig, profiles, gpn, node_features, admitted.sep)
-    pred, src, note = _prediction(profile, src, gpn, nodes, cfg, node_cap, node_share)
+    cap = node_cap(gpn)
+    pred, src, note = _prediction(profile, src, gpn, nodes, cfg, cap, node_share)
     was, user_flag = _user_value(user_cpg, user_cpt)
 
     # A bound that changed the prediction is said in the log line too, not only to the user.
     bound_note = note.removeprefix(", ") if "capped" in note or "raised to" in note else ""
-    job = _Job(req, cfg, sig, was, src, gpn, nodes, place, admitted.sep, bound_note)
+    job = _Job(
+        req, cfg, sig, was, src, gpn, nodes, tasks_per_node, cap, place, admitted.sep, bound_note
+    )
     choice = _Choice(
         profile=profile,
         pred=pred,
@@ -304,8 +316,9 @@ def decide(
     )
     if not user_flag:
         return _without_user_value(job, choice)
-    user_total = _user_total(user_cpg, user_cpt, gpn, tasks_per_node)
-    return _with_user_value(job, choice, user_cpg, user_flag, user_total)
+    if user_cpg is not None:
+        return _with_user_value(job, choice, user_cpg, user_flag)
+    return _with_task_value(job, choice, user_cpt or 1, user_flag)
 
 
 # -- the stages of decide() --------------------------------------------------------------------
@@ -348,6 +361,12 @@ def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | _CpuOnly | Decision:
         return _skip(req, f"malformed GPU request, job left unchanged: {exc}")
     if not any(gpus):
         return _CpuOnly()
+    if gpus[3]:
+        return _skip(
+            req,
+            "GPUs asked per socket (--gpus-per-socket): Slurm decides their number with the "
+            "sockets the job's cores land on, job left unchanged",
+        )
     if not (_set16(req.cpus_per_task) or req.cpus_per_task == NO_VAL16):
         # 0 or INFINITE16: no --cpus-per-task sbatch sends; Slurm decides what it means.
         return _skip(req, f"cpus_per_task={req.cpus_per_task} not understood, job left unchanged")
@@ -380,7 +399,7 @@ def _invalid_directive(req: JobRequest, cfg: CodaConfig, exc: DirectiveError) ->
     return Decision(
         action="reject",
         cpus_per_tres=None,
-        clear_cpus_per_task=False,
+        cpus_per_task=None,
         user_msg=str(exc),
         log_msg=f"coda: {_job_label(req)} action=reject: {exc}",
         admin_comment=None,
@@ -392,14 +411,12 @@ def _gpus_per_node(
     req: JobRequest, gpus: tuple[int, int, int, int], nodes: int, tasks_per_node: int
 ) -> int:
     """GPUs per node from the first field that asks for GPUs (the module docstring)."""
-    per_node, per_job, per_task, per_socket = gpus
+    per_node, per_job, per_task, _per_socket = gpus  # per socket: left unchanged in _admit
     if per_node:
         return per_node
     if per_job:
         return -(-per_job // nodes)
-    if per_task:
-        return per_task * tasks_per_node
-    return per_socket * (req.sockets_per_node if _set16(req.sockets_per_node) else 1)
+    return per_task * tasks_per_node
 
 
 def _prediction(
@@ -408,7 +425,7 @@ def _prediction(
     gpn: int,
     nodes: int,
     cfg: CodaConfig,
-    node_cap: Callable[[int], int | None],
+    cap: int | None,
     node_share: Callable[[int], int | None] | None,
 ) -> tuple[int | None, str, str]:
     """``(CPUs per GPU or None, src, note)``: the confident profile's prediction, else
@@ -416,7 +433,7 @@ def _prediction(
     share applied ("" when none)."""
     if profile is not None:
         pred, note = _clamp(
-            predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, node_cap
+            predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, cap
         )
         return pred, src, note
     if cfg.default_cpus_per_gpu is None:
@@ -428,7 +445,7 @@ def _prediction(
         note = f", the node's share of {default} per GPU" if default is not None else ""
     if default is None:
         return None, src, note
-    pred, clamped = _clamp(default, gpn, cfg, node_cap)
+    pred, clamped = _clamp(default, gpn, cfg, cap)
     return pred, "default", note + clamped
 
 
@@ -457,60 +474,104 @@ class _Choice:
     basis: str
     """Where the prediction comes from, for the user's line."""
 
-    def rewrite_msg(self, verb: str, user_flag: str) -> str:
-        return (
-            f"coda: --cpus-per-gpu={self.pred} for workload {self.label} "
-            f"({verb} {user_flag}; {self.basis})"
-        )
+    def rewrite_msg(self, verb: str, user_flag: str, written: str = "") -> str:
+        """The user's line for a rewrite; ``written`` is the option as coda wrote it when it
+        is not ``--cpus-per-gpu`` (a per-task request stays per task)."""
+        what = written or f"--cpus-per-gpu={self.pred}"
+        return f"coda: {what} for workload {self.label} ({verb} {user_flag}; {self.basis})"
 
 
 def _without_user_value(job: _Job, c: _Choice) -> Decision:
     """No ``--cpus-per-gpu`` or ``--cpus-per-task``: set, default or skip."""
     if c.pred is None:
-        return _finish(job, "skip", None, c.unknown, None, False)
+        return _finish(job, "skip", None, c.unknown, None)
     if c.profile is not None:
         action, reason = "set", "confident profile"
     else:
         action, reason = "default", f"{c.unknown}; DefaultCpusPerGpu"
     msg = f"coda: --cpus-per-gpu={c.pred} for workload {c.label} ({c.basis})"
-    return _finish(job, action, c.pred, reason, msg, False)
+    return _finish(job, action, c.pred, reason, msg)
 
 
-def _with_user_value(
-    job: _Job, c: _Choice, user_cpg: int | None, user_flag: str, user_total: int
-) -> Decision:
-    """The user gave ``--cpus-per-gpu`` or ``--cpus-per-task`` (``user_total`` CPUs per
-    node): raise, replace, lower or keep, by UnprofiledUserValue and UserValue."""
-    cfg, pred, gpn = job.cfg, c.pred, job.gpn
+def _with_user_value(job: _Job, c: _Choice, user_cpg: int, user_flag: str) -> Decision:
+    """The user gave ``--cpus-per-gpu``: raise, replace, lower or keep, by
+    UnprofiledUserValue and UserValue."""
+    cfg, pred = job.cfg, c.pred
     if (
         c.profile is None
         and pred is not None
         and cfg.unprofiled_user_value == "raise"
-        and pred * gpn > user_total
+        and pred > user_cpg
     ):
         msg = c.rewrite_msg("raises", user_flag)
-        return _finish(job, "raise", pred, f"{c.unknown}; UnprofiledUserValue=raise", msg, True)
+        return _finish(job, "raise", pred, f"{c.unknown}; UnprofiledUserValue=raise", msg)
     if c.profile is None or pred is None:
-        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None, False)
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None)
     if cfg.user_value == "replace":
         msg = c.rewrite_msg("replaces", user_flag)
-        return _finish(job, "replace", pred, "UserValue=replace", msg, True)
+        return _finish(job, "replace", pred, "UserValue=replace", msg)
     if cfg.user_value == "lower":
-        # Per GPU, without rounding: pred < user_cpt * tasks_per_node / gpn.
-        if pred * gpn < user_total:
+        if pred < user_cpg:
             msg = c.rewrite_msg("lowers", user_flag)
             reason = "UserValue=lower, prediction below the user value"
-            return _finish(job, "lower", pred, reason, msg, True)
+            return _finish(job, "lower", pred, reason, msg)
         reason = "UserValue=lower, prediction not below the user value"
     else:
         reason = "UserValue=keep"
     msg = None
     if user_cpg != pred:
-        msg = (
-            f"coda: kept your {user_flag}; the profile of workload {c.label} suggests "
-            f"--cpus-per-gpu={pred} ({c.basis})"
-        )
-    return _finish(job, "keep", pred, reason, msg, False)
+        msg = _kept_msg(c, user_flag)
+    return _finish(job, "keep", pred, reason, msg)
+
+
+def _with_task_value(job: _Job, c: _Choice, user_cpt: int, user_flag: str) -> Decision:
+    """The user gave ``--cpus-per-task``: the same rules as :func:`_with_user_value`, with
+    coda's CPUs on a node divided over the job's tasks (:func:`_task_share`) and compared
+    with the user's value per task, so that ``raise`` never gives a task fewer CPUs than it
+    asked and ``lower`` never more."""
+    cfg, pred = job.cfg, c.pred
+    share = None if pred is None else _task_share(job, pred)
+    if c.profile is None:
+        if share is not None and cfg.unprofiled_user_value == "raise" and share > user_cpt:
+            msg = c.rewrite_msg("raises", user_flag, f"--cpus-per-task={share}")
+            reason = f"{c.unknown}; UnprofiledUserValue=raise"
+            return _finish(job, "raise", pred, reason, msg, share)
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None)
+    if pred is None or share is None:
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None)
+    if cfg.user_value == "replace":
+        msg = c.rewrite_msg("replaces", user_flag, f"--cpus-per-task={share}")
+        return _finish(job, "replace", pred, "UserValue=replace", msg, share)
+    if cfg.user_value == "lower":
+        if share < user_cpt:
+            msg = c.rewrite_msg("lowers", user_flag, f"--cpus-per-task={share}")
+            reason = "UserValue=lower, prediction below the user value"
+            return _finish(job, "lower", pred, reason, msg, share)
+        reason = "UserValue=lower, prediction not below the user value"
+    else:
+        reason = "UserValue=keep"
+    msg = None if share == user_cpt else _kept_msg(c, user_flag)
+    return _finish(job, "keep", pred, reason, msg)
+
+
+def _kept_msg(c: _Choice, user_flag: str) -> str:
+    return (
+        f"coda: kept your {user_flag}; the profile of workload {c.label} suggests "
+        f"--cpus-per-gpu={c.pred} ({c.basis})"
+    )
+
+
+def _task_share(job: _Job, pred: int) -> int:
+    """``pred`` CPUs per GPU as CPUs per task: the node's ``pred x GPUs`` over its tasks,
+    rounded up, or down when rounding up would ask more than the node cap gives (the
+    largest node's CPUs for this many GPUs); at least 1, at most what ``cpus_per_task``
+    holds."""
+    tasks = max(job.tasks_per_node, 1)
+    total = pred * job.gpn
+    share = -(-total // tasks)
+    if job.cap is not None and share * tasks > job.cap * job.gpn:
+        share = job.cap * job.gpn // tasks
+    return min(max(share, 1), NO_VAL16 - 1)
 
 
 def _lookup(
@@ -537,13 +598,6 @@ def _lookup(
     return None, "none", weak
 
 
-def _user_total(user_cpg: int | None, user_cpt: int | None, gpn: int, tasks_per_node: int) -> int:
-    """The user's own CPUs per node (from --cpus-per-gpu, else --cpus-per-task)."""
-    if user_cpg is not None:
-        return user_cpg * gpn
-    return (user_cpt or 0) * tasks_per_node
-
-
 def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:
     if profile is None:
         return "site default, no confident profile yet"
@@ -563,6 +617,9 @@ class _Job:
     src: str
     gpn: int
     nodes: int
+    tasks_per_node: int
+    cap: int | None
+    """The node cap for ``gpn`` GPUs (most CPUs per GPU any node gives); None = unknown."""
     place: _Placement | None
     sep: str
     """How the job's Slurm spells a GRES (:func:`~slurm_plugin.decision.tres.gres_separator`)."""
@@ -576,35 +633,48 @@ def _finish(
     pred: int | None,
     reason: str,
     user_msg: str | None,
-    clear: bool,
+    task_share: int | None = None,
 ) -> Decision:
-    """Build the Decision of a job that has a signature (and hence an admin record)."""
+    """Build the Decision of a job that has a signature (and hence an admin record).
+    ``task_share``: the user asked per task, and a writing action writes this
+    ``--cpus-per-task`` instead of ``--cpus-per-gpu``."""
     req, cfg, sig, place, sep = job.req, job.cfg, job.sig, job.place, job.sep
     was, src, gpn, nodes, bound_note = job.was, job.src, job.gpn, job.nodes, job.bound_note
     cpg = "" if pred is None else str(pred)
     would = ""
     new_tres: str | None = None
+    new_cpt: int | None = None
     rescale: tuple[int, int] | None = None
     if action in _WRITING:
         if cfg.mode == "advise":
             would = f";would={action}"
             action = "advise"
-            clear = False
             if user_msg is not None:
                 user_msg = f"coda: would set {user_msg[6:]}; advise mode, job unchanged"
+        elif task_share is not None:
+            new_cpt = task_share
         else:
             # pred is set for every writing action; set_gpu_count cannot fail on a string
             # cpus_per_gpu() already parsed.
             new_tres = set_gpu_count(req.cpus_per_tres, pred or 1, sep)
             # cpus_per_gpu() already parsed this string in decide(): it cannot fail here.
             user_cpg = cpus_per_gpu(req.cpus_per_tres)
-            if user_cpg and pred and user_cpg != pred:
+            per_task_gpus = gpu_count(req.tres_per_task)
+            if user_cpg and _set16(req.cpus_per_task) and per_task_gpus:
+                # With --gpus-per-task, sbatch also sends -c as --cpus-per-gpu x GPUs per
+                # task, and Slurm refuses a job where the two differ: -c follows (and with
+                # it min_cpus, by the same factor).
+                new_cpt = min(pred * per_task_gpus, NO_VAL16 - 1) if pred else None
+            elif user_cpg and pred and user_cpg != pred:
                 rescale = (user_cpg, pred)
-    clear = clear and _set16(req.cpus_per_task)
     admin = (
         f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
         f";gpn={gpn};nodes={nodes}"
     )
+    cpt_log = ""
+    if task_share is not None:
+        admin += f";cpt={task_share}"
+        cpt_log = f" cpt={task_share}"
     place_log = ""
     if place is not None:
         admin += place.admin
@@ -613,13 +683,13 @@ def _finish(
             user_msg = f"{user_msg}; {place.user_msg[6:]}" if user_msg else place.user_msg
     log = (
         f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
-        f"cpg={cpg or '-'} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
+        f"cpg={cpg or '-'}{cpt_log} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
         f"{reason}{'; ' + bound_note if bound_note else ''}"
     )
     return Decision(
         action=action,
         cpus_per_tres=new_tres,
-        clear_cpus_per_task=clear,
+        cpus_per_task=new_cpt,
         user_msg=user_msg,
         log_msg=log,
         admin_comment=admin,
@@ -797,7 +867,7 @@ def _cpu_job(
     return Decision(
         action="skip",
         cpus_per_tres=None,
-        clear_cpus_per_task=False,
+        cpus_per_task=None,
         user_msg="coda: " + "; ".join(msgs) if msgs else None,
         log_msg=f"coda: {_job_label(req)} sig={sig.key} action=skip{part_log}"
         f"{tokens.replace(';', ' ')}: {reason}",
@@ -859,7 +929,7 @@ def _routed(req: JobRequest, route: str) -> Decision:
     return Decision(
         action="skip",
         cpus_per_tres=None,
-        clear_cpus_per_task=False,
+        cpus_per_task=None,
         user_msg=f"coda: CPU-only job offered partitions {route} (it starts in whichever "
         "can run it first; coda:off in --comment opts out)",
         log_msg=f"coda: {_job_label(req)} action=skip part={route}: {reason}",

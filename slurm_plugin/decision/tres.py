@@ -47,7 +47,7 @@ __all__ = [
     "parse_tres",
     "set_gpu_count",
     "task_cpus",
-    "without_task_cpus",
+    "with_task_cpus",
 ]
 
 MAX_TRES_CHARS = 4096
@@ -131,7 +131,11 @@ def _parse_item(raw: str) -> TresItem:
         kind_sep = ":"
         del fields[0]
     if eq:
-        # NAME[:TYPE]=COUNT (tres_per_task from 23.11 on: cpu=3, gres/gpu:a100=1)
+        # NAME[:TYPE]=COUNT (tres_per_task from 23.11 on: cpu=3, gres/gpu:a100=1).  An empty
+        # field before "=" is not Slurm's: ``-G=4`` arrives as ``gres:gpu:=4``, which Slurm
+        # refuses, and must not read as four GPUs.
+        if "" in fields[1:]:
+            raise TresError(f"empty field before '=' in TRES item {_show(raw)}")
         if len(fields) > 2:
             raise TresError(f"too many fields in TRES item {_show(raw)}")
         fields.append(count_text)
@@ -279,17 +283,21 @@ def task_cpus(s: str | None) -> int | None:
     return None
 
 
-def without_task_cpus(s: str | None) -> str | None:
-    """``tres_per_task`` string ``s`` without its ``cpu=N`` item; None when nothing is left.
+def with_task_cpus(s: str | None, cpus: int) -> str | None:
+    """``tres_per_task`` string ``s`` with its ``cpu=N`` item set to ``cpu=<cpus>``; None
+    for None.
 
     Slurm 23.11 and later keep ``-c`` in ``tres_per_task`` as well as in ``cpus_per_task``:
-    a job whose ``-c`` is replaced by ``--cpus-per-gpu`` must lose both, or Slurm still asks
-    the node for the old count.  Other items are kept verbatim and in order.
+    a job whose ``-c`` coda rewrites must have both rewritten, or Slurm still asks the node
+    for the old count.  Other items are kept verbatim and in order (the hook's C side,
+    ``coda_set_task_cpus``, does the same).
     """
     if not s:
         return None
-    kept = [raw for raw, item in _raw_items(s) if not (item.name == "cpu" and not item.kind)]
-    return ",".join(kept) or None
+    return ",".join(
+        f"cpu={cpus}" if item.name == "cpu" and not item.kind else raw
+        for raw, item in _raw_items(s)
+    )
 
 
 def _raw_items(s: str) -> list[tuple[str, TresItem]]:

@@ -421,7 +421,7 @@ def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: Ho
         submit_uid,
         gen,
         plan_id,
-        1 if writes and decision.clear_cpus_per_task else 0,
+        decision.cpus_per_task if writes and decision.cpus_per_task is not None else 0,
         *(decision.min_cpus_rescale if writes and decision.min_cpus_rescale else (0, 0)),
         plan.log_level if plan.log_level <= log_level else -1,
         null if not writes or plan.cpus_per_tres is None else plan.cpus_per_tres,
@@ -480,7 +480,7 @@ def _drain_locked(state: HookState | None) -> int:
                 plan = entry[0]
                 decision = plan.decision
                 stats.gpu_jobs += 1
-                if plan.cpus_per_tres is not None:
+                if plan.cpus_per_tres is not None or decision.cpus_per_task is not None:
                     stats.changed += 1
                 if journal is not None:
                     journal.record(
@@ -861,8 +861,8 @@ def _apply(desc: Any, plan: Plan, err_msg: Any, token: int = 0) -> None:
     replace = _lib.coda_replace_str
     if plan.cpus_per_tres is not None:
         replace(_ffi.addressof(desc, "cpus_per_tres"), plan.cpus_per_tres)
-    if plan.decision.clear_cpus_per_task:
-        _lib.coda_clear_cpus_per_task(desc)  # -c and all sbatch derived from it
+    if plan.decision.cpus_per_task is not None:
+        _lib.coda_set_cpus_per_task(desc, plan.decision.cpus_per_task)  # and what sbatch derived
     if plan.decision.min_cpus_rescale is not None:
         _lib.coda_rescale_min_cpus(desc, *plan.decision.min_cpus_rescale)
     # Placement: Slurm validates these after job_submit, like cpus_per_tres.
@@ -952,7 +952,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         if plan.admin_comment is not None:
             token = _next_token()
         _apply(desc, plan, err_msg, token)
-        if plan.cpus_per_tres is not None:
+        if plan.cpus_per_tres is not None or decision.cpus_per_task is not None:
             stats.changed += 1
         if plan.log_level <= state.log_level:
             _lib.coda_log(plan.log_level, plan.log_line)
