@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from coda_common.config.codaconf import ConfigError, parse_config
+from coda_common.slurm.slurmjson import SlurmQueryError
 from slurm_plugin.cli.main import main
 from slurm_plugin.reserve.cluster import (
     STATE_FORMAT,
@@ -21,6 +22,7 @@ from slurm_plugin.reserve.cluster import (
     parse_nodes,
     parse_partitions,
     plan_for,
+    read_cluster,
 )
 from slurm_plugin.reserve.plan import (
     NodeLoad,
@@ -395,6 +397,156 @@ def test_default_cpus_per_gpu_comes_from_the_gpu_partitions() -> None:
     lonely = parse_partitions("PartitionName=cpu_spare MaxCPUsPerNode=8 Nodes=cpu01\n")
     view = ClusterView({}, lonely, ())
     assert default_cpus_per_gpu(view, lonely["cpu_spare"], ReserveSettings(("cpu_spare",))) == 4.0
+
+
+# -- RestrictedCoresPerGPU (Slurm 24.05 on) --------------------------------------------------
+# slurm.conf(5): "If a job does not request a GPU it will not have access to these cores."
+# gpu01: 16 CPUs, 4 GPUs, 3 cores restricted per GPU: 12 for GPU jobs only, 4 for anyone.
+
+
+def restricted_node(gpus_alloc: int = 0, held: int = 0, held_restricted: int = 0) -> NodeLoad:
+    return NodeLoad("gpu01", 16, 4, gpus_alloc, held, True, 3, held_restricted)
+
+
+@pytest.mark.parametrize(
+    ("load", "cpus_per_gpu", "reserved"),
+    [
+        # idle: the 12 restricted cores, and what an idle GPU needs beyond its own 3
+        (restricted_node(), 2, 12),
+        (restricted_node(), 3, 12),
+        (restricted_node(), 4, 12 + 4 * 1),
+        (restricted_node(), 3.5, 12 + 2),
+        # a GPU job holding 1 restricted core: its GPU's other 2 stay restricted
+        (restricted_node(gpus_alloc=1, held=1, held_restricted=1), 4, 12 + 0 + 3 * 1),
+        # a GPU job holding 3 restricted cores and 4 others: those 4 are held
+        (restricted_node(gpus_alloc=1, held=7, held_restricted=3), 3, 12 + 4),
+        # every GPU busy: restricted plus what is held beside them
+        (restricted_node(gpus_alloc=4, held=14, held_restricted=12), 4, 12 + 2),
+    ],
+)
+def test_restricted_cores_are_reserved_and_idle_gpus_need_only_the_rest(
+    load: NodeLoad, cpus_per_gpu: float, reserved: int
+) -> None:
+    assert node_reserved_cpus(load, cpus_per_gpu) == reserved
+    # never lent: a CPU job could not use a restricted core
+    spare = spare_cpus_per_node([load], cpus_per_gpu, min_cpus=0)
+    assert spare is not None
+    assert spare <= load.cpus - 12 - (load.cpus_alloc_gpu_jobs - load.restricted_cpus_held)
+
+
+def test_without_restricted_cores_nothing_changes() -> None:
+    plain = NodeLoad("gpu01", 32, 4, 1, 5, True)
+    assert node_reserved_cpus(plain, 4) == 5 + 3 * 4
+    assert NodeLoad("gpu01", 32, 4, 1, 5, True, 0, 0) == plain
+
+
+def test_plan_reason_says_what_is_restricted() -> None:
+    plan = plan_partition(
+        "gpu_spare",
+        [restricted_node(gpus_alloc=1, held=1, held_restricted=1)],
+        [],
+        default_cpus_per_gpu=4,
+        min_cpus=1,
+    )
+    assert plan.max_cpus_per_node == 1
+    assert plan.reason == (
+        "gpu01: 15 reserved = 12 restricted (RestrictedCoresPerGPU) + 0 held outside them + "
+        "3 idle GPUs x 1 (4 less 3 restricted)"
+    )
+
+
+RESTRICTED_NODES = (
+    # Slurm 24.11's `scontrol -d -o show node`: cores per GPU, then which cores
+    "NodeName=gpu01 Arch=x86_64 CoresPerSocket=8 CPUAlloc=4 CPUEfctv=16 CPUTot=16 "
+    "Gres=gpu:a100:4 Sockets=2 Boards=1 RestrictedCoresPerGPU=3(0-5,8-13) State=MIXED "
+    "ThreadsPerCore=1 GresUsed=gpu:a100:1(IDX:0)\n"
+    # two threads per core; not yet registered: Slurm does not know which cores yet
+    "NodeName=gpu02 CoresPerSocket=8 CPUTot=32 Gres=gpu:4 Sockets=2 "
+    "RestrictedCoresPerGPU=2((null)) State=IDLE ThreadsPerCore=2 GresUsed=gpu:0\n"
+    # no restriction (or Slurm 22.05)
+    "NodeName=gpu03 CoresPerSocket=8 CPUTot=16 Gres=gpu:4 Sockets=2 State=IDLE "
+    "ThreadsPerCore=1\n"
+)
+
+
+def test_parse_nodes_reads_restricted_cores() -> None:
+    nodes = parse_nodes(RESTRICTED_NODES)
+    gpu01, gpu02, gpu03 = nodes["gpu01"], nodes["gpu02"], nodes["gpu03"]
+    assert gpu01.restricted_cores_per_gpu == 3
+    assert gpu01.restricted_cores == frozenset([0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13])
+    assert gpu01.cores_per_socket == 8
+    assert (gpu02.restricted_cores_per_gpu, gpu02.restricted_cores) == (2, None)
+    assert gpu02.threads_per_core == 2
+    assert (gpu03.restricted_cores_per_gpu, gpu03.restricted_cores) == (0, None)
+
+
+@pytest.mark.parametrize("value", ["lots", "3(0-a)", "3(5-1)"])
+def test_parse_nodes_names_a_bad_restriction(value: str) -> None:
+    with pytest.raises(SlurmQueryError, match=r"node gpu01: .*RestrictedCoresPerGPU"):
+        parse_nodes(f"NodeName=gpu01 CPUTot=16 Gres=gpu:4 RestrictedCoresPerGPU={value}\n")
+
+
+def test_a_node_with_no_more_cpus_than_cores_counts_one_cpu_per_core() -> None:
+    """Slurm's ``tpc``: CPUs=16 on 16 cores of 2 threads schedules cores, one CPU each."""
+    text = "NodeName=g CoresPerSocket=8 CPUTot=16 Gres=gpu:4 Sockets=2 ThreadsPerCore=2\n"
+    assert parse_nodes(text)["g"].threads_per_core == 1
+
+
+def _on_cores(job_id: int, cores: dict[int, list[int]], gres: str) -> dict[str, object]:
+    """A running job of ``squeue --json`` (24.11 on) holding ``cores`` (socket -> cores)
+    and ``gres`` on gpu01."""
+    sockets = [
+        {"index": s, "cores": [{"index": c, "status": ["ALLOCATED"]} for c in cs]}
+        for s, cs in cores.items()
+    ]
+    allocation = [{"index": 0, "name": "gpu01", "sockets": sockets}]
+    return {
+        "job_id": job_id,
+        "job_state": ["RUNNING"],
+        "partition": "gpu",
+        "cpus_per_tres": "",
+        "job_resources": {"nodes": {"allocation": allocation}},
+        "gres_detail": [gres],
+    }
+
+
+RESTRICTED_JOBS = [
+    # a GPU job on cores 0 and 6 of socket 0 and core 0 of socket 1 (cores 0, 6, 8):
+    # 0 and 8 are restricted
+    _on_cores(1, {0: [0, 6], 1: [0]}, "gpu:a100:1(IDX:0)"),
+    # a CPU job on the unrestricted cores 7 and 15: not a GPU job's
+    _on_cores(2, {0: [7], 1: [7]}, ""),
+]
+
+
+def test_parse_jobs_counts_the_restricted_cores_gpu_jobs_hold() -> None:
+    restricted = parse_nodes(RESTRICTED_NODES)["gpu01"].restricted_cores
+    assert restricted is not None
+    usage = parse_jobs(RESTRICTED_JOBS, {"gpu01": 1}, {"gpu01": (8, restricted)})
+    assert dict(usage.gpu_job_cpus) == {"gpu01": 3}
+    assert dict(usage.gpu_job_restricted_cpus) == {"gpu01": 2}
+    # without the node's cores: none counted as restricted
+    assert dict(parse_jobs(RESTRICTED_JOBS, {"gpu01": 1}).gpu_job_restricted_cpus) == {}
+
+
+def test_read_cluster_lends_only_unrestricted_cores() -> None:
+    """Slurm's records in, the plan out: gpu01 keeps its 12 restricted cores, the 1 core
+    the GPU job holds beside them, and 3 idle GPUs x (4 - 3); of the 4 unrestricted cores,
+    the CPU job may have 2 (the other holds 1, and 1 goes to the idle GPUs)."""
+    outputs = {
+        "scontrol -d -o show node": RESTRICTED_NODES.splitlines()[0] + "\n",
+        "squeue --json --all": json.dumps({"jobs": RESTRICTED_JOBS}),
+        "scontrol -o show partition": (
+            "PartitionName=gpu MaxCPUsPerNode=UNLIMITED Nodes=gpu01 JobDefaults=DefCpuPerGPU=4\n"
+            "PartitionName=gpu_spare MaxCPUsPerNode=UNLIMITED Nodes=gpu01 JobDefaults=(null)\n"
+        ),
+    }
+    view = read_cluster(lambda argv: outputs[" ".join(argv)])
+    load = view.nodes["gpu01"]
+    assert (load.restricted_cpus_per_gpu, load.restricted_cpus_held) == (3, 2)
+    plan = plan_for(view, view.partitions["gpu_spare"], ReserveSettings(("gpu_spare",)))
+    assert plan.per_node == (("gpu01", 12 + 1 + 3),)
+    assert plan.max_cpus_per_node == 1
 
 
 # -- the state file -------------------------------------------------------------------------

@@ -1179,6 +1179,30 @@ class NodeShape:
     gres: tuple[tuple[str, int], ...] = ()
     """Every GRES of ``Gres=`` but ``gpu`` and its count per node (types summed), e.g.
     ``(("membw", 200), ("pcie", 2))``; an entry whose count cannot be read is left out."""
+    restricted_cpus_per_gpu: int = 0
+    """CPUs of the cores ``RestrictedCoresPerGPU=`` (Slurm 24.05 on) keeps for GPU jobs,
+    per GPU: the cores times the CPUs Slurm counts per core; 0 when the line does not set it.
+    slurm.conf(5): a job that asks for no GPU cannot use these cores; select/cons_tres gives
+    a job holding g of the node's GPUs at most g times this many of them
+    (``gres_filter.c``, ``max_res_cores = cnt_avail_total * res_cores_per_gpu``)."""
+
+    def gpu_job_cpus(self, gpus: int) -> int:
+        """The most CPUs a job holding ``gpus`` of this node's GPUs can get on it: all but
+        the cores restricted to the node's other GPUs."""
+        return self.cpus - self.restricted_cpus_per_gpu * max(0, self.gpus - gpus)
+
+    @property
+    def cpu_job_cpus(self) -> int:
+        """The CPUs a job that asks for no GPU can use on this node: all but the
+        restricted cores (never below 0)."""
+        return max(0, self.cpus - self.restricted_cpus_per_gpu * self.gpus)
+
+    @property
+    def restriction_fits(self) -> bool:
+        """False when ``RestrictedCoresPerGPU`` asks more cores than the node has: slurmctld
+        then sets the node DOWN when it registers ("RestrictedCoresPerGPU: We can't restrict
+        N core(s) per gpu"), so no job runs on it."""
+        return self.restricted_cpus_per_gpu * self.gpus <= self.cpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -1401,23 +1425,38 @@ def _node_int(params: dict[str, str], key: str, default: int) -> int:
 def _node_shape(params: dict[str, str]) -> NodeShape:
     """Shape of one node line; ``params`` has lower-case keys, DEFAULT values merged."""
     names = params["nodename"]
-    cpus = _node_int(params, "cpus", 0) or _node_int(params, "procs", 0)
-    if not cpus:
-        # As Slurm: SocketsPerBoard, when given, wins over Sockets (the total).
-        boards = _node_int(params, "boards", 1)
-        per_board = _node_int(params, "socketsperboard", 0)
-        sockets = boards * per_board if per_board else _node_int(params, "sockets", 1)
-        cpus = (
-            sockets
-            * _node_int(params, "corespersocket", 1)
-            * _node_int(params, "threadspercore", 1)
-        )
+    given_cpus = _node_int(params, "cpus", 0) or _node_int(params, "procs", 0)
+    cores_per_socket = _node_int(params, "corespersocket", 1) or 1
+    threads = _node_int(params, "threadspercore", 1) or 1
+    # As Slurm: SocketsPerBoard, when given, wins over Sockets (the total).
+    boards = _node_int(params, "boards", 1)
+    per_board = _node_int(params, "socketsperboard", 0)
+    sockets = boards * per_board if per_board else _node_int(params, "sockets", 0)
+    if not sockets:
+        # With CPUs= and no Sockets, as Slurm's read_config.c: CPUs / (cores x threads)
+        # when that divides, else one socket per board.
+        per_socket = cores_per_socket * threads
+        if given_cpus and given_cpus % per_socket == 0:
+            sockets = given_cpus // per_socket
+        else:
+            sockets = boards if given_cpus else 1
+    cpus = given_cpus or sockets * cores_per_socket * threads
     counts = _gres_counts(params["gres"]) if params.get("gres") else {}
     gpus = counts.pop("gpu", 0)
     feature_list = params.get("feature") or params.get("features") or ""
     features = tuple(dict.fromkeys(f.strip() for f in feature_list.split(",") if f.strip()))
+    # slurmctld counts a core as one CPU when the node has no more CPUs than cores
+    # (node_conf.c: tpc), else as ThreadsPerCore CPUs.
+    cpus_per_core = 1 if sockets * cores_per_socket >= cpus else threads
+    restricted = _node_int(params, "restrictedcorespergpu", 0) * cpus_per_core
     return NodeShape(
-        names, cpus, gpus, count_hostlist(names), features, tuple(sorted(counts.items()))
+        names,
+        cpus,
+        gpus,
+        count_hostlist(names),
+        features,
+        tuple(sorted(counts.items())),
+        restricted,
     )
 
 

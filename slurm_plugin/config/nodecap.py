@@ -28,16 +28,24 @@ __all__ = [
 ]
 
 
+def _can_hold(node: NodeShape, gpus_per_node: int) -> bool:
+    """``node`` has ``gpus_per_node`` GPUs and can run jobs (a ``RestrictedCoresPerGPU``
+    larger than the node leaves it DOWN)."""
+    return node.gpus >= gpus_per_node and node.restriction_fits
+
+
 def max_cpus_per_gpu_on_any_node(nodes: Iterable[NodeShape], gpus_per_node: int) -> int | None:
-    """The largest ``cpus // gpus_per_node`` over nodes with at least ``gpus_per_node``
-    GPUs: the most CPUs per GPU any node can give such a job.  None when no node fits (or
-    there is no node information, or ``gpus_per_node`` < 1)."""
+    """The most CPUs per GPU any node can give a job with ``gpus_per_node`` GPUs there:
+    the largest ``gpu_job_cpus(gpus_per_node) // gpus_per_node`` over the nodes with that
+    many GPUs (on a node with ``RestrictedCoresPerGPU``, all its CPUs but the cores
+    restricted to its other GPUs: Slurm gives a job only its own GPUs' share of them).
+    None when no node fits (or there is no node information, or ``gpus_per_node`` < 1)."""
     if gpus_per_node < 1:
         return None
     best: int | None = None
     for node in nodes:
-        if node.gpus >= gpus_per_node:
-            per_gpu = node.cpus // gpus_per_node
+        if _can_hold(node, gpus_per_node):
+            per_gpu = node.gpu_job_cpus(gpus_per_node) // gpus_per_node
             if best is None or per_gpu > best:
                 best = per_gpu
     return best
@@ -47,10 +55,13 @@ def node_share_cpus_per_gpu(nodes: Iterable[NodeShape], gpus_per_node: int) -> i
     """``DefaultCpusPerGpu=share``: the fewest ``cpus // gpus`` over the nodes with at least
     ``gpus_per_node`` GPUs, i.e. each GPU's even share of its node's cores on the leanest node
     that could run the job (so the job fits on any of them beside jobs sized the same way).
-    None when no node fits, or there is no node information."""
+    A GPU's share includes its ``RestrictedCoresPerGPU`` cores and is never below them (Slurm
+    restricts at most the node's cores), so it is always within
+    :func:`max_cpus_per_gpu_on_any_node`.  None when no node fits, or there is no node
+    information."""
     if gpus_per_node < 1:
         return None
-    shares = [node.cpus // node.gpus for node in nodes if node.gpus >= gpus_per_node]
+    shares = [node.cpus // node.gpus for node in nodes if _can_hold(node, gpus_per_node)]
     return max(1, min(shares)) if shares else None
 
 
@@ -76,9 +87,9 @@ def _at_most(units: int | None, top: int | None) -> int | None:
 
 
 class NodeCap:
-    """``cap(gpus_per_node)`` -> the most cores per GPU any node with that many GPUs has;
-    ``cap.share(gpus_per_node)`` -> a GPU's even share of cores on the leanest such node
-    (``DefaultCpusPerGpu=share``)."""
+    """``cap(gpus_per_node)`` -> the most cores per GPU any node with that many GPUs can
+    give such a job (:func:`max_cpus_per_gpu_on_any_node`); ``cap.share(gpus_per_node)`` ->
+    a GPU's even share of cores on the leanest such node (``DefaultCpusPerGpu=share``)."""
 
     __slots__ = (
         "_cache",

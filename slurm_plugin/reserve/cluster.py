@@ -5,7 +5,8 @@ Reads (one RPC each per pass, whatever the cluster's size):
 
 - ``scontrol -d -o show node``: ``CPUTot``, ``State``, ``Gres`` and ``GresUsed`` (GPUs
   allocated; ``AllocTRES`` lists ``gres/gpu`` only when ``AccountingStorageTRES`` names it,
-  ``GresUsed`` always does);
+  ``GresUsed`` always does), and from Slurm 24.05 on ``RestrictedCoresPerGPU=N(cores)``:
+  N cores per GPU no CPU-only job can use, and which cores they are (``node_info.c``);
 - ``squeue --json --all``: each running job's allocation (``job_resources``, and
   ``gres_detail`` per node): the CPUs a job holds on every node where it holds a GPU (a
   multi-node GPU job counts on each of its nodes); each pending job's ``cpus_per_tres``
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_common.config.codaconf import _gres_gpus, expand_hostlist
+from coda_common.slurm.ranges import parse_ranges
 from coda_common.slurm.slurmjson import (
     ACTIVE_STATES,
     Runner,
@@ -99,6 +101,9 @@ _NOT_UP = frozenset(
 _CPUS_PER_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?:(\d+)")
 _DEF_CPU_PER_GPU = re.compile(r"DefCpuPerGPU=(\d+)", re.IGNORECASE)
 _MAX_CPUS_VALUE = re.compile(r"UNLIMITED|[0-9]+")
+_RESTRICTED = re.compile(r"([0-9]+)(?:\((.*)\))?")
+"""``RestrictedCoresPerGPU=2(0-1,8-9)``: cores per GPU, then the node's restricted cores
+(core index = socket x cores per socket + core); ``(null)`` before the node registers."""
 
 
 class ReserveStateError(RuntimeError):
@@ -126,6 +131,13 @@ class _NodeRecord:
     """From ``GresUsed``; None when scontrol did not print it."""
     up: bool
     threads_per_core: int = 1
+    """CPUs Slurm counts per allocated core: ThreadsPerCore, or 1 when the node has no more
+    CPUs than cores (``node_conf.c``: ``tpc``)."""
+    cores_per_socket: int = 0
+    restricted_cores_per_gpu: int = 0
+    """``RestrictedCoresPerGPU`` (0: not set, or a Slurm without it)."""
+    restricted_cores: frozenset[int] | None = None
+    """The restricted cores (socket x cores per socket + core); None when not known."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +156,8 @@ class JobUsage:
     gpu_job_gpus: Mapping[str, int]
     """Node -> GPUs held there (used when a node record lacks ``GresUsed``)."""
     pending: tuple[PendingGpuJob, ...]
+    gpu_job_restricted_cpus: Mapping[str, int] = field(default_factory=dict)
+    """Node -> of ``gpu_job_cpus``, those on the node's restricted cores."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +191,23 @@ def _gpus(text: str, what: str) -> int:
         raise SlurmQueryError(f"{what}: {exc}") from None
 
 
+def _restricted_cores(text: str, what: str) -> tuple[int, frozenset[int] | None]:
+    """``RestrictedCoresPerGPU=2(0-1,8-9)`` -> ``(2, {0, 1, 8, 9})``; ``(0, None)`` when
+    the node has none."""
+    if not text:
+        return 0, None
+    m = _RESTRICTED.fullmatch(text)
+    if m is None:
+        raise SlurmQueryError(f"{what}: bad RestrictedCoresPerGPU {text!r}")
+    listed = m.group(2)
+    if listed is None or listed in ("", "(null)"):
+        return int(m.group(1)), None
+    try:
+        return int(m.group(1)), parse_ranges(listed, "RestrictedCoresPerGPU core list")
+    except ValueError as exc:
+        raise SlurmQueryError(f"{what}: {exc}") from None
+
+
 def parse_nodes(text: str) -> dict[str, _NodeRecord]:
     """``scontrol -d -o show node`` -> node name -> record."""
     out: dict[str, _NodeRecord] = {}
@@ -184,15 +215,23 @@ def parse_nodes(text: str) -> dict[str, _NodeRecord]:
         name = rec["NodeName"]
         what = f"node {name}"
         used = rec.get("GresUsed")
+        cpus = _int_field(rec, "CPUTot", what)
+        threads = _int_field(rec, "ThreadsPerCore", what) if "ThreadsPerCore" in rec else 1
+        cores_per_socket = _int_field(rec, "CoresPerSocket", what) if "CoresPerSocket" in rec else 0
+        sockets = _int_field(rec, "Sockets", what) if "Sockets" in rec else 0
+        if cores_per_socket and sockets and sockets * cores_per_socket >= cpus:
+            threads = 1  # Slurm schedules this node by core: one CPU per core
+        per_gpu, restricted = _restricted_cores(rec.get("RestrictedCoresPerGPU", ""), what)
         out[name] = _NodeRecord(
             name=name,
-            cpus=_int_field(rec, "CPUTot", what),
+            cpus=cpus,
             gpus=_gpus(rec.get("Gres", ""), what),
             gpus_used=None if used is None else _gpus(used, what),
             up=node_is_up(rec.get("State", "")),
-            threads_per_core=_int_field(rec, "ThreadsPerCore", what)
-            if "ThreadsPerCore" in rec
-            else 1,
+            threads_per_core=threads,
+            cores_per_socket=cores_per_socket,
+            restricted_cores_per_gpu=per_gpu,
+            restricted_cores=restricted if cores_per_socket else None,
         )
     return out
 
@@ -218,13 +257,19 @@ def parse_partitions(text: str) -> dict[str, PartitionInfo]:
 
 
 def parse_jobs(
-    records: Sequence[Mapping[str, Any]], threads_per_core: Mapping[str, int]
+    records: Sequence[Mapping[str, Any]],
+    threads_per_core: Mapping[str, int],
+    restricted_cores: Mapping[str, tuple[int, frozenset[int]]] | None = None,
 ) -> JobUsage:
     """``squeue --json`` job records -> CPUs and GPUs GPU jobs hold per node, and the
     cores per GPU pending GPU jobs ask for. ``threads_per_core``: node -> its threads per
-    core (Slurm allocates cores; a core counts as that many CPUs, as ``CPU_IDs`` does)."""
+    core (Slurm allocates cores; a core counts as that many CPUs, as ``CPU_IDs`` does).
+    ``restricted_cores``: node -> (cores per socket, its ``RestrictedCoresPerGPU`` cores),
+    to count the CPUs GPU jobs hold on them."""
     cpus: dict[str, int] = {}
     gpus: dict[str, int] = {}
+    restricted_cpus: dict[str, int] = {}
+    restricted = restricted_cores or {}
     pending: list[PendingGpuJob] = []
     for rec in records:
         job_id = rec.get("job_id")
@@ -244,18 +289,29 @@ def parse_jobs(
                 held_gpus = gpus_on_node(rec, position)
                 if held_gpus <= 0:
                     continue  # a CPU job, or a node of the job where it has no GPU
-                cpus[name] = cpus.get(name, 0) + len(cores) * threads_per_core.get(name, 1)
+                tpc = threads_per_core.get(name, 1)
+                cpus[name] = cpus.get(name, 0) + len(cores) * tpc
                 gpus[name] = gpus.get(name, 0) + held_gpus
+                if name in restricted:
+                    cps, kept = restricted[name]
+                    on_kept = sum(1 for sock, core in cores if sock * cps + core in kept)
+                    restricted_cpus[name] = restricted_cpus.get(name, 0) + on_kept * tpc
         except SlurmQueryError as exc:
             raise SlurmQueryError(f"{what}: {exc}") from None
-    return JobUsage(cpus, gpus, tuple(pending))
+    return JobUsage(cpus, gpus, tuple(pending), restricted_cpus)
 
 
 def read_cluster(runner: Runner) -> ClusterView:
     """Ask slurmctld (three RPCs) for what :func:`reconcile` needs; SlurmQueryError."""
     records = parse_nodes(runner(["scontrol", "-d", "-o", "show", "node"]))
     jobs = parse_jobs(
-        query_active_jobs(runner), {n: r.threads_per_core for n, r in records.items()}
+        query_active_jobs(runner),
+        {n: r.threads_per_core for n, r in records.items()},
+        {
+            n: (r.cores_per_socket, r.restricted_cores)
+            for n, r in records.items()
+            if r.restricted_cores is not None
+        },
     )
     partitions = parse_partitions(runner(["scontrol", "-o", "show", "partition"]))
     nodes = {
@@ -266,6 +322,10 @@ def read_cluster(runner: Runner) -> ClusterView:
             gpus_alloc=r.gpus_used if r.gpus_used is not None else jobs.gpu_job_gpus.get(name, 0),
             cpus_alloc_gpu_jobs=jobs.gpu_job_cpus.get(name, 0),
             up=r.up,
+            restricted_cpus_per_gpu=r.restricted_cores_per_gpu * r.threads_per_core,
+            # Which cores are restricted is unknown until the node registers: then none
+            # of the held ones is counted as restricted (fewer cores lent, never more).
+            restricted_cpus_held=jobs.gpu_job_restricted_cpus.get(name, 0),
         )
         for name, r in records.items()
     }

@@ -13,6 +13,12 @@ needs (nodes with every GPU allocated need no cap: Slurm keeps CPU jobs off the 
 GPU jobs hold). Admins with mixed node shapes define one spare partition per shape, and on a
 busy cluster a partition per node or per few nodes (``docs/admin-guide.md``).
 
+A node with ``RestrictedCoresPerGPU=N`` (Slurm 24.05 on) keeps N cores per GPU for GPU
+jobs: slurm.conf(5) "If a job does not request a GPU it will not have access to these
+cores" (select/cons_tres ``cons_helpers.c`` takes them out of a CPU-only job's cores). They
+are never lent: a node's spare cores are counted among the others only, and an idle GPU
+needs from them only what its expected cores exceed its own restricted ones by.
+
 Slurm never preempts for this: lowering the cap only stops *new* CPU jobs from starting
 beyond it, and cores Slurm has allocated to a GPU job are that job's until it ends (its
 own accounting, select/cons_tres, guarantees it; nothing here can take them).
@@ -58,20 +64,46 @@ class NodeLoad:
     """Cores allocated on this node to jobs that hold GPUs here."""
     up: bool = True
     """False for DOWN/DRAIN/FAIL/NOT_RESPONDING nodes: they are skipped."""
+    restricted_cpus_per_gpu: int = 0
+    """CPUs of the cores ``RestrictedCoresPerGPU`` keeps for GPU jobs, per GPU (0: none)."""
+    restricted_cpus_held: int = 0
+    """Of ``cpus_alloc_gpu_jobs``, those on restricted cores."""
 
 
 def _idle_gpus(node: NodeLoad) -> int:
     return max(0, node.gpus - node.gpus_alloc)
 
 
+def _restricted(node: NodeLoad) -> int:
+    """CPUs no CPU job can use: the restricted cores of every GPU, at most the node's."""
+    return min(node.cpus, max(0, node.restricted_cpus_per_gpu) * max(0, node.gpus))
+
+
+def _held_outside(node: NodeLoad) -> int:
+    """CPUs GPU jobs hold on cores that are not restricted."""
+    return max(0, node.cpus_alloc_gpu_jobs - max(0, node.restricted_cpus_held))
+
+
+def _idle_need_per_gpu(node: NodeLoad, cpus_per_gpu: float) -> float:
+    """What an idle GPU's next job needs beyond its own restricted cores."""
+    return max(0.0, cpus_per_gpu - max(0, node.restricted_cpus_per_gpu))
+
+
 def _idle_need(node: NodeLoad, cpus_per_gpu: float) -> int:
-    return max(0, math.ceil(_idle_gpus(node) * cpus_per_gpu - _EPS))
+    per_gpu = _idle_need_per_gpu(node, cpus_per_gpu)
+    return max(0, math.ceil(_idle_gpus(node) * per_gpu - _EPS))
+
+
+def _need(node: NodeLoad, cpus_per_gpu: float) -> int:
+    return _restricted(node) + _held_outside(node) + _idle_need(node, cpus_per_gpu)
 
 
 def node_reserved_cpus(node: NodeLoad, cpus_per_gpu: float) -> int:
-    """Cores of ``node`` kept for GPU jobs: those running GPU jobs hold plus
-    ``ceil(idle GPUs x cpus_per_gpu)``, at most the node's CPUs."""
-    return min(node.cpus, max(0, node.cpus_alloc_gpu_jobs) + _idle_need(node, cpus_per_gpu))
+    """Cores of ``node`` kept for GPU jobs, at most the node's CPUs: the restricted cores
+    (``RestrictedCoresPerGPU``; no CPU job can use them), those running GPU jobs hold
+    outside them, and ``ceil(idle GPUs x (cpus_per_gpu - restricted per GPU))``.  Without
+    restricted cores: what the GPU jobs hold plus ``ceil(idle GPUs x cpus_per_gpu)``."""
+    return min(node.cpus, _need(node, cpus_per_gpu))
 
 
 def spare_cpus_per_node(
@@ -126,11 +158,27 @@ def _num(value: float) -> str:
 
 
 def _node_reason(node: NodeLoad, cpus_per_gpu: float) -> str:
-    need = max(0, node.cpus_alloc_gpu_jobs) + _idle_need(node, cpus_per_gpu)
+    need = _need(node, cpus_per_gpu)
     idle = _idle_gpus(node)
-    text = f"{node.name}: {min(node.cpus, need)} reserved = {node.cpus_alloc_gpu_jobs} held"
+    restricted = _restricted(node)
+    text = f"{node.name}: {min(node.cpus, need)} reserved = "
+    if restricted:
+        text += (
+            f"{restricted} restricted (RestrictedCoresPerGPU) + "
+            f"{_held_outside(node)} held outside them"
+        )
+    else:
+        text += f"{node.cpus_alloc_gpu_jobs} held"
     if idle:
-        text += f" + {idle} idle GPU{'' if idle == 1 else 's'} x {_num(cpus_per_gpu)}"
+        text += f" + {idle} idle GPU{'' if idle == 1 else 's'} x "
+        if restricted:
+            per_gpu = _idle_need_per_gpu(node, cpus_per_gpu)
+            text += (
+                f"{_num(per_gpu)} ({_num(cpus_per_gpu)} less "
+                f"{node.restricted_cpus_per_gpu} restricted)"
+            )
+        else:
+            text += _num(cpus_per_gpu)
     if need > node.cpus:
         text += f" (capped at its {node.cpus} CPUs)"
     return text
