@@ -21,7 +21,12 @@ import pytest
 
 from coda_common.store.profiles import Profile, ProfileStore
 from coda_node.enforce.state import StateFile
-from slurm_plugin.devtools.cluster import DevCluster, NodeSpec, parse_scontrol_line
+from slurm_plugin.devtools.cluster import (
+    DevCluster,
+    NodeSpec,
+    parse_scontrol_line,
+    two_node_try_args,
+)
 from tests.conftest import gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script
 from tests.test_node_slurm import _cgroup_v1_reason, _squeue, _wait
@@ -241,6 +246,20 @@ def test_a_two_node_gpu_job_gets_the_multi_node_rule_and_each_daemon_its_part(
         assert view["cpus_now"] == cpus, node
         assert len(view["gpus"]) == 1, node
         assert "multi-node job" in json.dumps(view), node
+
+
+def test_the_job_dev_cluster_up_suggests_runs(cluster: DevCluster) -> None:
+    # What `dev-cluster up --nodes N` prints for this cluster's nodes (this host's CPUs).
+    args = two_node_try_args(os.cpu_count() or 1, cluster.def_cpu_per_gpu)
+    job_id, _ = cluster.sbatch(args, "#!/bin/sh\nsrun sleep 300\n")
+    assert _running_on(cluster, job_id)["NumNodes"] == "2"
+
+
+def test_the_suggested_job_fits_a_node_smaller_than_def_cpu_per_gpu() -> None:
+    # `up --nodes 3` on a 2-CPU host: DefCpuPerGPU=4 alone would ask 4 CPUs of a 2-CPU node.
+    assert two_node_try_args(2, 4) == ["-N2", "--gpus-per-node=1", "--cpus-per-gpu=2"]
+    assert two_node_try_args(16, 4) == ["-N2", "--gpus-per-node=1"]
+    assert two_node_try_args(2, None) == ["-N2", "--gpus-per-node=1"]
 
 
 def _reserve(cluster: DevCluster, *args: str) -> subprocess.CompletedProcess[str]:

@@ -20,19 +20,32 @@ gres.conf ties each GPU to its socket's cores (``Cores=``).
 All rows are submitted first (the decision is taken at submission; one ``coda.conf``
 rewrite per mode), then drained: each job is read once it runs and cancelled at once, so
 that the node's 4 GPUs go to the next ones.
+
+A second table runs on a node with ``RestrictedCoresPerGPU`` (Slurm 24.05 on; 22.05's
+slurmctld refuses the key and the table is skipped there): the profile's CPUs per GPU are
+capped at what Slurm lets a job with that many of the node's GPUs have, and Slurm's own
+bounds (coda off, a CPU-only job) are checked beside them.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from slurm_plugin.decision.decide import parse_admin_record
-from slurm_plugin.devtools.cluster import DevCluster, DevClusterError, parse_scontrol_line
-from tests.conftest import LogWatch
+from slurm_plugin.devtools.cluster import (
+    DevCluster,
+    DevClusterError,
+    NodeSpec,
+    parse_scontrol_line,
+    slurm_version,
+)
+from tests.conftest import LogWatch, require_slurm, started
 from tests.test_submit_slurm import put_profile, wait_for_reload
 
 pytestmark = pytest.mark.slurm
@@ -64,6 +77,10 @@ class Form:
     """GPUs the job gets on its node."""
     tasks: int = 1
     """Tasks on the node."""
+    left_alone: bool = False
+    """A form the hook leaves as submitted (no admin record, the user's own CPU option or
+    none): GPUs per socket, whose count, and so CPUs, Slurm picks (the row checks that the
+    job is as submitted, not Slurm's NumCPUs)."""
 
     def __str__(self) -> str:
         return " ".join(self.args)
@@ -79,12 +96,11 @@ FORMS = (
     Form(("--gres=gpu:a100:1",), 1),
     Form(("--ntasks=1", "--gpus-per-task=2"), 2),
     Form(("--ntasks=2", "--gpus-per-task=1"), 2, tasks=2),
-    # Both sockets of the node: one GPU on each.  With --sockets-per-node=1 the GPU count
-    # is Slurm's choice, not the request's (the option is a minimum: Slurm may spread the
-    # cores over both sockets and then gives a GPU on each, which 22.05 counts as one GPU
-    # for the CPUs and 24.11 as two; --distribution=block:block keeps 22.05 on one socket
-    # but not 24.11), so no row could say what such a job should get.
-    Form(("--gpus-per-socket=1", "--sockets-per-node=2"), 2),
+    # Both sockets of the node: one GPU on each.  The hook leaves GPUs per socket alone:
+    # the count is Slurm's choice, not the request's (--sockets-per-node is a minimum: Slurm
+    # may spread the cores over both sockets and then gives a GPU on each, which 22.05
+    # counts as one GPU for the CPUs and 24.11 as two), so the job gets Slurm's own answer.
+    Form(("--gpus-per-socket=1", "--sockets-per-node=2"), 2, left_alone=True),
 )
 
 
@@ -249,8 +265,15 @@ def _shown(fields: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.label)
 def test_running_job_has_the_cpus_decided(outcomes: dict[Row, Outcome], row: Row) -> None:
+    if row.form.left_alone:
+        _check_left_alone(outcomes[row], row)
+        return
     cpus, action, cpg = row.expected()
     want = f"NumCPUs={cpus} (action={action} cpg={cpg})"
+    # A --cpus-per-task request stays per task: each task gets its share of the CPUs.
+    per_task = row.ask.kind == "cpt"
+    if per_task:
+        want += f" CPUs/Task={cpus // row.form.tasks}"
     got = outcomes[row]
     if got.error:
         pytest.fail(f"[{row.label}] expected {want}, but {got.error}", pytrace=False)
@@ -262,9 +285,147 @@ def test_running_job_has_the_cpus_decided(outcomes: dict[Row, Outcome], row: Row
     actual = (
         f"NumCPUs={fields.get('NumCPUs')} (action={record.get('action')} cpg={record.get('cpg')})"
     )
+    if per_task:
+        actual += f" CPUs/Task={fields.get('CPUs/Task')}"
     if actual != want:
         pytest.fail(
             f"[{row.label}] expected {want} with {row.form.gpus} GPUs, got {actual} with "
             f"{held_gpus(fields)} GPUs; job: {_shown(fields)}",
+            pytrace=False,
+        )
+
+
+def _check_left_alone(got: Outcome, row: Row) -> None:
+    asked = row.ask.args(row.form)
+    # Slurm shows the partition's DefCpuPerGPU as the job's CpusPerTres when it gave none.
+    per_gpu = row.ask.per_gpu if row.ask.kind == "cpg" else DEF_CPU_PER_GPU
+    cpg = None if row.ask.kind == "cpt" else f"gpu:{per_gpu}"
+    cpt = asked[0].split("=")[1] if row.ask.kind == "cpt" else "1"
+    want = f"no coda record, CpusPerTres={cpg} CPUs/Task={cpt}"
+    if got.error:
+        pytest.fail(f"[{row.label}] expected {want}, but {got.error}", pytrace=False)
+    fields = got.fields
+    shown = fields.get("CpusPerTres")
+    actual = (
+        f"{'a coda record' if 'coda:sig=' in fields.get('AdminComment', '') else 'no coda record'}"
+        f", CpusPerTres={shown and shown.removeprefix('gres/').removeprefix('gres:')} "
+        f"CPUs/Task={fields.get('CPUs/Task')}"
+    )
+    if actual != want:
+        pytest.fail(f"[{row.label}] expected {want}, got {actual}; job: {_shown(fields)}")
+
+
+# -- a node with RestrictedCoresPerGPU -----------------------------------------------------
+
+RESTRICTED_CORES_PER_GPU = 3
+RESTRICTED_NODE = NodeSpec(
+    cpus=16, sockets=2, gpus=4, restricted_cores_per_gpu=RESTRICTED_CORES_PER_GPU
+)
+"""2 sockets x 8 cores, 2 GPUs on each (gres.conf ``Cores=``): 12 cores are restricted to
+GPU jobs, 4 are not."""
+RESTRICTED_PROFILE = 12
+"""The profile's CPUs per GPU: more than a job with fewer than 4 GPUs can have there."""
+RESTRICTED_SINCE = (24, 5)
+
+
+def restricted_cpus(gpus: int) -> int:
+    """slurm.conf(5) and select/cons_tres: a job holding ``gpus`` of the node's GPUs gets
+    every core but those restricted to the other GPUs."""
+    node = RESTRICTED_NODE
+    return node.cpus - RESTRICTED_CORES_PER_GPU * (node.gpus - gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class RestrictedRow:
+    args: tuple[str, ...]
+    cpus: int | None
+    """NumCPUs of the running job; None: it never runs (sbatch refuses it, or it pends)."""
+
+    def __str__(self) -> str:
+        return " ".join(self.args)
+
+
+def _profiled(gpus: int) -> RestrictedRow:
+    per_gpu = min(RESTRICTED_PROFILE, restricted_cpus(gpus) // gpus)
+    return RestrictedRow((f"--gpus={gpus}", "--comment=coda:workload=restricted"), per_gpu * gpus)
+
+
+RESTRICTED_ROWS = (
+    # coda caps the profile's 12 per GPU: 7, 5, 4 and 4 per GPU.
+    *(_profiled(gpus) for gpus in (1, 2, 3, 4)),
+    # DefaultCpusPerGpu=share without a profile: the node's 16 / 4 per GPU.
+    RestrictedRow(("--gpus=2", "--comment=coda:workload=restricted-unprofiled"), 8),
+    # Slurm's own bounds, coda off: the cap is exactly what Slurm gives, no core more.
+    RestrictedRow(("--gpus=1", f"--cpus-per-gpu={restricted_cpus(1)}", "--comment=coda:off"), 7),
+    RestrictedRow(("-c", "4"), 4),  # a CPU-only job: the 4 unrestricted cores at most
+    # Last, so that jobs which never start cannot hold the others back.
+    RestrictedRow(
+        ("--gpus=1", f"--cpus-per-gpu={restricted_cpus(1) + 1}", "--comment=coda:off"), None
+    ),
+    RestrictedRow(("-c", "5"), None),
+)
+
+
+@pytest.fixture(scope="module")
+def restricted_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    require_slurm()
+    major, minor = slurm_version()
+    if (major, minor) < RESTRICTED_SINCE:
+        pytest.skip(
+            "RestrictedCoresPerGPU is a key of Slurm 24.05 and later: the slurmctld of "
+            f'Slurm {major}.{minor:02d} refuses it ("Parsing error at unrecognized key", '
+            '"Unable to process configuration file")'
+        )
+    root: Path = tmp_path_factory.mktemp("slurm-restricted")
+    yield from started(
+        DevCluster(root, node=RESTRICTED_NODE, coda_conf_extra="DefaultCpusPerGpu=share\n")
+    )
+
+
+@pytest.fixture(scope="module")
+def restricted_outcomes(restricted_cluster: DevCluster) -> dict[RestrictedRow, Outcome]:
+    cluster = restricted_cluster
+    node = parse_scontrol_line(
+        cluster.run(["scontrol", "-o", "show", "node"]).stdout.strip().splitlines()[0]
+    )
+    assert node.get("RestrictedCoresPerGPU", "").startswith(f"{RESTRICTED_CORES_PER_GPU}("), node
+    put_profile(cluster, "workload:*:restricted", RESTRICTED_PROFILE)
+    wait_for_reload(cluster)
+    results: dict[RestrictedRow, Outcome] = {}
+    try:
+        for index, row in enumerate(RESTRICTED_ROWS):
+            outcome = results[row] = Outcome()
+            try:
+                outcome.job_id, _ = cluster.sbatch(
+                    [f"--job-name=restricted-{index}", *row.args], SCRIPT
+                )
+            except DevClusterError as exc:
+                said = " / ".join(str(a) for a in exc.args[1:]).replace("\n", " / ")
+                outcome.error = f"sbatch refused it: {said}"
+        drain(cluster, results)
+    finally:
+        cluster.run(["scancel", "--user=root"], check=False)
+    return results
+
+
+@pytest.mark.parametrize("row", RESTRICTED_ROWS, ids=str)
+def test_restricted_cores_bound_what_a_job_gets(
+    restricted_outcomes: dict[RestrictedRow, Outcome], row: RestrictedRow
+) -> None:
+    got = restricted_outcomes[row]
+    if row.cpus is None:
+        if not got.error:
+            pytest.fail(
+                f"[{row}] expected it never to run on the RestrictedCoresPerGPU node, but it "
+                f"ran: {_shown(got.fields)}",
+                pytrace=False,
+            )
+        return
+    if got.error:
+        pytest.fail(f"[{row}] expected NumCPUs={row.cpus}, but {got.error}", pytrace=False)
+    if got.fields.get("NumCPUs") != str(row.cpus):
+        pytest.fail(
+            f"[{row}] expected NumCPUs={row.cpus}, got {got.fields.get('NumCPUs')}; job: "
+            f"{_shown(got.fields)}",
             pytrace=False,
         )

@@ -58,6 +58,9 @@ NETWORK_BITS = 24
 STATE_FILE = "cluster.json"
 # Slurm's daemons keep their own idea of time-outs; these bound our waiting only.
 START_TIMEOUT_S = 30.0
+DEV_HOOK_BUDGET_MS = 2000.0
+"""HookBudgetMs in a dev cluster's coda.conf: a loaded 2-vCPU machine can hold a submission
+past the production default (20 ms) without the hook being at fault."""
 
 
 # slurm.conf of the dev cluster; DevCluster._write_configs fills in the fields.
@@ -117,6 +120,9 @@ class NodeSpec:
     """More count-only GRES on the node, e.g. ``pcie:1`` (added to GresTypes too)."""
     features: str = ""
     """The node's ``Feature=`` list, e.g. ``gpu_a100,nvme``; empty = none."""
+    restricted_cores_per_gpu: int = 0
+    """The node's ``RestrictedCoresPerGPU`` (Slurm 24.05 on; 22.05's slurmctld refuses the
+    key); 0 = not written."""
 
 
 @dataclass(slots=True)
@@ -616,11 +622,13 @@ class DevCluster:
     def _node_lines(self, node: NodeSpec, node_gres: str, host: str, slurmd_port: int) -> str:
         """slurm.conf's ``NodeName=`` line of every node."""
         cores_per_socket = node.cpus // node.sockets
-        feature = f" Feature={node.features}" if node.features else ""
+        extra = f" Feature={node.features}" if node.features else ""
+        if node.restricted_cores_per_gpu:
+            extra += f" RestrictedCoresPerGPU={node.restricted_cores_per_gpu}"
         return "".join(
             f"NodeName={name} NodeAddr={self.node_addr(name)} NodeHostname={host} "
             f"Port={slurmd_port} Sockets={node.sockets} CoresPerSocket={cores_per_socket} "
-            f"ThreadsPerCore=1 RealMemory={node.real_memory_mb} Gres={node_gres}{feature} "
+            f"ThreadsPerCore=1 RealMemory={node.real_memory_mb} Gres={node_gres}{extra} "
             "State=UNKNOWN\n"
             for name in self.node_names
         )
@@ -645,6 +653,9 @@ class DevCluster:
             self.node_coda_conf(name).write_text(
                 f"# Written by coda dev-cluster.\nProfileStore={self.profile_store}\n"
                 f"ReloadIntervalS=1\nHookStatsFile={self.hook_stats_file}\n"
+                # A dev cluster shares its machine with builds and tests: a decision that a
+                # busy CPU slowed past the production budget is still the decision.
+                f"HookBudgetMs={DEV_HOOK_BUDGET_MS:g}\n"
                 f"DecisionJournal={self.decision_journal}\n"
                 f"NodeName={name}\nNodeStateDir={self.node_state_dir_of(name)}\n"
                 f"NodeRuntimeDir={self.node_runtime_dir_of(name)}\nNodeIntervalS=1\n"
@@ -1078,6 +1089,16 @@ def _say_if_waiting_for_slot(root: Path) -> None:
         )
 
 
+def two_node_try_args(node_cpus: int, def_cpu_per_gpu: int | None) -> list[str]:
+    """The ``sbatch`` arguments ``dev-cluster up --nodes N`` suggests: one GPU on each of
+    two nodes, with ``--cpus-per-gpu`` when the partition's DefCpuPerGPU asks for more CPUs
+    than a node has (with cgroups a node has this host's CPUs), so that Slurm runs it."""
+    args = ["-N2", "--gpus-per-node=1"]
+    if def_cpu_per_gpu is not None and def_cpu_per_gpu > node_cpus:
+        args.append(f"--cpus-per-gpu={max(node_cpus, 1)}")
+    return args
+
+
 def _say_started(cluster: DevCluster) -> None:
     """What ``dev-cluster up`` prints once the cluster runs: the exports on stdout, its
     nodes and how to try it on stderr."""
@@ -1100,10 +1121,11 @@ def _say_started(cluster: DevCluster) -> None:
         )
     if cluster.nodes > 1:
         click.echo(f"export CODA_CONF={cluster.coda_conf}")
+        try_args = " ".join(two_node_try_args(cpus, cluster.def_cpu_per_gpu))
         click.echo(
             "# each node's coda-node runs with its own coda.conf "
             f"({cluster.etc}/coda-gpuNN.conf; {cluster.coda_conf} for {NODE_NAME}); "
-            f"try `sbatch -N2 --gpus-per-node=1 --wrap 'srun sleep 300'` and "
+            f"try `sbatch {try_args} --wrap 'srun sleep 300'` and "
             f"`coda-node status --conf {cluster.node_coda_conf(cluster.node_names[1])}`",
             err=True,
         )
