@@ -111,11 +111,12 @@ def test_dask_workers_of_two_clusters_are_one_workload_and_the_second_is_right_s
     assert script_a != script_b  # dask-jobqueue wrote another address and name
     again = parse_admin_record(second["AdminComment"])
     assert again["sig"] == record["sig"]
-    assert (again["action"], again["cpg"]) == ("lower", "2")
-    assert second.get("CpusPerTres") == gres("gres:gpu:2")
+    # dask-jobqueue asks per task (-c 4, one task, one GPU): lowered per task.
+    assert (again["action"], again["cpg"], again["cpt"]) == ("lower", "2", "2")
+    assert second["CPUs/Task"] == "2" and not second.get("CpusPerTres")
     # dask-jobqueue never shows sbatch's stderr: the line is in scontrol show job.
     assert admin_comment(cluster, second["JobId"]).endswith(
-        'coda: --cpus-per-gpu=2 for workload "dask-worker" (lowers --cpus-per-task=4; '
+        'coda: --cpus-per-task=2 for workload "dask-worker" (lowers --cpus-per-task=4; '
         "profile, 8 samples, confidence 0.95)"
     )
 

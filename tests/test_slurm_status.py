@@ -660,6 +660,7 @@ def test_status_agrees_with_the_jobs_admin_comments(
     ids: dict[str, int] = {}
     records: dict[str, dict[str, str]] = {}
     given_per_gpu: dict[str, int | None] = {}
+    given_per_task: dict[str, int] = {}
     for name, args in jobs.items():
         job_id, _said = cluster.sbatch(["--hold", "-J", name, *args], f"#!/bin/sh\n# {name}\n")
         fields = cluster.show_job(job_id)
@@ -667,6 +668,7 @@ def test_status_agrees_with_the_jobs_admin_comments(
         records[name] = parse_admin_record(fields["AdminComment"])
         tres = fields.get("CpusPerTres") or ""
         given_per_gpu[name] = int(tres.rsplit(":", 1)[1]) if tres else None
+        given_per_task[name] = int(fields["CPUs/Task"])
     cluster.sbatch(["--hold", "-J", "st-cpu", "--ntasks=2"], "#!/bin/sh\ntrue\n")
 
     deadline = time.monotonic() + 5
@@ -694,7 +696,9 @@ def test_status_agrees_with_the_jobs_admin_comments(
             continue
         kind, number = r["was"].split(":")
         asked_job = int(number) * (gpus_of(r) if kind == "cpg" else 1)  # 1 task per job here
-        given_job = (given_per_gpu[name] or 0) * gpus_of(r)
+        # A --cpus-per-task request is rewritten per task (CPUs/Task), one task per job here.
+        per_gpu = given_per_gpu[name]
+        given_job = per_gpu * gpus_of(r) if kind == "cpg" and per_gpu else given_per_task[name]
         asked += asked_job
         given += given_job
         returned += max(asked_job - given_job, 0)
