@@ -182,8 +182,9 @@ def test_unknown_workload_is_profiled_online_and_the_next_submission_right_sized
 
     prof = _wait(profiled, "coda-node to publish a confident profile", 120)
     # One loader needs ~1 core; which count wins under the machine's load is the probe's
-    # measurement, so the hook is checked against what was published, not against 1.
-    assert prof.cpus_per_gpu in (1, 2)
+    # measurement (a busy machine can make it extrapolate above the 2 probed), so the hook
+    # is checked against what was published, not against 1.
+    assert prof.cpus_per_gpu >= 1
     assert prof.source == f"coda-node:{NODE_NAME}"
     assert {s.cores for s in prof.samples} == {1.0, 2.0}
     # The job was probed at one core inside its own allocation, then given it all back.
