@@ -31,9 +31,12 @@ def test_node_demo_slims_caps_and_restores() -> None:
     assert re.search(r"^\s+1 root\s+DNN\s+0\s+2\s+\S+\s+2\s", out, re.M), out
     assert "job 1 cpuset.cpus is now 0 (Slurm allocated 0-1)" in out
     assert "job 1 cpuset.cpus is back to 0-1" in out
+    # The cap is in the kernel, and the job runs under it. What the job used before the cap
+    # depends on how busy this machine is, so only the bound is asserted.
+    assert "CPU quota is now 0.30 cores (30000 us per 100000 us)" in out, out
     m = re.search(r"measured CPU use: ([0-9.]+) cores before, ([0-9.]+) cores after", out)
     assert m is not None, out
-    assert float(m.group(1)) > 0.6 and float(m.group(2)) < 0.45
+    assert float(m.group(2)) < 0.45
     # The daemon reached slurmctld: `coda-node status` lists Slurm commands as active.
     assert re.search(r"^active: .*Slurm commands", out, re.M), out
     assert "slurmctld unreachable" not in out

@@ -111,6 +111,15 @@ def _daemon(c: DevCluster) -> Daemon:
     return d
 
 
+def _cpu_cgroup(pid: int) -> str:
+    """The v1 cpu cgroup ``pid`` is in, from /proc/<pid>/cgroup."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return ""
+
+
 def _cpu_rate(job_dir: Path, seconds: float) -> float:
     """Cores' worth of CPU the job used over ``seconds`` (cpuacct.usage, nanoseconds)."""
     acct = Path(str(job_dir).replace("/cpuset/", "/cpuacct/")) / "cpuacct.usage"
@@ -139,9 +148,10 @@ def test_daemon_sees_every_job_with_its_cores_gpus_and_record(cluster: DevCluste
     # Slurm's GRES index 0 is /dev/nvidia0 of the cluster, a character device of minor 0.
     assert [(r.slurm_index, r.minor) for r in g.gpus] == [(0, 0)]
     assert g.slurm.admin_record is not None and g.slurm.admin_record["gpn"] == "1"  # type: ignore[union-attr]
-    # The busy job burns about one core; the sleeping one nearly none.
-    assert c.cpu_rate_cores is not None and c.cpu_rate_cores > 0.5
-    assert g.cpu_rate_cores is not None and g.cpu_rate_cores < 0.2
+    # The busy job burns what CPU it gets (about a core on an idle machine, less on a busy
+    # one); the sleeping one nearly none.
+    assert c.cpu_rate_cores is not None and g.cpu_rate_cores is not None
+    assert c.cpu_rate_cores > g.cpu_rate_cores and g.cpu_rate_cores < 0.2
     view = {j["job_id"]: j for j in daemon.state.view["jobs"]}
     assert view[gpu_job]["user"] == "root" and view[gpu_job]["gpus"][0]["slurm_index"] == 0
 
@@ -169,18 +179,24 @@ def test_cpuset_shrunk_and_restored_with_task_affinity(cluster: DevCluster) -> N
 
 
 def test_cpu_quota_caps_a_busy_job_and_release_frees_it(cluster: DevCluster) -> None:
-    job_id, d, _ = _start(cluster, ["-c1"], BUSY)
+    job_id, d, pids = _start(cluster, ["-c1"], BUSY)
     daemon = _daemon(cluster)
     daemon.tick()
-    assert _cpu_rate(d, 1.5) > 0.7
     save_limits(cluster.node_state_dir, {job_id: Limit(quota_cores=0.25)})
     assert daemon.tick().results[job_id].applied == ["cpu quota 0.25 cores"]
+    ours = Path("/sys/fs/cgroup/cpu/coda") / f"job_{job_id}"
+    assert (ours / "cpu.cfs_quota_us").read_text().strip() == "25000"
+    assert (ours / "cpu.cfs_period_us").read_text().strip() == "100000"
+    assert set(pids) <= {int(p) for p in (ours / "tasks").read_text().split()}
+    # Under the cap whatever else this machine runs (what it got before the cap, and gets
+    # after the release, depends on that, so it is not asserted).
     capped = _cpu_rate(d, 2.0)
-    assert 0.1 < capped < 0.4, capped
+    assert capped < 0.4, capped
     save_limits(cluster.node_state_dir, {})
     assert daemon.tick().results[job_id].applied == ["cpu quota released"]
-    assert _cpu_rate(d, 1.5) > 0.7
-    assert not (Path("/sys/fs/cgroup/cpu/coda") / f"job_{job_id}").exists()
+    assert not ours.exists()
+    free = {_cpu_cgroup(p) for p in pids}
+    assert free and not any(c.startswith("/coda") for c in free), free
 
 
 def _node_cli(c: DevCluster, *args: str) -> subprocess.CompletedProcess[str]:

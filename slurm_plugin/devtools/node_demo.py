@@ -83,6 +83,7 @@ def run() -> int:
         out(f"\n$ coda-node limit {busy} --cpu-quota 0.3   # cap a CPU-bound job\n")
         save_limits(cluster.node_state_dir, {busy: Limit(quota_cores=0.3, reason="demo")})
         daemon.tick()
+        out(f"  job {busy} CPU quota is now {_job_quota(busy)}\n")
         time.sleep(2.0)
         after = daemon.tick().snapshot.jobs[busy].cpu_rate_cores or 0.0
         out(f"  measured CPU use: {before:.2f} cores before, {after:.2f} cores after\n")
@@ -94,6 +95,21 @@ def run() -> int:
     finally:
         cluster.down()
     return 0
+
+
+def _job_quota(job_id: int) -> str:
+    """The CFS quota over the period of the job's cpu cgroup, in cores: coda-node's own
+    ``coda/job_<id>`` on cgroup v1, or Slurm's directory where cpu is co-mounted."""
+    cpu = Path("/sys/fs/cgroup/cpu")
+    for d in [cpu / "coda" / f"job_{job_id}", *cpu.glob(f"slurm*/uid_*/job_{job_id}")]:
+        try:
+            quota_us = int((d / "cpu.cfs_quota_us").read_text())
+            period_us = int((d / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        if quota_us > 0:
+            return f"{quota_us / period_us:.2f} cores ({quota_us} us per {period_us} us)"
+    return "none"
 
 
 def _job_cpus(job_id: int) -> str:
