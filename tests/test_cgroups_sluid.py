@@ -29,6 +29,7 @@ from tests.cgroup_fixtures import (
     V2_NODE,
     V2_SCOPE,
     build_v2_job_dirs,
+    v2_dir,
 )
 from tests.nvml_double import FakeNvml
 
@@ -158,6 +159,19 @@ def test_every_running_job_is_found_by_its_id(
 def test_job_id_dirs_never_ask_slurm(tmp_path: Path) -> None:
     node = build_v2_job_dirs(tmp_path, JOB_ID_DIRS)
     scan = scan_jobs(discover_layout(node.root, V2_NODE), resolve=_never)
+    assert sorted(scan.jobs) == list(RUNNING) and scan.unattributed == ()
+
+
+@pytest.mark.parametrize("dirs", [JOB_ID_DIRS, SLUID_DIRS], ids=["job-id", "sluid"])
+def test_slurmds_own_directory_in_the_scope_is_no_job(
+    tmp_path: Path, dirs: dict[int, str | tuple[str, ...]]
+) -> None:
+    # slurmd started without systemd (IgnoreSystemd=yes, by hand, in a container) lives in
+    # the scope's slurmd/, beside system/: the scope's, not a job's, and not unattributed.
+    node = build_v2_job_dirs(tmp_path, dirs)
+    v2_dir(node.cg(V2_SCOPE) / "slurmd", "", "0-31", procs=(3900,), controllers="cpuset cpu")
+    slurm, _ = _resolver()
+    scan = scan_jobs(discover_layout(node.root, V2_NODE), resolve=slurm.job_ids_of_dirs)
     assert sorted(scan.jobs) == list(RUNNING) and scan.unattributed == ()
 
 

@@ -16,7 +16,9 @@ Slurm's layouts (22.05, ``src/plugins/cgroup/v1/xcgroup.c`` and ``src/plugins/cg
   slurmd is built with multiple-slurmd. Slurm does not create job directories in the v1
   ``cpu`` hierarchy (unless it is co-mounted with cpuacct).
 - cgroup v2: ``<unified mount>/system.slice/[<nodename>_]slurmstepd.scope/<job>/
-  step_<step>/{user/task_<n>,slurm}``; the scope's ``system/`` holds idle slurmstepds.
+  step_<step>/{user/task_<n>,slurm}``; the scope's ``system/`` holds idle slurmstepds, and
+  its ``slurmd/`` holds slurmd itself when slurmd was started without systemd (no
+  ``INVOCATION_ID``: by hand, in a container), as every cgroup/v2 plugin from 22.05 puts it.
   ``<job>`` is ``job_<id>`` up to Slurm 25.11. From 26.05 it is the job's SLUID
   (``sEKNKTV3WPV500``: "s" and 13 Crockford base32 digits, ``src/common/sluid.h``) unless
   cgroup.conf sets ``CgroupJobIdPaths=yes`` (cgroup.conf(5); ``cgroup_p_step_create`` in
@@ -398,8 +400,9 @@ def _numbered(
 # A SLUID as Slurm prints it (``print_sluid`` in src/common/sluid.c): "s", then 13 digits of
 # Crockford's base32 (0-9 and A-Z without I, L, O, U), upper case.
 _SLUID = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
-# The scope's own directory for slurmstepd's infinity process (cgroup_v2.c: "system").
-_V2_SCOPE_SYSTEM = "system"
+# The scope's own directories (src/plugins/cgroup/v2/cgroup_v2.c): SYSTEM_CGDIR "system" for
+# slurmstepd's infinity process, SLURMD_CGROUP "slurmd" for a slurmd not started by systemd.
+_V2_SCOPE_OWN = frozenset({"system", "slurmd"})
 
 
 def is_sluid(name: str) -> bool:
@@ -762,7 +765,7 @@ def _v2_job_dirs(
         suffix = name[len("job_") :]
         if name.startswith("job_") and suffix.isdecimal():
             found.append((int(suffix), None, join(top, name) if join else top / name))
-        elif name != _V2_SCOPE_SYSTEM:
+        elif name not in _V2_SCOPE_OWN:
             other.append(name)
     unattributed = []
     sluids = [n for n in other if is_sluid(n)]
