@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +221,17 @@ def drain(cluster: DevCluster, outcomes: dict[Row, Outcome]) -> None:
         time.sleep(0.2)
 
 
+def submit(cluster: DevCluster, name: str, args: Sequence[str]) -> Outcome:
+    """The job sbatch made of ``args``, or sbatch's refusal."""
+    outcome = Outcome()
+    try:
+        outcome.job_id, _ = cluster.sbatch([f"--job-name={name}", *args], SCRIPT)
+    except DevClusterError as exc:
+        said = " / ".join(str(a) for a in exc.args[1:]).replace("\n", " / ")
+        outcome.error = f"sbatch refused it: {said}"
+    return outcome
+
+
 @pytest.fixture(scope="module")
 def outcomes(cluster: DevCluster) -> dict[Row, Outcome]:
     assert cluster.def_cpu_per_gpu == DEF_CPU_PER_GPU
@@ -241,14 +252,7 @@ def outcomes(cluster: DevCluster) -> dict[Row, Outcome]:
             for index, row in enumerate(ROWS):
                 if row.mode != mode:
                     continue
-                outcome = results[row] = Outcome()
-                try:
-                    outcome.job_id, _ = cluster.sbatch(
-                        [f"--job-name=forms-{index}", *row.args], SCRIPT
-                    )
-                except DevClusterError as exc:
-                    said = " / ".join(str(a) for a in exc.args[1:]).replace("\n", " / ")
-                    outcome.error = f"sbatch refused it: {said}"
+                results[row] = submit(cluster, f"forms-{index}", row.args)
         drain(cluster, results)
     finally:
         cluster.run(["scancel", "--user=root"], check=False)
@@ -394,14 +398,7 @@ def restricted_outcomes(restricted_cluster: DevCluster) -> dict[RestrictedRow, O
     results: dict[RestrictedRow, Outcome] = {}
     try:
         for index, row in enumerate(RESTRICTED_ROWS):
-            outcome = results[row] = Outcome()
-            try:
-                outcome.job_id, _ = cluster.sbatch(
-                    [f"--job-name=restricted-{index}", *row.args], SCRIPT
-                )
-            except DevClusterError as exc:
-                said = " / ".join(str(a) for a in exc.args[1:]).replace("\n", " / ")
-                outcome.error = f"sbatch refused it: {said}"
+            results[row] = submit(cluster, f"restricted-{index}", row.args)
         drain(cluster, results)
     finally:
         cluster.run(["scancel", "--user=root"], check=False)
