@@ -1,19 +1,27 @@
 """coda-node on a real cgroup v2 node: Slurm's cgroup/v2 plugin, real jobs, systemd.
 
-These tests run inside the QEMU guest of tests/cgroup-v2-guest, which boots the unified
-hierarchy and runs slurmctld and slurmd (``CgroupPlugin=cgroup/v2``, ``ConstrainCores``)
-through systemd; ``bash scripts/test -m cgroup_v2_node`` boots it and runs them there.
-Elsewhere they skip with the reason.  Slurm's tree on such a node, for one batch job::
+These tests run inside the QEMU guest of tests/cgroup-v2-guest, once per configuration:
+each supported Slurm (its Debian root, coda's packages installed there) with its slurmd
+started by the guest's systemd (``CgroupPlugin=cgroup/v2``, ``ConstrainCores``), 26.05 with
+``CgroupJobIdPaths`` no and yes, with ``IgnoreSystemd=yes`` and slurmd started by hand, and
+with two slurmd on one node; ``bash scripts/test -m cgroup_v2_node`` boots it and runs them
+there.  Elsewhere they skip with the reason.  Slurm's tree on such a node, for one batch
+job (beside the jobs the scope holds Slurm's ``system/``, and ``slurmd/`` where slurmd was
+started without systemd)::
 
     /sys/fs/cgroup/system.slice/<node>_slurmstepd.scope/job_<id>/   cpuset.cpus = allocation
         step_batch/                  cpuset.cpus empty (inherits)
             slurm/                   slurmstepd
             user/                    cpuset.cpus = allocation
                 task_0/              the job's processes
+
+From Slurm 26.05 the job's directory is its SLUID (``sEF9M8HXW6TK00/``) unless cgroup.conf
+sets ``CgroupJobIdPaths=yes``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -37,7 +45,21 @@ from coda_node.system.paths import SystemRoot
 
 pytestmark = pytest.mark.cgroup_v2_node
 
-NODE = "coda-v2"
+NODE = os.environ.get("CODA_GUEST_NODE") or "coda-v2"
+OTHER_NODE = os.environ.get("CODA_GUEST_OTHER_NODE") or None
+"""A second slurmd on this node (multiple-slurmd), whose jobs coda-node for NODE leaves."""
+ROOT = os.environ.get("CODA_GUEST_ROOT") or None
+"""Where the guest's systemd finds this Slurm's root (it runs slurmd there)."""
+NODE_TOOL = ["chroot", "/proc/1/root"] if ROOT else []
+"""How the node's own systemctl and journalctl run: the guest's, outside this Slurm's root
+(which may have no systemd of its own)."""
+TREE_ONLY = os.environ.get("CODA_GUEST_TESTS") == "tree"
+"""A configuration that differs from another of its Slurm only in how Slurm makes its tree
+(``IgnoreSystemd=yes``, several slurmd): only the tests of how coda-node finds and changes
+the tree run there; the daemon's lifecycle runs in the other."""
+lifecycle = pytest.mark.skipif(
+    TREE_ONLY, reason="the daemon's lifecycle runs in this Slurm's default configuration"
+)
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 CODA_CONF = SLURM_CONF.with_name("coda.conf")
 STATE_DIR = Path("/var/lib/coda-node-test")
@@ -77,7 +99,10 @@ def clean(node: None) -> Iterator[None]:
     subprocess.run(["scancel", "-u", "root"], check=False)
     _wait(lambda: not _squeue(), "jobs to end")
     save_limits(STATE_DIR, {})
-    _node_cli("restore")
+    # What `coda-node restore` does, in this process: a new one costs seconds under emulation.
+    daemon = Daemon(load_config(CODA_CONF))
+    daemon.start(put_back=True)
+    daemon.restore()
 
 
 # Under software emulation Python starts in seconds, not milliseconds: wait generously.
@@ -113,13 +138,44 @@ def _read(path: Path) -> str:
     return path.read_text().strip()
 
 
-def _job_dir(job_id: int) -> Path:
-    return SCOPE / f"job_{job_id}"
+def _slurm_version() -> tuple[int, int]:
+    out = subprocess.run(["scontrol", "--version"], capture_output=True, text=True).stdout
+    major, minor = re.search(r"(\d+)\.(\d+)", out).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
 
 
-def _task_pids(job_id: int) -> list[int]:
+@functools.cache
+def _dirs_named_by_sluid() -> bool:
+    """Whether Slurm names each job's directory by its SLUID: 26.05 on, unless cgroup.conf
+    sets ``CgroupJobIdPaths=yes`` (cgroup.conf(5))."""
+    conf = SLURM_CONF.with_name("cgroup.conf").read_text()
+    ids = re.search(r"^\s*CgroupJobIdPaths\s*=\s*(\S+)", conf, re.M | re.I)
+    return _slurm_version() >= (26, 5) and not (ids and ids.group(1).lower() == "yes")
+
+
+def _sluid(job_id: int) -> str:
+    out = subprocess.run(
+        ["scontrol", "-d", "show", "job", str(job_id)], capture_output=True, text=True
+    ).stdout
+    found = re.search(r"\bSLUID=(\S+)", out)
+    assert found, f"scontrol shows no SLUID for job {job_id}:\n{out}"
+    return found.group(1)
+
+
+_JOB_DIRS: dict[int, Path] = {}
+
+
+def _job_dir(job_id: int, scope: Path = SCOPE) -> Path:
+    """The job's directory, named as Slurm names it (its SLUID, or job_<id>)."""
+    if job_id not in _JOB_DIRS:
+        name = _sluid(job_id) if _dirs_named_by_sluid() else f"job_{job_id}"
+        _JOB_DIRS[job_id] = scope / name
+    return _JOB_DIRS[job_id]
+
+
+def _task_pids(job_id: int, scope: Path = SCOPE) -> list[int]:
     pids: list[int] = []
-    for procs in _job_dir(job_id).glob("step_batch/user/task_*/cgroup.procs"):
+    for procs in _job_dir(job_id, scope).glob("step_batch/user/task_*/cgroup.procs"):
         try:
             text = procs.read_text()
         except OSError:  # slurmstepd removes its transient task_special cgroup: ENOENT/ENODEV
@@ -133,7 +189,9 @@ def _allowed(pid: int) -> str:
     return re.search(r"^Cpus_allowed_list:\s*(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
 
 
-def _start(args: list[str], script: str = SLEEP, *, wait: bool = True) -> tuple[int, list[int]]:
+def _start(
+    args: list[str], script: str = SLEEP, *, wait: bool = True, scope: Path = SCOPE
+) -> tuple[int, list[int]]:
     """Submit; wait until the batch script runs in its cgroup (squeue says RUNNING before
     the cgroup has processes)."""
     proc = subprocess.run(
@@ -147,7 +205,7 @@ def _start(args: list[str], script: str = SLEEP, *, wait: bool = True) -> tuple[
     job_id = int(proc.stdout.strip().split(";")[0])
     if not wait:
         return job_id, []
-    pids = _wait(lambda: _task_pids(job_id), f"job {job_id} to run in its cgroup")
+    pids = _wait(lambda: _task_pids(job_id, scope), f"job {job_id} to run in its cgroup")
     return job_id, pids
 
 
@@ -173,6 +231,9 @@ def _cpu_rate(job_id: int, seconds: float) -> float:
 def test_the_tree_is_slurms_cgroup_v2_layout(clean: None) -> None:
     job_id, pids = _start(["-c2"])
     job = _job_dir(job_id)
+    # The directory is named as this Slurm and cgroup.conf say, and only so.
+    assert job.is_dir()
+    assert (SCOPE / f"job_{job_id}").is_dir() == (not _dirs_named_by_sluid())
     assert _read(job / "cpuset.cpus") == "0-1"
     assert _read(job / "step_batch" / "user" / "cpuset.cpus") == "0-1"
     assert _read(job / "step_batch" / "cpuset.cpus") == ""
@@ -198,6 +259,12 @@ def test_daemon_sees_each_job_with_the_cores_slurm_gave_it(clean: None) -> None:
         assert jobs[job_id].cpus_now == jobs[job_id].slurm.cpu_ids  # type: ignore[union-attr]
     assert jobs[busy].cpu_rate_cores is not None and jobs[busy].cpu_rate_cores > 0.5
     assert jobs[sleeper].cpu_rate_cores is not None and jobs[sleeper].cpu_rate_cores < 0.2
+    # `coda-node check` finds the same jobs in the same directories, and no problem.
+    check = _node_cli("check", "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+    rows = {row["name"]: row for row in json.loads(check.stdout)}
+    named = ", ".join(f"{j} ({_job_dir(j).name})" for j in sorted((sleeper, busy)))
+    assert rows["Slurm jobs seen"]["detail"] == f"job(s) {named} in cgroup v2"
 
 
 def test_slimmed_and_restored_down_to_every_task(clean: None) -> None:
@@ -219,6 +286,7 @@ def test_slimmed_and_restored_down_to_every_task(clean: None) -> None:
     assert StateFile(STATE_DIR).load().changes == {}
 
 
+@lifecycle
 def test_a_new_step_resets_the_job_cpuset_and_the_daemon_slims_it_again(clean: None) -> None:
     job_id, pids = _start(["-c2"])
     daemon = _daemon()
@@ -258,6 +326,35 @@ def test_cpu_quota_caps_a_busy_job_and_release_frees_it(clean: None) -> None:
     assert _cpu_rate(job_id, 2.0) > 0.6
 
 
+@pytest.mark.skipif(OTHER_NODE is None, reason="one slurmd on this node (no multiple-slurmd)")
+def test_a_second_slurmds_jobs_are_left_to_it(clean: None) -> None:
+    assert OTHER_NODE is not None
+    theirs_scope = SCOPE.with_name(f"{OTHER_NODE}_slurmstepd.scope")
+    partition = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", OTHER_NODE, "-o", "%R"], capture_output=True, text=True
+    ).stdout.split()[0]
+    ours, _ = _start(["-c2"])
+    theirs, their_pids = _start(["-c2", "-p", partition, "-w", OTHER_NODE], scope=theirs_scope)
+    assert _job_dir(theirs, theirs_scope).parent == theirs_scope
+    layout = cgroups.discover_layout(SystemRoot(Path("/")), NODE)
+    assert layout.slurm_dirs == (SCOPE,)
+    daemon = _daemon()
+    save_limits(STATE_DIR, {ours: Limit(cores=1), theirs: Limit(cores=1)})
+    report = daemon.tick()
+    assert report.snapshot.errors == ()
+    assert set(report.snapshot.jobs) == {ours}
+    assert report.results[ours].applied == ["cpuset 0"]
+    assert theirs not in report.results
+    assert _read(_job_dir(theirs, theirs_scope) / "cpuset.cpus") == "0-1"
+    assert {_allowed(p) for p in their_pids} == {"0-1"}
+    check = _node_cli("check", "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+    rows = {row["name"]: row for row in json.loads(check.stdout)}
+    assert (
+        rows["Slurm jobs seen"]["detail"] == f"job(s) {ours} ({_job_dir(ours).name}) in cgroup v2"
+    )
+
+
 def _daemon_process() -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "coda_node.cli", "run", "--conf", str(CODA_CONF)],
@@ -287,6 +384,7 @@ def test_sigkill_then_restore_puts_the_job_back_as_slurm_set_it(clean: None) -> 
     assert {_allowed(p) for p in pids} == {"0-1"}
 
 
+@lifecycle
 def test_sigterm_restores_every_job(clean: None) -> None:
     job_id, pids = _start(["-c2"])
     save_limits(STATE_DIR, {job_id: Limit(cpus=(1,))})
@@ -303,6 +401,7 @@ def test_sigterm_restores_every_job(clean: None) -> None:
     assert {_allowed(p) for p in pids} == {"0-1"}
 
 
+@lifecycle
 def test_status_shows_the_jobs_squeue_shows(clean: None) -> None:
     first, _ = _start(["-c1"])
     second, _ = _start(["-c2"])
@@ -338,20 +437,31 @@ UNIT = Path("/run/systemd/system/coda-node.service")
 
 
 def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_the_systemd_unit_restores_a_job_after_the_daemon_is_killed(clean: None) -> None:
-    # The project's own unit, with the two paths an admin edits pointed at this checkout.
-    unit = (Path(__file__).parent.parent / "scripts" / "coda-node.service").read_text()
-    coda_node = str(Path(sys.executable).with_name("coda-node"))
-    unit = unit.replace("/opt/coda/.venv/bin/coda-node", coda_node)
-    unit = unit.replace("Restart=on-failure", "Restart=no")
-    UNIT.write_text(
-        unit.replace("coda-node run", f"coda-node run --conf {CODA_CONF}").replace(
-            "coda-node restore", f"coda-node restore --conf {CODA_CONF}"
-        )
+    return subprocess.run(
+        [*NODE_TOOL, "systemctl", *args], capture_output=True, text=True, timeout=120
     )
+
+
+def _unit() -> str:
+    """The coda-node package's unit, run by the node's systemd in this Slurm's root
+    (RootDirectory=), with the tests' coda.conf; a checkout's code on PYTHONPATH where the
+    tests import that (CODA_GUEST_CODE=checkout)."""
+    unit = Path("/usr/lib/systemd/system/coda-node.service").read_text()
+    unit = unit.replace("Restart=on-failure", "Restart=no")
+    unit = unit.replace("coda-node run", f"coda-node run --conf {CODA_CONF}")
+    unit = unit.replace("coda-node restore", f"coda-node restore --conf {CODA_CONF}")
+    service = []
+    if ROOT:
+        service.append(f"RootDirectory={ROOT}\nMountAPIVFS=no")
+    code = Path(coda_node.progress_client.__file__).parent.parent
+    if "dist-packages" not in code.parts:
+        service.append(f"Environment=PYTHONPATH={code}")
+    return unit.replace("[Service]\n", "[Service]\n" + "".join(f"{s}\n" for s in service), 1)
+
+
+@lifecycle
+def test_the_systemd_unit_restores_a_job_after_the_daemon_is_killed(clean: None) -> None:
+    UNIT.write_text(_unit())
     assert _systemctl("daemon-reload").returncode == 0
     job_id, pids = _start(["-c2"])
     save_limits(STATE_DIR, {job_id: Limit(cores=1)})
@@ -367,7 +477,7 @@ def test_the_systemd_unit_restores_a_job_after_the_daemon_is_killed(clean: None)
 
         def journal() -> str:
             return subprocess.run(
-                ["journalctl", "-u", "coda-node", "--no-pager", "-o", "cat"],
+                [*NODE_TOOL, "journalctl", "-u", "coda-node", "--no-pager", "-o", "cat"],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -420,6 +530,7 @@ def _events(job_id: int) -> list[dict]:
     return [e for e in view.get("events", []) if e["job_id"] == job_id]
 
 
+@lifecycle
 def test_the_online_profiler_probes_a_gpu_job_inside_its_allocation(clean: None) -> None:
     work = Path("/tmp/coda-train")
     work.mkdir(exist_ok=True)
