@@ -3,23 +3,34 @@ add up, and what the summary says.  Running the legs is what ``bash scripts/test
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 from _pytest.mark.expression import Expression
 
 from tests.matrix import (
+    GUEST,
+    GUEST_UNAVAILABLE,
     HOST_ONLY_MARKER,
     HOST_TESTS,
     ROOT_TESTS,
+    SLURM_ROOT,
     SLURM_TESTS,
+    V1_NODE_TESTS,
+    V2_MARKER,
     Counts,
+    GuestConfig,
     Leg,
     Outcome,
     exit_status,
+    guest_configs,
+    guest_outcomes,
     leg_outcome,
+    parse_guest_configs,
     parse_junit,
     plan,
+    pytest_args,
     requested_versions,
     split_marker,
     summary,
@@ -200,3 +211,111 @@ def test_a_failed_leg_fails_the_run_and_a_skipped_one_does_not() -> None:
 def test_nothing_collected_anywhere_is_pytests_exit_5() -> None:
     empty = Outcome(ROOT, "passed", Counts(), 3.0, "no tests collected")
     assert exit_status([empty, empty]) == 5
+
+
+# -- the cgroup v2 guest ------------------------------------------------------------------
+
+
+def test_one_guest_runs_every_version_and_26_05_both_ways() -> None:
+    configs = guest_configs()
+    known = subprocess.run([str(SLURM_ROOT), "versions"], capture_output=True, text=True)
+    assert {c.version for c in configs} == set(known.stdout.split())
+    for c in configs:
+        assert SUITES[c.version] == c.suite, c
+    # Every test on every version, 26.05 with job directories named either way; the
+    # configurations that differ only in how Slurm makes its tree run the tree's tests.
+    full = [(c.version, c.settings) for c in configs if "tests=tree" not in c.settings]
+    assert {v for v, _ in full} == set(SUITES)
+    assert {s for v, s in full if v == "26.05"} == {"-", "CgroupJobIdPaths=yes"}
+    on_26_05 = {s for c in configs if c.version == "26.05" for s in c.settings.split(",")}
+    assert {"IgnoreSystemd=yes", "slurmds=2"} <= on_26_05
+    assert len({c.name for c in configs}) == len(configs)
+    # The guest boots once for all of them: its configurations are rows of one run.
+    assert "run [PYTEST ARGS]" in GUEST.read_text()
+
+
+def test_guest_configs_are_parsed_a_line_each() -> None:
+    text = "26.05 26.05 sid - SLUID directories\n\n24.11-x 24.11 trixie IgnoreSystemd=yes a b\n"
+    assert parse_guest_configs(text) == [
+        GuestConfig("26.05", "26.05", "sid", "-", "SLUID directories"),
+        GuestConfig("24.11-x", "24.11", "trixie", "IgnoreSystemd=yes", "a b"),
+    ]
+
+
+def test_versions_the_guest_runs_on_v2_leave_the_v1_node_tests_to_22_05() -> None:
+    legs = plan(KNOWN, "22.05", SUITES, None, guest_versions=KNOWN)
+    ignored = {leg.suite: leg.ignore for leg in legs[1:]}
+    assert ignored == {"bookworm": (), "trixie": V1_NODE_TESTS, "sid": V1_NODE_TESTS}
+    assert all(Path(t).exists() for t in V1_NODE_TESTS)
+    assert "--ignore=tests/test_node_slurm.py" in pytest_args(legs[2], [], "j.xml")
+    # Without the guest (or with the modules named) every leg runs them.
+    assert all(leg.ignore == () for leg in plan(KNOWN, "22.05", SUITES, None))
+    named = plan(KNOWN, "22.05", SUITES, None, KNOWN, ["tests/test_node_slurm.py"])
+    assert "tests/test_node_slurm.py" not in named[2].ignore
+    assert "tests/test_node_loop_slurm.py" in named[2].ignore
+
+
+def test_only_the_guests_tests_still_install_the_packages_it_runs() -> None:
+    legs = plan(KNOWN, "22.05", SUITES, V2_MARKER, guest_versions=["24.11", "26.05"])
+    assert [(leg.version, leg.suite) for leg in legs] == [
+        ("22.05", None),
+        ("24.11", "trixie"),
+        ("26.05", "sid"),
+    ]
+    assert legs[1].marker == f"({ROOT_TESTS}) and ({V2_MARKER})"  # collects nothing there
+
+
+CONFIGS = [
+    GuestConfig("24.11", "24.11", "trixie", "-", "job_<id> directories"),
+    GuestConfig("26.05", "26.05", "sid", "-", "SLUID directories"),
+    GuestConfig("26.05-jobid", "26.05", "sid", "CgroupJobIdPaths=yes", "job_<id>"),
+]
+
+
+def guest_out(tmp_path: Path) -> Path:
+    out = tmp_path / "guest-out"
+    (out / "guest").mkdir(parents=True)
+    (out / "guest" / "kernel").write_text("6.12.117+deb13-amd64\n")
+    (out / "guest" / "boot-s").write_text("47\n")
+    (out / "24.11").mkdir()
+    (out / "24.11" / "skipped").write_text("no trixie root\n")
+    for name, tests, failures, rc in (("26.05", 11, 0, 0), ("26.05-jobid", 11, 2, 1)):
+        (out / name).mkdir()
+        junit(out / name, tests=tests, failures=failures, skipped=1)
+        (out / name / "rc").write_text(f"{rc}\n")
+        (out / name / "wall-s").write_text("190\n")
+    return out
+
+
+def test_each_guest_configuration_is_a_row_with_its_own_time(tmp_path: Path) -> None:
+    rows = guest_outcomes(CONFIGS, None, guest_out(tmp_path), 1)
+    assert [(o.leg.version, o.result, o.counts) for o in rows] == [
+        ("24.11", "SKIPPED", None),
+        ("26.05", "passed", Counts(10, 0, 1)),
+        ("26.05", "FAILED", Counts(8, 2, 1)),
+    ]
+    assert rows[0].note == "no trixie root"
+    assert rows[1].note == "guest booted in 47s"  # the first that ran, and only it
+    assert [o.wall_s for o in rows[1:]] == [190.0, 190.0]
+    lines = summary(rows, "bookworm").splitlines()
+    assert lines[3].split()[:9] == [
+        "26.05", "v2", "guest,", "6.12.117", "passed", "10", "0", "1", "3m10s"
+    ]  # fmt: skip
+    assert lines[3].endswith("SLUID directories; guest booted in 47s")
+    assert lines[4].split()[4:9] == ["FAILED", "8", "2", "1", "3m10s"]
+    assert exit_status(rows) == 1
+
+
+def test_a_configuration_the_guest_did_not_finish_failed(tmp_path: Path) -> None:
+    out = guest_out(tmp_path)
+    (out / "26.05-jobid" / "rc").unlink()
+    (out / "26.05-jobid" / "failed").write_text("Slurm's node was not idle within 240 s\n")
+    row = guest_outcomes(CONFIGS, None, out, 1)[2]
+    assert row.result == "FAILED"
+    assert row.note == "Slurm's node was not idle within 240 s; did not finish"
+
+
+def test_a_guest_that_cannot_be_built_skips_every_configuration(tmp_path: Path) -> None:
+    rows = guest_outcomes(CONFIGS, None, tmp_path, GUEST_UNAVAILABLE)
+    assert {o.result for o in rows} == {"SKIPPED"}
+    assert exit_status(rows) == 0
