@@ -285,6 +285,107 @@ error:
 	return out;
 }
 
+/*
+ * Python's arena allocator, with a few freed blocks kept.
+ *
+ * slurmctld 22.05 serves each RPC on a thread of its own, so every job_submit()
+ * call gives Python a new thread state, and its first frame a new data stack
+ * chunk (16 KiB) from the arena allocator: an mmap(), page faults on first use,
+ * and an munmap() when the thread state is deleted.  Keeping up to
+ * CODA_ARENA_KEEP freed blocks of at most CODA_ARENA_KEEP_BYTES and handing one
+ * back to the next request of the same size takes that off every call
+ * (docs/benchmarks.md, "Where a never-seen job's time goes").  pymalloc's own
+ * arenas are larger and always go to the allocator Python had.
+ *
+ * A kept block is a block that allocator gave out for that size, so every block
+ * is freed by it in the end; nothing in CPython may count on fresh blocks being
+ * zeroed, since its default allocator is malloc() where there is no mmap().
+ * Blocks are freed with or without the GIL (PyThreadState_Delete needs none),
+ * hence the mutex.  fini() puts Python's allocator back, so nothing in Python
+ * calls into this object once slurmctld unloads it.
+ */
+#ifndef CODA_ARENA_KEEP /* -DCODA_ARENA_KEEP=0: keep none (bench_submit_paths.py) */
+#define CODA_ARENA_KEEP 4
+#endif
+#define CODA_ARENA_KEEP_BYTES ((size_t) 64 << 10)
+
+static struct {
+	pthread_mutex_t lock;
+	PyObjectArenaAllocator python; /* the allocator Python had */
+	int installed, n;
+	void *block[CODA_ARENA_KEEP > 0 ? CODA_ARENA_KEEP : 1];
+	size_t size[CODA_ARENA_KEEP > 0 ? CODA_ARENA_KEEP : 1];
+} coda_arena = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void *coda_arena_alloc(void *ctx, size_t size)
+{
+	void *p = NULL;
+	int i;
+
+	(void) ctx;
+	pthread_mutex_lock(&coda_arena.lock);
+	for (i = coda_arena.n - 1; i >= 0; i--) {
+		if (coda_arena.size[i] == size) {
+			p = coda_arena.block[i];
+			coda_arena.n--;
+			coda_arena.block[i] = coda_arena.block[coda_arena.n];
+			coda_arena.size[i] = coda_arena.size[coda_arena.n];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&coda_arena.lock);
+	if (p)
+		return p;
+	return coda_arena.python.alloc(coda_arena.python.ctx, size);
+}
+
+static void coda_arena_free(void *ctx, void *p, size_t size)
+{
+	(void) ctx;
+	if (size <= CODA_ARENA_KEEP_BYTES) {
+		pthread_mutex_lock(&coda_arena.lock);
+		if (coda_arena.n < CODA_ARENA_KEEP) {
+			coda_arena.block[coda_arena.n] = p;
+			coda_arena.size[coda_arena.n] = size;
+			coda_arena.n++;
+			p = NULL;
+		}
+		pthread_mutex_unlock(&coda_arena.lock);
+		if (!p)
+			return;
+	}
+	coda_arena.python.free(coda_arena.python.ctx, p, size);
+}
+
+/* With the GIL held. */
+static void coda_arena_install(void)
+{
+	PyObjectArenaAllocator mine = { NULL, coda_arena_alloc, coda_arena_free };
+
+	if (coda_arena.installed)
+		return;
+	PyObject_GetArenaAllocator(&coda_arena.python);
+	PyObject_SetArenaAllocator(&mine);
+	coda_arena.installed = 1;
+}
+
+/* With the GIL held: Python's allocator back, and the kept blocks to it. */
+static void coda_arena_remove(void)
+{
+	int i;
+
+	if (!coda_arena.installed)
+		return;
+	PyObject_SetArenaAllocator(&coda_arena.python);
+	coda_arena.installed = 0;
+	pthread_mutex_lock(&coda_arena.lock);
+	for (i = 0; i < coda_arena.n; i++)
+		coda_arena.python.free(coda_arena.python.ctx, coda_arena.block[i],
+				       coda_arena.size[i]);
+	coda_arena.n = 0;
+	pthread_mutex_unlock(&coda_arena.lock);
+}
+
 static int coda_start(void);
 
 extern int init(void)
@@ -301,9 +402,16 @@ extern int init(void)
 
 extern int fini(void)
 {
+	PyGILState_STATE gil;
+
 	if (coda_active)
 		coda_py_fini();
 	coda_active = 0;
+	if (coda_arena.installed) {
+		gil = PyGILState_Ensure();
+		coda_arena_remove();
+		PyGILState_Release(gil);
+	}
 	return SLURM_SUCCESS;
 }
 
@@ -332,9 +440,10 @@ extern int job_modify(job_desc_msg_t *job_desc, void *job_ptr,
  *    later (they fail with "undefined symbol: PyExc_SystemError").  Re-open
  *    libpython with RTLD_NOLOAD|RTLD_GLOBAL to promote it to global scope.
  * 2. Initialise the interpreter ourselves (no signal handlers: slurmctld owns
- *    them), add the site directories the package was installed into, and
- *    capture sys.stderr so that cffi's start-up errors reach slurmctld's log
- *    instead of a stderr nobody reads.
+ *    them), keep freed stack chunks for the next RPC thread (coda_arena), add
+ *    the site directories the package was installed into, and capture
+ *    sys.stderr so that cffi's start-up errors reach slurmctld's log instead of
+ *    a stderr nobody reads.
  * 3. Let cffi run the embedding init code (imports slurm_plugin.hook.submit) and call
  *    the hook's own init, which loads coda.conf and the profile store.
  */
@@ -373,6 +482,7 @@ static int coda_start(void)
 	}
 
 	gil = PyGILState_Ensure();
+	coda_arena_install();
 	msg = coda_run_python(CODA_BOOTSTRAP, NULL, &failed);
 	PyGILState_Release(gil);
 	if (failed) {
