@@ -46,7 +46,14 @@ from coda_common.signature import DirectiveError, parse_coda_directives, quote_l
 from coda_common.store.profiles import ProfileCache, Reloader, StoreUnavailable
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision import placement
-from slurm_plugin.decision.decide import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
+from slurm_plugin.decision.decide import (
+    ADMIN_PREFIX,
+    Decision,
+    JobRequest,
+    ProfileView,
+    decide,
+    same_decisions,
+)
 from slurm_plugin.hook.journal import DecisionJournal, pending_entry
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
@@ -346,6 +353,21 @@ def bind(ffi: Any, lib: Any) -> None:
 # -- the decision memo ------------------------------------------------------------
 
 
+def _follow_snapshot(state: HookState) -> None:
+    """Right after the store's refresh, bring the memo to the new snapshot: when that
+    snapshot decides every job as the memo's did (only usage records the decision does not
+    read changed), the plans hold and the memo moves to it; else it is emptied now rather
+    than at the next job."""
+    memo = state.memo
+    snapshot = state.cache.snapshot()
+    if memo.profiles is None or memo.profiles is snapshot:
+        return
+    if same_decisions(memo.profiles, snapshot, state.cfg):
+        memo.profiles = snapshot
+    else:
+        _renew_memo(state, snapshot)
+
+
 def _renew_memo(state: HookState, profiles: Mapping[str, ProfileView]) -> DecisionMemo:
     """A new empty memo for ``state`` and ``profiles`` (earlier plans may be stale).  A
     state that is no longer the live one gets a memo of its own, which it does not keep."""
@@ -459,6 +481,7 @@ def _on_reload_tick() -> None:
     state = _state
     if state is None:
         return
+    _follow_snapshot(state)
     try:
         mtime_ns = state.cfg_path.stat().st_mtime_ns
     except OSError as exc:
