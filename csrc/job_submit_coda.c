@@ -312,7 +312,8 @@ error:
 static struct {
 	pthread_mutex_t lock;
 	PyObjectArenaAllocator python; /* the allocator Python had */
-	int installed, n;
+	int installed;
+	unsigned n;
 	void *block[CODA_ARENA_KEEP > 0 ? CODA_ARENA_KEEP : 1];
 	size_t size[CODA_ARENA_KEEP > 0 ? CODA_ARENA_KEEP : 1];
 } coda_arena = { .lock = PTHREAD_MUTEX_INITIALIZER };
@@ -320,11 +321,11 @@ static struct {
 static void *coda_arena_alloc(void *ctx, size_t size)
 {
 	void *p = NULL;
-	int i;
+	unsigned i;
 
 	(void) ctx;
 	pthread_mutex_lock(&coda_arena.lock);
-	for (i = coda_arena.n - 1; i >= 0; i--) {
+	for (i = 0; i < coda_arena.n; i++) {
 		if (coda_arena.size[i] == size) {
 			p = coda_arena.block[i];
 			coda_arena.n--;
@@ -372,7 +373,7 @@ static void coda_arena_install(void)
 /* With the GIL held: Python's allocator back, and the kept blocks to it. */
 static void coda_arena_remove(void)
 {
-	int i;
+	unsigned i;
 
 	if (!coda_arena.installed)
 		return;

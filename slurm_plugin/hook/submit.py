@@ -250,7 +250,9 @@ class DecisionMemo:
     profile snapshot.  A memo belongs to one :class:`HookState` (a coda.conf reload builds
     a new state, and with it an empty memo) and to one snapshot object: ``ProfileCache``
     replaces its snapshot whenever a profile changes, and the hook starts a new memo when
-    the snapshot it holds is not the one it was built for.  Bounded by
+    the snapshot it holds is not the one it was built for, unless the reloader moved the
+    memo to the new snapshot first because it decides every job alike
+    (:func:`_follow_snapshot`).  Bounded by
     :data:`MEMO_MAX_ENTRIES` and :data:`MEMO_MAX_BYTES`, cleared when either is reached: a
     recurring workload is back in after one miss.
     """
