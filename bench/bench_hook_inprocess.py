@@ -6,8 +6,7 @@ Two ways to reach the hook (``--ffi``):
   setup.py), started with its ``init()`` and called through its ``job_submit()`` as slurmctld
   calls them.  The few slurmctld functions the module needs (``slurm_info``,
   ``slurm_xstrdup``, ...) come from a small stand-in library (tests/compiled_hook.py,
-  compiled with ``cc``).  It runs twice per round, alternately: ``HookFastPath=yes`` (a
-  repeated job is answered by the C side) and ``HookFastPath=no`` (every job enters Python).
+  compiled with ``cc``).
 * ``double``: the struct double and Python helpers of tests/test_hook.py (no compiler
   needed; its cffi FFI and Python ``coda_replace_str`` cost more than the compiled ones).
 
@@ -15,8 +14,8 @@ Two ways to reach the hook (``--ffi``):
 (the memo hits, in Python), timed one by one from outside the hook.
 
 ``--job cpu`` submits a CPU-only job (``-c 12``, a workload measured at 5 GB/s per CPU)
-instead, with ``MemBwSpreadGres`` off (the C side lets it pass without entering Python) and
-on (``HookFastPath=yes`` and ``=no``): what the spread costs each CPU job.
+instead, with ``MemBwSpreadGres`` off (the hook stops after the four GPU request fields)
+and on: what the spread costs each CPU job.
 
     .venv/bin/python bench/bench_hook_inprocess.py [--calls 2000] [--rounds 2] [--ffi double]
         [--sections] [--job gpu|cpu]
@@ -98,7 +97,6 @@ CPU_JOB = {
 CPU_CONFIGS = {
     "off": "",
     "on": "MemBwSpreadGres=membw\n",
-    "on, HookFastPath=no": "MemBwSpreadGres=membw\nHookFastPath=no\n",
 }
 
 
@@ -195,19 +193,16 @@ def main() -> int:
         "NodeName=g1 CPUs=32 Gres=gpu:4,membw:200\nPartitionName=p Nodes=g1 Default=YES\n"
     )
     os.environ["CODA_CONF"] = str(root / "coda.conf")
-    # compiled: HookFastPath=yes and =no alternately; double: the Python hook only;
-    # CPU-only jobs: the spread off and on.
-    gpu_configs = ["yes", "no"] if args.ffi == "compiled" else ["-"]
-    configs = list(CPU_CONFIGS) if cpu else gpu_configs
+    # GPU jobs: the hook as --ffi reaches it; CPU-only jobs: the spread off and on.
+    configs = list(CPU_CONFIGS) if cpu else [args.ffi]
     samples: dict[tuple[str, str], list[float]] = {}
     round_p50: dict[tuple[str, str], list[float]] = {}
     steps: list[tuple[str, float]] = []
     for rnd in range(args.rounds):
-        for fast in configs:
+        for config in configs:
             # The decision journal is on, as in production (a local file, flushed once a
             # second).
-            fast_path = f"HookFastPath={fast}\n" if fast != "-" else ""
-            extra = CPU_CONFIGS[fast] if cpu else fast_path
+            extra = CPU_CONFIGS[config] if cpu else ""
             (root / "coda.conf").write_text(
                 f"ProfileStore={store.root}\nHookStatsFile=\n"
                 f"DecisionJournal={root / 'decisions.jsonl'}\n" + extra
@@ -215,22 +210,22 @@ def main() -> int:
             assert h.init() == 1
             job, check = JOB, _gpu_check
             if cpu:
-                job, check = CPU_JOB, (_membw_check if fast != "off" else _untouched_check)
+                job, check = CPU_JOB, (_membw_check if config != "off" else _untouched_check)
             for pattern, times in measure(h, args.calls, f"r{rnd}", job, check).items():
-                samples.setdefault((fast, pattern), []).extend(times)
-                round_p50.setdefault((fast, pattern), []).append(statistics.median(times))
-            if args.sections and not cpu and fast in ("no", "-") and not steps:
+                samples.setdefault((config, pattern), []).extend(times)
+                round_p50.setdefault((config, pattern), []).append(statistics.median(times))
+            if args.sections and not cpu and not steps:
                 steps = sections(h, args.calls // 10)
             h.fini()
     q = statistics.quantiles
     out = f"ffi: {args.ffi}, {args.rounds} rounds\n"
-    first = "MemBwSpreadGres (CPU-only job)" if cpu else "HookFastPath"
+    first = "MemBwSpreadGres (CPU-only job)" if cpu else "hook reached through"
     out += f"| {first} | call pattern | calls | p50 µs | p99 µs | p50 of each round |\n"
     out += "|---|---|--:|--:|--:|---|\n"
-    for (fast, pattern), times in samples.items():
-        rounds = ", ".join(f"{v:.1f}" for v in round_p50[(fast, pattern)])
+    for (config, pattern), times in samples.items():
+        rounds = ", ".join(f"{v:.1f}" for v in round_p50[(config, pattern)])
         out += (
-            f"| {fast} | {pattern} | {len(times)} | {statistics.median(times):.1f} | "
+            f"| {config} | {pattern} | {len(times)} | {statistics.median(times):.1f} | "
             f"{q(times, n=100)[98]:.1f} | {rounds} |\n"
         )
     if steps:

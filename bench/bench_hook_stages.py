@@ -1,7 +1,7 @@
 """Where a never-seen GPU job's time goes in job_submit/coda's Python path, cold.
 
 Loads the plugin's compiled cffi module in process as ``bench/bench_hook_inprocess.py``
-does (tests/compiled_hook.py; 10,000 profiles, journal on, ``HookFastPath=no``) and
+does (tests/compiled_hook.py; 10,000 profiles, journal on) and
 submits ``resnet50`` jobs (``--gpus=1``, ``--comment=coda:workload=resnet50``), each with
 a job name never used before, so every one misses the decision memo and is decided.
 Before each timed call the caches are evicted and the process sleeps 8 ms, as slurmctld's
@@ -11,7 +11,10 @@ own work between submissions does.  Three tables:
    (an empty update: the Python side of ``job_modify()``, whose body does nothing) called
    from C, once from a fresh native thread (slurmctld 22.05 serves every RPC on a thread
    of its own, so Python makes and drops a thread state per call) and once from a thread
-   that already has one.  The calling shim is compiled with ``cc``.
+   that already has one.  The fresh-thread rows run twice, alternately: with the arena
+   allocator the plugin installs (freed stack chunks kept for the next thread,
+   job_submit_coda.c, "coda_arena") and with the one Python had before (each thread's
+   stack chunk mmap'd and munmap'd).  The calling shim is compiled with ``cc``.
 2. **stages**: the steps of ``slurm_plugin/hook/submit.py:job_submit`` for that job, and
    of ``decide()`` inside it, run in the hook's order and timed in sequence (one eviction
    per job, so each step pays the misses left after the steps before it; the timer adds
@@ -27,6 +30,7 @@ own work between submissions does.  Three tables:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import itertools
 import os
@@ -36,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +113,21 @@ STAGES = (
 )
 
 
+class ArenaAllocator(ctypes.Structure):
+    """CPython's ``PyObjectArenaAllocator``."""
+
+    _fields_ = (("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p))
+
+
+def _arena_allocator() -> ArenaAllocator:
+    now = ArenaAllocator()
+    ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(now))
+    return now
+
+
 class Bench:
     def __init__(self, root: Path, n_profiles: int) -> None:
+        self.pythons_arena = _arena_allocator()  # before the plugin's init() replaces it
         self.h = Harness("compiled", root)
         store = ProfileStore(root / "profiles")
         store.ensure_root()
@@ -134,10 +151,11 @@ class Bench:
         os.environ["CODA_CONF"] = str(root / "coda.conf")
         (root / "coda.conf").write_text(
             f"ProfileStore={store.root}\nHookStatsFile=\n"
-            f"DecisionJournal={root / 'decisions.jsonl'}\nHookFastPath=no\n"
+            f"DecisionJournal={root / 'decisions.jsonl'}\n"
         )
         if self.h.init() != 1:
             raise SystemExit("the plugin did not start")
+        self.plugins_arena = _arena_allocator()
         self.ffi, self.lib = self.h.ffi, self.h.lib
         state = hook.current_state()
         assert state is not None and state.journal is not None
@@ -179,21 +197,37 @@ class Bench:
 
     # -- table 1 ---------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def pythons_own_arena(self) -> Iterator[None]:
+        """Python's arena allocator instead of the plugin's, for the calls inside.  Both hand
+        out mmap'd blocks that either one frees, so swapping them is safe."""
+        ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(self.pythons_arena))
+        try:
+            yield
+        finally:
+            ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(self.plugins_arena))
+
     def entry(self, calls: int) -> dict[str, list[float]]:
+        ways = (
+            ("a fresh native thread", True, False),
+            ("a fresh native thread, Python's own arena allocator", True, True),
+            ("a thread with a state", False, False),
+        )
         out: dict[str, list[float]] = {}
-        for _ in range(calls):
-            for new_thread in (True, False):
-                where = "a fresh native thread" if new_thread else "a thread with a state"
-                desc = self.new_job()
-                evict()
-                t = self.from_c(self.c_submit, desc, new_thread)
-                out.setdefault(f"job_submit, never-seen job, from {where}", []).append(t)
-                assert self.ffi.string(desc.cpus_per_tres) == b"gres:gpu:6"
-                empty = self.h.desc()
-                evict()
-                t = self.from_c(self.c_modify, empty, new_thread)
-                out.setdefault(f"coda_py_modify, empty update, from {where}", []).append(t)
-        return out
+        for i in range(calls):
+            order = ways if i % 2 == 0 else (ways[1], ways[0], ways[2])
+            for where, new_thread, pythons in order:
+                with self.pythons_own_arena() if pythons else contextlib.nullcontext():
+                    desc = self.new_job()
+                    evict()
+                    t = self.from_c(self.c_submit, desc, new_thread)
+                    out.setdefault(f"job_submit, never-seen job, from {where}", []).append(t)
+                    assert self.ffi.string(desc.cpus_per_tres) == b"gres:gpu:6"
+                    empty = self.h.desc()
+                    evict()
+                    t = self.from_c(self.c_modify, empty, new_thread)
+                    out.setdefault(f"coda_py_modify, empty update, from {where}", []).append(t)
+        return dict(sorted(out.items(), key=lambda kv: kv[0].startswith("coda_py_modify")))
 
     # -- table 2 ---------------------------------------------------------------------------
 

@@ -1,21 +1,19 @@
 """How often does a submission repeat an earlier one byte for byte, as job_submit/coda keys it?
 
 job_submit/coda answers a job whose decision fields equal an earlier job's from a plan
-decided before: in Python (``DecisionMemo``, slurm_plugin/hook/submit.py) and, with
-``HookFastPath=yes``, in C without entering Python (the replay table of
-csrc/job_submit_coda.c).  Both key on the same fields: uid, job name, partition,
-``tres_per_node/job/task/socket``, ``cpus_per_tres``, ``cpus_per_task``, ``ntasks_per_node``,
-``min_nodes``, ``num_tasks``, ``sockets_per_node``, comment, script and ``--prefer``.  Both
-hold at most ``CODA_MEMO_MAX_ENTRIES`` plans (read from the C source) and empty themselves
-when full, and both are emptied whenever the profile snapshot changes.
+decided before (``DecisionMemo``, slurm_plugin/hook/submit.py).  The memo keys on uid, job
+name, partition, ``tres_per_node/job/task/socket``, ``cpus_per_tres``, ``cpus_per_task``,
+``ntasks_per_node``, ``min_nodes``, ``num_tasks``, ``sockets_per_node``, comment, script and
+``--prefer``; it holds at most ``MEMO_MAX_ENTRIES`` plans, empties itself when full, and is
+emptied whenever the profile snapshot changes.
 
 For each trace this prints the fraction of GPU submissions whose key equals an earlier
 submission's key:
 
 * ``overall``: any earlier submission;
-* ``last N keys``: one of the last N distinct keys (an LRU window of the table's size);
-* ``table``: the table as built: N entries, emptied when full;
-* ``table + churn``: the same, also emptied at every reload tick (``ReloadIntervalS``, 1 s)
+* ``last N keys``: one of the last N distinct keys (an LRU window of the memo's size);
+* ``memo``: the memo as built: N entries, emptied when full;
+* ``memo + churn``: the same, also emptied at every reload tick (``ReloadIntervalS``, 1 s)
   after a profile file changed.  coda-node writes each running GPU job's usage record into
   its profile every ``NodeUsageFlushS`` (600 s) and when the job ends, and every write
   replaces the snapshot.  The trace's own start and end times give those writes, taking
@@ -44,7 +42,6 @@ import argparse
 import bisect
 import csv
 import math
-import re
 import sys
 import time
 from collections import OrderedDict
@@ -54,7 +51,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-C_SOURCE = REPO / "csrc" / "job_submit_coda.c"
 DEFAULT_DATA_DIR = Path("/work/shared/data")
 USAGE_FLUSH_S = 600.0
 """coda.conf's ``NodeUsageFlushS`` default: seconds between a running job's usage writes."""
@@ -109,12 +105,12 @@ class Result:
     snapshot_changes: int | None
 
 
-def table_bound(source: Path = C_SOURCE) -> int:
-    """``CODA_MEMO_MAX_ENTRIES`` of the C replay table."""
-    m = re.search(r"#define\s+CODA_MEMO_MAX_ENTRIES\s+(\d+)", source.read_text())
-    if m is None:
-        raise SystemExit(f"{source}: no CODA_MEMO_MAX_ENTRIES; pass --bound")
-    return int(m.group(1))
+def table_bound() -> int:
+    """``MEMO_MAX_ENTRIES`` of the hook's decision memo."""
+    sys.path.insert(0, str(REPO))
+    from slurm_plugin.hook.submit import MEMO_MAX_ENTRIES
+
+    return MEMO_MAX_ENTRIES
 
 
 # -- measures ------------------------------------------------------------------------------
@@ -145,8 +141,9 @@ def repeat_lru(keys: Sequence[tuple[str, ...]], bound: int) -> float:
 
 
 def repeat_table(jobs: Sequence[Job], bound: int, resets_s: Sequence[float] | None = None) -> float:
-    """Hits of the replay table as built: at most ``bound`` entries, emptied when full
-    (coda_memo_put) and at each time of ``resets_s`` (sorted; a new profile snapshot)."""
+    """Hits of the decision memo as built: at most ``bound`` entries, emptied when full
+    (``DecisionMemo.add``) and at each time of ``resets_s`` (sorted; a new profile
+    snapshot)."""
     table: set[tuple[str, ...]] = set()
     hits = 0
     next_reset = 0
@@ -230,7 +227,7 @@ def alibaba(data_dir: Path) -> Trace:
     jobs = []
     for r in rows:
         if int(r["num_gpu"]) == 0:
-            continue  # a CPU-only job never reaches the table (HookFastPath passes it in C)
+            continue  # a CPU-only job never reaches the memo (the hook stops before it)
         end = r["deletion_time"]
         jobs.append(
             Job(
@@ -355,8 +352,8 @@ def _pct(x: float | None) -> str:
 def table(rows: Sequence[tuple[Trace, Result]], bound: int) -> str:
     out = [
         f"| dataset | GPU jobs | distinct keys | fields used (key field) | key fields missing "
-        f"| overall | last {bound} keys | table ({bound}, emptied when full) "
-        f"| table + churn | snapshot changes |",
+        f"| overall | last {bound} keys | memo ({bound}, emptied when full) "
+        f"| memo + churn | snapshot changes |",
         "|---|--:|--:|---|---|--:|--:|--:|--:|--:|",
     ]
     for trace, r in rows:
@@ -376,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     p.add_argument("--sacct", type=Path, action="append", default=[], help="a sacct -X -P export")
     p.add_argument("--all-jobs", action="store_true", help="sacct: count CPU-only jobs too")
-    p.add_argument("--bound", type=int, default=None, help="table entries (default: the C's)")
+    p.add_argument("--bound", type=int, default=None, help="memo entries (default: the hook's)")
     p.add_argument(
         "--usage-flush-s",
         type=float,

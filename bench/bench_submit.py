@@ -4,7 +4,7 @@ Run as root: ``.venv/bin/python bench/bench_submit.py [--jobs 200] [--parallel 1
 [--profiles 10000] [--unique] [--out results.json]``
 
 Four private one-node clusters (:class:`slurm_plugin.devtools.cluster.DevCluster`) run side by
-side, identical except for ``JobSubmitPlugins`` (and coda.conf's ``HookFastPath``):
+side, identical except for ``JobSubmitPlugins``:
 
 * ``none``: no job_submit plugin;
 * ``lua``: job_submit/lua running ``bench/job_submit.lua`` (copied beside slurm.conf, where
@@ -12,10 +12,10 @@ side, identical except for ``JobSubmitPlugins`` (and coda.conf's ``HookFastPath`
   does: set ``cpus_per_tres``, append to ``admin_comment``, one log line, one user message;
 * ``coda``: job_submit/coda with ``--profiles`` profiles in its store (one of them the
   ``resnet50`` profile the jobs use), ``HookStatsFile=`` set so the hook writes its own
-  in-hook timings (p50/p99) at every reload tick; ``HookFastPath=yes`` (the default), so
-  a job identical to one already decided is answered by the plugin's C side;
-* ``coda-b``: the same with ``HookFastPath=no`` (every GPU job enters Python), or with the
-  coda.conf lines given by ``--coda-b-conf`` (``;``-separated), for other A/B comparisons.
+  in-hook timings (p50/p99) at every reload tick;
+* ``coda-b``: the same with the coda.conf lines given by ``--coda-b-conf``
+  (``;``-separated) and a plugin built with ``--coda-b-cflags``, for A/B comparisons;
+  with neither, an A/A check of ``coda``.
 
 With ``--unique`` every job has a script of its own (``--wrap`` with a job number), so no
 job repeats an earlier one: coda's first-submission cost.  Without it every job is the
@@ -71,7 +71,7 @@ from slurm_plugin.devtools.cluster import DevCluster, DevClusterError, parse_sco
 
 CONFIGS = ("none", "lua", "coda", "coda-b")
 PLUGINS = {"none": "", "lua": "lua", "coda": "coda", "coda-b": "coda"}
-CODA_B_CONF = "HookFastPath=no"
+CODA_B_CONF = ""
 """coda.conf lines of the ``coda-b`` cluster unless ``--coda-b-conf`` says otherwise."""
 CODA_CONFIGS = ("coda", "coda-b")
 RATIOS = (
@@ -402,6 +402,21 @@ def ctld_log_facts(bc: BenchCluster) -> dict[str, Any]:
     return facts
 
 
+def build_plugin(out_dir: Path, cflags: str) -> Path:
+    """job_submit_coda.so built into ``out_dir`` with ``cflags`` added (csrc/build_plugin.py)."""
+    script = Path(__file__).resolve().parent.parent / "csrc" / "build_plugin.py"
+    env = {**os.environ, "CFLAGS": f"{os.environ.get('CFLAGS', '')} {cflags}".strip()}
+    print(f"building the coda-b plugin with CFLAGS={env['CFLAGS']!r} ...", file=sys.stderr)
+    done = subprocess.run(
+        [sys.executable, str(script), str(out_dir)],
+        env=env,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def stop_orphan_munged(cluster: DevCluster) -> None:
     """Stop this cluster's munged if ``up()`` failed before recording its pid.
 
@@ -528,16 +543,15 @@ def markdown(report: dict[str, Any]) -> str:
             "**in-hook time** (job_submit/coda's own counters, HookStatsFile; cumulative)\n"
         )
         lines.append(
-            "| cluster | counters up to the end of | profiles | calls | answered in C | changed "
+            "| cluster | counters up to the end of | profiles | calls | changed "
             "| fail_open | over_budget | p50 | p99 | max |"
         )
-        lines.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        lines.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
         for key, hook in by_phase.items():
             name, phase = key.split(" ", 1)
             label = "warm-up + sequential" if phase == "sequential" else f"all ({phase})"
             lines.append(
                 f"| {name} | {label} | {hook.get('profiles')} | {hook.get('calls')} | "
-                f"{hook.get('replayed', '-')} | "
                 f"{hook.get('changed')} | {hook.get('fail_open')} | {hook.get('over_budget')} | "
                 f"{_us(hook.get('p50_us'))} | {_us(hook.get('p99_us'))} | "
                 f"{_us(hook.get('max_us'))} |"
@@ -607,7 +621,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--coda-b-conf",
         default=CODA_B_CONF,
-        help=f"coda.conf lines (;-separated) of the coda-b cluster (default: {CODA_B_CONF})",
+        help="coda.conf lines (;-separated) of the coda-b cluster (default: none)",
+    )
+    p.add_argument(
+        "--coda-b-cflags",
+        default="",
+        help="C flags of the coda-b cluster's own plugin build (default: the same plugin)",
     )
     p.add_argument(
         "--unique",
@@ -642,6 +661,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             cl = DevCluster(
                 root / name,
                 job_submit_plugins="" if args.aa else PLUGINS[name],
+                plugin_file=(
+                    build_plugin(root / "coda-b-plugin", args.coda_b_cflags)
+                    if name == "coda-b" and args.coda_b_cflags
+                    else None
+                ),
                 coda_conf_extra=(
                     "".join(f"{line.strip()}\n" for line in args.coda_b_conf.split(";"))
                     if name == "coda-b"

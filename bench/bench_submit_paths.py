@@ -5,14 +5,15 @@ Run as root: ``.venv/bin/python bench/bench_submit_paths.py [--jobs 400] [--bloc
 
 The same four private one-node clusters as ``bench/bench_submit.py`` (whose set-up this
 reuses): ``none`` (no job_submit plugin), ``lua`` (``bench/job_submit.lua``), ``coda``
-(``HookFastPath=yes``: a repeated job is answered by the plugin's C replay table) and
-``coda-b`` (``HookFastPath=no``: every job enters Python).  Two sequential phases, every
+(the plugin as built) and ``coda-b`` (the plugin built again with ``--coda-b-cflags``;
+by default ``-DCODA_ARENA_KEEP=0``: Python's stack chunks are not kept from one RPC
+thread to the next; empty: the same plugin, an A/A check).  Two sequential phases, every
 job ``sbatch --hold --gpus=1 --comment=coda:workload=resnet50``:
 
-* ``repeated``: every job the same script, so coda answers all but the first from a plan
-  (in C on ``coda``, from the Python memo on ``coda-b``);
+* ``repeated``: every job the same script, so coda answers all but the first from the
+  plan in its decision memo;
 * ``never seen``: every job a script of its own (``--wrap`` with a job number), so coda
-  decides each one in Python (and ``coda`` also hands each plan to C).
+  decides each one.
 
 Jobs go round-robin over the clusters in rotating order.  Every ``--block`` rounds each
 cluster's ``sdiag`` mean time of REQUEST_SUBMIT_BATCH_JOB is read and reset, so each
@@ -41,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from bench_submit import (
-    CODA_B_CONF,
     CODA_CONFIGS,
     CONFIGS,
     JOB_SCRIPT,
@@ -49,6 +49,7 @@ from bench_submit import (
     WORKLOAD,
     BenchCluster,
     Submission,
+    build_plugin,
     cancel_all,
     check_jobs,
     machine_info,
@@ -65,6 +66,7 @@ from bench_submit import (
 from slurm_plugin.devtools.cluster import DevCluster, DevClusterError
 
 PHASES = ("repeated", "never seen")
+CODA_B_CFLAGS = "-DCODA_ARENA_KEEP=0"
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -147,7 +149,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"machine: {m.get('nproc')} CPUs ({m.get('cpu_model')}), kernel {m.get('kernel')}, "
         f"Debian {m.get('debian_version')}, {m.get('slurm')}, Python {m.get('python')}; "
         f"{report['args']['jobs']} jobs per cluster per phase, blocks of "
-        f"{report['args']['block']} rounds\n",
+        f"{report['args']['block']} rounds; coda-b's plugin built with "
+        f"{report['args']['coda_b_cflags'] or 'the same flags as coda'}\n",
         "**server side** (sdiag mean of REQUEST_SUBMIT_BATCH_JOB per block; medians over "
         "blocks, µs)\n",
         "| phase | configuration | blocks | median block mean | added over none "
@@ -204,6 +207,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--aa", action="store_true", help="no job_submit plugin anywhere (A/A)")
+    p.add_argument(
+        "--coda-b-cflags",
+        default=CODA_B_CFLAGS,
+        help=f"C flags of the coda-b cluster's plugin build (default: {CODA_B_CFLAGS}; "
+        "empty: the same plugin as coda)",
+    )
     p.add_argument("--out", type=Path, default=None, help="also write JSON results here")
     args = p.parse_args(argv)
     if args.jobs < args.block or args.block < 1:
@@ -222,13 +231,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     names, values = workload_table(args.profiles, args.cpus_per_gpu, args.seed)
     started: list[BenchCluster] = []
     try:
+        coda_b_plugin = (
+            build_plugin(root / "coda-b-plugin", args.coda_b_cflags) if args.coda_b_cflags else None
+        )
         clusters = [
             BenchCluster(
                 name,
                 DevCluster(
                     root / name,
                     job_submit_plugins="" if args.aa else PLUGINS[name],
-                    coda_conf_extra=f"{CODA_B_CONF}\n" if name == "coda-b" else "",
+                    plugin_file=coda_b_plugin if name == "coda-b" else None,
                 ),
             )
             for name in CONFIGS

@@ -141,25 +141,7 @@ static uint32_t coda_job_id(const job_desc_msg_t *d);
 static void coda_set_job_id(job_desc_msg_t *d, uint32_t job_id);
 static void coda_set_cpus_per_task(job_desc_msg_t *d, uint16_t now);
 static void coda_rescale_min_cpus(job_desc_msg_t *d, uint32_t was, uint32_t now);
-
-/* The replay table (job_submit_coda.c, "Replay"). */
-typedef struct {
-    int64_t plan_id;
-    int64_t unix_ns;
-    int64_t elapsed_ns;
-    uint64_t token;
-    uint32_t job_id;
-} coda_replay_t;
 static uint64_t coda_next_token(void);
-static int64_t coda_memo_reset(int enabled, int cpu_jobs_silent);
-static int coda_memo_put(job_desc_msg_t *d, uint32_t submit_uid, int64_t gen,
-                         int64_t plan_id, uint16_t cpus_per_task_now, uint32_t cpg_was,
-                         uint32_t cpg_now, int log_level,
-                         const char *cpus_per_tres, const char *tres_per_node,
-                         const char *prefer, const char *partition,
-                         const char *admin_comment, const char *admin_note,
-                         const char *user_msg, const char *log_line);
-static int coda_memo_drain(coda_replay_t *out, int max);
 
 /* The plugin's own entry points, as slurmctld calls them (for in-process tests and
    bench/bench_hook_inprocess.py; slurmctld itself finds them with dlsym). */

@@ -6,7 +6,7 @@ a stand-in for them with ``cc`` and loads it with global symbol scope first, as 
 own symbols are.  The stand-in writes each log line to the file named by
 ``CODA_STANDIN_LOG`` ("LEVEL text"), or nowhere when it is unset.
 
-Used by tests/test_hook_fastpath.py and bench/bench_hook_inprocess.py.  The plugin's own
+Used by tests/test_hook_compiled.py and bench/bench_hook_inprocess.py.  The plugin's own
 ``init()``/``job_submit()``/``fini()`` are called as slurmctld calls them; ``init()`` runs
 inside this interpreter (it finds Python already started).
 """

@@ -188,6 +188,17 @@ def test_duplicate_key_last_wins_with_warning() -> None:
     assert warnings == ["c.conf:3: Mode given again (first on line 1); the last value wins"]
 
 
+def test_a_retired_key_loads_is_ignored_and_warned_about() -> None:
+    """A site's coda.conf that still sets HookFastPath keeps loading, whatever the value."""
+    config, warnings = parse_config("HookFastPath=no\nMode=advise\nhookfastpath=maybe\n", "c.conf")
+    assert config == CodaConfig(mode="advise")
+    assert warnings == [
+        f"c.conf:{line}: HookFastPath no longer has an effect (every GPU job is decided by "
+        "the hook's Python side); the line is ignored"
+        for line in (1, 3)
+    ]
+
+
 def test_partition_both_managed_and_excluded_warns() -> None:
     config, warnings = parse_config("Partitions=gpu,a\nExcludePartitions=gpu\n", "c.conf")
     assert config.partitions == ("gpu", "a")

@@ -8,6 +8,7 @@ the decision, and the exact bytes written into each field.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -65,7 +66,7 @@ class FakeLib:
         return desc.job_id
 
     def coda_set_cpus_per_task(self, desc: Any, now: int) -> None:
-        # What job_submit_coda.c does (tests/test_hook_fastpath.py runs the real one).
+        # What job_submit_coda.c does (tests/test_hook_compiled.py runs the real one).
         cpt = desc.cpus_per_task
         if cpt == 0 or cpt >= NO_VAL16 or now == 0 or now >= NO_VAL16:
             return
@@ -147,6 +148,35 @@ def start_hook(
         yield fake
     finally:
         hook.plugin_fini()
+
+
+def test_a_retired_key_is_warned_about_once_in_slurmctlds_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "coda.conf"
+    (tmp_path / "profiles").mkdir(mode=0o755)
+    started = start_hook(
+        tmp_path,
+        monkeypatch,
+        f"ProfileStore={tmp_path / 'profiles'}\nHookFastPath=yes\n"
+        "HookStatsFile=\nDecisionJournal=\n",
+    )
+    fake = next(started)
+    try:
+        said = [line for _, line in fake.lines if "HookFastPath" in line]
+        assert said == [
+            f"warning: {conf}:2: HookFastPath no longer has an effect (every GPU job is "
+            "decided by the hook's Python side); the line is ignored"
+        ]
+        # An edit reloads coda.conf; the line is not said again.
+        conf.write_text(conf.read_text() + "Mode=advise\n")
+        os.utime(conf, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        hook._on_reload_tick()
+        state = hook.current_state()
+        assert state is not None and state.cfg.mode == "advise"
+        assert [line for _, line in fake.lines if "HookFastPath" in line] == said
+    finally:
+        started.close()
 
 
 def test_rewrites_fields_with_slurm_allocator(lib: FakeLib) -> None:

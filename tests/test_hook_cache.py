@@ -1,14 +1,16 @@
 """The submit hook's decision memo: a repeated job gets exactly what decide() gives.
 
 Driven through the same cffi struct double as tests/test_hook.py.  Every case is submitted
-twice: the first call decides (memo miss), the second replays the memoised plan (hit); both
+twice: the first call decides (memo miss), the second reuses the memoised plan (hit); both
 must write the same fields, say the same to the user and log the same line, and the plan
 must be what decide() returns for the job read straight from job_desc.  A reload of the
-profile store or of coda.conf must change the answer.
+profile store or of coda.conf must change the answer; a usage record the decision does not
+read keeps the memo.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -18,8 +20,11 @@ from typing import Any
 
 import pytest
 
-from coda_common.store.profiles import Profile, ProfileStore
+from coda_common.config.codaconf import parse_config
+from coda_common.store.profiles import Profile, ProfileStore, to_view
+from coda_common.store.usage import CpuUsageRecord, UsageRecord
 from slurm_plugin.decision.decide import decide as real_decide
+from slurm_plugin.decision.decide import reads_usage, same_decisions
 from slurm_plugin.hook import submit as hook
 from tests.test_hook import NO_VAL, FakeLib, ffi, field, make_desc, start_hook
 
@@ -183,6 +188,85 @@ def test_store_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:
     ProfileStore(tmp_path / "profiles").write(_profile("resnet50", 4))
     hook.current_state().cache.refresh()
     assert _submit(lib, case)[1][0] == "gres:gpu:4"
+
+
+def _usage(pcie_bytes_per_s: float) -> UsageRecord:
+    return UsageRecord("A100", 0.9, 0.5, pcie_bytes_per_s, None, 60, time.time())
+
+
+def _reload_tick() -> None:
+    """What the reloader thread does every ReloadIntervalS: refresh, then its tick."""
+    hook.current_state().cache.refresh()
+    hook._on_reload_tick()
+
+
+def test_a_usage_record_keeps_the_memo_and_a_new_fit_empties_it(
+    lib: FakeLib, spy: DecideSpy, tmp_path: Path
+) -> None:
+    _ticks_by_hand_only()
+    store = ProfileStore(tmp_path / "profiles")
+    case = BATCH
+    first = _submit(lib, case)
+    # coda-node's usage flush rewrites the profile: a new snapshot, the same decisions.
+    store.merge_usage("workload:*:resnet50", _usage(1e9))
+    snapshot = hook.current_state().cache.snapshot()
+    _reload_tick()
+    assert hook.current_state().cache.snapshot() is not snapshot
+    assert _submit(lib, case) == first
+    assert spy.calls == 1
+    # A new fit is read by the decision: decided again.
+    store.write(_profile("resnet50", 4))
+    _reload_tick()
+    assert _submit(lib, case)[1][0] == "gres:gpu:4"
+    assert spy.calls == 2
+
+
+def _views(*profiles: Profile) -> dict[str, Any]:
+    return {p.signature: to_view(p) for p in profiles}
+
+
+SAME_DECISIONS: list[tuple[str, str, Any, bool]] = [
+    # (coda.conf, what changes, the new profile or a dict of views, same decisions)
+    ("", "a GPU usage record", "usage", True),
+    ("", "a CPU usage record", "cpu_usage", True),
+    ("PcieSpreadGres=pcie", "a GPU usage record", "usage", False),
+    ("PreferGpuTypes=a100,v100", "a GPU usage record", "usage", False),
+    ("MemBwSpreadGres=membw", "a CPU usage record", "cpu_usage", False),
+    ("", "cores per GPU", "cpus_per_gpu", False),
+    ("", "confidence", "confidence", False),
+    ("", "samples", "n_samples", False),
+    ("", "a profile added", "added", False),
+    ("", "a profile removed", "removed", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("conf", "what", "change", "same"),
+    SAME_DECISIONS,
+    ids=[f"{c} {w}" for c, w, _, _ in SAME_DECISIONS],
+)
+def test_same_decisions_only_when_what_changed_is_never_read(
+    conf: str, what: str, change: str, same: bool
+) -> None:
+    cfg, _ = parse_config(conf)
+    base = _profile("resnet50", 6)
+    other = _profile("bert", 5)
+    old = _views(base, other)
+    new = dict(old)
+    view = old[base.signature]
+    if change == "usage":
+        new[base.signature] = dataclasses.replace(view, usage=(_usage(2e10),))
+    elif change == "cpu_usage":
+        new[base.signature] = dataclasses.replace(view, cpu_usage=CpuUsageRecord(9e9, 9, 1.0))
+    elif change == "added":
+        new.update(_views(_profile("gpt", 2)))
+    elif change == "removed":
+        del new[other.signature]
+    else:
+        new[base.signature] = dataclasses.replace(view, **{change: getattr(view, change) + 1})
+    assert same_decisions(old, new, cfg) is same, what
+    # Nothing changed: the same decisions, told only where no usage record is read.
+    assert same_decisions(old, dict(old), cfg) is not reads_usage(cfg)
 
 
 def test_conf_reload_changes_the_answer(lib: FakeLib, tmp_path: Path) -> None:

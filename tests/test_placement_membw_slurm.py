@@ -124,8 +124,8 @@ def test_unmeasured_cpu_job_gets_a_record_for_the_node_daemon(mcluster: DevClust
 def test_repeated_cpu_jobs_are_answered_alike_and_not_counted_as_gpu_jobs(
     mcluster: DevCluster,
 ) -> None:
-    # The second and third submissions match the first byte for byte: the plugin's C side
-    # answers them (HookFastPath=yes). Each gets the GRES and a record with its own token.
+    # The second and third submissions match the first byte for byte: the hook's decision
+    # memo answers them. Each gets the GRES and a record with its own token.
     wait_for_reload(mcluster)
     before = json.loads(mcluster.hook_stats_file.read_text())
     args = [*STREAM, "--hold", "--job-name=repeat-cpu"]
@@ -137,7 +137,6 @@ def test_repeated_cpu_jobs_are_answered_alike_and_not_counted_as_gpu_jobs(
     assert len({said for _, _, said in answers}) == 1
     wait_for_reload(mcluster)
     after = json.loads(mcluster.hook_stats_file.read_text())
-    assert after["replayed"] - before.get("replayed", 0) >= 2
     assert after["cpu_jobs"] - before.get("cpu_jobs", 0) == 3
     assert after["gpu_jobs"] == before["gpu_jobs"]  # coda-slurm status counts GPU jobs
     journal = mcluster.decision_journal

@@ -536,14 +536,6 @@ def test_status_sums_the_window_and_json_has_the_same_numbers(site: Path) -> Non
     assert recent["decisions"]["returned"]["cores"] == 0
 
 
-def test_calls_answered_in_c_are_said_only_when_there_were_some(site: Path) -> None:
-    write_stats(site.parent / "stats.json", replayed=0)
-    assert "answered in C" not in status_cli("--conf", str(site)).out
-    write_stats(site.parent / "stats.json", replayed=97)
-    text = status_cli("--conf", str(site)).out
-    assert "fail-open 0 (0 over budget); 97 calls answered in C (HookFastPath)" in text
-
-
 def test_problems_each_get_a_verdict_that_says_where_to_look(site: Path) -> None:
     tmp = site.parent
     write_stats(

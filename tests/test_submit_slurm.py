@@ -119,10 +119,9 @@ def test_profiled_workload_runs_with_predicted_cores(cluster: DevCluster) -> Non
     assert cluster.show_job(job_id)["NumCPUs"] == "12"
 
 
-def test_a_repeated_job_is_answered_by_the_c_side_and_still_counted(cluster: DevCluster) -> None:
-    # HookFastPath=yes (the default): the second and third submissions match the first
-    # byte for byte, so the plugin's C side answers them without entering Python. The user
-    # and the admin must not be able to tell, except by the counter that says so.
+def test_a_repeated_job_gets_what_the_first_got_and_is_counted(cluster: DevCluster) -> None:
+    # The second and third submissions match the first byte for byte, so the hook answers
+    # them from its decision memo: the user and the admin must not be able to tell.
     put_profile(cluster, "workload:*:bert", 5)
     wait_for_reload(cluster)
     before = json.loads(cluster.hook_stats_file.read_text())
@@ -138,7 +137,6 @@ def test_a_repeated_job_is_answered_by_the_c_side_and_still_counted(cluster: Dev
     assert '--cpus-per-gpu=5 for workload "bert"' in answers[0][2]
     wait_for_reload(cluster)
     after = json.loads(cluster.hook_stats_file.read_text())
-    assert after["replayed"] - before.get("replayed", 0) >= 2
     assert after["changed"] - before["changed"] == 3
     assert after["gpu_jobs"] - before["gpu_jobs"] == 3
     deadline = time.monotonic() + 10

@@ -37,6 +37,7 @@ from coda_common.signature import (
 
 __all__ = [
     "CONFIG_KEYS",
+    "RETIRED_KEYS",
     "CodaConfig",
     "ConfigError",
     "KeySpec",
@@ -459,16 +460,6 @@ class CodaConfig:
         "20",
         _positive_float,
         "Time budget of the submit hook in milliseconds (> 0).",
-    )
-    hook_fast_path: bool = _key(
-        "HookFastPath",
-        "yes|no",
-        "yes",
-        _yes_no,
-        "yes: a job whose decision fields (user, name, partition, GPU and CPU requests, comment, "
-        "script, --prefer) match one already decided under the same coda.conf and profiles is "
-        "answered by the plugin's C side without entering Python (same fields, message, log "
-        "line and journal entry); no: every GPU job goes through Python.",
     )
     signature_ignore: ScriptIgnore = _key(
         "SignatureIgnore",
@@ -936,6 +927,12 @@ CONFIG_KEYS: dict[str, KeySpec] = {
 }
 """Every ``coda.conf`` key, in the order of :class:`CodaConfig`'s fields."""
 
+RETIRED_KEYS: dict[str, str] = {
+    "HookFastPath": "every GPU job is decided by the hook's Python side",
+}
+"""Keys coda.conf once had, with what holds now: a file that still sets one loads, with a
+warning that the line has no effect (any value is accepted)."""
+
 
 # ----------------------------------------------------------------------------- lexing
 
@@ -1027,6 +1024,7 @@ def _tokenize(line: str, source: str, lineno: int) -> list[tuple[str, str]]:
 
 
 _CANONICAL = {key.lower(): key for key in CONFIG_KEYS}
+_RETIRED = {key.lower(): key for key in RETIRED_KEYS}
 
 
 def _unknown_key_message(key: str) -> str:
@@ -1041,15 +1039,22 @@ def parse_config(text: str, source: str = "coda.conf") -> tuple[CodaConfig, list
     """Parse the text of a ``coda.conf``: ``(config, warnings)``.
 
     Raises :class:`ConfigError` (``source:line: message``) for unknown keys, malformed
-    lines and invalid values; warnings (same prefix) report keys given more than once and
-    partitions both managed and excluded.  ``SlurmConf`` is returned as written (None when
-    empty); :func:`load_config` resolves it.
+    lines and invalid values; warnings (same prefix) report keys given more than once,
+    partitions both managed and excluded, and :data:`RETIRED_KEYS` (ignored).
+    ``SlurmConf`` is returned as written (None when empty); :func:`load_config` resolves it.
     """
     seen: dict[str, tuple[str, int]] = {}
     warnings: list[str] = []
     for lineno, line in _logical_lines(text, source):
         for key, value in _tokenize(line, source, lineno):
             canonical = _CANONICAL.get(key.lower())
+            if canonical is None and key.lower() in _RETIRED:
+                retired = _RETIRED[key.lower()]
+                warnings.append(
+                    f"{source}:{lineno}: {retired} no longer has an effect "
+                    f"({RETIRED_KEYS[retired]}); the line is ignored"
+                )
+                continue
             if canonical is None:
                 raise ConfigError(source, lineno, _unknown_key_message(key))
             if canonical in seen:

@@ -829,7 +829,6 @@ def _hook_lines(doc: dict[str, Any]) -> list[str]:
         if hook["state"] == "disabled":
             return ["Hook     no stats (HookStatsFile is empty)"]
         return [f"Hook     no stats at {hook['path']} ({hook['error'] or hook['state']})"]
-    replayed = stats.get("replayed")
     return [
         f"Hook     {stats.get('calls', 0)} calls since {_when(stats.get('started_unix_s'))}: "
         f"{stats.get('gpu_jobs', 0)} GPU jobs, {stats.get('changed', 0)} changed, "
@@ -839,8 +838,7 @@ def _hook_lines(doc: dict[str, Any]) -> list[str]:
         f"{_ago(now, stats.get('last_call_unix_s'))}",
         f"         in-hook p50 {_us(stats.get('p50_us'))}, p99 {_us(stats.get('p99_us'))} "
         f"(budget {conf['hook_budget_ms']:g} ms); fail-open {stats.get('fail_open', 0)} "
-        f"({stats.get('over_budget', 0)} over budget)"
-        + (f"; {replayed} calls answered in C (HookFastPath)" if replayed else ""),
+        f"({stats.get('over_budget', 0)} over budget)",
         f"         stats written {_ago(now, stats.get('written_unix_s'))}; coda.conf loaded "
         f"{_ago(now, stats.get('conf_loaded_unix_s'))}; profile store read "
         f"{_ago(now, stats.get('store_refreshed_unix_s'))}",

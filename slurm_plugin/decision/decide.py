@@ -73,7 +73,7 @@ the default partition first).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coda_common.config.codaconf import CodaConfig
 from coda_common.signature import (
@@ -118,6 +118,8 @@ __all__ = [
     "job_tasks_per_node",
     "parse_admin_record",
     "predict_cpus_per_gpu",
+    "reads_usage",
+    "same_decisions",
 ]
 
 ACTIONS = frozenset(
@@ -248,6 +250,42 @@ def _clamp(value: int, gpn: int, cfg: CodaConfig, cap: int | None) -> tuple[int,
         value = max(cap, 1)
         note = f", capped at {value} by the largest node with {gpn} GPUs"
     return value, note
+
+
+def reads_usage(cfg: CodaConfig) -> bool:
+    """Whether :func:`decide` reads profiles' usage records under ``cfg``: the GPU ones for
+    ``PcieSpreadGres`` and ``PreferGpuTypes`` (:func:`_placement`, and the GPU ranking over
+    every profile), the CPU one for ``MemBwSpreadGres`` (:func:`_membw_request`)."""
+    return (
+        cfg.pcie_spread_gres is not None
+        or bool(cfg.prefer_gpu_types)
+        or cfg.mem_bw_spread_gres is not None
+    )
+
+
+def same_decisions(
+    old: Mapping[str, ProfileView], new: Mapping[str, ProfileView], cfg: CodaConfig
+) -> bool:
+    """Whether :func:`decide` gives every request the same decision under profile snapshot
+    ``new`` as under ``old``, with ``cfg`` and everything else the same.
+
+    True when both hold the same signatures and each view differs at most in its usage
+    records, while ``cfg`` has decide() read none (:func:`reads_usage`): decide() reads
+    profiles only through lookups by signature, and every other field of a view takes part
+    in the comparison.  coda-node rewrites a running job's usage record every
+    ``NodeUsageFlushS`` and at its end; those writes then keep the hook's decision memo.
+    """
+    if reads_usage(cfg) or len(old) != len(new):
+        return False
+    for key, view in new.items():
+        was = old.get(key)
+        if was is view:
+            continue
+        if was is None or replace(was, usage=(), cpu_usage=None) != replace(
+            view, usage=(), cpu_usage=None
+        ):
+            return False
+    return True
 
 
 def decide(

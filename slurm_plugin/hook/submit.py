@@ -11,18 +11,12 @@ Because decide() is pure, its answers are memoised (:class:`DecisionMemo`): a
 job whose decision fields match an earlier one's, under the same configuration and
 profile snapshot, costs one dict lookup, and the fields it writes were encoded once.
 Called once every few ms from a fresh slurmctld thread, the hook runs with cold caches,
-where every line of Python it skips counts (docs/benchmarks.md, "In-hook time").
+where every line of Python it skips counts (docs/benchmarks.md, "In-hook time").  Every
+job that asks for a GPU is answered here; the C side only applies what this module chose
+(job_submit_coda.c: the string writes, the fields sbatch derived from ``-c``).
 
-The plugin's C side goes one step further (``HookFastPath=yes``, job_submit_coda.c,
-"Replay"): each plan is also handed to C with the job's raw key, and a repeated job is
-answered there without entering Python at all.  C keeps a record of each job it answered;
-the reloader thread drains them into the counters and the decision journal
-(:func:`drain_replays`).  Python keeps the C table valid: it is emptied whenever the
-memo is renewed (a profile snapshot or coda.conf change), and a plan decided under an
-older table generation is refused.
-
-Every decision that writes an admin record ends it with a token of its own (``;tok=``, one
-sequence in C for both paths), and puts the user's line after it: slurmctld may refuse the
+Every decision that writes an admin record ends it with a token of its own (``;tok=``, from
+one sequence in C), and puts the user's line after it: slurmctld may refuse the
 submission after job_submit, and the token lets ``coda-slurm status`` count only the
 decisions a job of Slurm's holds (:func:`slurm_plugin.hook.journal.reconcile`). For the same
 reason the line sbatch prints starts ``coda (if Slurm accepts the job):`` (:data:`IF_ACCEPTED`).
@@ -36,7 +30,6 @@ user wrote in ``--comment`` (they asked for something invalid).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import threading
@@ -53,7 +46,14 @@ from coda_common.signature import DirectiveError, parse_coda_directives, quote_l
 from coda_common.store.profiles import ProfileCache, Reloader, StoreUnavailable
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision import placement
-from slurm_plugin.decision.decide import ADMIN_PREFIX, Decision, JobRequest, ProfileView, decide
+from slurm_plugin.decision.decide import (
+    ADMIN_PREFIX,
+    Decision,
+    JobRequest,
+    ProfileView,
+    decide,
+    same_decisions,
+)
 from slurm_plugin.hook.journal import DecisionJournal, pending_entry
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
@@ -79,26 +79,14 @@ _GRES_SLASH_RELEASE = (23 << 16) | (11 << 8)  # SLURM_VERSION_NUM(23, 11, 0)
 _perf_ns = time.perf_counter_ns
 _time_s = time.time
 
-# The C replay table (job_submit_coda.c): present in the compiled plugin, absent in test
-# doubles.  _c_lock orders renewals, drains and the pruning of _c_plans (the plans C may
-# still name in its records); puts need no lock (C checks the generation).
-_c_replay = False
-_c_lock = threading.Lock()
-_c_plans: dict[int, tuple[Plan, bool]] = {}
-"""plan id -> (plan, whether the call counts as a GPU decision) for C's records."""
-_c_ids = itertools.count(1)
-_C_DRAIN_BATCH = 1024
-_C_PLANS_MAX = 4 * MEMO_MAX_ENTRIES
-"""Plans kept for C's records before the table is emptied and they are forgotten (C empties
-its full table on its own, leaving the plans it dropped here until then)."""
-_c_buf: Any = None
+_token_lock = threading.Lock()
 _last_token = 0
 
 
 def _py_token() -> int:
     """A decision token where the C side is absent (test doubles): as coda_next_token()."""
     global _last_token
-    with _c_lock:
+    with _token_lock:
         now_ns = time.time_ns()
         _last_token = now_ns if now_ns > _last_token else _last_token + 1
         return _last_token
@@ -112,8 +100,6 @@ class HookStats:
     """Counters the hook keeps about itself (read by ``coda-slurm status`` and bench/)."""
 
     calls: int = 0
-    replayed: int = 0
-    """Calls answered by the C side's replay table (counted in ``calls`` too)."""
     gpu_jobs: int = 0
     changed: int = 0
     rejected: int = 0
@@ -142,7 +128,6 @@ class HookStats:
 
         return {
             "calls": self.calls,
-            "replayed": self.replayed,
             "gpu_jobs": self.gpu_jobs,
             "changed": self.changed,
             "rejected": self.rejected,
@@ -165,7 +150,7 @@ RequestKey = tuple[Any, ...]
 class Plan:
     """One decision and everything the hook writes for it, encoded once.
 
-    Built on a :class:`DecisionMemo` miss; a hit replays it, so a recurring job costs one
+    Built on a :class:`DecisionMemo` miss; a hit reuses it, so a recurring job costs one
     dict lookup instead of :func:`decide` plus the encoding of each field.
     """
 
@@ -232,8 +217,8 @@ def _tells_user(req: JobRequest, user_message: str) -> bool:
     """Whether the submitting command prints the line, by UserMessage. Only a batch job
     has a script (job_desc's ``script``); srun and salloc send none, and their stderr is
     the program's, which scripts and Slurm's own tests read (``srun --error=none``).
-    The script is part of the memo's key, so a plan kept for one is never replayed for
-    the other, in Python or by the C side."""
+    The script is part of the memo's key, so a plan kept for one is never given to the
+    other."""
     if user_message == "all":
         return True
     return user_message == "batch" and req.script is not None
@@ -265,19 +250,19 @@ class DecisionMemo:
     profile snapshot.  A memo belongs to one :class:`HookState` (a coda.conf reload builds
     a new state, and with it an empty memo) and to one snapshot object: ``ProfileCache``
     replaces its snapshot whenever a profile changes, and the hook starts a new memo when
-    the snapshot it holds is not the one it was built for.  Bounded by
+    the snapshot it holds is not the one it was built for, unless the reloader moved the
+    memo to the new snapshot first because it decides every job alike
+    (:func:`_follow_snapshot`).  Bounded by
     :data:`MEMO_MAX_ENTRIES` and :data:`MEMO_MAX_BYTES`, cleared when either is reached: a
     recurring workload is back in after one miss.
     """
 
-    __slots__ = ("c_gen", "key_bytes", "plans", "profiles")
+    __slots__ = ("key_bytes", "plans", "profiles")
 
-    def __init__(self, profiles: Mapping[str, ProfileView] | None, c_gen: int = 0) -> None:
+    def __init__(self, profiles: Mapping[str, ProfileView] | None) -> None:
         self.profiles = profiles
         self.plans: dict[RequestKey, Plan] = {}
         self.key_bytes = 0
-        self.c_gen = c_gen
-        """The C replay table's generation this memo's plans go to; 0: none."""
 
     def add(self, key: RequestKey, plan: Plan) -> None:
         size = sum(len(v) for v in key if type(v) is bytes)
@@ -357,155 +342,55 @@ def on_callback_error(exc_type: type, exc_value: BaseException, _tb: object) -> 
 
 
 def bind(ffi: Any, lib: Any) -> None:
-    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _GRES_SEP, _c_replay, _c_buf, _next_token
+    global _ffi, _lib, _SUCCESS, _ERROR, _NO_VAL, _GRES_SEP, _next_token
     _ffi, _lib = ffi, lib
     _SUCCESS, _ERROR, _NO_VAL = lib.SLURM_SUCCESS, lib.SLURM_ERROR, lib.NO_VAL
     release = getattr(lib, "SLURM_VERSION_NUMBER", 0)
     _GRES_SEP = "/" if release >= _GRES_SLASH_RELEASE else ":"
-    _c_replay = hasattr(lib, "coda_memo_put")
-    # One sequence for the tokens C hands out and Python's (job_submit_coda.c, "Decision
-    # tokens").
+    # The token sequence lives in C (job_submit_coda.c, "Decision tokens"); test doubles
+    # without it get the same sequence in Python.
     _next_token = lib.coda_next_token if hasattr(lib, "coda_next_token") else _py_token
-    _c_buf = ffi.new("coda_replay_t[]", _C_DRAIN_BATCH) if _c_replay else None
 
 
-# -- the C replay table ----------------------------------------------------------
+# -- the decision memo ------------------------------------------------------------
+
+
+def _follow_snapshot(state: HookState) -> None:
+    """Right after the store's refresh, bring the memo to the new snapshot: when that
+    snapshot decides every job as the memo's did (only usage records the decision does not
+    read changed), the plans hold and the memo moves to it; else it is emptied now rather
+    than at the next job."""
+    memo = state.memo
+    snapshot = state.cache.snapshot()
+    if memo.profiles is None or memo.profiles is snapshot:
+        return
+    if same_decisions(memo.profiles, snapshot, state.cfg):
+        memo.profiles = snapshot
+    else:
+        _renew_memo(state, snapshot)
 
 
 def _renew_memo(state: HookState, profiles: Mapping[str, ProfileView]) -> DecisionMemo:
-    """The memo for ``state`` and ``profiles``: a new empty one (and an emptied C table)
-    unless another thread just made it.  A state that is no longer the live one gets a
-    memo of its own that C never sees."""
-    with _c_lock:
-        if state is not _state:
-            return DecisionMemo(profiles)
-        memo = state.memo
-        if memo.profiles is profiles:
-            return memo
-        memo = DecisionMemo(profiles, _c_reset_locked(state))
+    """A new empty memo for ``state`` and ``profiles`` (earlier plans may be stale).  A
+    state that is no longer the live one gets a memo of its own, which it does not keep."""
+    memo = DecisionMemo(profiles)
+    if state is _state:
         state.memo = memo
-        return memo
+    return memo
 
 
-def _c_reset_locked(state: HookState) -> int:
-    """Empty the C table for ``state``'s configuration; its new generation (0 without C).
-    Records of jobs C answered with the old plans are drained first."""
-    if not _c_replay:
-        return 0
-    _drain_locked(state)
-    first_new_id = next(_c_ids)
-    gen = int(_lib.coda_memo_reset(int(state.cfg.hook_fast_path), int(state.cpu_jobs_silent)))
-    _drain_locked(state)  # answered between the first drain and the reset
-    for plan_id in [i for i in _c_plans if i < first_new_id]:
-        del _c_plans[plan_id]
-    return gen
-
-
-def _c_put(desc: Any, submit_uid: int, memo: DecisionMemo, plan: Plan, state: HookState) -> None:
-    """Hand ``plan`` to the C table for jobs with ``desc``'s key (before it is applied:
-    the key is what the user submitted).  C then does what :func:`job_submit` does for
-    this plan: a GPU decision writes and counts; a skip writes only a route, and a CPU-only
-    job's record and GRES."""
-    gen = memo.c_gen
-    log_level = state.log_level
-    decision = plan.decision
-    counted = not (
-        decision.action == "skip" and (decision.admin_comment is None or decision.cpu_job)
-    )
-    writes = counted or plan.partition is not None or decision.cpu_job
-    plan_id = next(_c_ids)
-    _c_plans[plan_id] = (plan, counted)
-    null = _ffi.NULL
-    rc = _lib.coda_memo_put(
-        desc,
-        submit_uid,
-        gen,
-        plan_id,
-        decision.cpus_per_task if writes and decision.cpus_per_task is not None else 0,
-        *(decision.min_cpus_rescale if writes and decision.min_cpus_rescale else (0, 0)),
-        plan.log_level if plan.log_level <= log_level else -1,
-        null if not writes or plan.cpus_per_tres is None else plan.cpus_per_tres,
-        null if not writes or plan.tres_per_node is None else plan.tres_per_node,
-        null if not writes or plan.prefer is None else plan.prefer,
-        null if not writes or plan.partition is None else plan.partition,
-        null if not writes or plan.admin_comment is None else plan.admin_comment,
-        null if not writes or plan.admin_note is None else plan.admin_note,
-        null if not writes or plan.user_msg is None else plan.user_msg,
-        plan.log_line,
-    )
-    if rc == 0 or rc == 3:  # refused, or a plan for this key is there already
-        _c_plans.pop(plan_id, None)
-    elif len(_c_plans) > _C_PLANS_MAX:
-        # C emptied its full table (rc 2) often enough that the plans it dropped pile up
-        # here: start a new generation, which forgets them all safely (submissions may run
-        # concurrently, so the plans of one emptying cannot be told apart here).
-        with _c_lock:
-            if state is _state and memo is state.memo and memo.c_gen == gen:
-                memo.c_gen = _c_reset_locked(state)
-
-
-def drain_replays() -> int:
-    """Move the records of the jobs C answered into the counters and the journal (the
-    reloader does this every tick, before the stats file is written); how many."""
-    if not _c_replay:
-        return 0
-    with _c_lock:
-        return _drain_locked(_state)
-
-
-def _drain_locked(state: HookState | None) -> int:
-    total = 0
-    buf = _c_buf
-    while True:
-        n = _lib.coda_memo_drain(buf, _C_DRAIN_BATCH)
-        total += n
-        if state is not None and n:
-            stats = state.stats
-            journal = state.journal
-            last_s = stats.last_call_unix_s or 0.0
-            for i in range(n):
-                r = buf[i]
-                stats.calls += 1
-                stats.replayed += 1
-                stats.record(r.elapsed_ns)
-                t_s = r.unix_ns / 1e9
-                last_s = max(last_s, t_s)
-                if r.plan_id == 0:  # a job asking for no GPU
-                    continue
-                entry = _c_plans.get(r.plan_id)
-                if entry is not None and entry[0].decision.cpu_job:
-                    stats.cpu_jobs += 1
-                if entry is None or not entry[1]:
-                    continue
-                plan = entry[0]
-                decision = plan.decision
-                stats.gpu_jobs += 1
-                if plan.cpus_per_tres is not None or decision.cpus_per_task is not None:
-                    stats.changed += 1
-                if journal is not None:
-                    journal.record(
-                        (
-                            t_s,
-                            r.job_id,
-                            plan.uid,
-                            plan.job_name,
-                            plan.ntasks_per_node,
-                            plan.num_tasks,
-                            decision.action,
-                            decision.admin_comment,
-                            r.elapsed_ns,
-                            False,
-                            None,
-                            r.token,
-                        )
-                    )
-            stats.last_call_unix_s = last_s
-        if n < _C_DRAIN_BATCH:
-            return total
+_warned: set[str] = set()
+"""coda.conf warnings already written to slurmctld's log: each is said once per slurmctld,
+not again at every reload of the file."""
 
 
 def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
-    cfg = load_config(path)
+    warnings: list[str] = []
+    cfg = load_config(path, warnings=warnings)
+    for warning in warnings:
+        if warning not in _warned:
+            _warned.add(warning)
+            _log_named("info", f"warning: {warning}")
     mtime_ns = path.stat().st_mtime_ns
     cache = ProfileCache(Path(cfg.profile_store), _log_named)
     slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
@@ -579,11 +464,6 @@ def plugin_init() -> int:
 def plugin_fini() -> None:
     global _state
     state = _state
-    if _c_replay:
-        with _c_lock:
-            _lib.coda_memo_reset(0, 0)  # C answers nothing more
-            _drain_locked(state)
-            _c_plans.clear()
     if state is not None and state.reloader is not None:
         state.reloader.stop()
         if state.journal is not None:
@@ -603,7 +483,7 @@ def _on_reload_tick() -> None:
     state = _state
     if state is None:
         return
-    drain_replays()
+    _follow_snapshot(state)
     try:
         mtime_ns = state.cfg_path.stat().st_mtime_ns
     except OSError as exc:
@@ -616,11 +496,6 @@ def _on_reload_tick() -> None:
         if changed is not None:
             _reload_config(state, mtime_ns, f"{changed} changed")
     state = _state or state
-    snapshot = state.cache.snapshot()
-    if state.memo.profiles is not snapshot:
-        # The store changed: C must stop answering from plans of the old profiles now,
-        # not at the next job that reaches Python.
-        _renew_memo(state, snapshot)
     if state.cfg.prefer_gpu_types:
         # Rank GPU types here, right after the refresh, so the first job after a profile
         # change does not scan every profile under the job write lock.
@@ -666,7 +541,6 @@ def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
     if fresh.reloader is not None:
         fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
     _state = fresh
-    _renew_memo(fresh, fresh.cache.snapshot())  # C stops answering under the old coda.conf
     if old_journal is not None:
         # A submission that read the old state just before the swap may still append
         # here after this final flush; that entry is lost (once, at a DecisionJournal edit).
@@ -936,7 +810,7 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             # CPU-only job, coda:off, or one routed by CpuJobPartitions or MemBwSpreadGres:
             # not a GPU decision, so neither counted nor journaled as one (coda-slurm status
             # is about GPU jobs' cores).
-            return _pass_unmanaged(desc, submit_uid, state, memo, plan, err_msg)
+            return _pass_unmanaged(desc, state, plan, err_msg)
         stats.gpu_jobs += 1
         journaled = decision
         elapsed_ms = (_perf_ns() - t0) / 1e6
@@ -947,8 +821,6 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
             error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
             log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
             return _SUCCESS
-        if memo.c_gen:
-            _c_put(desc, submit_uid, memo, plan, state)
         if plan.admin_comment is not None:
             token = _next_token()
         _apply(desc, plan, err_msg, token)
@@ -1016,13 +888,9 @@ def _reject(state: HookState, plan: Plan, err_msg: Any) -> int:
     return _ERROR
 
 
-def _pass_unmanaged(
-    desc: Any, submit_uid: int, state: HookState, memo: DecisionMemo, plan: Plan, err_msg: Any
-) -> int:
+def _pass_unmanaged(desc: Any, state: HookState, plan: Plan, err_msg: Any) -> int:
     """A job CODA does not manage passes; only a CPU-only job's route, record and
     memory-bandwidth GRES are written (make_plan set the log level)."""
-    if memo.c_gen:
-        _c_put(desc, submit_uid, memo, plan, state)
     if plan.decision.cpu_job:
         state.stats.cpu_jobs += 1
         _apply(desc, plan, err_msg, _next_token())

@@ -1,10 +1,12 @@
-"""The plugin's C replay table (HookFastPath): a repeated job is answered in C
-exactly as Python answered it, and everything Python keeps about it still happens.
+"""The compiled plugin's one submit path: C hands every job to Python, Python decides
+(or finds the plan in its decision memo) and writes the job through the C helpers; a
+repeated job gets exactly what the first one got.
 
 These tests run the compiled plugin module in this process through its real entry
 points (``init``, ``job_submit``, ``fini``), with a stand-in for the few slurmctld
-functions it needs (tests/compiled_hook.py).  Whether a call reached Python is seen by
-wrapping ``hook.job_submit``, which the C side calls on a miss.
+functions it needs (tests/compiled_hook.py).  Calls that reach Python are counted by
+wrapping ``hook.job_submit``; decisions, by wrapping ``hook.decide`` (a memo hit makes
+none).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 from coda_common.store.profiles import ProfileStore
 from slurm_plugin.hook import submit as hook
 from tests import compiled_hook
-from tests.test_hook_cache import CASES, WRITTEN, _profile, untokened
+from tests.test_hook_cache import CASES, WRITTEN, DecideSpy, _profile, untokened
 
 # The plugin module is built against this machine's slurm.h: the version matrix runs these
 # on every Slurm (tests/matrix.py).
@@ -55,6 +57,7 @@ class Plugin:
     root: Path
     log: Path
     python_calls: list[int] = field(default_factory=lambda: [0])
+    decided: DecideSpy = field(default_factory=DecideSpy)
 
     def desc(self, case: dict[str, Any]) -> Any:
         fields = {k: v for k, v in case.items() if k != "submit_uid"}
@@ -86,6 +89,10 @@ class Plugin:
     def calls(self) -> int:
         return self.python_calls[0]
 
+    @property
+    def decisions(self) -> int:
+        return self.decided.calls
+
 
 @contextlib.contextmanager
 def _started(
@@ -114,10 +121,11 @@ def _started(
         return real(desc, submit_uid, err_msg)
 
     monkeypatch.setattr(hook, "job_submit", counting)
+    monkeypatch.setattr(hook, "decide", plugin.decided)
     compiled_hook.start(ffi, lib)
-    # The reloader thread ticks once at start (then every 3600 s), and a tick drains C's
-    # records. Wait for that first tick to end (it writes the stats file last), so the
-    # tests' own drains and ticks are the only ones, however late the thread runs.
+    # The reloader thread ticks once at start (then every 3600 s). Wait for that first tick
+    # to end (it writes the stats file last), so the tests' own ticks are the only ones,
+    # however late the thread runs.
     stats = root / "stats.json"
     deadline_s = time.monotonic() + 60.0
     while not stats.exists() and time.monotonic() < deadline_s:
@@ -146,23 +154,23 @@ def _reload_tick() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_a_repeated_job_is_answered_in_c_as_python_answered_it(plugin: Plugin, case: dict) -> None:
+def test_a_repeated_job_gets_what_the_first_one_got(plugin: Plugin, case: dict) -> None:
     first = plugin.submit(case)
     rejected = first[0] != 0
     gpu = any(k.startswith("tres_per_") for k in case)
-    # A job asking for no GPU never reaches Python (nothing to write or say at LogLevel=info).
-    assert plugin.calls == (1 if gpu else 0)
+    # Every job enters Python; a job asking for no GPU stops there before the decision.
+    assert (plugin.calls, plugin.decisions) == (1, 1 if gpu else 0)
     second = plugin.submit(case)
     assert second == first
-    # A rejected job (a bad coda: directive) is always decided in Python.
-    assert plugin.calls == ((2 if rejected else 1) if gpu else 0)
+    # The repeat is answered from the memo (a rejected job's plan is kept as well).
+    assert (plugin.calls, plugin.decisions) == (2, 1 if gpu else 0), rejected
 
 
-def test_an_answer_from_c_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> None:
+def test_a_memo_hit_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> None:
     case = {**CASES[0], "script": BASE["script"], "admin_comment": "from-lua"}
     plugin.submit(case)
     rc, fields, _cpt, said, _lines = plugin.submit(case, err_first="lua: hello")
-    assert plugin.calls == 1 and rc == 0
+    assert plugin.decisions == 1 and rc == 0
     assert fields[WRITTEN.index("admin_comment")].startswith("from-lua coda:sig=")
     assert said is not None
     first, second = said.split("\n")
@@ -176,7 +184,7 @@ def test_an_answer_from_c_keeps_what_an_earlier_plugin_wrote(plugin: Plugin) -> 
     [("", True, False), ("UserMessage=all\n", True, True), ("UserMessage=none\n", False, False)],
     ids=["default", "all", "none"],
 )
-def test_user_message_decides_who_sees_the_line_on_both_paths(
+def test_user_message_decides_who_sees_the_line_decided_or_from_the_memo(
     compiled: tuple[Any, Any],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -185,17 +193,17 @@ def test_user_message_decides_who_sees_the_line_on_both_paths(
     interactive_told: bool,
 ) -> None:
     """sbatch sends a script, srun and salloc none. UserMessage decides which of them print
-    coda's line, when Python decides and when C replays; the decision is in the admin
-    comment and slurmctld's log for all of them."""
+    coda's line, when the job is decided and when its plan comes from the memo; the
+    decision is in the admin comment and slurmctld's log for all of them."""
     interactive = {k: v for k, v in BASE.items() if k != "script"}
     with _started(compiled, tmp_path, monkeypatch, setting) as plugin:
         for case, told in ((BASE, batch_told), (interactive, interactive_told)):
-            for path in ("python", "c"):
-                calls = plugin.calls
+            for answer in ("decided", "memo"):
+                decisions = plugin.decisions
                 rc, fields, _cpt, said, lines = plugin.submit(case)
-                assert plugin.calls == calls + (path == "python")
-                assert rc == 0 and fields[0] == "gres:gpu:6", path
-                what = ("interactive" if case is interactive else "batch", path)
+                assert plugin.decisions == decisions + (answer == "decided")
+                assert rc == 0 and fields[0] == "gres:gpu:6", answer
+                what = ("interactive" if case is interactive else "batch", answer)
                 if told:
                     assert said is not None and said.startswith(hook.IF_ACCEPTED), what
                 else:
@@ -205,7 +213,7 @@ def test_user_message_decides_who_sees_the_line_on_both_paths(
                 assert any("action=set cpg=6" in line for line in lines), what
 
 
-# One field of BASE changed at a time: each is a job C has not seen.
+# One field of BASE changed at a time: each is a job the memo has not seen.
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("user_id", {"user_id": 1001}),
     ("submit_uid", {"user_id": 0xFFFFFFFE, "submit_uid": 1002}),
@@ -228,46 +236,44 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def test_every_field_the_decision_reads_is_in_the_c_key(plugin: Plugin) -> None:
+def test_every_field_the_decision_reads_is_in_the_memo_key(plugin: Plugin) -> None:
     base = plugin.submit(BASE)
-    assert plugin.calls == 1
+    assert plugin.decisions == 1
     for label, change in VARIANTS:
-        before = plugin.calls
+        before = plugin.decisions
         answer = plugin.submit({**BASE, **change})
-        assert plugin.calls == before + 1, f"{label}: answered from another job's plan"
+        assert plugin.decisions == before + 1, f"{label}: answered from another job's plan"
         again = plugin.submit({**BASE, **change})
         assert again == answer, label
-        assert plugin.calls == before + 1 + (answer[0] != 0), label
+        assert plugin.decisions == before + 1, label
     # And the first job is still answered as it was.
-    calls = plugin.calls
+    decisions = plugin.decisions
     assert plugin.submit(BASE) == base
-    assert plugin.calls == calls
+    assert plugin.decisions == decisions
 
 
 def test_a_script_changed_in_the_middle_gets_its_own_signature(plugin: Plugin) -> None:
     a = plugin.submit({**BASE, "comment": ""})
     b = plugin.submit({**BASE, "comment": "", "script": BASE["script"].replace("90", "91")})
-    assert plugin.calls == 2
+    assert plugin.decisions == 2
     sig_a = a[1][WRITTEN.index("admin_comment")].split()[0]
     sig_b = b[1][WRITTEN.index("admin_comment")].split()[0]
     assert sig_a != sig_b
 
 
-def test_a_store_change_stops_c_answering_with_the_old_profile(
-    plugin: Plugin, tmp_path: Path
-) -> None:
+def test_a_store_change_empties_the_memo(plugin: Plugin, tmp_path: Path) -> None:
     assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
     assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
-    assert plugin.calls == 1
+    assert plugin.decisions == 1
     ProfileStore(tmp_path / "profiles").write(_profile("resnet50", 4))
     _reload_tick()
     assert plugin.submit(BASE)[1][0] == "gres:gpu:4"
-    assert plugin.calls == 2
+    assert plugin.decisions == 2
     assert plugin.submit(BASE)[1][0] == "gres:gpu:4"
-    assert plugin.calls == 2
+    assert plugin.decisions == 2
 
 
-def test_a_conf_change_stops_c_answering_with_the_old_conf(plugin: Plugin, tmp_path: Path) -> None:
+def test_a_conf_change_empties_the_memo(plugin: Plugin, tmp_path: Path) -> None:
     assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
     assert plugin.submit(BASE)[1][0] == "gres:gpu:6"
     conf = tmp_path / "coda.conf"
@@ -277,85 +283,57 @@ def test_a_conf_change_stops_c_answering_with_the_old_conf(plugin: Plugin, tmp_p
     rc, fields, _cpt, said, _lines = plugin.submit(BASE)
     assert rc == 0 and fields[0] == "gres:gpu:3"
     assert said is not None and "capped at MaxCpusPerGpu=3" in said
-    assert plugin.calls == 2
+    assert plugin.decisions == 2
     assert plugin.submit(BASE)[1][0] == "gres:gpu:3"
-    assert plugin.calls == 2
+    assert plugin.decisions == 2
 
 
-def test_jobs_answered_in_c_are_counted_and_journaled(plugin: Plugin, tmp_path: Path) -> None:
+def test_repeated_jobs_are_counted_and_journaled(plugin: Plugin, tmp_path: Path) -> None:
     for job_id in (11, 12, 13):
         assert plugin.submit({**BASE, "job_id": job_id})[1][0] == "gres:gpu:6"
     plugin.submit({"num_tasks": 4})  # a CPU job: counted as a call, not a decision
-    assert plugin.calls == 1
-    # Nothing reaches the counters until the reloader drains C's records.
-    assert hook.drain_replays() == 3
+    assert plugin.decisions == 1
     stats = hook.current_state().stats
-    assert (stats.calls, stats.replayed, stats.gpu_jobs, stats.changed) == (4, 3, 3, 3)
+    assert (stats.calls, stats.gpu_jobs, stats.changed) == (4, 3, 3)
     assert len(stats.durations_ns) == 4 and all(d > 0 for d in stats.durations_ns)
     hook._on_reload_tick()  # writes the stats file
     written = json.loads((tmp_path / "stats.json").read_text())
-    assert (written["calls"], written["replayed"], written["changed"]) == (4, 3, 3)
+    assert (written["calls"], written["gpu_jobs"], written["changed"]) == (4, 3, 3)
     plugin.lib.fini()  # flushes the journal
     entries = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
     assert [e["job_id"] for e in entries] == [11, 12, 13]
     assert {e["action"] for e in entries} == {"set"}
     assert {e["cpg"] for e in entries} == {6}
+    assert len({e["tok"] for e in entries}) == 3
     assert all(e["hook_us"] > 0 and e["fail_open"] is False for e in entries)
     compiled_hook.start(plugin.ffi, plugin.lib)  # the fixture's fini() needs a live plugin
 
 
-def test_fast_path_off_sends_every_job_to_python(
-    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("value", ["yes", "no"])
+def test_a_conf_that_still_sets_hook_fast_path_loads_and_changes_nothing(
+    compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    with _started(compiled, tmp_path, monkeypatch, "HookFastPath=no\n") as plugin:
-        first = plugin.submit(BASE)
-        assert plugin.submit(BASE) == first
-        plugin.submit({"num_tasks": 4})
-        assert plugin.calls == 3
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "old").mkdir()
+    with _started(compiled, tmp_path / "plain", monkeypatch) as plugin:
+        plain = [plugin.submit(BASE)[:4] for _ in range(2)]
+    with _started(compiled, tmp_path / "old", monkeypatch, f"HookFastPath={value}\n") as plugin:
+        assert [plugin.submit(BASE)[:4] for _ in range(2)] == plain
+        said = [line for line in plugin.lines() if "HookFastPath" in line]
+        assert len(said) == 1 and "no longer has an effect" in said[0], said
 
 
-def test_cpu_jobs_reach_python_when_their_skip_is_logged(
+def test_a_cpu_jobs_skip_is_logged_every_time_at_verbose(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with _started(compiled, tmp_path, monkeypatch, "LogLevel=verbose\n") as plugin:
         cpu = {"num_tasks": 4, "name": "cpu.sh"}
         first = plugin.submit(cpu)
-        assert plugin.calls == 1
+        assert plugin.decisions == 1
         assert any("skip" in line for line in first[4]), first[4]
-        # From the second time on C answers it, with the same verbose line.
+        # From the second time on the memo answers it, with the same verbose line.
         assert plugin.submit(cpu) == first
-        assert plugin.calls == 1
-
-
-def test_the_c_table_is_bounded_and_keeps_answering(plugin: Plugin) -> None:
-    jobs = [{**BASE, "name": f"j{i}.sh"} for i in range(4100)]
-    for job in jobs:
-        plugin.submit(job)
-    assert plugin.calls == 4100
-    # Emptied once when full (4,096 plans), as the Python memo is: the newest jobs are
-    # answered in C, the oldest are decided again.
-    plugin.submit(jobs[-1])
-    assert plugin.calls == 4100
-    plugin.submit(jobs[0])
-    assert plugin.calls == 4101
-    assert len(hook._c_plans) <= hook._C_PLANS_MAX + 1
-
-
-def test_plans_kept_for_c_records_stay_bounded(
-    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(hook, "_C_PLANS_MAX", 10)
-    jobs = [{**BASE, "name": f"k{i}.sh"} for i in range(25)]
-    for job in jobs:
-        plugin.submit(job)
-    assert len(hook._c_plans) <= 11
-    # Still correct and still answered in C once handed over again.
-    first = plugin.submit(jobs[-1])
-    calls = plugin.calls
-    assert plugin.submit(jobs[-1]) == first
-    assert plugin.calls == calls
-    assert hook.drain_replays() >= 1
-    assert hook.current_state().stats.changed == plugin.calls + hook.current_state().stats.replayed
+        assert plugin.decisions == 1
 
 
 # What sbatch of each Slurm release sends for `-n2 -c 9 --gpus-per-task=1`.
@@ -370,7 +348,8 @@ def test_replacing_minus_c_moves_all_sbatch_derived_from_it(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str
 ) -> None:
     """UserValue=replace: -c 9 becomes the profile's 6 per GPU x 2 GPUs over 2 tasks, and
-    everything sbatch derived from -c follows, in Python and in C's replay."""
+    everything sbatch derived from -c follows (coda_set_cpus_per_task), decided or from
+    the memo."""
     form = MINUS_C_JOBS[release]
     job = {
         **BASE,
@@ -383,12 +362,12 @@ def test_replacing_minus_c_moves_all_sbatch_derived_from_it(
     }
     job = {k: v for k, v in job.items() if v is not None}
     with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
-        for answered_by in ("python", "c"):
-            calls = plugin.calls
+        for answer in ("decided", "memo"):
+            decisions = plugin.decisions
             desc = plugin.desc(job)
             err = compiled_hook.new_err(plugin.ffi, plugin.lib)
             assert plugin.lib.job_submit(desc, 1000, err) == 0
-            assert (plugin.calls > calls) == (answered_by == "python")
+            assert (plugin.decisions > decisions) == (answer == "decided")
             ffi = plugin.ffi
             assert desc.cpus_per_tres == ffi.NULL
             assert (desc.cpus_per_task, desc.pn_min_cpus, desc.min_cpus) == (6, 6, 12)
@@ -416,7 +395,7 @@ def test_a_hostile_tres_per_task_is_rewritten_within_its_buffer(
     job = {**BASE, "tres_per_task": hostile, "cpus_per_task": 1}
     del job["tres_per_node"]
     with _started(compiled, tmp_path, monkeypatch, "UserValue=replace\n") as plugin:
-        for _ in ("python", "c"):
+        for _ in ("decided", "memo"):
             desc = plugin.desc(job)
             err = compiled_hook.new_err(plugin.ffi, plugin.lib)
             assert plugin.lib.job_submit(desc, 1000, err) == 0
@@ -429,22 +408,22 @@ def test_a_rewritten_cpus_per_gpu_rescales_the_min_cpus_sbatch_sent(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_value: str
 ) -> None:
     """sbatch 24.11 sends min_cpus = --cpus-per-gpu x GPUs; lowered to the profile's 6 per
-    GPU, the job must ask for 6 x 2, in Python and in C's replay."""
+    GPU, the job must ask for 6 x 2 (coda_rescale_min_cpus), decided or from the memo."""
     job = {**BASE, "tres_per_node": "gres/gpu:2", "cpus_per_tres": "gres/gpu:9", "min_cpus": 18}
     with _started(compiled, tmp_path, monkeypatch, f"UserValue={user_value}\n") as plugin:
-        for answered_by in ("python", "c"):
-            calls = plugin.calls
+        for answer in ("decided", "memo"):
+            decisions = plugin.decisions
             desc = plugin.desc(job)
             assert (
                 plugin.lib.job_submit(desc, 1000, compiled_hook.new_err(plugin.ffi, plugin.lib))
                 == 0
             )
-            assert (plugin.calls > calls) == (answered_by == "python")
+            assert (plugin.decisions > decisions) == (answer == "decided")
             assert plugin.ffi.string(desc.cpus_per_tres) == b"gres/gpu:6"
             assert desc.min_cpus == 12
 
 
-def test_gpus_per_socket_pass_as_submitted_in_python_and_in_c(
+def test_gpus_per_socket_pass_as_submitted_decided_or_from_the_memo(
     compiled: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--gpus-per-socket: the GPU count follows the sockets Slurm picks; nothing written."""
