@@ -109,6 +109,9 @@ def _started(
         f"DecisionJournal={root / 'decisions.jsonl'}\nExcludePartitions=debug\n"
         f"ReloadIntervalS=3600\n{extra}"
     )
+    if "HookBudgetMs" not in extra:
+        # A decision slowed by a loaded machine is still the decision these tests compare.
+        conf.write_text(conf.read_text() + "HookBudgetMs=2000\n")
     (root / "slurm.conf").write_text("NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n")
     monkeypatch.setenv("CODA_CONF", str(conf))
     log = root / "slurmctld.log"
