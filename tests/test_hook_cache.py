@@ -294,7 +294,7 @@ def test_a_slurm_conf_edit_is_picked_up_at_the_next_reload_tick(
     hook._on_reload_tick()
     rc, fields, _cpt, said, _lines = _submit(lib, case)
     assert rc == 0 and fields[0] == "gres:gpu:4"  # 2 GPUs of a node with 8 cores
-    assert said is not None and "capped at 4 by the largest node with 2 GPUs" in said
+    assert said is not None and "capped at 4: no node gives a job of 2 GPU(s) more per GPU" in said
     reloaded = f"reloaded {tmp_path / 'coda.conf'} ({slurm_conf} changed)"
     assert sum(reloaded in text for _, text in lib.lines) == 1
     hook._on_reload_tick()  # unchanged: no second reload

@@ -689,7 +689,7 @@ def test_clamp_is_explained() -> None:
     d = run(job(comment="coda:workload=big"))
     assert d.user_msg is not None and "MaxCpusPerGpu=64" in d.user_msg
     capped = run(job(comment="coda:workload=big"), cap=cap16)
-    assert capped.user_msg is not None and "largest node" in capped.user_msg
+    assert capped.user_msg is not None and "no node gives a job of" in capped.user_msg
 
 
 def test_node_cap_is_asked_for_gpus_per_node() -> None:

@@ -248,7 +248,7 @@ def _clamp(value: int, gpn: int, cfg: CodaConfig, cap: int | None) -> tuple[int,
         note = f", raised to MinCpusPerGpu={value}"
     if cap is not None and value > cap:
         value = max(cap, 1)
-        note = f", capped at {value} by the largest node with {gpn} GPUs"
+        note = f", capped at {value}: no node gives a job of {gpn} GPU(s) more per GPU"
     return value, note
 
 
