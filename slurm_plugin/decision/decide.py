@@ -602,7 +602,7 @@ def _kept_msg(c: _Choice, user_flag: str) -> str:
 def _task_share(job: _Job, pred: int) -> int:
     """``pred`` CPUs per GPU as CPUs per task: the node's ``pred x GPUs`` over its tasks,
     rounded up, or down when rounding up would ask more than the node cap gives (the
-    largest node's CPUs for this many GPUs); at least 1, at most what ``cpus_per_task``
+    most any node gives a job of this many GPUs); at least 1, at most what ``cpus_per_task``
     holds."""
     tasks = max(job.tasks_per_node, 1)
     total = pred * job.gpn
