@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from coda_common.cli import CliError, conf_option, emit_json, run_cli
-from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
+from coda_common.slurm.conffile import ConfigError
 from coda_node import __version__
 from coda_node.enforce.state import (
     STATE_FILE,

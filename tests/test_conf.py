@@ -1,4 +1,5 @@
-"""coda.conf parsing and slurm.conf node shapes (coda_common.config.codaconf)."""
+"""coda.conf parsing (coda_common.config.codaconf) and slurm.conf node shapes
+(coda_common.slurm.slurmconf)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.config.codaconf import (
-    CONFIG_KEYS,
-    CodaConfig,
-    ConfigError,
-    NodeShape,
-    count_hostlist,
-    load_config,
-    parse_config,
-    read_slurm_nodes,
-)
+from coda_common.config.codaconf import CONFIG_KEYS, CodaConfig, load_config, parse_config
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.hostlist import count_hostlist
+from coda_common.slurm.slurmconf import NodeShape, read_slurm_nodes
 from slurm_plugin.config.nodecap import NodeCap, max_cpus_per_gpu_on_any_node
 
 # ------------------------------------------------------------------------- coda.conf

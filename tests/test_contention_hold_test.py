@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.config.codaconf import (
-    CodaConfig,
-    ConfigError,
+from coda_common.config.codaconf import CodaConfig, load_config, parse_config
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import (
     NodeShape,
     PartitionShape,
-    load_config,
-    parse_config,
     read_slurm_conf,
     spread_partitions,
 )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.store import dropbox
+from coda_common.publish import dropbox
 from coda_common.store.profiles import Profile
 from coda_node.enforce.state import Limit
 from tests import test_daemon_loop_fixture as loopfix

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.store import dropbox, munge
-from coda_common.store.dropbox import (
+from coda_common.publish import dropbox, munge
+from coda_common.publish.dropbox import (
     MAX_DROP_FILE_BYTES,
     Collector,
     Drop,

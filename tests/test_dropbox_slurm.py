@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.store.dropbox import Drop, drop
+from coda_common.publish.dropbox import Drop, drop
 from coda_common.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
 from tests.conftest import gres, require_slurm, started

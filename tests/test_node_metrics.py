@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from coda_common.config.codaconf import CodaConfig, ConfigError, load_config, parse_config
+from coda_common.config.codaconf import CodaConfig, load_config, parse_config
+from coda_common.slurm.conffile import ConfigError
 from coda_node.cli import cli
 from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import Limit

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from coda_common.config.codaconf import CodaConfig, ConfigError, parse_config
+from coda_common.config.codaconf import CodaConfig, parse_config
+from coda_common.slurm.conffile import ConfigError
 from coda_common.store.usage import UsageRecord
 from slurm_plugin.decision import placement
 from slurm_plugin.decision.decide import (

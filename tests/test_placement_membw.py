@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from coda_common.config.codaconf import CodaConfig, ConfigError, parse_config, read_slurm_conf
+from coda_common.config.codaconf import CodaConfig, parse_config
 from coda_common.signature import Directives, workload_signature
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import read_slurm_conf
 from coda_common.store.usage import CpuUsageRecord
 from slurm_plugin.config.nodecap import NodeCap, gres_units_per_node, gres_units_per_partition
 from slurm_plugin.decision.decide import (

@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 from click.testing import CliRunner
 
-from coda_common.config.codaconf import read_slurm_keys
+from coda_common.slurm.slurmconf import read_slurm_keys
 from coda_common.store.profiles import Profile, ProfileStore
 from slurm_plugin.cli.main import cli as coda_slurm
 from slurm_plugin.devtools.cluster import DevCluster, DevClusterError

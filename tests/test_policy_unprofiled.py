@@ -14,12 +14,9 @@ from typing import Any
 
 import pytest
 
-from coda_common.config.codaconf import (
-    CodaConfig,
-    ConfigError,
-    NodeShape,
-    parse_config,
-)
+from coda_common.config.codaconf import CodaConfig, parse_config
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import NodeShape
 from slurm_plugin.config.nodecap import NodeCap, node_share_cpus_per_gpu
 from slurm_plugin.decision.decide import (
     Decision,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.config.codaconf import ConfigError, parse_config
+from coda_common.config.codaconf import parse_config
+from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmjson import SlurmQueryError
 from slurm_plugin.cli.main import main
 from slurm_plugin.reserve.cluster import (

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coda_common.config.codaconf import ConfigError, NodeShape, read_slurm_conf
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import NodeShape, read_slurm_conf
 from slurm_plugin.config.nodecap import (
     NodeCap,
     max_cpus_per_gpu_on_any_node,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coda_common.config.codaconf import split_outside
+from coda_common.slurm.hostlist import split_outside
 from coda_common.slurm.ranges import parse_ranges
 
 SCONTROL_TIMEOUT_S = 10.0

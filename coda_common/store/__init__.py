@@ -1,3 +1,1 @@
-"""The profile store: profiles and usage records on disk, the drop directory and munge
-credentials that feed it.
-"""
+"""The profile store: profiles and usage records on disk."""

@@ -26,7 +26,7 @@ Why users cannot plant profiles: the reader only accepts regular files owned by 
 the configured store owner that are not group/other-writable, in a directory that passes the
 same test. A file failing this is logged once and ignored. On NFS with root_squash the node
 daemons do not write here: they drop munge credentials that the controller merges
-(``ProfilePublish=munge``, :mod:`coda_common.store.dropbox`).
+(``ProfilePublish=munge``, :mod:`coda_common.publish.dropbox`).
 """
 
 from __future__ import annotations

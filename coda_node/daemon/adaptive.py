@@ -17,14 +17,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from coda_common.config.codaconf import (
-    CodaConfig,
-    ConfigError,
-    read_slurm_conf,
-    spread_partitions,
-)
+from coda_common.config.codaconf import CodaConfig
 from coda_common.model.fit import is_censored, refit_profile
-from coda_common.store.dropbox import Drop, DropError, drop
+from coda_common.publish.dropbox import Drop, DropError, drop
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import read_slurm_conf, spread_partitions
 from coda_common.store.profiles import ProfileStore, Sample, StoreError, run_id_problem
 from coda_node.policy.allocator import (
     Allocator,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coda_common.config.codaconf import CodaConfig
-from coda_common.store.dropbox import Drop, DropError, drop
+from coda_common.publish.dropbox import Drop, DropError, drop
 from coda_common.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
 from coda_node import __version__
 from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coda_common.config.codaconf import expand_hostlist
 from coda_common.slurm.adminrecord import ADMIN_PREFIX, parse_admin_record
+from coda_common.slurm.hostlist import expand_hostlist
 from coda_common.slurm.slurmjson import (
     ACTIVE_STATES,
     NODE_JSON_COMMANDS,

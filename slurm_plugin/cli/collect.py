@@ -1,5 +1,5 @@
 """``coda-slurm profiles collect``: merge the profiles node daemons dropped as munge
-credentials into the profile store (:mod:`coda_common.store.dropbox`)."""
+credentials into the profile store (:mod:`coda_common.publish.dropbox`)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from pathlib import Path
 import click
 
 from coda_common.cli import CliError, conf_option, emit_json
-from coda_common.config.codaconf import ConfigError, load_config
+from coda_common.config.codaconf import load_config
 from coda_common.config.paths import default_conf_path
-from coda_common.store.dropbox import (
+from coda_common.publish.dropbox import (
     Collector,
     CollectStats,
     HostFilter,
     node_addresses_from_slurm,
 )
+from coda_common.slurm.conffile import ConfigError
 from coda_common.store.profiles import ProfileStore, StoreError
 
 

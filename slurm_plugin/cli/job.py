@@ -11,8 +11,9 @@ from typing import Any
 import click
 
 from coda_common.cli import CliError, conf_option, emit_json
-from coda_common.config.codaconf import ConfigError, load_config
+from coda_common.config.codaconf import load_config
 from coda_common.config.paths import default_conf_path
+from coda_common.slurm.conffile import ConfigError
 from slurm_plugin.cli.jobreport import ReportError, fetch_report, render
 
 

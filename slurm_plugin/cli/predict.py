@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_common.cli import CliError
-from coda_common.config.codaconf import ConfigError, load_config
+from coda_common.config.codaconf import load_config
 from coda_common.config.paths import default_conf_path, slurm_conf_for
 from coda_common.signature import (
     DirectiveError,
@@ -15,6 +15,7 @@ from coda_common.signature import (
     parse_coda_directives,
     workload_signature,
 )
+from coda_common.slurm.conffile import ConfigError
 from coda_common.store.profiles import ProfileCache, StoreUnavailable
 from coda_common.store.request import NO_VAL16
 from slurm_plugin.cli.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch

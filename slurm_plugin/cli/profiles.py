@@ -94,7 +94,7 @@ def resolve_store(store: Path | None, conf: Path | None) -> Path:
             ) from exc
         except (
             ValueError
-        ) as exc:  # coda_common.config.codaconf.ConfigError, unreadable files included
+        ) as exc:  # coda_common.slurm.conffile.ConfigError, unreadable files included
             raise CliError(
                 f"cannot load {conf_path}", f"{exc}; pass --store PATH or fix --conf PATH"
             ) from exc

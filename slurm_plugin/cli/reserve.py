@@ -15,8 +15,9 @@ from pathlib import Path
 import click
 
 from coda_common.cli import CliError, conf_option, emit_json
-from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
+from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmjson import Runner, SlurmQueryError, make_runner
 from slurm_plugin.reserve.cluster import (
     PartitionOutcome,

@@ -36,8 +36,9 @@ from typing import Any
 import click
 
 from coda_common.cli import CliError, conf_option, emit_json
-from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
+from coda_common.slurm.conffile import ConfigError
 from coda_common.store.profiles import ProfileFormatError, ProfileStore, StoreUnavailable
 from slurm_plugin.cli.profiles import format_age, format_table
 from slurm_plugin.decision.decide import ADMIN_PREFIX, parse_admin_record

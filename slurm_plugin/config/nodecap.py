@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from coda_common.config.codaconf import (
-    ConfigError,
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import (
     NodeShape,
     PartitionShape,
     gres_units_per_partition,

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from coda_common.config.codaconf import ConfigError, read_slurm_keys
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import read_slurm_keys
 from slurm_plugin.hook import elf
 from slurm_plugin.hook.install import PLUGIN_FILE, find_system_plugin_dir, install_plugin
 

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_common.config.codaconf import CodaConfig, ConfigError, load_config
-from coda_common.config.codaconf import mtime_ns as file_mtime_ns
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path, slurm_conf_for
 from coda_common.signature import DirectiveError, parse_coda_directives, quote_label
+from coda_common.slurm.conffile import ConfigError
+from coda_common.slurm.slurmconf import mtime_ns as file_mtime_ns
 from coda_common.store.profiles import ProfileCache, Reloader, StoreUnavailable
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision import placement

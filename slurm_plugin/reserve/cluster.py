@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_common.config.codaconf import _gres_gpus, expand_hostlist
+from coda_common.slurm.hostlist import expand_hostlist
 from coda_common.slurm.ranges import parse_ranges
+from coda_common.slurm.slurmconf import gres_gpus
 from coda_common.slurm.slurmjson import (
     ACTIVE_STATES,
     Runner,
@@ -186,7 +187,7 @@ def _gpus(text: str, what: str) -> int:
     if not text or text in ("(null)", "N/A"):
         return 0
     try:
-        return _gres_gpus(text)
+        return gres_gpus(text)
     except ValueError as exc:
         raise SlurmQueryError(f"{what}: {exc}") from None
 

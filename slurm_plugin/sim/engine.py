@@ -52,9 +52,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from coda_common.config.codaconf import CodaConfig, NodeShape, parse_config
+from coda_common.config.codaconf import CodaConfig, parse_config
 from coda_common.model.curves import throughput_at
 from coda_common.model.fit import is_censored, refit_profile
+from coda_common.slurm.slurmconf import NodeShape
 from coda_common.store.profiles import Profile, Sample, to_view
 from coda_node.policy.allocator import ProbeParams
 from coda_node.policy.contention import ContentionParams, params_from_config

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coda_common.store import munge
+from coda_common.publish import munge
 from coda_common.store.profiles import (
     CpuUsageRecord,
     LogFn,
