@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_plugin.devtools.cluster import DevClusterError, slurm_version
-from tests.schedmd.compare import SUMMARY_FILE, details, load_summary
+from tests.schedmd.compare import SUMMARY_FILE, Counts, details, load_summary
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_ROOT = REPO / "tests" / "slurm-root"
@@ -93,22 +93,6 @@ GUARD = REPO / "tests" / "schedmd" / "run-suite"
 GUARD_ENV = "CODA_SCHEDMD_GUARD"
 GUARD_REPORT_DIR = "schedmd"
 """The guard's reports in a leg's report folder (package-leg writes it in the root's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Counts:
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-
-    def __add__(self, other: Counts) -> Counts:
-        return Counts(
-            self.passed + other.passed, self.failed + other.failed, self.skipped + other.skipped
-        )
-
-    @property
-    def total(self) -> int:
-        return self.passed + self.failed + self.skipped
 
 
 @dataclass(frozen=True, slots=True)

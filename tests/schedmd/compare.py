@@ -25,6 +25,15 @@ class Counts:
     failed: int = 0
     skipped: int = 0
 
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.passed + other.passed, self.failed + other.failed, self.skipped + other.skipped
+        )
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.skipped
+
     def __str__(self) -> str:
         return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
 
