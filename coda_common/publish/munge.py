@@ -69,22 +69,26 @@ def _tool(name: str) -> str:
     return path
 
 
+def _call(argv: list[str], data: bytes, who: str) -> subprocess.CompletedProcess[bytes]:
+    """Run munge's ``argv`` with ``data`` on stdin; MungeUnavailable when ``who`` does not
+    answer in time or the binary cannot be run (ENOEXEC, EACCES, ...)."""
+    try:
+        return subprocess.run(
+            argv, input=data, capture_output=True, timeout=_CALL_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise MungeUnavailable(f"{who} did not answer in {_CALL_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        raise MungeUnavailable(f"cannot run {argv[0]}: {exc}") from None
+
+
 def encode(payload: bytes, socket: Path, *, ttl_s: int, restrict_uid: int | None = None) -> bytes:
     """A credential for ``payload`` from munged at ``socket``, valid ``ttl_s`` seconds;
     only a process of ``restrict_uid`` may decode it when given. Raises MungeUnavailable."""
     argv = [_tool("munge"), f"--socket={socket}", f"--ttl={ttl_s}"]
     if restrict_uid is not None:
         argv.append(f"--restrict-uid={restrict_uid}")
-    try:
-        done = subprocess.run(
-            argv, input=payload, capture_output=True, timeout=_CALL_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise MungeUnavailable(
-            f"munge at {socket} did not answer in {_CALL_TIMEOUT_S:g} s"
-        ) from None
-    except OSError as exc:  # the binary could not be run (ENOEXEC, EACCES, ...)
-        raise MungeUnavailable(f"cannot run {argv[0]}: {exc}") from None
+    done = _call(argv, payload, f"munge at {socket}")
     if done.returncode != 0:
         why = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
         raise MungeUnavailable(f"munge --socket={socket}: {why}")
@@ -95,16 +99,7 @@ def decode(credential: bytes, socket: Path) -> Decoded:
     """Ask munged at ``socket`` what ``credential`` says. A credential munge refuses is a
     :class:`Decoded` with a non-zero ``status``; MungeUnavailable when munged cannot be asked."""
     argv = [_tool("unmunge"), f"--socket={socket}", "--numeric"]
-    try:
-        done = subprocess.run(
-            argv, input=credential, capture_output=True, timeout=_CALL_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise MungeUnavailable(
-            f"unmunge at {socket} did not answer in {_CALL_TIMEOUT_S:g} s"
-        ) from None
-    except OSError as exc:
-        raise MungeUnavailable(f"cannot run {argv[0]}: {exc}") from None
+    done = _call(argv, credential, f"unmunge at {socket}")
     err = done.stderr.decode("utf-8", "replace").strip().removeprefix("unmunge: Error: ")
     head, sep, payload = done.stdout.partition(b"\n\n")
     meta: dict[str, str] = {}
