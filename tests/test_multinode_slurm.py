@@ -27,9 +27,9 @@ from slurm_plugin.devtools.cluster import (
     parse_scontrol_line,
     two_node_try_args,
 )
-from tests.conftest import gres, require_slurm, started
+from tests.conftest import cancel_all, gres, require_slurm, started
 from tests.test_node_loop_slurm import LOOP_CONF, _train_script
-from tests.test_node_slurm import _cgroup_v1_reason, _squeue, _wait
+from tests.test_node_slurm import _cgroup_v1_reason, _wait
 
 pytestmark = pytest.mark.slurm
 
@@ -89,8 +89,7 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 @pytest.fixture
 def cluster(multi: DevCluster) -> Iterator[DevCluster]:
     yield multi
-    multi.run(["scancel", "-u", "root"], check=False)
-    _wait(lambda: not _squeue(multi), "jobs to end", 30)
+    cancel_all(multi)
 
 
 def _view(c: DevCluster, node: str) -> dict:

@@ -28,7 +28,7 @@ import coda_node.progress_client
 from coda_common.store.profiles import ProfileStore
 from coda_node.enforce.state import StateFile
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
-from tests.conftest import gres, require_slurm, started
+from tests.conftest import cancel_all, gres, require_slurm, started
 from tests.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait
 
 pytestmark = pytest.mark.slurm
@@ -114,8 +114,7 @@ def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluste
 @pytest.fixture
 def cluster(loop_cluster: DevCluster, tmp_path: Path) -> Iterator[DevCluster]:
     yield loop_cluster
-    loop_cluster.run(["scancel", "-u", "root"], check=False)
-    _wait(lambda: not _squeue(loop_cluster), "jobs to end", 30)
+    cancel_all(loop_cluster)
 
 
 @pytest.fixture

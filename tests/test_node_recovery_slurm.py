@@ -22,14 +22,13 @@ from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import FORMAT_VERSION, STATE_FILE, Limit, StateFile, save_limits
 from coda_node.system.cpulist import parse_cpulist
 from slurm_plugin.devtools.cluster import DevCluster
-from tests.conftest import require_slurm, started
+from tests.conftest import cancel_all, require_slurm, started
 from tests.test_node_slurm import (
     SLEEP,
     _allowed,
     _cgroup_v1_reason,
     _daemon_process,
     _node_cli,
-    _squeue,
     _start,
     _wait,
 )
@@ -52,8 +51,7 @@ def recovery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCl
 def cluster(recovery_cluster: DevCluster) -> Iterator[DevCluster]:
     """The confined cluster with no job, no limit and no state left from another test."""
     yield recovery_cluster
-    recovery_cluster.run(["scancel", "-u", "root"], check=False)
-    _wait(lambda: not _squeue(recovery_cluster), "jobs to end", 30)
+    cancel_all(recovery_cluster)
     save_limits(recovery_cluster.node_state_dir, {})
     for leftover in recovery_cluster.node_state_dir.glob("state.json*"):
         leftover.unlink()

@@ -25,7 +25,7 @@ from coda_node.daemon.service import Daemon
 from coda_node.enforce.state import Limit, StateFile, load_limits, save_limits
 from coda_node.system import cgroups
 from slurm_plugin.devtools.cluster import DevCluster
-from tests.conftest import require_slurm, started
+from tests.conftest import cancel_all, require_slurm, started
 
 pytestmark = pytest.mark.slurm
 
@@ -60,8 +60,7 @@ def cg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
 def cluster(cg_cluster: DevCluster) -> Iterator[DevCluster]:
     """The cgroup cluster, with no job and no coda-node limit left from another test."""
     yield cg_cluster
-    cg_cluster.run(["scancel", "-u", "root"], check=False)
-    _wait(lambda: not _squeue(cg_cluster), "jobs to end", 30)
+    cancel_all(cg_cluster)
     save_limits(cg_cluster.node_state_dir, {})
 
 

@@ -22,7 +22,7 @@ from coda_common.store.profiles import CpuUsageRecord, ProfileStore
 from coda_node.system.slurmjobs import SlurmJobs, make_runner
 from slurm_plugin.decision.decide import parse_admin_record
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec
-from tests.conftest import LogWatch, gres, require_slurm, started
+from tests.conftest import LogWatch, cancel_all, gres, require_slurm, started
 from tests.test_multinode_slurm import _multinode_reason
 from tests.test_placement_slurm import wait_state
 from tests.test_submit_slurm import wait_for_reload
@@ -60,11 +60,7 @@ def mcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 @pytest.fixture(autouse=True)
 def _cancel_jobs(mcluster: DevCluster) -> Iterator[None]:
     yield
-    mcluster.run(["scancel", "--user=root"], check=False)
-    deadline = time.monotonic() + 60  # slurmds in namespaces on a loaded 2-vCPU machine
-    while mcluster.run(["squeue", "-h", "-t", "R,CG"]).stdout.strip():
-        assert time.monotonic() < deadline, "jobs did not end after scancel"
-        time.sleep(0.2)
+    cancel_all(mcluster)
 
 
 def submit(cluster: DevCluster, args: list[str]) -> tuple[int, dict[str, str], str]:

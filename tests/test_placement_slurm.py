@@ -19,7 +19,7 @@ import pytest
 from coda_common.store.profiles import Profile, ProfileStore, UsageRecord
 from slurm_plugin.decision.decide import parse_admin_record
 from slurm_plugin.devtools.cluster import DevCluster, NodeSpec
-from tests.conftest import LogWatch, gres, require_slurm, started
+from tests.conftest import LogWatch, cancel_all, gres, require_slurm, started
 from tests.test_submit_slurm import wait_for_reload
 
 pytestmark = pytest.mark.slurm
@@ -84,11 +84,7 @@ def pcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 @pytest.fixture(autouse=True)
 def _cancel_jobs(pcluster: DevCluster) -> Iterator[None]:
     yield
-    pcluster.run(["scancel", "--user=root"], check=False)
-    deadline = time.monotonic() + 15
-    while pcluster.run(["squeue", "-h", "-t", "R,CG"]).stdout.strip():
-        assert time.monotonic() < deadline, "jobs did not end after scancel"
-        time.sleep(0.2)
+    cancel_all(pcluster)
 
 
 def submit(

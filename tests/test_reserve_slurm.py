@@ -31,7 +31,7 @@ from slurm_plugin.devtools.cluster import (
     slurm_version,
 )
 from slurm_plugin.reserve.cluster import ReserveState
-from tests.conftest import LogWatch, require_slurm, started
+from tests.conftest import LogWatch, cancel_all, require_slurm, started
 
 pytestmark = pytest.mark.slurm
 
@@ -142,8 +142,7 @@ def clean(cluster: DevCluster, state_file: Path) -> Iterator[None]:
     """Every test starts and ends with no job, both spare partitions, an up node and the
     admin's values (put back by --revert itself)."""
     yield
-    cluster.run(["scancel", "-u", "root"], check=False)
-    wait_until(lambda: not cluster.run(["squeue", "-h"]).stdout.strip(), "the queue to empty")
+    cancel_all(cluster)
     if "gpu_spare_b" not in partitions(cluster):
         cluster.run(["scontrol", "create", *SPARE_B.split()])
     cluster.run(["scontrol", "update", f"NodeName={NODE_NAME}", "State=RESUME"], check=False)
