@@ -83,8 +83,10 @@ def started(c: DevCluster) -> Iterator[DevCluster]:
 
 CANCEL_WAIT_S = 120.0
 """How long a test waits for cancelled jobs to leave the queue. A job leaves only when every
-node's slurmd has killed its steps and reported back; with several slurmds in namespaces on a
-loaded 2-vCPU machine one multi-node job has taken over 30 s (Slurm's own KillWait is 30 s)."""
+node's slurmd has killed its steps and reported back. Slurm 24.11 kept a two-node job whose
+``srun`` step was cancelled 30 ms after it launched for 30 s on the loaded 2-vCPU machine (the
+step on the second node ended only at its "Caught SIGPIPE" 30 s later); most jobs leave in
+under 3 s."""
 
 
 def cancel_all(c: DevCluster, *, wait: bool = True, timeout_s: float = CANCEL_WAIT_S) -> None:
