@@ -57,12 +57,12 @@ GUEST = REPO / "tests" / "cgroup-v2-guest"
 V2_MARKER = "cgroup_v2_node"
 V2_TESTS = "test_node_cgroup_v2"
 """The module of the cgroup v2 node tests: named paths that leave it out skip the guest."""
-V2_MODULE = f"tests/{V2_TESTS}.py"
+V2_MODULE = f"tests/node/{V2_TESTS}.py"
 V1_NODE_TESTS = (
-    "tests/test_node_slurm.py",
-    "tests/test_node_recovery_slurm.py",
-    "tests/test_node_faults_slurm.py",
-    "tests/test_node_loop_slurm.py",
+    "tests/node/test_node_slurm.py",
+    "tests/node/test_node_recovery_slurm.py",
+    "tests/node/test_node_faults_slurm.py",
+    "tests/node/test_node_loop_slurm.py",
 )
 """coda-node against a real Slurm on the host's cgroup v1 (a confined dev cluster)."""
 V1_VERSIONS = ("22.05",)
