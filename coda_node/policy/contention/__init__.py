@@ -74,6 +74,13 @@ up, another arrives) is priced as it stands. A hold that costs more than it give
 given back whole and that DNN job is not shielded for ``retest_s``: on the traces the
 simulator replays, a CPU pod of weeks held back for two one-GPU jobs was the largest single
 cost of the shield (docs/evaluation.md, "The eliminator's trade-off").
+
+**Where each part lives.** :mod:`.eliminator` ticks and composes the rest:
+:mod:`.baseline` (baseline, probe, reset), :mod:`.ladder` (the steps down and back up, MBA's
+correction), :mod:`.attribution` (who pays), :mod:`.holds` (what a hold buys and costs),
+:mod:`.release` (when a held job is given back). :mod:`.params` holds the settings,
+:mod:`.jobs` a tick's inputs and outputs, :mod:`.state` what is kept between ticks,
+:mod:`.pcie` the PCIe-heavy pairs.
 """
 
 from coda_node.policy.contention.eliminator import CLOCK_SLACK_S, Eliminator
