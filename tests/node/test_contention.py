@@ -22,9 +22,9 @@ from coda_node.policy.contention import (
     DnnJob,
     Eliminator,
     Throttle,
-    _tighter,
     params_from_config,
     quota_ladder,
+    tighter,
 )
 from coda_node.policy.observe import Progress
 
@@ -809,7 +809,7 @@ def test_cat_step_is_not_an_mba_overshoot() -> None:
 def test_tighter_takes_the_lower_of_each_limit(
     a: Throttle | None, b: Throttle, expect: Throttle
 ) -> None:
-    assert _tighter(a, b) == expect
+    assert tighter(a, b) == expect
 
 
 def test_probe_floor_cap_keeps_the_jobs_l3_limit() -> None:
