@@ -308,6 +308,54 @@ def _check_not_falling(c: np.ndarray, y_rel: np.ndarray) -> None:
         )
 
 
+def _checked_samples(
+    cores: Sequence[float],
+    throughput: Sequence[float],
+    plateau_fraction: float,
+    min_distinct_cores: int,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The samples as arrays with their count of distinct core counts, once the arguments
+    and the number of samples are known to be enough for three parameters."""
+    if not 0.0 < plateau_fraction <= 1.0:
+        raise ModelError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
+    if min_distinct_cores < _N_PARAMS:
+        raise ModelError(f"min_distinct_cores must be at least {_N_PARAMS} (three parameters)")
+    c, y = _as_arrays(cores, throughput)
+    distinct = int(np.unique(c).size)
+    if c.size < _N_PARAMS or distinct < min_distinct_cores:
+        raise InsufficientSamples(
+            f"{c.size} samples at {distinct} distinct core counts; need at least "
+            f"{max(_N_PARAMS, min_distinct_cores)} samples at {min_distinct_cores} core counts"
+        )
+    return c, y, distinct
+
+
+def _best_point(c: np.ndarray, y_rel: np.ndarray) -> tuple[float, _Profile]:
+    """The best θ (the grid's best, refined between its neighbours) and the least-squares
+    fit there."""
+    lo, hi = float(c.min()), float(c.max())
+    prof = _solve(c, y_rel, _theta_grid(lo, hi))
+    best = int(np.argmin(prof.sse))
+    theta_hat = _refine_theta(c, y_rel, prof.theta, best)
+    point = _solve(c, y_rel, np.array([theta_hat]))
+    if not np.all(np.isfinite([point.p0[0], point.p1[0], point.sse[0]])):
+        raise InconsistentSamples("the least-squares fit did not converge")
+    return theta_hat, point
+
+
+def _goodness(sse: float, y_rel: np.ndarray) -> tuple[float, float]:
+    """(rmse_rel, r2) of a fit to ``y_rel``; refuses a fit noisier than the model allows."""
+    rmse_rel = math.sqrt(sse / y_rel.size)
+    if rmse_rel > _MAX_RMSE_REL:
+        raise InconsistentSamples(
+            f"residual noise is {rmse_rel:.0%} of the mean throughput (limit "
+            f"{_MAX_RMSE_REL:.0%}); re-measure with longer probes"
+        )
+    sst = float(((y_rel - y_rel.mean()) ** 2).sum())
+    r2 = 1.0 - sse / sst if sst > 0.0 else 1.0
+    return rmse_rel, r2
+
+
 def fit_curve(
     cores: Sequence[float],
     throughput: Sequence[float],
@@ -327,40 +375,15 @@ def fit_curve(
     or the curve clearly falls with more cores. The sweet spot is never below the smallest
     probed core count (rounded up): the model does not extrapolate downwards.
     """
-    if not 0.0 < plateau_fraction <= 1.0:
-        raise ModelError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
-    if min_distinct_cores < _N_PARAMS:
-        raise ModelError(f"min_distinct_cores must be at least {_N_PARAMS} (three parameters)")
-    c, y = _as_arrays(cores, throughput)
-    distinct = int(np.unique(c).size)
-    if c.size < _N_PARAMS or distinct < min_distinct_cores:
-        raise InsufficientSamples(
-            f"{c.size} samples at {distinct} distinct core counts; need at least "
-            f"{max(_N_PARAMS, min_distinct_cores)} samples at {min_distinct_cores} core counts"
-        )
+    c, y, distinct = _checked_samples(cores, throughput, plateau_fraction, min_distinct_cores)
     scale = float(y.mean())
     if scale <= 0.0:
         raise InconsistentSamples("every throughput sample is zero")
     y_rel = y / scale
     _check_not_falling(c, y_rel)
 
-    lo, hi = float(c.min()), float(c.max())
-    prof = _solve(c, y_rel, _theta_grid(lo, hi))
-    best = int(np.argmin(prof.sse))
-    theta_hat = _refine_theta(c, y_rel, prof.theta, best)
-    point = _solve(c, y_rel, np.array([theta_hat]))
-    if not np.all(np.isfinite([point.p0[0], point.p1[0], point.sse[0]])):
-        raise InconsistentSamples("the least-squares fit did not converge")
-
-    sse = float(point.sse[0])
-    rmse_rel = math.sqrt(sse / c.size)
-    if rmse_rel > _MAX_RMSE_REL:
-        raise InconsistentSamples(
-            f"residual noise is {rmse_rel:.0%} of the mean throughput (limit "
-            f"{_MAX_RMSE_REL:.0%}); re-measure with longer probes"
-        )
-    sst = float(((y_rel - y_rel.mean()) ** 2).sum())
-    r2 = 1.0 - sse / sst if sst > 0.0 else 1.0
+    theta_hat, point = _best_point(c, y_rel)
+    rmse_rel, r2 = _goodness(float(point.sse[0]), y_rel)
 
     ks, hit_probability = _hit_probabilities(c, y, plateau_fraction)
     sweet, confidence = _answer(ks, hit_probability, unit_cores)
@@ -703,6 +726,48 @@ def is_censored(profile: Profile) -> bool:
     return bool(profile.fit is not None and profile.fit.get("censored"))
 
 
+def _samples_past_censored_top(profile: Profile) -> tuple[Sample, ...]:
+    """The profile's samples, from the first single-node one above a censored profile's
+    measured top on: the samples before it were relative to a plateau that was not one."""
+    samples = profile.samples
+    prev = profile.fit
+    if prev is not None and prev.get("censored"):
+        top = float(prev.get("measured_top_cores_per_gpu") or 0.0)
+        first = next(
+            (k for k, s in enumerate(samples) if s.nodes == 1 and s.cores / s.gpus > top + 1e-9),
+            None,
+        )
+        if first is not None:
+            samples = samples[first:]
+    return samples
+
+
+def _spot_of_single_node(
+    samples: Sequence[Sample], plateau_fraction: float
+) -> tuple[SweetSpot, int, int, int, int, int]:
+    """:func:`_spot_of_widest_gpu_count` of the single-node samples, once they are known
+    to be there and valid; raises :class:`ModelError` otherwise."""
+    used = [s for s in samples if s.nodes == 1]
+    if not used:
+        raise InsufficientSamples("no single-node samples")
+    normalise_samples((s.cores, s.throughput, s.gpus) for s in used)  # validates
+    return _spot_of_widest_gpu_count(used, plateau_fraction)
+
+
+def _fit_summary(spot: SweetSpot, gpus: int, n_used: int, n_runs: int) -> dict[str, Any]:
+    """The ``fit`` record of a profile whose sweet spot is ``spot``, in ``gpus``-GPU units."""
+    fit: dict[str, Any] = {} if spot.fit is None else spot.fit.to_dict()
+    fit.update(
+        method=spot.method,
+        fit_gpus=gpus,
+        sweet_spot_cores_per_gpu=math.ceil(spot.cores / gpus),
+        plateau_throughput=float(spot.plateau_throughput) / gpus,
+        n_used=n_used,
+        runs=n_runs,
+    )
+    return fit
+
+
 def refit_profile(
     profile: Profile,
     *,
@@ -737,33 +802,12 @@ def refit_profile(
         raise ValueError(f"plateau_fraction must be in (0, 1], got {plateau_fraction}")
     if explore_factor < 1.0:
         raise ValueError(f"explore_factor must be at least 1, got {explore_factor}")
-    samples = profile.samples
-    prev = profile.fit
-    if prev is not None and prev.get("censored"):
-        top = float(prev.get("measured_top_cores_per_gpu") or 0.0)
-        first = next(
-            (k for k, s in enumerate(samples) if s.nodes == 1 and s.cores / s.gpus > top + 1e-9),
-            None,
-        )
-        if first is not None:
-            samples = samples[first:]
-    used = [s for s in samples if s.nodes == 1]
+    samples = _samples_past_censored_top(profile)
     try:
-        if not used:
-            raise InsufficientSamples("no single-node samples")
-        normalise_samples((s.cores, s.throughput, s.gpus) for s in used)  # validates
-        spot, lo, hi, gpus, n_used, n_runs = _spot_of_widest_gpu_count(used, plateau_fraction)
+        spot, lo, hi, gpus, n_used, n_runs = _spot_of_single_node(samples, plateau_fraction)
     except ModelError as exc:
         return replace(profile, samples=samples, confidence=0.0, fit={"error": str(exc)})
-    fit: dict[str, Any] = {} if spot.fit is None else spot.fit.to_dict()
-    fit.update(
-        method=spot.method,
-        fit_gpus=gpus,
-        sweet_spot_cores_per_gpu=math.ceil(spot.cores / gpus),
-        plateau_throughput=float(spot.plateau_throughput) / gpus,
-        n_used=n_used,
-        runs=n_runs,
-    )
+    fit = _fit_summary(spot, gpus, n_used, n_runs)
     cpus_per_gpu = max(1, math.ceil(spot.cores / gpus))
     # A plateau is only seen if something was measured clearly past the knee: a core, or
     # 10 % of it if that is more. Otherwise the curve may still be rising at the top.
@@ -1070,22 +1114,51 @@ def next_probe(
     if not candidates:
         return None
     if np.unique(c).size >= _N_PARAMS:
-        try:
-            fit = fit_curve(c, y, plateau_fraction=plateau_fraction)
-        except InconsistentSamples:
-            fit = None
-        if fit is not None and fit.confidence >= confident_at:
-            # Confident, but a count below the answer may still be enough: worth a probe,
-            # which every later run of the job profits from.
-            ks_fit, hit_probability = _hit_probabilities(c, y, plateau_fraction)
-            even = int(ks_fit[np.argmax(hit_probability >= _WORTH_PROBING - 1e-12)])
-            between = [k for k in candidates if even <= k < fit.sweet_spot_cores]
-            if not between:
-                return None
-            candidates = between
-
+        worth = _worth_probing(c, y, candidates, plateau_fraction, confident_at)
+        if worth is None:
+            return None
+        candidates = worth
     if float(y.max()) <= 0.0:
         return _farthest(candidates, c)
+    return _most_telling(c, y, candidates, min_cores, max_cores, plateau_fraction)
+
+
+def _worth_probing(
+    c: np.ndarray,
+    y: np.ndarray,
+    candidates: list[int],
+    plateau_fraction: float,
+    confident_at: float,
+) -> list[int] | None:
+    """The candidates still worth a probe: all of them unless the fit is confident, then
+    those that may reach the target below its answer, or ``None`` when there are none."""
+    try:
+        fit = fit_curve(c, y, plateau_fraction=plateau_fraction)
+    except InconsistentSamples:
+        fit = None
+    if fit is not None and fit.confidence >= confident_at:
+        # Confident, but a count below the answer may still be enough: worth a probe,
+        # which every later run of the job profits from.
+        ks_fit, hit_probability = _hit_probabilities(c, y, plateau_fraction)
+        even = int(ks_fit[np.argmax(hit_probability >= _WORTH_PROBING - 1e-12)])
+        between = [k for k in candidates if even <= k < fit.sweet_spot_cores]
+        if not between:
+            return None
+        return between
+    return candidates
+
+
+def _most_telling(
+    c: np.ndarray,
+    y: np.ndarray,
+    candidates: list[int],
+    min_cores: int,
+    max_cores: int,
+    plateau_fraction: float,
+) -> int:
+    """The candidate whose predicted log throughput differs most between the groups of
+    shapes that imply different sweet spots, or the one farthest from every tried count
+    when no candidate tells them apart beyond the noise."""
     top = max(float(max_cores), float(c.max()))
     k_first = max(1, math.ceil(min(float(min_cores), float(c.min())) - 1e-9))
     ks = np.arange(k_first, math.ceil(top - 1e-9) + 1)

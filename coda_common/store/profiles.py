@@ -394,29 +394,7 @@ class Profile:
         where = os.fspath(source_path)
         if not isinstance(d, dict):
             raise ProfileFormatError(where, f"expected a JSON object, got {_json_type(d)}")
-        if d.get("format") != FORMAT:
-            if "format" not in d:
-                raise ProfileFormatError(where, f'not a coda profile (no "format": "{FORMAT}")')
-            raise ProfileFormatError(
-                where, f'not a coda profile ("format" is {d["format"]!r}, expected "{FORMAT}")'
-            )
-        version = d.get("format_version")
-        if not _is_int(version):
-            raise ProfileFormatError(
-                where, f"format_version must be an integer, got {_json_repr(version)}"
-            )
-        if version > FORMAT_VERSION:
-            raise ProfileFormatError(
-                where,
-                f"format_version {version} was written by a newer coda (this one reads "
-                f"version {FORMAT_VERSION}); upgrade coda-slurm on the controller",
-            )
-        if version < 1:
-            raise ProfileFormatError(
-                where,
-                f"format_version {version} was never written by any coda (this one reads "
-                f"versions 1 to {FORMAT_VERSION}); fix or delete the file",
-            )
+        version = _format_version(d, where)
         # Version 1 had no usage records; version 2 files must carry the key (maybe empty);
         # version 4 files the cpu_usage key (maybe null).
         keys = cls._KEYS_V1 if version == 1 else cls._KEYS_V3 if version < 4 else cls._KEYS
@@ -425,21 +403,8 @@ class Profile:
         problem = signature_problem(d["signature"])
         if problem:
             raise ProfileFormatError(where, problem)
-        samples_raw = d["samples"]
-        if not isinstance(samples_raw, list):
-            raise ProfileFormatError(
-                where, f"samples must be a list, got {_json_type(samples_raw)}"
-            )
-        samples = tuple(
-            Sample.from_json_dict(s, where, f"samples[{i}]", version)
-            for i, s in enumerate(samples_raw)
-        )
-        fit = d["fit"]
-        if fit is not None and not isinstance(fit, dict):
-            raise ProfileFormatError(where, f"fit must be an object or null, got {_json_type(fit)}")
-        if fit is not None and _json_depth(fit, MAX_FIT_DEPTH) > MAX_FIT_DEPTH:
-            # Every reader (profiles show/export, json.dumps) recurses into it.
-            raise ProfileFormatError(where, f"fit is nested deeper than {MAX_FIT_DEPTH} levels")
+        samples = _samples_from_json(d["samples"], where, version)
+        fit = _fit_from_json(d["fit"], where)
         confidence = _get_number(d, "confidence", where, None, lo=0.0)
         if confidence > 1.0:
             raise ProfileFormatError(where, f"confidence must be within 0..1, got {confidence!r}")
@@ -456,7 +421,7 @@ class Profile:
             updated_unix_s=_get_number(d, "updated_unix_s", where, None, lo=0.0),
             source=_get_str(d, "source", where, None),
             samples=samples,
-            fit=None if fit is None else MappingProxyType(fit),
+            fit=fit,
             usage=() if version == 1 else _usage_tuple(d["usage"], where),
             cpu_usage=cpu_usage_from_json_dict(d["cpu_usage"], where) if version >= 4 else None,
         )
@@ -464,6 +429,78 @@ class Profile:
     def validated(self, where: str = "profile to write") -> Profile:
         """Round-trip through the JSON form: the strict reader's verdict before a write."""
         return Profile.from_json_dict(self.to_json_dict(), where)
+
+
+def _format_version(d: dict[str, Any], where: str) -> int:
+    """The ``format_version`` of a profile's JSON object, once it is known to be a coda
+    profile of a version this coda reads; raises ProfileFormatError otherwise."""
+    if d.get("format") != FORMAT:
+        if "format" not in d:
+            raise ProfileFormatError(where, f'not a coda profile (no "format": "{FORMAT}")')
+        raise ProfileFormatError(
+            where, f'not a coda profile ("format" is {d["format"]!r}, expected "{FORMAT}")'
+        )
+    version = d.get("format_version")
+    if not _is_int(version):
+        raise ProfileFormatError(
+            where, f"format_version must be an integer, got {_json_repr(version)}"
+        )
+    if version > FORMAT_VERSION:
+        raise ProfileFormatError(
+            where,
+            f"format_version {version} was written by a newer coda (this one reads "
+            f"version {FORMAT_VERSION}); upgrade coda-slurm on the controller",
+        )
+    if version < 1:
+        raise ProfileFormatError(
+            where,
+            f"format_version {version} was never written by any coda (this one reads "
+            f"versions 1 to {FORMAT_VERSION}); fix or delete the file",
+        )
+    return version
+
+
+def _samples_from_json(samples_raw: object, where: str, version: int) -> tuple[Sample, ...]:
+    """A profile's ``samples`` list, each one validated as ``version`` writes them."""
+    if not isinstance(samples_raw, list):
+        raise ProfileFormatError(where, f"samples must be a list, got {_json_type(samples_raw)}")
+    return tuple(
+        Sample.from_json_dict(s, where, f"samples[{i}]", version) for i, s in enumerate(samples_raw)
+    )
+
+
+def _fit_from_json(fit: object, where: str) -> Mapping[str, Any] | None:
+    """A profile's ``fit`` object as a read-only mapping, or None for null."""
+    if fit is not None and not isinstance(fit, dict):
+        raise ProfileFormatError(where, f"fit must be an object or null, got {_json_type(fit)}")
+    if fit is not None and _json_depth(fit, MAX_FIT_DEPTH) > MAX_FIT_DEPTH:
+        # Every reader (profiles show/export, json.dumps) recurses into it.
+        raise ProfileFormatError(where, f"fit is nested deeper than {MAX_FIT_DEPTH} levels")
+    return None if fit is None else MappingProxyType(fit)
+
+
+def _sample_records(new_samples: Iterable[Sample]) -> tuple[Sample, ...]:
+    """``new_samples`` as a tuple, once each is known to be a :class:`Sample`."""
+    added = tuple(new_samples)
+    for s in added:
+        if not isinstance(s, Sample):
+            raise TypeError(f"merge_samples wants Sample records, got {type(s).__name__}")
+    return added
+
+
+def _placeholder_profile(
+    signature: str, workload: str | None, source: str | None, now_unix_s: float
+) -> Profile:
+    """The profile a first merge starts from: no samples, 1 CPU per GPU, no confidence."""
+    return Profile(
+        signature=signature,
+        workload=workload or workload_of_signature(signature) or signature,
+        cpus_per_gpu=1,
+        confidence=0.0,
+        n_samples=0,
+        updated_unix_s=now_unix_s,
+        source=source or "coda-node",
+    )
 
 
 def to_view(profile: Profile) -> ProfileView:
@@ -879,10 +916,7 @@ class ProfileStore:
         one, ValueError. An existing but unusable file raises ProfileFormatError and is left
         alone (it may hold samples, or be from a newer coda).
         """
-        added = tuple(new_samples)
-        for s in added:
-            if not isinstance(s, Sample):
-                raise TypeError(f"merge_samples wants Sample records, got {type(s).__name__}")
+        added = _sample_records(new_samples)
         problem = signature_problem(signature)
         if problem:
             raise ValueError(problem)
@@ -896,15 +930,7 @@ class ProfileStore:
                     raise ValueError(
                         f"no profile for {signature!r} yet, and no refit function to create one"
                     )
-                current = Profile(
-                    signature=signature,
-                    workload=workload or workload_of_signature(signature) or signature,
-                    cpus_per_gpu=1,
-                    confidence=0.0,
-                    n_samples=0,
-                    updated_unix_s=now,
-                    source=source or "coda-node",
-                )
+                current = _placeholder_profile(signature, workload, source, now)
             merged = (current.samples + added)[-max_samples:]
             candidate = replace(
                 current,
@@ -1157,6 +1183,28 @@ class ProfileCache:
 
     def _refresh(self) -> RefreshStats:
         t0 = time.perf_counter()
+        st = self._stat_root()
+        dir_key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        self._refreshes_since_scan += 1
+        if dir_key == self._settled_dir_key and self._refreshes_since_scan < self.full_rescan_every:
+            return RefreshStats(0, 0, 0, 0, time.perf_counter() - t0, True)
+        entries = self._list_root()
+
+        updates: dict[str, ProfileView | None] = {}  # signature -> new view (None: remove)
+        present: set[str] = set()
+        scanned, changed, errors = self._scan_entries(entries, present, updates)
+        removed = self._forget_missing(present, updates)
+        self._ignored_names &= {e.name for e in entries}
+        if updates:
+            self._publish(updates)
+
+        self._refreshes_since_scan = 0
+        mtime_age_s = time.time() - st.st_mtime_ns / 1e9
+        self._settled_dir_key = dir_key if mtime_age_s >= _DIR_MTIME_SETTLE_S else None
+        return RefreshStats(scanned, changed, removed, errors, time.perf_counter() - t0, False)
+
+    def _stat_root(self) -> os.stat_result:
+        """The store directory's stat, once it is known to be a directory to trust."""
         try:
             st = os.stat(self.root)
         except OSError as exc:
@@ -1168,24 +1216,29 @@ class ProfileCache:
         problem = _trust_problem(st, self.trusted_uids, "directory")
         if problem:
             raise StoreUnavailable(f"refusing profile store {self.root}: {problem}")
-        dir_key = (st.st_dev, st.st_ino, st.st_mtime_ns)
-        self._refreshes_since_scan += 1
-        if dir_key == self._settled_dir_key and self._refreshes_since_scan < self.full_rescan_every:
-            return RefreshStats(0, 0, 0, 0, time.perf_counter() - t0, True)
+        return st
 
+    def _list_root(self) -> list[os.DirEntry[str]]:
         try:
             with os.scandir(self.root) as it:
                 # List everything before acting: an error half-way through the listing must
                 # not read as "the other files were deleted".
-                entries = list(it)
+                return list(it)
         except OSError as exc:
             raise StoreUnavailable(
                 f"cannot list profile store {self.root}: {exc.strerror}"
             ) from exc
 
-        scanned = changed = removed = errors = 0
-        updates: dict[str, ProfileView | None] = {}  # signature -> new view (None: remove)
-        present: set[str] = set()
+    def _scan_entries(
+        self,
+        entries: list[os.DirEntry[str]],
+        present: set[str],
+        updates: dict[str, ProfileView | None],
+    ) -> tuple[int, int, int]:
+        """(Re)read the profile files among ``entries`` whose stat changed or that failed
+        with an I/O error last time; adds the names still there to ``present`` and the
+        changed views to ``updates``. Returns ``(scanned, changed, errors)``."""
+        scanned = changed = errors = 0
         for entry in entries:
             name = entry.name
             if not _PROFILE_NAME_RE.fullmatch(name):
@@ -1223,28 +1276,28 @@ class ProfileCache:
             if state is None or state.view != view:
                 updates[view.signature] = view
             changed += 1
+        return scanned, changed, errors
 
+    def _forget_missing(self, present: set[str], updates: dict[str, ProfileView | None]) -> int:
+        """Drop the files not in ``present``; marks their profiles for removal in
+        ``updates`` and returns how many profiles that removes."""
+        removed = 0
         for name in [n for n in self._files if n not in present]:
             gone = self._files.pop(name)
             if gone.view is not None:
                 updates[gone.view.signature] = None
                 removed += 1
-        self._ignored_names &= {e.name for e in entries}
+        return removed
 
-        if updates:
-            new = dict(self._snapshot)
-            for signature, view in updates.items():
-                if view is None:
-                    new.pop(signature, None)
-                else:
-                    new[signature] = view
-            # Readers hold the old mapping or the new one, never a half-updated one.
-            self._snapshot = MappingProxyType(new)
-
-        self._refreshes_since_scan = 0
-        mtime_age_s = time.time() - st.st_mtime_ns / 1e9
-        self._settled_dir_key = dir_key if mtime_age_s >= _DIR_MTIME_SETTLE_S else None
-        return RefreshStats(scanned, changed, removed, errors, time.perf_counter() - t0, False)
+    def _publish(self, updates: dict[str, ProfileView | None]) -> None:
+        new = dict(self._snapshot)
+        for signature, view in updates.items():
+            if view is None:
+                new.pop(signature, None)
+            else:
+                new[signature] = view
+        # Readers hold the old mapping or the new one, never a half-updated one.
+        self._snapshot = MappingProxyType(new)
 
     def _failed(
         self,

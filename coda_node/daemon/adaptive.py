@@ -47,6 +47,7 @@ from coda_node.sampling.snapshot import JobView, NodeSnapshot
 from coda_node.system.paths import SystemRoot
 from coda_node.system.perf import cpu_socket
 from coda_node.system.progress import ProgressFiles
+from coda_node.system.slurmjobs import SlurmJob
 from coda_node.system.topology import pci_address
 
 log = logging.getLogger("coda-node")
@@ -242,15 +243,10 @@ class AdaptiveLoop:
         blocked = dict(blocked or {})
         now_s = snap.monotonic_s
         live = set(snap.jobs)
-        for gone in set(self.signals) - live:
-            self.signals.pop(gone, None)
-            self.progress.pop(gone, None)
-            self._confident.pop(gone, None)
-        self._ensured &= live
+        self._forget_ended(live)
         gpu_util = {g.index: g.util_pct for g in snap.gpus}
 
         probe_jobs: dict[int, ProbeJob] = {}
-        dnn: dict[int, DnnJob] = {}
         cpu: dict[int, CpuJob] = {}
         sockets_of_job: dict[int, frozenset[int]] = {}
         for job_id, view in snap.jobs.items():
@@ -267,30 +263,8 @@ class AdaptiveLoop:
                     mem_bw_bytes_per_s=view.mem_bw_bytes_per_s,
                 )
                 continue
-            if job_id not in self._ensured:
-                self.progress_files.ensure(job_id, view.slurm.uid)
-                self._ensured.add(job_id)
-            sig_ = self.signals.get(job_id)
-            if sig_ is None:
-                sig_ = self.signals[job_id] = JobSignal(now_s, self.signal_params)
-            rec = self.allocator.records.get(job_id)
-            probed = rec is not None and rec.state == "probing"
-            prog = sig_.update(self._reading(now_s, view, gpu_util), hold_level=probed)
-            self.progress[job_id] = prog
-            record = view.slurm.admin_record
-            signature = record.get("sig") if record else None
-            gpus = len(view.slurm.gpu_indices) or sum(
-                g.count for g in view.slurm.gres if g.name == "gpu"
-            )
-            probe_jobs[job_id] = ProbeJob(
-                job_id=job_id,
-                signature=signature or None,
-                gpus=max(1, gpus),
-                allocated_cores=len(cpus),
-                single_node=view.slurm.num_nodes <= 1,
-                progress=prog,
-                profile_confident=bool(signature) and self._profile_confident(view, signature),
-                blocked=blocked.get(job_id),
+            probe_jobs[job_id] = self._probe_job(
+                now_s, job_id, view, view.slurm, len(cpus), gpu_util, blocked.get(job_id)
             )
         # Jobs near a throttled CPU job are not probed: their rate is not their own.
         for job_id, pj in list(probe_jobs.items()):
@@ -300,6 +274,68 @@ class AdaptiveLoop:
                     probe_jobs[job_id] = replace(pj, blocked=why)
         ended = set(self.allocator.records) - live
         alloc_out: AllocatorOutput = self.allocator.step(now_s, probe_jobs, ended=ended)
+        dnn = self._dnn_jobs(snap, probe_jobs, sockets_of_job)
+        cont_out: ContentionOutput = self.eliminator.step(now_s, dnn, cpu)
+        self.progress_files.forget(live)
+        return LoopOutput(
+            cores=alloc_out.cores,
+            throttles=cont_out.throttles,
+            events=alloc_out.events + cont_out.events + self._pcie_events(snap),
+            publish=alloc_out.publish,
+        )
+
+    def _forget_ended(self, live: set[int]) -> None:
+        """Drop what is kept per job for the jobs no longer in ``live``."""
+        for gone in set(self.signals) - live:
+            self.signals.pop(gone, None)
+            self.progress.pop(gone, None)
+            self._confident.pop(gone, None)
+        self._ensured &= live
+
+    def _probe_job(
+        self,
+        now_s: float,
+        job_id: int,
+        view: JobView,
+        slurm: SlurmJob,
+        allocated_cores: int,
+        gpu_util: Mapping[int, float | None],
+        blocked: str | None,
+    ) -> ProbeJob:
+        """What the allocator weighs of one DNN job this tick (``slurm``: Slurm's view of it);
+        updates its progress signal and makes sure its progress file exists."""
+        if job_id not in self._ensured:
+            self.progress_files.ensure(job_id, slurm.uid)
+            self._ensured.add(job_id)
+        sig_ = self.signals.get(job_id)
+        if sig_ is None:
+            sig_ = self.signals[job_id] = JobSignal(now_s, self.signal_params)
+        rec = self.allocator.records.get(job_id)
+        probed = rec is not None and rec.state == "probing"
+        prog = sig_.update(self._reading(now_s, view, gpu_util), hold_level=probed)
+        self.progress[job_id] = prog
+        record = slurm.admin_record
+        signature = record.get("sig") if record else None
+        gpus = len(slurm.gpu_indices) or sum(g.count for g in slurm.gres if g.name == "gpu")
+        return ProbeJob(
+            job_id=job_id,
+            signature=signature or None,
+            gpus=max(1, gpus),
+            allocated_cores=allocated_cores,
+            single_node=slurm.num_nodes <= 1,
+            progress=prog,
+            profile_confident=bool(signature) and self._profile_confident(view, signature),
+            blocked=blocked,
+        )
+
+    def _dnn_jobs(
+        self,
+        snap: NodeSnapshot,
+        probe_jobs: Mapping[int, ProbeJob],
+        sockets_of_job: Mapping[int, frozenset[int]],
+    ) -> dict[int, DnnJob]:
+        """The DNN jobs as the contention eliminator weighs them, after the allocator's step."""
+        dnn: dict[int, DnnJob] = {}
         for job_id, pj in probe_jobs.items():
             rec = self.allocator.records.get(job_id)
             slurm_job = snap.jobs[job_id].slurm
@@ -310,14 +346,7 @@ class AdaptiveLoop:
                 probing=rec is not None and rec.state == "probing",
                 gpus=training_gpus(pj.gpus, slurm_job.num_nodes if slurm_job else 1),
             )
-        cont_out: ContentionOutput = self.eliminator.step(now_s, dnn, cpu)
-        self.progress_files.forget(live)
-        return LoopOutput(
-            cores=alloc_out.cores,
-            throttles=cont_out.throttles,
-            events=alloc_out.events + cont_out.events + self._pcie_events(snap),
-            publish=alloc_out.publish,
-        )
+        return dnn
 
     # -- PCIe ------------------------------------------------------------------------------
     def switch_of(self, pci_bus_id: str | None) -> str | None:

@@ -176,19 +176,7 @@ class Sampler:
     def sample(self) -> NodeSnapshot:
         errors: list[str] = []
         now = self._clock()
-        cg_jobs: dict[int, CgroupJob] = {}
-        if self.layout is not None:
-            # Without cgroup accounting CPU time comes from each thread in /proc: every job
-            # is then read with its tasks.
-            detail = self._detail if self._accounting_in_cgroups() else None
-            scan = cgroups.scan_jobs(
-                self.layout,
-                detail=detail,
-                cache=self._subdirs,
-                resolve=self.slurm.job_ids_of_dirs,
-            )
-            cg_jobs = scan.jobs
-            self._cgroup_problems(scan, errors)
+        cg_jobs = self._scan_cgroups(errors)
         ids = set(cg_jobs)
         if self.layout is None:
             try:
@@ -207,28 +195,14 @@ class Sampler:
             sj = slurm_jobs.get(job_id)
             if cg is None and sj is None:
                 continue
-            refs = []
-            for idx in sj.gpu_indices if sj is not None else ():
-                dev = by_index.get(idx)
-                minor = dev.minor if dev is not None else None
-                refs.append(
-                    GpuRef(idx, minor, minor_to_nvml.get(minor) if minor is not None else None)
-                )
+            refs = _gpu_refs(sj, by_index, minor_to_nvml)
             usage = cgroups.cpu_usage_ns(self.layout, cg) if (cg and self.layout) else None
-            rate = None
-            if usage is not None:
-                # Timed at the read itself: a slow scontrol call earlier in this tick must
-                # not stretch or shrink the interval the rate is computed over.
-                read_s = self._clock()
-                last = self._last_cpu.get(job_id)
-                if last is not None and read_s > last[0] and usage >= last[1]:
-                    rate = (usage - last[1]) / 1e9 / (read_s - last[0])
-                self._last_cpu[job_id] = (read_s, usage)
+            rate = self._cpu_rate(job_id, usage)
             jobs[job_id] = JobView(
                 job_id=job_id,
                 slurm=sj,
                 cgroup=cg,
-                gpus=tuple(refs),
+                gpus=refs,
                 cpu_usage_ns=usage,
                 cpu_rate_cores=rate,
                 mem_bw_bytes_per_s=self._mbm(job_id) if self._mbm is not None else None,
@@ -248,6 +222,38 @@ class Sampler:
             errors=tuple(errors),
             pcie_bw=tuple(pcie_bw),
         )
+
+    def _scan_cgroups(self, errors: list[str]) -> dict[int, CgroupJob]:
+        """The jobs in Slurm's cgroup tree by id (none without a cgroup layout); what keeps
+        jobs out of sight goes to ``errors``."""
+        if self.layout is None:
+            return {}
+        # Without cgroup accounting CPU time comes from each thread in /proc: every job
+        # is then read with its tasks.
+        detail = self._detail if self._accounting_in_cgroups() else None
+        scan = cgroups.scan_jobs(
+            self.layout,
+            detail=detail,
+            cache=self._subdirs,
+            resolve=self.slurm.job_ids_of_dirs,
+        )
+        self._cgroup_problems(scan, errors)
+        return scan.jobs
+
+    def _cpu_rate(self, job_id: int, usage_ns: int | None) -> float | None:
+        """The job's CPU use in cores since its last reading, None for its first; remembers
+        ``usage_ns`` as its last reading."""
+        if usage_ns is None:
+            return None
+        rate = None
+        # Timed at the read itself: a slow scontrol call earlier in this tick must
+        # not stretch or shrink the interval the rate is computed over.
+        read_s = self._clock()
+        last = self._last_cpu.get(job_id)
+        if last is not None and read_s > last[0] and usage_ns >= last[1]:
+            rate = (usage_ns - last[1]) / 1e9 / (read_s - last[0])
+        self._last_cpu[job_id] = (read_s, usage_ns)
+        return rate
 
     def _cgroup_problems(self, scan: cgroups.JobScan, errors: list[str]) -> None:
         """What keeps jobs out of sight: directories under Slurm's scope no job can be
@@ -314,3 +320,15 @@ class Sampler:
         if self._uncore_failing.pop(what, None) is not None:
             log.info("uncore %s counters read again", what)
         return samples
+
+
+def _gpu_refs(
+    sj: SlurmJob | None, by_index: dict[int, GresDevice], minor_to_nvml: dict[int, int]
+) -> tuple[GpuRef, ...]:
+    """The job's GPUs: Slurm's indices with the device minor (gres.conf) and NVML's index."""
+    refs = []
+    for idx in sj.gpu_indices if sj is not None else ():
+        dev = by_index.get(idx)
+        minor = dev.minor if dev is not None else None
+        refs.append(GpuRef(idx, minor, minor_to_nvml.get(minor) if minor is not None else None))
+    return tuple(refs)

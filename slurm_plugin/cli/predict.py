@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_common.cli import CliError
-from coda_common.config.codaconf import load_config
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path, slurm_conf_for
 from coda_common.signature import (
     DirectiveError,
@@ -20,7 +20,7 @@ from coda_common.store.profiles import ProfileCache, StoreUnavailable
 from coda_common.store.request import NO_VAL16
 from slurm_plugin.cli.sbatchopts import SbatchOptionError, local_gres_separator, request_from_sbatch
 from slurm_plugin.config.nodecap import NodeCap
-from slurm_plugin.decision.decide import JobRequest, decide, parse_admin_record
+from slurm_plugin.decision.decide import Decision, JobRequest, decide, parse_admin_record
 from slurm_plugin.decision.tres import TresError, gpu_count
 
 
@@ -40,6 +40,14 @@ def predict_submission(
         cfg = load_config(conf)
     except (OSError, ConfigError) as exc:
         raise CliError(f"cannot load {conf}", str(exc)) from exc
+    req = _request(argv, script_path, uid)
+    notes: list[str] = []
+    decision = _decide_here(req, cfg, conf, notes)
+    return _report(req, cfg, decision, notes)
+
+
+def _request(argv: list[str], script_path: Path, uid: int | None) -> JobRequest:
+    """The job request sbatch would send for ``argv`` and the script at ``script_path``."""
     try:
         script = script_path.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as exc:
@@ -51,7 +59,12 @@ def predict_submission(
     if req.job_name is None:
         # sbatch names a job after its script file when -J is not given.
         req = replace(req, job_name=script_path.name)
-    notes: list[str] = []
+    return req
+
+
+def _decide_here(req: JobRequest, cfg: CodaConfig, conf: Path, notes: list[str]) -> Decision:
+    """The hook's decision for ``req`` with this machine's profile store and slurm.conf;
+    what the hook would have logged about them goes to ``notes``."""
 
     def note(_level: str, msg: str) -> None:
         notes.append(msg)
@@ -64,7 +77,7 @@ def predict_submission(
     node_cap = NodeCap.from_slurm_conf(slurm_conf_for(conf, cfg.slurm_conf), note)
     # As the hook does: --prefer only ever names a feature some node has.
     features = frozenset(f for node in node_cap.nodes for f in node.features)
-    decision = decide(
+    return decide(
         req,
         cfg,
         cache.snapshot(),
@@ -75,6 +88,12 @@ def predict_submission(
         gres_sep=local_gres_separator(),
         default_partition=node_cap.default_partition,
     )
+
+
+def _report(
+    req: JobRequest, cfg: CodaConfig, decision: Decision, notes: list[str]
+) -> dict[str, Any]:
+    """The JSON object ``predict`` prints: the request's fields before and after."""
     record = parse_admin_record(decision.admin_comment) if decision.admin_comment else {}
     try:
         directives = parse_coda_directives(req.comment)

@@ -309,6 +309,23 @@ def show_cmd(key: str, as_json: bool) -> None:
         emit_json(p.to_json_dict())
         return
     now = time.time()
+    _echo_fields(store, p, now)
+    if p.samples:
+        _echo_samples(p)
+    if p.usage:
+        _echo_usage(p, now)
+    if p.cpu_usage is not None:
+        # What MemBwSpreadGres reads: the workload as a CPU job.
+        c = p.cpu_usage
+        click.echo("")
+        click.echo(
+            f"As a CPU job: memory bandwidth {_gb(c.mem_bw_bytes_per_s_per_cpu)} per CPU over "
+            f"{c.ticks} ticks (updated {format_age(now - c.updated_unix_s)})"
+        )
+
+
+def _echo_fields(store: ProfileStore, p: Profile, now: float) -> None:
+    """The profile's own fields, one ``Name: value`` line each."""
     updated = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(p.updated_unix_s))
     kept = len(p.samples)
     fields = [
@@ -330,47 +347,44 @@ def show_cmd(key: str, as_json: bool) -> None:
     width = max(len(name) for name, _ in fields) + 1
     for name, value in fields:
         click.echo(f"{name + ':':<{width}} {value}")
-    if p.samples:
-        click.echo("")
-        rows = [
-            [
-                _num(s.cores),
-                _num(s.throughput),
-                str(s.gpus),
-                str(s.nodes),
-                s.gpu_model or "-",
-                s.node or "-",
-            ]
-            for s in p.samples
+
+
+def _echo_samples(p: Profile) -> None:
+    """The profile's kept samples as a table, after a blank line."""
+    click.echo("")
+    rows = [
+        [
+            _num(s.cores),
+            _num(s.throughput),
+            str(s.gpus),
+            str(s.nodes),
+            s.gpu_model or "-",
+            s.node or "-",
         ]
-        headers = ["CORES", "THROUGHPUT", "GPUS", "NODES", "GPU MODEL", "NODE"]
-        click.echo(format_table(headers, rows, right={0, 1, 2, 3}))
-    if p.usage:
-        # What the placement mechanisms read: one row per GPU model.
-        click.echo("")
-        click.echo("Usage (means while running at the allocation, per GPU model):")
-        rows = [
-            [
-                u.gpu_model or "-",
-                f"{u.gpu_util * 100:.0f}%",
-                f"{u.gpu_mem_bw_util * 100:.0f}%",
-                "-" if u.pcie_bytes_per_s_per_gpu is None else _gb(u.pcie_bytes_per_s_per_gpu),
-                "-" if u.iter_per_s_per_gpu is None else f"{u.iter_per_s_per_gpu:.3g}",
-                str(u.ticks),
-                format_age(now - u.updated_unix_s),
-            ]
-            for u in p.usage
+        for s in p.samples
+    ]
+    headers = ["CORES", "THROUGHPUT", "GPUS", "NODES", "GPU MODEL", "NODE"]
+    click.echo(format_table(headers, rows, right={0, 1, 2, 3}))
+
+
+def _echo_usage(p: Profile, now: float) -> None:
+    """What the placement mechanisms read: one row per GPU model, after a blank line."""
+    click.echo("")
+    click.echo("Usage (means while running at the allocation, per GPU model):")
+    rows = [
+        [
+            u.gpu_model or "-",
+            f"{u.gpu_util * 100:.0f}%",
+            f"{u.gpu_mem_bw_util * 100:.0f}%",
+            "-" if u.pcie_bytes_per_s_per_gpu is None else _gb(u.pcie_bytes_per_s_per_gpu),
+            "-" if u.iter_per_s_per_gpu is None else f"{u.iter_per_s_per_gpu:.3g}",
+            str(u.ticks),
+            format_age(now - u.updated_unix_s),
         ]
-        headers = ["GPU MODEL", "GPU UTIL", "MEM BW", "PCIE/GPU", "ITER/S/GPU", "TICKS", "UPDATED"]
-        click.echo(format_table(headers, rows, right={1, 2, 3, 4, 5}))
-    if p.cpu_usage is not None:
-        # What MemBwSpreadGres reads: the workload as a CPU job.
-        c = p.cpu_usage
-        click.echo("")
-        click.echo(
-            f"As a CPU job: memory bandwidth {_gb(c.mem_bw_bytes_per_s_per_cpu)} per CPU over "
-            f"{c.ticks} ticks (updated {format_age(now - c.updated_unix_s)})"
-        )
+        for u in p.usage
+    ]
+    headers = ["GPU MODEL", "GPU UTIL", "MEM BW", "PCIE/GPU", "ITER/S/GPU", "TICKS", "UPDATED"]
+    click.echo(format_table(headers, rows, right={1, 2, 3, 4, 5}))
 
 
 def _gb(bytes_per_s: float) -> str:
@@ -417,17 +431,41 @@ def import_cmd(file: str, replace: bool) -> None:
     Every entry is checked first: if any is invalid, nothing is written.
     """
     name = "<stdin>" if file == "-" else file
+    entries = _entries_of(_read_document(file, name), name)
+    store = _open_store()
+    parsed = _parsed_entries(entries, name)
+
+    existing = [p for p in parsed if os.path.lexists(store.path_for(p.signature))]
+    if existing and not replace:
+        for p in existing:
+            click.echo(f"  exists: {p.signature} ({store.path_for(p.signature)})", err=True)
+        raise CliError(
+            f"nothing imported from {name}",
+            f"{len(existing)} signature(s) already in the store; pass --replace to overwrite",
+        )
+    if not parsed:
+        click.echo(f"No profiles in {name}; nothing imported.")
+        return
+    _write_all(store, parsed)
+    replaced = f" ({len(existing)} replaced)" if existing else ""
+    click.echo(f"Imported {len(parsed)} profile(s) into {store.root}{replaced}.")
+
+
+def _read_document(file: str, name: str) -> object:
+    """The JSON document in ``file`` (``-``: stdin), called ``name`` in errors."""
     try:
         data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read {name}", _why(exc)) from exc
     try:
-        doc = json.loads(data)
+        return json.loads(data)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise CliError(f"cannot import {name}", f"not valid JSON: {exc}") from exc
-    entries = _entries_of(doc, name)
 
-    store = _open_store()
+
+def _parsed_entries(entries: list[object], name: str) -> list[Profile]:
+    """Every entry as a Profile; when any is invalid or repeats a signature, each problem
+    is echoed to stderr and CliError raised."""
     problems: list[str] = []
     parsed: list[Profile] = []
     first_entry: dict[str, int] = {}
@@ -451,19 +489,11 @@ def import_cmd(file: str, replace: bool) -> None:
             f"nothing imported from {name}",
             f"{len(problems)} of {len(entries)} entries are invalid",
         )
+    return parsed
 
-    existing = [p for p in parsed if os.path.lexists(store.path_for(p.signature))]
-    if existing and not replace:
-        for p in existing:
-            click.echo(f"  exists: {p.signature} ({store.path_for(p.signature)})", err=True)
-        raise CliError(
-            f"nothing imported from {name}",
-            f"{len(existing)} signature(s) already in the store; pass --replace to overwrite",
-        )
-    if not parsed:
-        click.echo(f"No profiles in {name}; nothing imported.")
-        return
 
+def _write_all(store: ProfileStore, parsed: list[Profile]) -> None:
+    """Write every profile; on the first failure, say how many were written before it."""
     try:
         store.ensure_root()
     except OSError as exc:
@@ -476,8 +506,6 @@ def import_cmd(file: str, replace: bool) -> None:
                 f"cannot write {store.path_for(p.signature)}",
                 f"{_why(exc)}; {written} of {len(parsed)} profiles were imported before this",
             ) from exc
-    replaced = f" ({len(existing)} replaced)" if existing else ""
-    click.echo(f"Imported {len(parsed)} profile(s) into {store.root}{replaced}.")
 
 
 @profiles.command("export")

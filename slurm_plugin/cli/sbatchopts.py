@@ -256,39 +256,45 @@ def request_from_sbatch(
             continue
         if value is None:
             raise SbatchOptionError(f"{name} needs a value")
-        if name == "--gpus":
-            req = replace(req, tres_per_job=_gpu_tres(value, sep))
-        elif name == "--gpus-per-node":
-            req = replace(req, tres_per_node=_gpu_tres(value, sep))
-        elif name == "--gres":
-            req = replace(req, tres_per_node=_tres(value, sep))
-        elif name == "--gpus-per-task":
-            req = replace(req, tres_per_task=_task_tres(value, sep))
-        elif name == "--gpus-per-socket":
-            req = replace(req, tres_per_socket=_gpu_tres(value, sep))
-        elif name == "--cpus-per-gpu":
-            req = replace(req, cpus_per_tres=f"gres{sep}gpu:{_int(name, value)}")
-        elif name == "--cpus-per-task":
-            req = replace(req, cpus_per_task=_int(name, value))
-        elif name == "--nodes":
-            lo, _, hi = value.partition("-")
-            req = replace(req, min_nodes=_int(name, lo), max_nodes=_int(name, hi or lo))
-        elif name == "--ntasks":
-            req = replace(req, num_tasks=_int(name, value))
-        elif name == "--ntasks-per-node":
-            req = replace(req, ntasks_per_node=_int(name, value))
-        elif name == "--job-name":
-            req = replace(req, job_name=value)
-        elif name == "--partition":
-            req = replace(req, partition=value)
-        elif name == "--comment":
-            req = replace(req, comment=value)
-        elif name == "--prefer":
-            req = replace(req, prefer=value)
+        req = _with_option(req, name, value, sep)
     if sep == "/" and req.cpus_per_task != NO_VAL16:
         # sbatch from 23.11 on puts -c into tres_per_task too, first.
         task = f"cpu={req.cpus_per_task}"
         req = replace(
             req, tres_per_task=f"{task},{req.tres_per_task}" if req.tres_per_task else task
         )
+    return req
+
+
+def _with_option(req: JobRequest, name: str, value: str, sep: str) -> JobRequest:
+    """``req`` with sbatch option ``name`` (one of the known ones) set to ``value``."""
+    if name == "--gpus":
+        return replace(req, tres_per_job=_gpu_tres(value, sep))
+    if name == "--gpus-per-node":
+        return replace(req, tres_per_node=_gpu_tres(value, sep))
+    if name == "--gres":
+        return replace(req, tres_per_node=_tres(value, sep))
+    if name == "--gpus-per-task":
+        return replace(req, tres_per_task=_task_tres(value, sep))
+    if name == "--gpus-per-socket":
+        return replace(req, tres_per_socket=_gpu_tres(value, sep))
+    if name == "--cpus-per-gpu":
+        return replace(req, cpus_per_tres=f"gres{sep}gpu:{_int(name, value)}")
+    if name == "--cpus-per-task":
+        return replace(req, cpus_per_task=_int(name, value))
+    if name == "--nodes":
+        lo, _, hi = value.partition("-")
+        return replace(req, min_nodes=_int(name, lo), max_nodes=_int(name, hi or lo))
+    if name == "--ntasks":
+        return replace(req, num_tasks=_int(name, value))
+    if name == "--ntasks-per-node":
+        return replace(req, ntasks_per_node=_int(name, value))
+    if name == "--job-name":
+        return replace(req, job_name=value)
+    if name == "--partition":
+        return replace(req, partition=value)
+    if name == "--comment":
+        return replace(req, comment=value)
+    if name == "--prefer":
+        return replace(req, prefer=value)
     return req

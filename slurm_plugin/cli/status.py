@@ -332,29 +332,7 @@ def collect_status(
     hook = read_hook_stats(cfg.hook_stats_file, now_unix_s, cfg.reload_interval_s)
     store, profiles = read_store(Path(cfg.profile_store))
 
-    journal: dict[str, Any] = {
-        "path": None if cfg.decision_journal is None else str(cfg.decision_journal),
-        "max_bytes": cfg.journal_max_bytes,
-        "files": [],
-        "malformed": 0,
-        "newer_format": 0,
-        "oldest_unix_s": None,
-        "error": None,
-    }
-    entries: list[dict[str, Any]] = []
-    if cfg.decision_journal is not None:
-        try:
-            read = read_journal(cfg.decision_journal, since_unix_s)
-        except OSError as exc:
-            journal["error"] = exc.strerror or str(exc)
-        else:
-            entries = read.entries
-            journal.update(
-                files=[str(p) for p in read.files],
-                malformed=read.malformed,
-                newer_format=read.newer_format,
-                oldest_unix_s=read.oldest_unix_s,
-            )
+    journal, entries = _journal_since(cfg, since_unix_s)
     slurm = _check_slurm(entries, now_unix_s, slurm_lookup)
     decisions = summarize_decisions(slurm.pop("_counted"))
     used = decisions["profiles_used"]
@@ -386,6 +364,37 @@ def collect_status(
     }
     doc["verdicts"] = [v.to_json() for v in verdicts(doc)]
     return doc
+
+
+def _journal_since(
+    cfg: CodaConfig, since_unix_s: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(doc["journal"], entries)``: the decision journal's files and counts, and its
+    entries since ``since_unix_s`` (none when there is no journal or it cannot be read)."""
+    journal: dict[str, Any] = {
+        "path": None if cfg.decision_journal is None else str(cfg.decision_journal),
+        "max_bytes": cfg.journal_max_bytes,
+        "files": [],
+        "malformed": 0,
+        "newer_format": 0,
+        "oldest_unix_s": None,
+        "error": None,
+    }
+    entries: list[dict[str, Any]] = []
+    if cfg.decision_journal is not None:
+        try:
+            read = read_journal(cfg.decision_journal, since_unix_s)
+        except OSError as exc:
+            journal["error"] = exc.strerror or str(exc)
+        else:
+            entries = read.entries
+            journal.update(
+                files=[str(p) for p in read.files],
+                malformed=read.malformed,
+                newer_format=read.newer_format,
+                oldest_unix_s=read.oldest_unix_s,
+            )
+    return journal, entries
 
 
 def _check_slurm(

@@ -324,7 +324,23 @@ def decide(
         return _cpu_job(req, cfg, profiles, gres_units, gres_sep, default_partition)
     if isinstance(admitted, Decision):
         return admitted
+    return _gpu_job(req, cfg, profiles, node_cap, admitted, node_features, node_share)
 
+
+# -- the stages of decide() --------------------------------------------------------------------
+
+
+def _gpu_job(
+    req: JobRequest,
+    cfg: CodaConfig,
+    profiles: Mapping[str, ProfileView],
+    node_cap: Callable[[int], int | None],
+    admitted: _Admitted,
+    node_features: Collection[str] | None,
+    node_share: Callable[[int], int | None] | None,
+) -> Decision:
+    """The decision for a GPU job CODA manages: its prediction, weighed against the user's
+    own CPU request by the user-value rules."""
     nodes = req.min_nodes if _set32(req.min_nodes) else 1
     tasks_per_node = job_tasks_per_node(req, nodes)
     gpn = _gpus_per_node(req, admitted.gpus, nodes, tasks_per_node)
@@ -357,9 +373,6 @@ def decide(
     if user_cpg is not None:
         return _with_user_value(job, choice, user_cpg, user_flag)
     return _with_task_value(job, choice, user_cpt or 1, user_flag)
-
-
-# -- the stages of decide() --------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -676,8 +689,7 @@ def _finish(
     """Build the Decision of a job that has a signature (and hence an admin record).
     ``task_share``: the user asked per task, and a writing action writes this
     ``--cpus-per-task`` instead of ``--cpus-per-gpu``."""
-    req, cfg, sig, place, sep = job.req, job.cfg, job.sig, job.place, job.sep
-    was, src, gpn, nodes, bound_note = job.was, job.src, job.gpn, job.nodes, job.bound_note
+    cfg, place = job.cfg, job.place
     cpg = "" if pred is None else str(pred)
     would = ""
     new_tres: str | None = None
@@ -692,38 +704,10 @@ def _finish(
         elif task_share is not None:
             new_cpt = task_share
         else:
-            # pred is set for every writing action; set_gpu_count cannot fail on a string
-            # cpus_per_gpu() already parsed.
-            new_tres = set_gpu_count(req.cpus_per_tres, pred or 1, sep)
-            # cpus_per_gpu() already parsed this string in decide(): it cannot fail here.
-            user_cpg = cpus_per_gpu(req.cpus_per_tres)
-            per_task_gpus = gpu_count(req.tres_per_task)
-            if user_cpg and _set16(req.cpus_per_task) and per_task_gpus:
-                # With --gpus-per-task, sbatch also sends -c as --cpus-per-gpu x GPUs per
-                # task, and Slurm refuses a job where the two differ: -c follows (and with
-                # it min_cpus, by the same factor).
-                new_cpt = min(pred * per_task_gpus, NO_VAL16 - 1) if pred else None
-            elif user_cpg and pred and user_cpg != pred:
-                rescale = (user_cpg, pred)
-    admin = (
-        f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
-        f";gpn={gpn};nodes={nodes}"
-    )
-    cpt_log = ""
-    if task_share is not None:
-        admin += f";cpt={task_share}"
-        cpt_log = f" cpt={task_share}"
-    place_log = ""
-    if place is not None:
-        admin += place.admin
-        place_log = place.log
-        if place.user_msg:
-            user_msg = f"{user_msg}; {place.user_msg[6:]}" if user_msg else place.user_msg
-    log = (
-        f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
-        f"cpg={cpg or '-'}{cpt_log} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
-        f"{reason}{'; ' + bound_note if bound_note else ''}"
-    )
+            new_tres, new_cpt, rescale = _rewritten_cpus_per_gpu(job.req, pred, job.sep)
+    admin, log = _records(job, action, cpg, would, reason, task_share)
+    if place is not None and place.user_msg:
+        user_msg = f"{user_msg}; {place.user_msg[6:]}" if user_msg else place.user_msg
     return Decision(
         action=action,
         cpus_per_tres=new_tres,
@@ -736,6 +720,57 @@ def _finish(
         prefer=None if place is None else place.prefer,
         min_cpus_rescale=rescale,
     )
+
+
+def _rewritten_cpus_per_gpu(
+    req: JobRequest, pred: int | None, sep: str
+) -> tuple[str, int | None, tuple[int, int] | None]:
+    """``(cpus_per_tres, cpus_per_task, min_cpus_rescale)`` of a job whose CPUs per GPU
+    are written as ``pred``: ``cpus_per_task`` None to leave it alone, the rescale None
+    when there is no user value to scale from."""
+    new_cpt: int | None = None
+    rescale: tuple[int, int] | None = None
+    # pred is set for every writing action; set_gpu_count cannot fail on a string
+    # cpus_per_gpu() already parsed.
+    new_tres = set_gpu_count(req.cpus_per_tres, pred or 1, sep)
+    # cpus_per_gpu() already parsed this string in decide(): it cannot fail here.
+    user_cpg = cpus_per_gpu(req.cpus_per_tres)
+    per_task_gpus = gpu_count(req.tres_per_task)
+    if user_cpg and _set16(req.cpus_per_task) and per_task_gpus:
+        # With --gpus-per-task, sbatch also sends -c as --cpus-per-gpu x GPUs per
+        # task, and Slurm refuses a job where the two differ: -c follows (and with
+        # it min_cpus, by the same factor).
+        new_cpt = min(pred * per_task_gpus, NO_VAL16 - 1) if pred else None
+    elif user_cpg and pred and user_cpg != pred:
+        rescale = (user_cpg, pred)
+    return new_tres, new_cpt, rescale
+
+
+def _records(
+    job: _Job, action: str, cpg: str, would: str, reason: str, task_share: int | None
+) -> tuple[str, str]:
+    """``(admin record, log line)`` of a job that has a signature; ``would`` is the
+    admin record's ``;would=<action>`` in advise mode, else ""."""
+    req, sig, place = job.req, job.sig, job.place
+    was, src, gpn, nodes, bound_note = job.was, job.src, job.gpn, job.nodes, job.bound_note
+    admin = (
+        f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
+        f";gpn={gpn};nodes={nodes}"
+    )
+    cpt_log = ""
+    if task_share is not None:
+        admin += f";cpt={task_share}"
+        cpt_log = f" cpt={task_share}"
+    place_log = ""
+    if place is not None:
+        admin += place.admin
+        place_log = place.log
+    log = (
+        f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
+        f"cpg={cpg or '-'}{cpt_log} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
+        f"{reason}{'; ' + bound_note if bound_note else ''}"
+    )
+    return admin, log
 
 
 # -- placement ---------------------------------------------------------------------------------
@@ -788,34 +823,17 @@ def _placement(
     if view is None:
         return None
     new_tres: str | None = None
-    feature: str | None = None
     notes: list[str] = []
     tokens: list[str] = []
-    missing = ""
-    gres = cfg.pcie_spread_gres
-    heavy = gres is not None and placement.is_pcie_heavy(
-        view.usage, gpn, threshold_bytes_per_s=cfg.pcie_heavy_bytes_per_s
-    )
-    # parse_tres cannot fail here: decide() already parsed tres_per_node.  A job that asked
-    # for the GRES itself keeps its request.
-    if heavy and not any(item.name == gres for item in parse_tres(req.tres_per_node)):
-        item = f"gres{sep}{gres}:1"
+    item = _pcie_item(req, cfg, view, gpn, sep)
+    if item is not None:
         new_tres = f"{req.tres_per_node},{item}" if req.tres_per_node else item
         tokens.append("pcie=1")
         notes.append(f"{item} per node (PCIe-heavy workload: one per PCIe domain)")
-    if cfg.prefer_gpu_types and not req.prefer and not _names_gpu_type(req):
-        choice = placement.prefer_gpu_type(
-            view, placement.ranking_for(profiles), cfg.prefer_gpu_types
-        )
-        if choice is not None:
-            gpu_type, why = choice
-            wanted = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
-            if node_features is None or wanted in node_features:
-                feature = wanted
-                tokens.append(f"prefer={feature}")
-                notes.append(f"--prefer={feature} (the workload {why})")
-            else:
-                missing = f" no-feature={wanted}"  # a PreferGpuFeatures mistake: say so
+    feature, why, missing = _preferred_feature(req, cfg, view, profiles, node_features)
+    if feature is not None:
+        tokens.append(f"prefer={feature}")
+        notes.append(f"--prefer={feature} (the workload {why})")
     if not tokens:
         if not missing:
             return None
@@ -835,6 +853,44 @@ def _placement(
         log="".join(f" {t}" for t in tokens) + missing,
         user_msg="coda: " + "; ".join(notes),
     )
+
+
+def _pcie_item(
+    req: JobRequest, cfg: CodaConfig, view: ProfileView, gpn: int, sep: str
+) -> str | None:
+    """The ``PcieSpreadGres`` item a PCIe-heavy job gets per node, None when it gets none."""
+    gres = cfg.pcie_spread_gres
+    heavy = gres is not None and placement.is_pcie_heavy(
+        view.usage, gpn, threshold_bytes_per_s=cfg.pcie_heavy_bytes_per_s
+    )
+    # parse_tres cannot fail here: decide() already parsed tres_per_node.  A job that asked
+    # for the GRES itself keeps its request.
+    if heavy and not any(item.name == gres for item in parse_tres(req.tres_per_node)):
+        return f"gres{sep}{gres}:1"
+    return None
+
+
+def _preferred_feature(
+    req: JobRequest,
+    cfg: CodaConfig,
+    view: ProfileView,
+    profiles: Mapping[str, ProfileView],
+    node_features: Collection[str] | None,
+) -> tuple[str | None, str, str]:
+    """``(feature, why, missing)``: the ``--prefer`` feature of the GPU type the workload
+    gains most (or least) from and why, or None; ``missing`` is the log's
+    `` no-feature=<feature>`` when no node has the feature ("" otherwise)."""
+    if cfg.prefer_gpu_types and not req.prefer and not _names_gpu_type(req):
+        choice = placement.prefer_gpu_type(
+            view, placement.ranking_for(profiles), cfg.prefer_gpu_types
+        )
+        if choice is not None:
+            gpu_type, why = choice
+            wanted = dict(cfg.prefer_gpu_features).get(gpu_type, gpu_type)
+            if node_features is None or wanted in node_features:
+                return wanted, why, ""
+            return None, "", f" no-feature={wanted}"  # a PreferGpuFeatures mistake: say so
+    return None, "", ""
 
 
 def _names_gpu_type(req: JobRequest) -> bool:
@@ -880,6 +936,24 @@ def _cpu_job(
         if advise:
             return _skip(req, f"no GPUs requested; would route to partitions {route} (advise mode)")
         return _routed(req, route)
+    return _membw_cpu_job(req, cfg, profiles, gres_units, gres_sep, directives, route, gres)
+
+
+def _membw_cpu_job(
+    req: JobRequest,
+    cfg: CodaConfig,
+    profiles: Mapping[str, ProfileView],
+    gres_units: Callable[[str, str | None], int | None] | None,
+    gres_sep: str,
+    directives: Directives,
+    route: str | None,
+    gres: str,
+) -> Decision:
+    """A CPU-only job under ``MemBwSpreadGres`` in a partition CODA does not exclude: its
+    admin record, its route (``route``: the CpuJobPartitions list it is offered, or None)
+    and its share of the memory-bandwidth GRES ``gres`` once measured."""
+    advise = cfg.mode == "advise"
+    parts = route or req.partition
     sig = workload_signature(req.uid, req.job_name, req.script, directives, cfg.signature_ignore)
     nodes = req.min_nodes if _set32(req.min_nodes) else 1
     cpus = (req.cpus_per_task if _set16(req.cpus_per_task) else 1) * job_tasks_per_node(req, nodes)

@@ -580,36 +580,48 @@ def reconcile(
                 )
             )
             continue
-        plan = plan_for(view, info, settings)
-        before = info.max_cpus_per_node
-        if plan.max_cpus_per_node is None or str(plan.max_cpus_per_node) == before:
-            outcomes.append(PartitionOutcome(name, before, before, False, plan))
-            continue
-        target = str(plan.max_cpus_per_node)
-        if dry_run:
-            outcomes.append(PartitionOutcome(name, before, target, True, plan))
-            continue
-        # The original goes to disk before Slurm changes: a kill between the two leaves a
-        # state file whose value is still the current one, which --revert rewrites harmlessly.
-        if state.remember(name, before, now_unix_s()):
-            state.save()
-        try:
-            _update(runner, name, target)
-        except SlurmQueryError as exc:
-            outcomes.append(
-                PartitionOutcome(
-                    name,
-                    before,
-                    before,
-                    False,
-                    plan,
-                    f"cannot set MaxCPUsPerNode={target} on partition {name}: {exc}"
-                    + _permission_hint(str(exc)),
-                )
-            )
-            continue
-        outcomes.append(PartitionOutcome(name, before, target, True, plan))
+        outcomes.append(
+            _reconcile_partition(runner, view, name, info, settings, state, dry_run, now_unix_s)
+        )
     return outcomes
+
+
+def _reconcile_partition(
+    runner: Runner,
+    view: ClusterView,
+    name: str,
+    info: PartitionInfo,
+    settings: ReserveSettings,
+    state: ReserveState,
+    dry_run: bool,
+    now_unix_s: Callable[[], float],
+) -> PartitionOutcome:
+    """Plan partition ``name`` and, unless ``dry_run``, set its MaxCPUsPerNode (its
+    original saved in ``state`` first)."""
+    plan = plan_for(view, info, settings)
+    before = info.max_cpus_per_node
+    if plan.max_cpus_per_node is None or str(plan.max_cpus_per_node) == before:
+        return PartitionOutcome(name, before, before, False, plan)
+    target = str(plan.max_cpus_per_node)
+    if dry_run:
+        return PartitionOutcome(name, before, target, True, plan)
+    # The original goes to disk before Slurm changes: a kill between the two leaves a
+    # state file whose value is still the current one, which --revert rewrites harmlessly.
+    if state.remember(name, before, now_unix_s()):
+        state.save()
+    try:
+        _update(runner, name, target)
+    except SlurmQueryError as exc:
+        return PartitionOutcome(
+            name,
+            before,
+            before,
+            False,
+            plan,
+            f"cannot set MaxCPUsPerNode={target} on partition {name}: {exc}"
+            + _permission_hint(str(exc)),
+        )
+    return PartitionOutcome(name, before, target, True, plan)
 
 
 @dataclass(frozen=True, slots=True)
