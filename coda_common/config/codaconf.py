@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -74,7 +74,15 @@ _FLOAT = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,2})
 _GRES_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _FEATURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_NODE_MECHANISMS = ("cpuset", "quota", "rdt")
+_NODE_MECHANISMS: list[str] = ["cpuset", "quota", "rdt"]
+"""The names NodeEnforce accepts: coda-node's built-in enforcement mechanisms, for a reader
+without coda-node (the controller); coda-node's registry of mechanisms
+(coda_node.enforce.mechanisms) sets the list it has with :func:`set_node_mechanisms`."""
+
+
+def set_node_mechanisms(names: Iterable[str]) -> None:
+    """The names NodeEnforce accepts from now on, in the order they are applied."""
+    _NODE_MECHANISMS[:] = names
 
 
 def _int(key: str, value: str, low: int, high: int = MAX_CPUS) -> int:

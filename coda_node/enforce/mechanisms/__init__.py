@@ -4,11 +4,15 @@ applies them: ``cpuset``, then ``quota``, then ``rdt``.
 Everything that names the mechanisms (the enforcer's steps, the state file's records,
 coda.conf's NodeEnforce check, ``coda-node check``, the status events) reads this list. A
 mechanism is a :class:`~coda_node.enforce.mechanisms.base.Mechanism` subclass;
-:func:`register` adds one after the others, :func:`unregister` takes it out again.
+:func:`register` adds one after the others, :func:`unregister` takes it out again. coda.conf
+is read below coda-node (coda_common), so the registry hands it the names NodeEnforce
+accepts (:func:`coda_common.config.codaconf.set_node_mechanisms`); its built-in list is
+this one's first three, for a reader without coda-node.
 """
 
 from __future__ import annotations
 
+from coda_common.config.codaconf import set_node_mechanisms
 from coda_node.enforce.mechanisms.base import Mechanism
 from coda_node.enforce.mechanisms.cpuset import Cpuset
 from coda_node.enforce.mechanisms.quota import Quota
@@ -30,6 +34,7 @@ def register(kind: type[Mechanism]) -> None:
         raise ValueError(f"{kind.name}: record keys {', '.join(clash)} are another's")
     _REGISTRY[kind.name] = kind
     _OWNER.update(dict.fromkeys(keys, kind.name))
+    set_node_mechanisms(_REGISTRY)
 
 
 def unregister(name: str) -> None:
@@ -37,6 +42,7 @@ def unregister(name: str) -> None:
     kind = _REGISTRY.pop(name)
     for key in kind.record.field_names():
         del _OWNER[key]
+    set_node_mechanisms(_REGISTRY)
 
 
 def registered() -> tuple[type[Mechanism], ...]:

@@ -15,19 +15,18 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from coda_node.policy.targets import JobTarget
-from coda_node.system.cgroups import CgroupError, CgroupJob
+from coda_node.system.capability import Capability
+from coda_node.system.cgroups import CgroupError, CgroupJob, CgroupLayout, Detail
 from coda_node.system.cpulist import parse_cpulist
+from coda_node.system.paths import SystemRoot
 from coda_node.system.resctrl import ResctrlError
 
 ENFORCE_ERRORS: tuple[type[Exception], ...] = (CgroupError, ResctrlError)
 """The errors a mechanism's writes raise for a refused or failed write: reported on the
 job as ``<mechanism>: <error>``; anything else is reported as unexpected."""
-
-Detail = Literal["cpus", "steps", "tasks"]
-"""How much of a job's cgroup tree the sampler reads (coda_node.daemon.tick)."""
 
 
 @dataclass(slots=True)
@@ -108,6 +107,19 @@ class Mechanism:
     def __init__(self, writer: Any | None) -> None:
         self.writer = writer
 
+    @classmethod
+    def open(cls, root: SystemRoot, layout: CgroupLayout) -> Any | None:
+        """The writer the daemon hands this mechanism on a node whose Slurm cgroup tree
+        is ``layout``; None where the node offers none. The built-in mechanisms' writers
+        are built by the daemon itself (coda_node.daemon.wiring), which tests replace."""
+        return None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """``coda-node check``'s rows for what this mechanism needs, beyond those
+        :func:`coda_node.system.check.probe_all` shows for the built-in ones."""
+        return []
+
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Held around a tick's, a restore's or a repair's writes of every job."""
         return contextlib.nullcontext()
@@ -137,8 +149,10 @@ class Mechanism:
         """After every job: remove what of the mechanism's own no record in ``records``
         (job -> this mechanism's record) uses. Called with :meth:`locked` held."""
 
-    def detail(self, rec: Any) -> Detail:
-        """How much of the job's cgroup tree undoing ``rec`` needs sampled."""
+    @classmethod
+    def detail(cls, rec: Any) -> Detail:
+        """How much of the job's cgroup tree (:data:`~coda_node.system.cgroups.Detail`)
+        the sample must read to undo ``rec``."""
         return "cpus"
 
 

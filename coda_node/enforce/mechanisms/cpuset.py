@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from coda_node.enforce.mechanisms.base import (
-    Detail,
     JobResult,
     JobStep,
     Mechanism,
@@ -23,6 +22,7 @@ from coda_node.system.cgroups import (
     CgroupJob,
     CpusetSnapshot,
     CpusetWriter,
+    Detail,
     format_cpulist,
     parse_cpulist,
 )
@@ -147,5 +147,6 @@ class Cpuset(Mechanism):
                 f"cpuset restored to {format_cpulist(allocation)} (Slurm's allocation)"
             )
 
-    def detail(self, rec: CpusetRecord) -> Detail:
+    @classmethod
+    def detail(cls, rec: CpusetRecord) -> Detail:
         return "steps" if rec.cpuset_original is not None else "cpus"

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from coda_node.enforce.mechanisms.base import (
-    Detail,
     JobResult,
     JobStep,
     Mechanism,
@@ -19,7 +18,7 @@ from coda_node.enforce.mechanisms.base import (
     sampled,
 )
 from coda_node.policy.targets import JobTarget
-from coda_node.system.cgroups import CgroupError, CgroupJob, CpuQuotaWriter
+from coda_node.system.cgroups import CgroupError, CgroupJob, CpuQuotaWriter, Detail
 
 log = logging.getLogger("coda-node")
 
@@ -111,5 +110,6 @@ class Quota(Mechanism):
                 r = results.setdefault(job_id, JobResult())
                 r.applied.append("cpu quota released" + (" (no record of it)" if moved else ""))
 
-    def detail(self, rec: QuotaRecord) -> Detail:
+    @classmethod
+    def detail(cls, rec: QuotaRecord) -> Detail:
         return "tasks" if rec.quota_active else "cpus"

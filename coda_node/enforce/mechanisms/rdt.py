@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from coda_node.enforce.mechanisms.base import (
-    Detail,
     JobResult,
     JobStep,
     Mechanism,
@@ -20,7 +19,7 @@ from coda_node.enforce.mechanisms.base import (
     text,
 )
 from coda_node.policy.targets import JobTarget
-from coda_node.system.cgroups import CgroupJob
+from coda_node.system.cgroups import CgroupJob, Detail
 from coda_node.system.resctrl import OutOfIds, ResctrlControl, ResctrlError, l3_mask, mb_value
 
 log = logging.getLogger("coda-node")
@@ -272,7 +271,8 @@ class Rdt(Mechanism):
                 except ResctrlError as exc:
                     log.error("cannot remove resctrl group %s: %s", name, exc)
 
-    def detail(self, rec: RdtRecord) -> Detail:
+    @classmethod
+    def detail(cls, rec: RdtRecord) -> Detail:
         return "tasks" if rec.rdt_group is not None or rec.rdt_mon_group is not None else "cpus"
 
 
