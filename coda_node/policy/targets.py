@@ -144,8 +144,7 @@ def plan(
     targets: dict[int, JobTarget] = {}
     problems: list[PlanProblem] = []
     for job_id, limit in sorted(limits.items()):
-        facts = jobs.get(job_id)
-        if facts is None:
+        if (facts := jobs.get(job_id)) is None:
             continue
         allocated = facts.allocated_cpus
         cpus: frozenset[int] | None = None

@@ -45,6 +45,7 @@ class StatusUnavailable(RuntimeError):
 
 # -- the event vocabulary ---------------------------------------------------------------
 
+
 def _enforcer_actions() -> tuple[tuple[str, str], ...]:
     """(prefix of the enforcer's line, action), the most specific prefix first: a failed
     write, then each mechanism's own (coda_node.enforce.mechanisms)."""
