@@ -1,5 +1,9 @@
 """Enforcement: make each job's cgroups match the plan, writing only what differs.
 
+The writes are the mechanisms' (:mod:`coda_node.enforce.mechanisms`), applied to each job
+in the order they are registered; this module runs them, keeps their records in the
+state file and decides when a full check of a settled job may be skipped.
+
 Every change is recorded in the state file *before* it is made (how Slurm had set the job),
 so a crash at any point leaves enough on disk to put the job back; a record leaves the file
 only once everything it covers is back. Each job is handled on its own: an error on one job
