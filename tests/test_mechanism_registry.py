@@ -6,6 +6,8 @@ file keeps the format every coda-node reads."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +131,21 @@ def _enforcer(state: NodeState, files: StateFile, power: PowerFiles) -> Enforcer
 
 def test_the_built_in_mechanisms_are_listed_once_in_order() -> None:
     assert mechanisms.names() == ("cpuset", "quota", "rdt")
+    # coda.conf is also read without coda-node (the controller): its own list of the
+    # names NodeEnforce accepts is the registry's built-ins.
+    alone = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from coda_common.config import codaconf; "
+            "print(','.join(codaconf._NODE_MECHANISMS), 'coda_node' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert alone.stdout.split() == [",".join(mechanisms.names()), "False"]
     with pytest.raises(ConfigError, match=r"unknown mechanism 'powercap' \(choose from "):
         parse_config("NodeEnforce=cpuset,powercap\n", "coda.conf")
 
