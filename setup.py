@@ -50,7 +50,7 @@ setup(
             "ruff>=0.4",
             "jsonschema>=4.0",
             "matplotlib>=3.6",
-            # tests/test_clients_slurm.py submits through the clients users really use.
+            # tests/controller/test_clients_slurm.py submits through the clients users really use.
             "submitit>=1.5",
             "dask-jobqueue>=0.8",
             "distributed>=2024.1",

@@ -7,7 +7,7 @@ Starts the dev cluster with real cgroups (``DevCluster(cgroups=True)``: proctrac
 task/cgroup, ConstrainCores on this host's CPUs; one such cluster per host, so this waits
 while another holds the slot), two jobs sharing every CPU (a GPU job and a CPU job), and
 the real ``coda-node run`` as a process with NodeIntervalS=0.2. Then ``--kills`` rounds of
-tests/node_faults.py: new admin limits of mixed kinds (``--cores``, ``--cpus``,
+tests/node/node_faults.py: new admin limits of mixed kinds (``--cores``, ``--cpus``,
 ``--cpu-quota``, cores and quota together, releases), SIGKILL at a random moment or a few
 milliseconds into the daemon's cgroup writes, sometimes ``coda-node restore`` (systemd's
 ``ExecStopPost``), a damaged state file or a release while the daemon is down, and a new
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.node_faults import fault_cluster, injector
+from tests.node.node_faults import fault_cluster, injector
 
 
 def main(argv: list[str] | None = None) -> int:

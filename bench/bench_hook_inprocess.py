@@ -5,9 +5,9 @@ Two ways to reach the hook (``--ffi``):
 * ``compiled`` (default): the plugin's own cffi module (``slurm_plugin._job_submit``, built by
   setup.py), started with its ``init()`` and called through its ``job_submit()`` as slurmctld
   calls them.  The few slurmctld functions the module needs (``slurm_info``,
-  ``slurm_xstrdup``, ...) come from a small stand-in library (tests/compiled_hook.py,
+  ``slurm_xstrdup``, ...) come from a small stand-in library (tests/controller/compiled_hook.py,
   compiled with ``cc``).
-* ``double``: the struct double and Python helpers of tests/test_hook.py (no compiler
+* ``double``: the struct double and Python helpers of tests/controller/test_hook.py (no compiler
   needed; its cffi FFI and Python ``coda_replace_str`` cost more than the compiled ones).
 
 ``--sections`` adds, for the cold pattern, the time of each step of a repeated GPU job
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coda_common.store.profiles import CpuUsageRecord, Profile, ProfileStore
 from slurm_plugin.hook import submit as hook
-from tests import compiled_hook
+from tests.controller import compiled_hook
 
 
 class Harness:
@@ -54,7 +54,7 @@ class Harness:
                     f"bench: {exc}; build it with scripts/setup, or use --ffi double"
                 ) from exc
         else:
-            from tests.test_hook import FakeLib, ffi
+            from tests.controller.test_hook import FakeLib, ffi
 
             self.ffi, self.lib = ffi, FakeLib()
 
@@ -77,7 +77,7 @@ class Harness:
     def desc(self, **strings: str) -> Any:
         if self.kind == "compiled":  # strings from the stand-in's allocator, as slurmctld's
             return compiled_hook.new_desc(self.ffi, self.lib, **strings)
-        from tests.test_hook import make_desc
+        from tests.controller.test_hook import make_desc
 
         return make_desc(self.lib, **strings)
 

@@ -1,7 +1,7 @@
 """Where a never-seen GPU job's time goes in job_submit/coda's Python path, cold.
 
 Loads the plugin's compiled cffi module in process as ``bench/bench_hook_inprocess.py``
-does (tests/compiled_hook.py; 10,000 profiles, journal on) and
+does (tests/controller/compiled_hook.py; 10,000 profiles, journal on) and
 submits ``resnet50`` jobs (``--gpus=1``, ``--comment=coda:workload=resnet50``), each with
 a job name never used before, so every one misses the decision memo and is decided.
 Before each timed call the caches are evicted and the process sleeps 8 ms, as slurmctld's

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_node_tick.py [--ticks 200] [--dir DIR] [--run-dir DIR] [--tick-s 1]
 
-The node is tests/node_fixtures.py's: 64 CPUs, 8 GPUs (NVML double), 32 Slurm jobs (16 GPU
+The node is tests/node/node_fixtures.py's: 64 CPUs, 8 GPUs (NVML double), 32 Slurm jobs (16 GPU
 jobs, 16 CPU jobs) in a cgroup v1 tree, scontrol answered in-process. Root is needed for
 the /dev/nvidia* character devices. ``--dir`` puts the fixture (and so the state file,
 written and fsynced when the daemon changes a job) on another filesystem; the default is
@@ -37,7 +37,7 @@ as on a node, however fast the ticks run here:
 
 Then the per-job memory-bandwidth monitor (``NodeJobMemBw``, coda_node/sampling/mbm.py), side by
 side: two more fixture nodes built alike, each with the fake resctrl mount of
-tests/resctrl_fixtures.py (variant ``full``: MBM, two L3 domains) and every thread in its
+tests/node/resctrl_fixtures.py (variant ``full``: MBM, two L3 domains) and every thread in its
 default group, one daemon with ``NodeJobMemBw=no`` and one with ``yes`` (nothing injected,
 so it makes its own JobMonitor: one MON group per CPU job). Their ticks alternate on a
 simulated clock, ``--tick-s`` apart (the NodeIntervalS default, 1 s: the monitor re-reads
@@ -83,9 +83,9 @@ from coda_node.enforce.state import LIMITS_SETTLED_S, Limit
 from coda_node.policy.targets import JobFacts, plan
 from coda_node.sampling.mbm import mon_group_name
 from coda_node.system.nvml import Nvml
-from tests import resctrl_fixtures
-from tests.node_fixtures import FakeNode, build_node, mknod_reason
-from tests.test_daemon_loop_fixture import mount_resctrl
+from tests.node import resctrl_fixtures
+from tests.node.node_fixtures import FakeNode, build_node, mknod_reason
+from tests.node.test_daemon_loop_fixture import mount_resctrl
 
 TARGET_TICK_MS = 5.0
 TARGET_RSS_MB = 60.0

@@ -210,7 +210,7 @@ BUILTIN_SETS: dict[str, tuple[str, ...]] = {
 }
 """The built-in sets ``SignatureIgnore`` names with ``@NAME``.  Each pattern has a literal or
 a fixed-width class at each step and possessive repeats only, so one pass over a script is
-linear in its length (tests/test_signature.py times a 1 MB hostile script)."""
+linear in its length (tests/common/test_signature.py times a 1 MB hostile script)."""
 
 DEFAULT_SPEC = "@builtin"
 """``SignatureIgnore``'s default: every built-in set (``@builtin`` names them all)."""

@@ -25,7 +25,7 @@ tests on the host's v1 (``V1_NODE_TESTS``) out of its leg unless they are named;
 the guest's tests asked for (``-m cgroup_v2_node``) the legs still install the packages.
 On a run without pytest arguments, SchedMD's own testsuite guard (tests/schedmd/run-suite:
 Slurm's ATF with and without job_submit/coda) runs after the tests of the host leg, when its
-Slurm is picked, and of the newest version's leg (tests/package-leg --schedmd-guard);
+Slurm is picked, and of every other version's leg (tests/package-leg --schedmd-guard);
 ``CODA_SCHEDMD_GUARD=1`` runs it on those legs whatever the arguments, ``0`` never.  Its
 line per leg comes after the table; a difference it finds fails the run, a testsuite it
 cannot fetch here is a skip.  The last line is ``N passed, N failed, N skipped`` over every
@@ -57,12 +57,12 @@ GUEST = REPO / "tests" / "cgroup-v2-guest"
 V2_MARKER = "cgroup_v2_node"
 V2_TESTS = "test_node_cgroup_v2"
 """The module of the cgroup v2 node tests: named paths that leave it out skip the guest."""
-V2_MODULE = f"tests/{V2_TESTS}.py"
+V2_MODULE = f"tests/node/{V2_TESTS}.py"
 V1_NODE_TESTS = (
-    "tests/test_node_slurm.py",
-    "tests/test_node_recovery_slurm.py",
-    "tests/test_node_faults_slurm.py",
-    "tests/test_node_loop_slurm.py",
+    "tests/node/test_node_slurm.py",
+    "tests/node/test_node_recovery_slurm.py",
+    "tests/node/test_node_faults_slurm.py",
+    "tests/node/test_node_loop_slurm.py",
 )
 """coda-node against a real Slurm on the host's cgroup v1 (a confined dev cluster)."""
 V1_VERSIONS = ("22.05",)
@@ -507,7 +507,7 @@ def main(argv: Sequence[str]) -> int:
                     run_host(leg, args, Path(reports), guard and host_version in versions)
                 )
             else:
-                outcomes.append(run_root(leg, args, guard and leg.version == known[-1]))
+                outcomes.append(run_root(leg, args, guard and leg.version != host_version))
         # A configuration runs what its version's leg installed: none where pytest never ran.
         installed = {o.leg.version for o in outcomes if o.leg.suite and o.counts is not None}
         ready = [c for c in configs if c.version in installed]

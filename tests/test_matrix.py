@@ -95,7 +95,7 @@ def test_the_users_marker_narrows_every_leg() -> None:
 @pytest.mark.parametrize(
     "args,marker,rest",
     [
-        (["-x", "tests/test_tres.py"], None, ["-x", "tests/test_tres.py"]),
+        (["-x", "tests/controller/test_tres.py"], None, ["-x", "tests/controller/test_tres.py"]),
         (["-m", "slurm", "-k", "reserve"], "slurm", ["-k", "reserve"]),
         (["-mnot gpu", "-m", "slurm"], "slurm", []),
         (["--maxfail=1"], None, ["--maxfail=1"]),
@@ -248,12 +248,12 @@ def test_versions_the_guest_runs_on_v2_leave_the_v1_node_tests_to_22_05() -> Non
     ignored = {leg.suite: leg.ignore for leg in legs[1:]}
     assert ignored == {"bookworm": (), "trixie": V1_NODE_TESTS, "sid": V1_NODE_TESTS}
     assert all(Path(t).exists() for t in V1_NODE_TESTS)
-    assert "--ignore=tests/test_node_slurm.py" in pytest_args(legs[2], [], "j.xml")
+    assert "--ignore=tests/node/test_node_slurm.py" in pytest_args(legs[2], [], "j.xml")
     # Without the guest (or with the modules named) every leg runs them.
     assert all(leg.ignore == () for leg in plan(KNOWN, "22.05", SUITES, None))
-    named = plan(KNOWN, "22.05", SUITES, None, KNOWN, ["tests/test_node_slurm.py"])
-    assert "tests/test_node_slurm.py" not in named[2].ignore
-    assert "tests/test_node_loop_slurm.py" in named[2].ignore
+    named = plan(KNOWN, "22.05", SUITES, None, KNOWN, ["tests/node/test_node_slurm.py"])
+    assert "tests/node/test_node_slurm.py" not in named[2].ignore
+    assert "tests/node/test_node_loop_slurm.py" in named[2].ignore
 
 
 def test_only_the_guests_tests_still_install_the_packages_it_runs() -> None:

@@ -24,8 +24,8 @@ import pytest
 from slurm_plugin.devtools.cluster import DevCluster
 from slurm_plugin.hook.guard import SlurmVersion, format_version, parse_slurmctld_version
 from tests.conftest import require_slurm, started
-from tests.test_node_slurm import _cgroup_v1_reason as cgroup_v1_reason
-from tests.test_node_slurm import _start as start_confined_job
+from tests.node.test_node_slurm import _cgroup_v1_reason as cgroup_v1_reason
+from tests.node.test_node_slurm import _start as start_confined_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.package]
 
@@ -117,7 +117,7 @@ def test_apt_keeps_a_newer_slurm_back_and_upgrades_it_only_by_removing_the_plugi
 ) -> None:
     """The dependency does its work: ``apt upgrade`` leaves Slurm where the plugin works;
     upgrading Slurm by name takes the plugin package out, and never installs a plugin
-    that does not match (the guard then rebuilds one, tests/test_plugin_guard.py)."""
+    that does not match (the guard then rebuilds one, tests/controller/test_plugin_guard.py)."""
     release = _slurm_release()
     newer = f"{format_version((release[0], release[1], release[2] + 1))}-1"
     repo = tmp_path / "repo"

@@ -291,9 +291,9 @@ def test_the_matrix_prints_each_guard_after_its_table_and_a_failed_guard_fails_t
     ("env", "args", "marker", "expected"),
     [
         (None, [], None, True),
-        (None, ["tests/test_hook.py"], None, False),
+        (None, ["tests/controller/test_hook.py"], None, False),
         (None, [], "slurm", False),
-        ("1", ["tests/test_hook.py"], None, True),
+        ("1", ["tests/controller/test_hook.py"], None, True),
         ("0", [], None, False),
     ],
 )

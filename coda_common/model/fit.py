@@ -132,7 +132,7 @@ _N_PARAMS = 3
 # synthetic curves: equal weights on 0-0.2 asked 0.4 core more on average on the benchmark's
 # random curves and lost three of the twelve model classes of the fixed-probe target (3 %
 # noise); softness up to 0.12 only answered 16 cores per GPU for a knee of softness 0.2
-# whose 95 % point is 18 (tests/test_daemon_loop_fixture.py).
+# whose 95 % point is 18 (tests/node/test_daemon_loop_fixture.py).
 _KNEE_GRID_RATIO = 1.035
 _LOG_SHARES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 _SOFTNESSES = (0.0, 0.06, 0.12, 0.2)

@@ -142,7 +142,7 @@ def _plain_reason(fn_name: str, code_name: str | None, message: str) -> str:
 class Nvml:
     """Lazy, failure-tolerant access to NVML for sampling GPUs.
 
-    ``lib`` is the ``pynvml`` module or a double with its surface (tests/nvml_double.py);
+    ``lib`` is the ``pynvml`` module or a double with its surface (tests/node/nvml_double.py);
     by default ``pynvml`` is imported on first use. After a failed initialisation NVML is
     tried again at most once per ``retry_interval_s`` of ``clock``.
     """
