@@ -20,6 +20,7 @@ from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
 from coda_common.slurm.conffile import ConfigError
 from coda_node import __version__
+from coda_node.enforce.mechanisms import registered
 from coda_node.enforce.state import (
     STATE_FILE,
     VIEW_FILE,
@@ -97,6 +98,8 @@ def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
     # Ask slurmctld only about the real system, not about a fixture tree.
     real = system_root.resolve() == Path("/")
     caps = probe_all(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
+    for kind in registered():
+        caps += kind.probe(SystemRoot(system_root))
     jobs_runner = _jobs_runner(real)
     if jobs_runner is not None:
         # As the daemon names the node (coda_node.daemon.service).

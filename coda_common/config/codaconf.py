@@ -21,6 +21,7 @@ Only :func:`load_config` touches files; everything else is pure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +51,15 @@ __all__ = [
 
 # ---------------------------------------------------------------------- value parsing
 
-_NODE_MECHANISMS = ("cpuset", "quota", "rdt")
+_NODE_MECHANISMS: list[str] = ["cpuset", "quota", "rdt"]
+"""The names NodeEnforce accepts: coda-node's built-in enforcement mechanisms, for a reader
+without coda-node (the controller); coda-node's registry of mechanisms
+(coda_node.enforce.mechanisms) sets the list it has with :func:`set_node_mechanisms`."""
+
+
+def set_node_mechanisms(names: Iterable[str]) -> None:
+    """The names NodeEnforce accepts from now on, in the order they are applied."""
+    _NODE_MECHANISMS[:] = names
 
 
 def _mechanisms(key: str, value: str) -> tuple[str, ...]:

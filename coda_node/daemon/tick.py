@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput
 from coda_node.enforce.enforcer import JobResult
+from coda_node.enforce.mechanisms import registered
 from coda_node.enforce.state import JobChanges, Limit
 from coda_node.policy.observe import Progress
 from coda_node.policy.targets import (
@@ -63,9 +64,11 @@ def detail_needed(what: JobTarget | Limit | JobChanges | None) -> Detail:
     if what is None:
         return "cpus"
     if isinstance(what, JobChanges):
-        if what.quota_active or what.rdt_group is not None or what.rdt_mon_group is not None:
-            return "tasks"
-        return "steps" if what.cpuset_original is not None else "cpus"
+        return max(
+            (m.detail(what.records[m.name]) for m in registered() if m.name in what.records),
+            key=DETAIL_RANK.__getitem__,
+            default="cpus",
+        )
     if what.quota_cores is not None or what.mem_bw_pct is not None:
         return "tasks"
     if isinstance(what, Limit):

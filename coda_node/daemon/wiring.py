@@ -14,6 +14,7 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.store.profiles import ProfileStore
 from coda_node.daemon.adaptive import AdaptiveLoop
 from coda_node.enforce.enforcer import Enforcer
+from coda_node.enforce.mechanisms import registered
 from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import NodeState
 from coda_node.system.cgroups import CgroupLayout, CpuQuotaWriter, CpusetWriter
@@ -100,8 +101,11 @@ def make_enforcer(
     make_quota: Callable[[CgroupLayout], CpuQuotaWriter],
     rdt: Callable[[], ResctrlControl | None],
 ) -> Enforcer:
-    """The enforcer over the writers Slurm's cgroup tree allows (none without the tree)."""
+    """The enforcer over the writers Slurm's cgroup tree allows (none without the tree):
+    the built-in mechanisms' from the factories given, any other's from its own
+    :meth:`~coda_node.enforce.mechanisms.base.Mechanism.open`."""
     usable = layout.has_slurm
+    opened = {kind.name: kind.open(root, layout) for kind in registered()} if usable else {}
     return Enforcer(
         state=state,
         save=save,
@@ -111,6 +115,7 @@ def make_enforcer(
         root=root,
         cgroup_version=layout.version,
         mechanisms=cfg.node_enforce,
+        writers={name: writer for name, writer in opened.items() if writer is not None},
     )
 
 

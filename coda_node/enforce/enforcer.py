@@ -1,5 +1,9 @@
 """Enforcement: make each job's cgroups match the plan, writing only what differs.
 
+The writes are the mechanisms' (:mod:`coda_node.enforce.mechanisms`), applied to each job
+in the order they are registered; this module runs them, keeps their records in the
+state file and decides when a full check of a settled job may be skipped.
+
 Every change is recorded in the state file *before* it is made (how Slurm had set the job),
 so a crash at any point leaves enough on disk to put the job back; a record leaves the file
 only once everything it covers is back. Each job is handled on its own: an error on one job
@@ -11,31 +15,29 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from coda_node.enforce import mechanisms
+from coda_node.enforce.mechanisms.base import ENFORCE_ERRORS, JobResult, Mechanism, Record
+from coda_node.enforce.mechanisms.cpuset import snapshot_from_dict, snapshot_to_dict
+from coda_node.enforce.mechanisms.rdt import RdtClass
 from coda_node.enforce.state import JobChanges, NodeState
 from coda_node.policy.targets import JobTarget
-from coda_node.system.cgroups import (
-    CgroupError,
-    CgroupJob,
-    CpuQuotaWriter,
-    CpusetSnapshot,
-    CpusetWriter,
-    JobGone,
-    format_cpulist,
-    parse_cpulist,
-)
+from coda_node.system.cgroups import CgroupJob, CpuQuotaWriter, CpusetWriter, JobGone
 from coda_node.system.paths import SystemRoot
-from coda_node.system.resctrl import OutOfIds, ResctrlControl, ResctrlError, l3_mask, mb_value
+from coda_node.system.resctrl import ResctrlControl
+
+__all__ = [
+    "VERIFY_EVERY_TICKS",
+    "Enforcer",
+    "JobResult",
+    "RdtClass",
+    "snapshot_from_dict",
+    "snapshot_to_dict",
+]
 
 log = logging.getLogger("coda-node")
-
-MECHANISMS = ("cpuset", "quota", "rdt")
-
-_RDT_CLASS = re.compile(r"coda_(?:mb(\d+)(?:_l3w(\d+))?|l3w(\d+))")
 
 VERIFY_EVERY_TICKS = 10
 """A job's cpuset or CPU quota found exactly as wanted is read again in full at least once
@@ -49,78 +51,46 @@ this many ticks. Each settled job has its own tick in the period (its phase), so
 checks of many limited jobs are spread over the period, not all done on one tick."""
 
 
-@dataclass(frozen=True, slots=True)
-class RdtClass:
-    """What a coda resctrl control group limits: the MB value written to ``MB:`` and the
-    number of L3 ways of its ``L3:`` mask; None where the group keeps the default (100 %,
-    the full mask)."""
+class _Step:
+    """One mechanism's view of the enforcer while it works on one job (the
+    :class:`~coda_node.enforce.mechanisms.base.JobStep` it is handed)."""
 
-    mb: int | None = None
-    l3_ways: int | None = None
+    __slots__ = ("_ch", "_enforcer", "_name", "job_id")
 
-    @property
-    def group(self) -> str:
-        """``coda_mb<v>``, ``coda_l3w<n>`` or ``coda_mb<v>_l3w<n>``: jobs limited alike
-        share one group (one CLOSID)."""
-        parts = ([f"mb{self.mb}"] if self.mb is not None else []) + (
-            [f"l3w{self.l3_ways}"] if self.l3_ways is not None else []
-        )
-        return "coda_" + "_".join(parts)
+    def __init__(self, enforcer: Enforcer, job_id: int, name: str, ch: JobChanges) -> None:
+        self._enforcer = enforcer
+        self.job_id = job_id
+        self._name = name
+        self._ch = ch
 
-    @staticmethod
-    def of(group: str) -> RdtClass | None:
-        """The class a group name stands for; None for a name that is not one."""
-        m = _RDT_CLASS.fullmatch(group)
-        if m is None:
-            return None
-        mb, l3_with_mb, l3_alone = m.groups()
-        ways = l3_with_mb or l3_alone
-        return RdtClass(
-            mb=int(mb) if mb is not None else None,
-            l3_ways=int(ways) if ways is not None else None,
-        )
+    def write_ahead(self) -> None:
+        self._enforcer._write_ahead(self.job_id, self._ch)
 
-    def at_least_as_strict(self, other: RdtClass) -> bool:
-        """Whether a job limited to ``other`` may be put here: every resource ``other``
-        limits is limited here too, to no more (lower MB, fewer ways)."""
-        return (other.mb is None or (self.mb is not None and self.mb <= other.mb)) and (
-            other.l3_ways is None or (self.l3_ways is not None and self.l3_ways <= other.l3_ways)
-        )
+    def save(self) -> None:
+        self._enforcer._save()
 
-    def describe(self, l3_total: int | None) -> list[str]:
-        """The enforcer's lines for this class, one per limited resource."""
-        out = []
-        if self.mb is not None:
-            out.append(f"memory bandwidth {self.mb}")
-        if self.l3_ways is not None:
-            out.append(f"L3 cache {self.l3_ways} of {l3_total or '?'} ways")
-        return out
+    def is_settled(self, seen: object) -> bool:
+        return self._enforcer._is_settled(self.job_id, self._name, seen)
 
+    def checked(self, seen: object, written: int) -> None:
+        self._enforcer._checked(self.job_id, self._name, seen, written)
 
-@dataclass(slots=True)
-class JobResult:
-    applied: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    gone: bool = False
+    def unsettle(self) -> None:
+        self._enforcer._unsettle(self.job_id, self._name)
 
+    def tids(self, cg: CgroupJob) -> list[int]:
+        return self._enforcer.tids(cg)
 
-def snapshot_to_dict(snap: CpusetSnapshot) -> dict[str, Any]:
-    return {
-        "job_id": snap.job_id,
-        "cpus": dict(snap.cpus),
-        "affinity": {str(tid): format_cpulist(mask) for tid, mask in snap.affinity.items()},
-    }
-
-
-def snapshot_from_dict(d: Mapping[str, Any]) -> CpusetSnapshot:
-    return CpusetSnapshot(
-        job_id=int(d["job_id"]),
-        cpus={str(k): str(v) for k, v in d["cpus"].items()},
-        affinity={int(k): parse_cpulist(v) for k, v in d.get("affinity", {}).items()},
-    )
+    def records(self, name: str) -> Iterator[tuple[int, Record]]:
+        for job_id, ch in self._enforcer.state.changes.items():
+            yield job_id, ch.record(name)
 
 
 class Enforcer:
+    """Every registered mechanism (:mod:`coda_node.enforce.mechanisms`), in its order, on
+    every job. ``cpuset``, ``quota`` and ``rdt`` are the built-in mechanisms' writers,
+    ``writers`` those of any other by name; a mechanism without one does nothing."""
+
     def __init__(
         self,
         *,
@@ -131,7 +101,8 @@ class Enforcer:
         rdt: ResctrlControl | None = None,
         root: SystemRoot | None = None,
         cgroup_version: int | None = 1,
-        mechanisms: Iterable[str] = MECHANISMS,
+        mechanisms: Iterable[str] | None = None,
+        writers: Mapping[str, Any] | None = None,
     ) -> None:
         self.state = state
         self._save = save
@@ -140,7 +111,15 @@ class Enforcer:
         self.rdt = rdt
         self.root = root or SystemRoot()
         self.cgroup_version = cgroup_version
-        self.mechanisms = frozenset(mechanisms)
+        given = {"cpuset": cpuset, "quota": quota, "rdt": rdt, **(writers or {})}
+        self.steps: tuple[Mechanism, ...] = tuple(
+            kind(given.get(kind.name)) for kind in _registered()
+        )
+        """One instance of each registered mechanism, in the order they are applied."""
+        self.mechanisms = frozenset(
+            mechanisms if mechanisms is not None else (m.name for m in self.steps)
+        )
+        """The mechanisms coda.conf turns on; the others only undo what they did."""
         self._settled: dict[tuple[int, str], tuple[object, int]] = {}
         """(job, mechanism) -> (what the sampler showed and the target, when a full check
         found nothing to write; the tick of the next full check)."""
@@ -185,9 +164,7 @@ class Enforcer:
         """``what`` of the job is checked in full at every tick from now until it settles
         again; a job with nothing settled gives up its phase."""
         self._settled.pop((job_id, what), None)
-        if job_id in self._phase and not any(
-            (job_id, other) in self._settled for other in ("cpuset", "quota")
-        ):
+        if job_id in self._phase and not any((job_id, m.name) in self._settled for m in self.steps):
             del self._phase[job_id]
 
     # -- one tick -------------------------------------------------------------
@@ -198,7 +175,7 @@ class Enforcer:
         forget jobs that ended. ``jobs`` are the cgroups seen this tick."""
         self._ticks += 1
         results: dict[int, JobResult] = {}
-        with self._rdt_lock():
+        with self._locked():
             for job_id in sorted(set(targets) | set(self.state.changes)):
                 cg = jobs.get(job_id)
                 if cg is None:
@@ -206,8 +183,7 @@ class Enforcer:
                         results[job_id] = self._ended(job_id)
                     continue
                 results[job_id] = self._job(cg, targets.get(job_id, JobTarget()))
-            self._remove_unused_rdt_groups()
-        self._remove_unused_quota_dirs(jobs, results)
+            self._tidy(jobs, results)
         self.state.prune()
         return results
 
@@ -217,7 +193,7 @@ class Enforcer:
         """Put every job coda-node changed (or those of them ``only`` names) back as Slurm
         set it (SIGTERM, ``restore``, ``release`` without a daemon)."""
         results: dict[int, JobResult] = {}
-        with self._rdt_lock():
+        with self._locked():
             for job_id in sorted(self.state.changes):
                 if only is not None and job_id not in only:
                     continue
@@ -226,8 +202,7 @@ class Enforcer:
                     results[job_id] = self._ended(job_id)
                 else:
                     results[job_id] = self._job(cg, JobTarget(), restoring=True)
-            self._remove_unused_rdt_groups()
-        self._remove_unused_quota_dirs(jobs, results)
+            self._tidy(jobs, results)
         self.state.prune()
         return results
 
@@ -235,34 +210,31 @@ class Enforcer:
         """Put a job back to ``allocation``, the CPUs Slurm reports it holds here, where
         coda-node's record of it is missing or cannot be trusted: every cpuset of the job
         to the allocation (:meth:`CpusetWriter.reset`), its CPU quota lifted (Slurm sets
-        none) and its threads out of coda's resctrl groups. The job's record, if any, is
-        dropped once all of that is done; until then it stays for a retry."""
+        none) and its threads out of coda's resctrl groups, each mechanism in turn. The
+        job's record, if any, is dropped once all of that is done; until then it stays
+        for a retry."""
         result = JobResult()
-        with self._rdt_lock():
+        ch = self.state.changes.get(cg.job_id) or JobChanges()
+        with self._locked():
             try:
-                if self.cpuset is not None and self.cpuset.reset(cg, allocation):
-                    result.applied.append(
-                        f"cpuset restored to {format_cpulist(allocation)} (Slurm's allocation)"
-                    )
-                if self.quota is not None and self.quota.set_quota(cg, None):
-                    result.applied.append("cpu quota released")
-                if self.rdt is not None:
-                    tids = self.tids(cg)
-                    for group in self.rdt.list_coda_groups():
-                        if self.rdt.release_tasks(group, tids).moved:
-                            result.applied.append(f"resctrl group {group} left")
+                for mech in self.steps:
+                    mech.repair(_Step(self, cg.job_id, mech.name, ch), cg, allocation, result)
             except JobGone:
                 result.gone = True
-            except (CgroupError, ResctrlError, ValueError) as exc:
+            except (*ENFORCE_ERRORS, ValueError) as exc:
                 result.failed.append(f"repair: {exc}")
         if not result.failed:
             self.state.changes.pop(cg.job_id, None)
-            for what in ("cpuset", "quota"):
-                self._unsettle(cg.job_id, what)
+            for mech in self.steps:
+                self._unsettle(cg.job_id, mech.name)
         return result
 
-    def _rdt_lock(self) -> contextlib.AbstractContextManager[None]:
-        return self.rdt.locked() if self.rdt is not None else contextlib.nullcontext()
+    def _locked(self) -> contextlib.ExitStack:
+        """Every mechanism's lock (resctrl's, shared with ``coda-node`` commands)."""
+        stack = contextlib.ExitStack()
+        for mech in self.steps:
+            stack.enter_context(mech.locked())
+        return stack
 
     def _write_ahead(self, job_id: int, ch: JobChanges) -> None:
         """Put ``ch`` on record for the job and on disk, fsynced, before the change it now
@@ -271,61 +243,30 @@ class Enforcer:
         self.state.changes[job_id] = ch
         self._save()
 
-    def _remove_unused_quota_dirs(
-        self, jobs: Mapping[int, CgroupJob], results: dict[int, JobResult]
-    ) -> None:
-        """Remove the v1 ``coda/job_<id>`` cpu cgroups no record covers: those of jobs that
-        ended, and any a lost record left on a running job (its threads go back to the cpu
-        hierarchy's root and its quota with the directory)."""
-        if self.quota is None:
-            return
-        used = {j for j, c in self.state.changes.items() if c.quota_active}
-        for job_id in self.quota.coda_dirs():
-            if job_id in used:
-                continue
-            try:
-                moved = self.quota.release(job_id)
-            except CgroupError as exc:
-                log.error("job=%d cannot remove coda's cpu cgroup: %s", job_id, exc)
-                continue
-            if job_id in jobs:
-                r = results.setdefault(job_id, JobResult())
-                r.applied.append("cpu quota released" + (" (no record of it)" if moved else ""))
-
-    def _remove_unused_rdt_groups(self) -> None:
-        """Remove coda's resctrl groups no recorded job uses: classes emptied this tick,
-        and groups left by a daemon that crashed before recording them."""
-        if self.rdt is None:
-            return
-        used = {c.rdt_group for c in self.state.changes.values() if c.rdt_group}
-        for name in self.rdt.list_coda_groups():
-            if name not in used:
-                try:
-                    self.rdt.remove_group(name)
-                except ResctrlError as exc:
-                    log.error("cannot remove resctrl group %s: %s", name, exc)
+    def _tidy(self, jobs: Mapping[int, CgroupJob], results: dict[int, JobResult]) -> None:
+        """Each mechanism removes what of its own no record uses (a v1 quota directory,
+        a resctrl group), with every lock held."""
+        for mech in self.steps:
+            records = {j: ch.record(mech.name) for j, ch in self.state.changes.items()}
+            mech.tidy(records, jobs, results)
 
     # -- per job ----------------------------------------------------------------
     def _job(self, cg: CgroupJob, target: JobTarget, *, restoring: bool = False) -> JobResult:
         result = JobResult()
         ch = self.state.job(cg.job_id)
-        steps: list[tuple[str, Callable[[CgroupJob, JobTarget, JobChanges, JobResult], None]]] = [
-            ("cpuset", self._cpuset),
-            ("quota", self._quota),
-            ("rdt", self._rdt),
-        ]
-        for name, step in steps:
+        for mech in self.steps:
+            name = mech.name
             # A mechanism turned off in coda.conf still undoes what it did before.
             wanted = target if (name in self.mechanisms and not restoring) else JobTarget()
             try:
-                step(cg, wanted, ch, result)
+                mech.apply(_Step(self, cg.job_id, name, ch), cg, wanted, ch.record(name), result)
             except JobGone:
                 # It ended between sampling and writing: clean up what is ours (a v1
                 # quota directory, an MB group) as for any ended job.
                 ended = self._ended(cg.job_id)
                 ended.applied[:0] = result.applied
                 return ended
-            except (CgroupError, ResctrlError) as exc:
+            except ENFORCE_ERRORS as exc:
                 # The daemon logs each failure once, as a "failed: ..." event (job id first).
                 result.failed.append(f"{name}: {exc}")
                 log.debug("job=%d %s: %s", cg.job_id, name, exc)
@@ -333,198 +274,6 @@ class Enforcer:
                 result.failed.append(f"{name}: unexpected {type(exc).__name__}: {exc}")
                 log.exception("job=%d %s failed unexpectedly", cg.job_id, name)
         return result
-
-    def _cpuset(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
-        if self.cpuset is None:
-            return
-        if target.cpus is not None:
-            if ch.cpuset_original is None:
-                ch.cpuset_original = snapshot_to_dict(self.cpuset.snapshot(cg))
-                ch.allocated_cpus = sorted(cg.cpus)
-                # Slurm's setting is on disk before we change it.
-                self._write_ahead(cg.job_id, ch)
-            elif not {f"step_{s.name}" for s in cg.steps} <= set(ch.cpuset_original["cpus"]):
-                # A step started since (slurmd gave it the full allocation): record how
-                # Slurm set it, so that a restore puts it back too.
-                fresh = snapshot_to_dict(self.cpuset.snapshot(cg))
-                for rel, text in fresh["cpus"].items():
-                    ch.cpuset_original["cpus"].setdefault(rel, text)
-                for tid, mask in fresh["affinity"].items():
-                    ch.cpuset_original["affinity"].setdefault(tid, mask)
-                self._write_ahead(cg.job_id, ch)
-            seen = _sampled(cg, target.cpus, with_tasks=False)
-            if not self._is_settled(cg.job_id, "cpuset", seen):
-                snap = snapshot_from_dict(ch.cpuset_original)
-                written = self.cpuset.shrink(cg, target.cpus, snapshot=snap)
-                if written:
-                    r.applied.append(f"cpuset {format_cpulist(target.cpus)}")
-                self._checked(cg.job_id, "cpuset", seen, written)
-            ch.cpuset_applied = sorted(target.cpus)
-        elif ch.cpuset_original is not None:
-            self._unsettle(cg.job_id, "cpuset")
-            snap = snapshot_from_dict(ch.cpuset_original)
-            self.cpuset.restore(cg, snap)
-            r.applied.append(f"cpuset restored to {snap.cpus.get('.', '?')}")
-            ch.cpuset_original = None
-            ch.cpuset_applied = None
-            ch.allocated_cpus = None
-            self._save()
-
-    def _quota(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
-        if self.quota is None:
-            return
-        if target.quota_cores is not None:
-            if not ch.quota_active:
-                ch.quota_original = self.quota.original_quota(cg)
-                ch.quota_active = True
-                self._write_ahead(cg.job_id, ch)
-            changed = ch.quota_applied != target.quota_cores
-            seen = _sampled(cg, target.quota_cores, with_tasks=True)
-            if not self._is_settled(cg.job_id, "quota", seen):
-                # Checked every tick the job's tasks change: moves tasks that started (v1).
-                written = self.quota.set_quota(cg, target.quota_cores)
-                self._checked(cg.job_id, "quota", seen, written)
-            if changed:
-                r.applied.append(f"cpu quota {target.quota_cores:g} cores")
-            ch.quota_applied = target.quota_cores
-        elif ch.quota_active:
-            self._unsettle(cg.job_id, "quota")
-            self.quota.put_back(cg, ch.quota_original)
-            r.applied.append("cpu quota released")
-            ch.quota_active = False
-            ch.quota_applied = None
-            ch.quota_original = None
-            self._save()
-
-    def _rdt_class(self, target: JobTarget) -> RdtClass:
-        """The control group class of a target: its MB value as the kernel takes it, and
-        its L3 ways (a limit of the whole cache or more is no limit)."""
-        assert self.rdt is not None
-        info = self.rdt.info
-        mb: int | None = None
-        if target.mem_bw_pct is not None:
-            if info.mb is None:
-                raise ResctrlError(f"no MB resource: {info.mb_reason}")
-            mb = mb_value(target.mem_bw_pct, info.mb)
-        ways: int | None = None
-        if target.l3_ways is not None:
-            if info.l3 is None:
-                raise ResctrlError(f"no L3 cache allocation: {info.l3_reason}")
-            if target.l3_ways < info.l3.cbm_bits:
-                ways = max(target.l3_ways, info.l3.min_cbm_bits)
-        return RdtClass(mb=mb, l3_ways=ways)
-
-    def _rdt(self, cg: CgroupJob, target: JobTarget, ch: JobChanges, r: JobResult) -> None:
-        """One shared control group per class of limits (``coda_mb<v>``, ``coda_l3w<n>``,
-        ``coda_mb<v>_l3w<n>``): CLOSIDs are few (often 8-16 per socket), so jobs limited
-        alike share one. Each group's schemata limits only what its name says; the other
-        resource keeps the new group's default (100 %, the full mask)."""
-        if self.rdt is None:
-            return
-        want = self._rdt_class(target)
-        l3_total = self.rdt.info.l3.cbm_bits if self.rdt.info.l3 else None
-        had = RdtClass.of(ch.rdt_group) if ch.rdt_group is not None else None
-        if want == RdtClass():
-            if ch.rdt_group is not None:
-                self._rdt_release(cg, ch)
-                r.applied += _released_lines(had, want) or ["memory bandwidth released"]
-                self._save()
-            return
-        name = want.group
-        try:
-            self.rdt.ensure_group(name)
-        except OutOfIds as exc:
-            shared = self._stricter_group(want, keep=ch.rdt_group)
-            if shared is None and self._give_back_own_group(cg, ch, r):
-                # The job's own (looser) group held a CLOSID only it used: try once more.
-                had = None
-                with contextlib.suppress(OutOfIds):
-                    self.rdt.ensure_group(name)
-                    shared = name
-            if shared is None:
-                raise ResctrlError(
-                    f"no free CLOSID for a {' and '.join(want.describe(l3_total))} group "
-                    f"and no stricter coda group to share ({exc})"
-                ) from exc
-            if shared != name and shared != ch.rdt_group:
-                log.warning("job=%d no free CLOSID; sharing %s instead", cg.job_id, shared)
-            name = shared
-        if ch.rdt_group != name:
-            if ch.rdt_group is not None:
-                self._rdt_release(cg, ch)
-            ch.rdt_group = name
-            self._write_ahead(cg.job_id, ch)  # the group is on record before tasks move
-            now = RdtClass.of(name) or RdtClass()
-            before = had.describe(l3_total) if had else []
-            r.applied += [line for line in now.describe(l3_total) if line not in before]
-            r.applied += _released_lines(had, now)
-        if name == want.group:
-            self._set_class_schemata(want)
-        # Every tick: threads started since the last one join the group.
-        self.rdt.assign_tasks(name, self.tids(cg))
-
-    def _give_back_own_group(self, cg: CgroupJob, ch: JobChanges, r: JobResult) -> bool:
-        """Take the job out of its group and remove the group when no other job uses it
-        (its CLOSID is then free for the job's new class). False when there is nothing to
-        give back."""
-        assert self.rdt is not None
-        old = ch.rdt_group
-        if old is None or any(
-            c.rdt_group == old for c in self.state.changes.values() if c is not ch
-        ):
-            return False
-        self._rdt_release(cg, ch)
-        r.applied += _released_lines(RdtClass.of(old), RdtClass()) or ["memory bandwidth released"]
-        self._save()
-        self.rdt.remove_group(old)
-        return True
-
-    def _set_class_schemata(self, cls: RdtClass) -> None:
-        """Write the limits of ``cls`` into its group, in every domain. The L3 mask is the
-        *low* ways: Intel DDIO writes inbound PCIe traffic (a GPU job's input DMA) into a
-        few ways at the top of the LLC by default (Intel Data Direct I/O Technology
-        overview), so a CPU job kept to the low ways stays away from those lines."""
-        assert self.rdt is not None
-        info = self.rdt.info
-        mb = None
-        if cls.mb is not None and info.mb is not None:
-            mb = dict.fromkeys(info.mb.domain_ids, cls.mb)
-        l3 = None
-        if cls.l3_ways is not None and info.l3 is not None:
-            l3 = dict.fromkeys(info.l3.domain_ids, l3_mask(cls.l3_ways, info.l3, from_high=False))
-        self.rdt.set_schemata(cls.group, mb=mb, l3=l3)
-
-    def _rdt_release(self, cg: CgroupJob, ch: JobChanges) -> None:
-        assert self.rdt is not None and ch.rdt_group is not None
-        self.rdt.release_tasks(ch.rdt_group, self.tids(cg))
-        ch.rdt_group = None
-
-    def _stricter_group(self, want: RdtClass, keep: str | None = None) -> str | None:
-        """An existing coda group at least as strict as ``want`` on every resource it
-        limits (never looser), for when CLOSIDs run out. ``keep`` (the job's group now)
-        when it qualifies, so a job does not hop between groups; else the closest: one
-        that limits nothing else, then the smallest gap in MB, then in ways."""
-        assert self.rdt is not None
-        best: tuple[tuple[int, int, int], str] | None = None
-        for name in self.rdt.list_coda_groups():
-            cls = RdtClass.of(name)
-            if cls is None or not cls.at_least_as_strict(want):
-                continue
-            if name == keep:
-                return name
-            extra = (want.mb is None and cls.mb is not None) + (
-                want.l3_ways is None and cls.l3_ways is not None
-            )
-            gap_mb = want.mb - cls.mb if want.mb is not None and cls.mb is not None else 0
-            gap_ways = (
-                want.l3_ways - cls.l3_ways
-                if want.l3_ways is not None and cls.l3_ways is not None
-                else 0
-            )
-            key = (extra, gap_mb, gap_ways)
-            if best is None or key < best[0]:
-                best = (key, name)
-        return best[1] if best else None
 
     def tids(self, cg: CgroupJob) -> list[int]:
         """Thread ids of the job: resctrl moves threads, one id per write."""
@@ -547,46 +296,27 @@ class Enforcer:
         return tids
 
     def _ended(self, job_id: int) -> JobResult:
-        """The job is gone; its cgroups went with it. Remove what is ours."""
+        """The job is gone; its cgroups went with it. Each mechanism removes what is ours;
+        one that cannot keeps the record for a retry."""
         result = JobResult(gone=True)
         ch = self.state.changes.get(job_id)
-        if ch is not None and ch.quota_active and self.quota is not None:
-            try:
-                self.quota.release(job_id)
-            except CgroupError as exc:
-                result.failed.append(f"quota clean-up: {exc}")
-                log.debug("job=%d ended: quota clean-up: %s", job_id, exc)
-                return result
         if ch is not None:
-            ch.rdt_group = None  # its threads are gone; the group goes if no one else uses it
+            for mech in self.steps:
+                try:
+                    mech.ended(job_id, ch.record(mech.name))
+                except ENFORCE_ERRORS as exc:
+                    result.failed.append(f"{mech.name} clean-up: {exc}")
+                    log.debug("job=%d ended: %s clean-up: %s", job_id, mech.name, exc)
+                    return result
         self._forget(job_id)
         return result
 
     def _forget(self, job_id: int) -> None:
         self.state.changes.pop(job_id, None)
-        for what in ("cpuset", "quota"):
-            self._unsettle(job_id, what)
+        for mech in self.steps:
+            self._unsettle(job_id, mech.name)
         self._save()
 
 
-def _sampled(cg: CgroupJob, target: object, *, with_tasks: bool) -> object:
-    """What a skipped check relies on: the target and the job as this tick's sample shows
-    it (its CPUs, each step's CPUs, with ``with_tasks`` its tasks). None when the job was
-    listed without its steps (or, ``with_tasks``, without its tasks): then nothing may be
-    skipped."""
-    if cg.detail == "cpus" or (with_tasks and cg.detail != "tasks"):
-        return None
-    steps = tuple((s.name, s.cpus) for s in cg.steps)
-    return (target, cg.cpus, steps, cg.pids if with_tasks else None)
-
-
-def _released_lines(had: RdtClass | None, now: RdtClass) -> list[str]:
-    """The enforcer's lines for the resources ``had`` limited and ``now`` does not."""
-    if had is None:
-        return []
-    out = []
-    if had.mb is not None and now.mb is None:
-        out.append("memory bandwidth released")
-    if had.l3_ways is not None and now.l3_ways is None:
-        out.append("L3 cache ways released")
-    return out
+def _registered() -> tuple[type[Mechanism], ...]:
+    return mechanisms.registered()

@@ -27,7 +27,6 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -36,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coda_node.enforce import mechanisms
+from coda_node.enforce.mechanisms.base import Record, kind
 from coda_node.policy.targets import Limit
 from coda_node.system.cpulist import parse_cpulist
 
@@ -77,67 +78,65 @@ class StateNewer(StateError):
 TEMP_SUFFIX = ".tmp"
 
 
-@dataclass(slots=True)
 class JobChanges:
-    """What coda-node changed on one job, and what it found there before."""
+    """What coda-node changed on one job, and what it found there before: one record per
+    enforcement mechanism (:mod:`coda_node.enforce.mechanisms`), keyed by its name. In the
+    state file the job's object is the union of its records' fields, so each field is also
+    read and written here by its name (``changes.quota_active``)."""
 
-    cpuset_original: dict[str, Any] | None = None
-    """The cpuset snapshot taken before the first shrink (cgroup writer's to_dict())."""
-    cpuset_applied: list[int] | None = None
-    allocated_cpus: list[int] | None = None
-    """The job's CPUs as Slurm allocated them (effective CPUs on v2, where a job's
-    ``cpuset.cpus`` may be empty and inherited), recorded before the first change."""
-    quota_original: float | None = None
-    """The job's CPU quota in cores before coda-node set one (None = unlimited)."""
-    quota_applied: float | None = None
-    quota_active: bool = False
-    rdt_group: str | None = None
-    """The resctrl control group coda-node moved the job's tasks into."""
-    rdt_mon_group: str | None = None
+    __slots__ = ("records",)
+
+    def __init__(self, **fields: Any) -> None:
+        self.records: dict[str, Record] = {}
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def record(self, name: str) -> Any:
+        """Mechanism ``name``'s record of the job (an empty one until it changes
+        something)."""
+        rec = self.records.get(name)
+        if rec is None:
+            rec = self.records[name] = mechanisms.get(name).record()
+        return rec
+
+    def __getattr__(self, key: str) -> Any:
+        return getattr(self.record(_owner(key)), key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key == "records":
+            object.__setattr__(self, key, value)
+        else:
+            setattr(self.record(_owner(key)), key, value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobChanges) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"JobChanges({self.to_dict()!r})"
 
     def is_empty(self) -> bool:
-        return (
-            self.cpuset_original is None
-            and not self.quota_active
-            and self.rdt_group is None
-            and self.rdt_mon_group is None
-        )
+        return all(rec.is_empty() for rec in self.records.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "cpuset_original": self.cpuset_original,
-            "cpuset_applied": self.cpuset_applied,
-            "allocated_cpus": self.allocated_cpus,
-            "quota_original": self.quota_original,
-            "quota_applied": self.quota_applied,
-            "quota_active": self.quota_active,
-            "rdt_group": self.rdt_group,
-            "rdt_mon_group": self.rdt_mon_group,
-        }
+        out: dict[str, Any] = {}
+        for mech in mechanisms.registered():
+            rec = self.records.get(mech.name)
+            out.update((rec if rec is not None else mech.record()).to_dict())
+        return out
 
     @classmethod
     def from_dict(cls, d: object) -> JobChanges:
         """A record as :meth:`to_dict` wrote it; raises ValueError for anything else (a
         value of the wrong type, a CPU list that does not parse, a quota that is not a
-        positive number of cores)."""
+        positive number of cores). Keys no mechanism knows are ignored."""
         if not isinstance(d, Mapping):
-            raise ValueError(f"a record is a JSON object, not {_kind(d)}")
-        original = d.get("cpuset_original")
-        if original is not None:
-            _check_snapshot(original)
-        quota_active = d.get("quota_active", False)
-        if not isinstance(quota_active, bool):
-            raise ValueError(f"quota_active is {_kind(quota_active)}, not true or false")
-        return cls(
-            cpuset_original=original,
-            cpuset_applied=_cpu_ids(d.get("cpuset_applied"), "cpuset_applied"),
-            allocated_cpus=_cpu_ids(d.get("allocated_cpus"), "allocated_cpus"),
-            quota_original=_cores(d.get("quota_original"), "quota_original"),
-            quota_applied=_cores(d.get("quota_applied"), "quota_applied"),
-            quota_active=quota_active,
-            rdt_group=_text(d.get("rdt_group"), "rdt_group"),
-            rdt_mon_group=_text(d.get("rdt_mon_group"), "rdt_mon_group"),
-        )
+            raise ValueError(f"a record is a JSON object, not {kind(d)}")
+        ch = cls()
+        for mech in mechanisms.registered():
+            ch.records[mech.name] = mech.record.from_dict(d)
+        return ch
 
     def recorded_cpus(self) -> frozenset[int]:
         """Every CPU the record names as the job's: its allocation and the cpusets of its
@@ -149,74 +148,12 @@ class JobChanges:
         return frozenset(cpus)
 
 
-MAX_CPU_ID = 1 << 16
-"""Above any CPU number Linux supports (NR_CPUS is at most 8192): a record naming a higher
-one is damaged, and parsing its range would only cost memory."""
-
-
-def _kind(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _cpu_list_text(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{what} is {_kind(value)}, not a CPU list")
-    if any(int(n) > MAX_CPU_ID for n in re.findall(r"\d+", value)):
-        raise ValueError(f"{what} {value[:40]!r} names a CPU above {MAX_CPU_ID}")
-    parse_cpulist(value)  # raises ValueError with the list
-    return value
-
-
-def _check_snapshot(value: object) -> None:
-    """A cpuset snapshot (coda_node.enforce.enforcer.snapshot_to_dict) that can be put back."""
-    if not isinstance(value, Mapping):
-        raise ValueError(f"cpuset_original is {_kind(value)}, not an object")
-    job_id = value.get("job_id")
-    if not isinstance(job_id, int) or isinstance(job_id, bool):
-        raise ValueError(f"cpuset_original.job_id is {_kind(job_id)}, not a job id")
-    cpus = value.get("cpus")
-    if not isinstance(cpus, Mapping) or "." not in cpus:
-        raise ValueError("cpuset_original.cpus has no cpuset for the job itself")
-    for rel, text in cpus.items():
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
-            raise ValueError(f"cpuset_original.cpus names {rel!r}, not a directory of the job")
-        _cpu_list_text(text, f"cpuset_original.cpus[{rel!r}]")
-    affinity = value.get("affinity", {})
-    if not isinstance(affinity, Mapping):
-        raise ValueError(f"cpuset_original.affinity is {_kind(affinity)}, not an object")
-    for tid, mask in affinity.items():
-        if not (isinstance(tid, str) and tid.isdecimal()):
-            raise ValueError(f"cpuset_original.affinity names {tid!r}, not a thread id")
-        _cpu_list_text(mask, f"cpuset_original.affinity[{tid}]")
-
-
-def _cpu_ids(value: object, what: str) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(
-        isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU_ID for c in value
-    ):
-        raise ValueError(f"{what} is not a list of CPU numbers")
-    return list(value)
-
-
-def _cores(value: object, what: str) -> float | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{what} is {value!r}, not a positive number of cores")
-    return float(value)
-
-
-def _text(value: object, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{what} is {_kind(value)}, not a name")
-    return value
+def _owner(key: str) -> str:
+    """The mechanism whose record has the field ``key``."""
+    name = mechanisms.owner(key)
+    if name is None:
+        raise AttributeError(f"no enforcement mechanism records {key!r}")
+    return name
 
 
 REPAIR_ALL = -1
@@ -478,7 +415,7 @@ def _job_map(
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"{what} is {_kind(value)}, not an object")
+        raise ValueError(f"{what} is {kind(value)}, not an object")
     out: dict[int, Any] = {}
     for key, item in value.items():
         try:
@@ -496,7 +433,7 @@ def _job_map(
 
 def _repair_reason(value: object) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"a reason is text, not {_kind(value)}")
+        raise ValueError(f"a reason is text, not {kind(value)}")
     return value
 
 

@@ -15,6 +15,11 @@ from typing import Any
 
 from coda_node.system.cpulist import format_cpulist
 
+Extra = tuple[tuple[str, Any], ...]
+"""(mechanism name, its limit) pairs, sorted by name: a limit of a mechanism that
+:class:`Limit` and :class:`JobTarget` have no field for
+(:mod:`coda_node.enforce.mechanisms`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limit:
@@ -30,25 +35,33 @@ class Limit:
     """Cap the job's memory bandwidth (Intel RDT MBA, percent of a socket's, or MBps on
     an mba_MBps mount)."""
     reason: str = ""
+    extra: Extra = ()
+    """Limits of mechanisms this module does not name: (mechanism, value) pairs, passed to
+    the job's target as they are (:attr:`JobTarget.extra`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cores": self.cores,
             "cpus": list(self.cpus) if self.cpus is not None else None,
             "quota_cores": self.quota_cores,
             "mem_bw_pct": self.mem_bw_pct,
             "reason": self.reason,
         }
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Limit:
         cpus = d.get("cpus")
+        extra = d.get("extra")
         return cls(
             cores=d.get("cores"),
             cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
             quota_cores=d.get("quota_cores"),
             mem_bw_pct=d.get("mem_bw_pct"),
             reason=str(d.get("reason", "")),
+            extra=tuple(sorted(extra.items())) if isinstance(extra, Mapping) else (),
         )
 
 
@@ -76,6 +89,8 @@ class JobTarget:
     reason: str = ""
     l3_ways: int | None = None
     """L3 ways the job may allocate in, through RDT CAT (the low ways of ``L3:``)."""
+    extra: Extra = ()
+    """Targets of mechanisms this class has no field for, by mechanism name."""
 
     @property
     def is_default(self) -> bool:
@@ -84,7 +99,12 @@ class JobTarget:
             and self.quota_cores is None
             and self.mem_bw_pct is None
             and self.l3_ways is None
+            and not self.extra
         )
+
+    def extra_for(self, name: str) -> Any:
+        """The target of mechanism ``name`` in :attr:`extra`; None for none."""
+        return dict(self.extra).get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +144,7 @@ def plan(
     targets: dict[int, JobTarget] = {}
     problems: list[PlanProblem] = []
     for job_id, limit in sorted(limits.items()):
-        facts = jobs.get(job_id)
-        if facts is None:
+        if (facts := jobs.get(job_id)) is None:
             continue
         allocated = facts.allocated_cpus
         cpus: frozenset[int] | None = None
@@ -166,6 +185,7 @@ def plan(
             quota_cores=quota,
             mem_bw_pct=mem_bw,
             reason=limit.reason or "admin limit",
+            extra=limit.extra,
         )
         if not target.is_default:
             targets[job_id] = target

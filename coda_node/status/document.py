@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from coda_node.enforce.mechanisms import registered
 from coda_node.enforce.state import FORMAT as STATE_FORMAT
 from coda_node.enforce.state import VIEW_FORMAT
 from coda_node.enforce.state import VIEW_FORMAT_VERSION as FORMAT_VERSION
@@ -44,33 +45,16 @@ class StatusUnavailable(RuntimeError):
 
 # -- the event vocabulary ---------------------------------------------------------------
 
-WRITE_ACTIONS = frozenset(
-    {
-        "cpuset",
-        "cpuset-restore",
-        "quota",
-        "quota-release",
-        "mem-bw",
-        "mem-bw-release",
-        "l3",
-        "l3-release",
-        "failed",
-    }
-)
-"""Events that record a change written (or a write that failed), not a decision."""
 
-_ENFORCER_ACTIONS = (
-    # (prefix of the enforcer's line, action): the most specific prefix first.
-    ("failed: ", "failed"),
-    ("cpuset restored", "cpuset-restore"),
-    ("cpuset ", "cpuset"),
-    ("cpu quota released", "quota-release"),
-    ("cpu quota ", "quota"),
-    ("memory bandwidth released", "mem-bw-release"),
-    ("memory bandwidth ", "mem-bw"),
-    ("L3 cache ways released", "l3-release"),
-    ("L3 cache ", "l3"),
-)
+def _enforcer_actions() -> tuple[tuple[str, str], ...]:
+    """(prefix of the enforcer's line, action), the most specific prefix first: a failed
+    write, then each mechanism's own (coda_node.enforce.mechanisms)."""
+    return (("failed: ", "failed"), *(e for kind in registered() for e in kind.events))
+
+
+def write_actions() -> frozenset[str]:
+    """Events that record a change written (or a write that failed), not a decision."""
+    return frozenset(action for _, action in _enforcer_actions())
 
 
 def event_action(what: str) -> str:
@@ -78,10 +62,10 @@ def event_action(what: str) -> str:
 
     The adaptive loop's events are already one word (``throttle``, ``probe-done``); the
     enforcer's say what they wrote (``cpuset 0-3``, ``cpu quota 2.5 cores``) and map to
-    ``cpuset``, ``quota``, ``mem-bw``, ``l3`` (CAT ways), their ``-restore``/``-release`` and
-    ``failed``.
+    their mechanism's actions (``cpuset``, ``quota``, ``mem-bw``, ``l3`` for CAT ways, their
+    ``-restore``/``-release``: each mechanism's ``events``) or ``failed``.
     """
-    for prefix, action in _ENFORCER_ACTIONS:
+    for prefix, action in _enforcer_actions():
         if what.startswith(prefix):
             return action
     return what if what and " " not in what else "other"
@@ -480,10 +464,11 @@ def _last_decisions(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     is a decision (``throttle`` says why; the ``mem-bw`` write it caused does not), else
     the last write (an admin limit's write carries the limit's reason)."""
     last: dict[int, dict[str, Any]] = {}
+    writes = write_actions()
     for e in events:
         prev = last.get(e["job_id"])
         same_tick = prev is not None and e["tick"] is not None and e["tick"] == prev["tick"]
-        if same_tick and e["action"] in WRITE_ACTIONS and prev["action"] not in WRITE_ACTIONS:
+        if same_tick and e["action"] in writes and prev["action"] not in writes:
             continue
         last[e["job_id"]] = e
     return last

@@ -1,0 +1,69 @@
+"""The enforcement mechanisms, one module each, listed once here in the order the enforcer
+applies them: ``cpuset``, then ``quota``, then ``rdt``.
+
+Everything that names the mechanisms (the enforcer's steps, the state file's records,
+coda.conf's NodeEnforce check, ``coda-node check``, the status events) reads this list. A
+mechanism is a :class:`~coda_node.enforce.mechanisms.base.Mechanism` subclass;
+:func:`register` adds one after the others, :func:`unregister` takes it out again. coda.conf
+is read below coda-node (coda_common), so the registry hands it the names NodeEnforce
+accepts (:func:`coda_common.config.codaconf.set_node_mechanisms`); its built-in list is
+this one's first three, for a reader without coda-node.
+"""
+
+from __future__ import annotations
+
+from coda_common.config.codaconf import set_node_mechanisms
+from coda_node.enforce.mechanisms.base import Mechanism
+from coda_node.enforce.mechanisms.cpuset import Cpuset
+from coda_node.enforce.mechanisms.quota import Quota
+from coda_node.enforce.mechanisms.rdt import Rdt
+
+_REGISTRY: dict[str, type[Mechanism]] = {}
+_OWNER: dict[str, str] = {}
+"""Record key -> the mechanism whose record has it."""
+
+
+def register(kind: type[Mechanism]) -> None:
+    """Add ``kind`` after the mechanisms listed so far. Its name and the keys of its
+    record must be new: a record's keys share one JSON object with the others'."""
+    if kind.name in _REGISTRY:
+        raise ValueError(f"a mechanism named {kind.name!r} is already registered")
+    keys = kind.record.field_names()
+    clash = sorted(key for key in keys if key in _OWNER)
+    if clash:
+        raise ValueError(f"{kind.name}: record keys {', '.join(clash)} are another's")
+    _REGISTRY[kind.name] = kind
+    _OWNER.update(dict.fromkeys(keys, kind.name))
+    set_node_mechanisms(_REGISTRY)
+
+
+def unregister(name: str) -> None:
+    """Take the mechanism ``name`` out of the list (records of it are no longer read)."""
+    kind = _REGISTRY.pop(name)
+    for key in kind.record.field_names():
+        del _OWNER[key]
+    set_node_mechanisms(_REGISTRY)
+
+
+def registered() -> tuple[type[Mechanism], ...]:
+    """Every mechanism, in the order they are applied."""
+    return tuple(_REGISTRY.values())
+
+
+def get(name: str) -> type[Mechanism]:
+    """The mechanism ``name``; KeyError for a name not registered."""
+    return _REGISTRY[name]
+
+
+def owner(key: str) -> str | None:
+    """The name of the mechanism whose record has the field ``key``; None if none has."""
+    return _OWNER.get(key)
+
+
+def names() -> tuple[str, ...]:
+    """The mechanisms' names, in the order they are applied."""
+    return tuple(_REGISTRY)
+
+
+for _kind in (Cpuset, Quota, Rdt):
+    register(_kind)

@@ -1,0 +1,222 @@
+"""What every enforcement mechanism is to the enforcer: a :class:`Mechanism` that applies
+its part of a job's target, puts it back, repairs it and cleans up after a job that ended,
+and a :class:`Record` of what it changed on one job (its part of the state file).
+
+A mechanism never writes the state file itself: it fills in its record and asks the
+:class:`JobStep` it is handed to put the record on disk (:meth:`JobStep.write_ahead`,
+fsynced, before the change it covers) or to save it once a change is undone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
+from coda_node.system.cgroups import CgroupError, CgroupJob, CgroupLayout, Detail
+from coda_node.system.cpulist import parse_cpulist
+from coda_node.system.paths import SystemRoot
+from coda_node.system.resctrl import ResctrlError
+
+ENFORCE_ERRORS: tuple[type[Exception], ...] = (CgroupError, ResctrlError)
+"""The errors a mechanism's writes raise for a refused or failed write: reported on the
+job as ``<mechanism>: <error>``; anything else is reported as unexpected."""
+
+
+@dataclass(slots=True)
+class JobResult:
+    applied: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    gone: bool = False
+
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass(slots=True)
+class Record:
+    """One mechanism's part of a job's record in the state file: its fields are keys of
+    the job's flat JSON object, so each field name must be unique among all mechanisms.
+    Subclasses are dataclasses whose fields default to "nothing changed"."""
+
+    def is_empty(self) -> bool:
+        """Whether the record covers nothing (everything it changed is back)."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
+        """The record from a job's flat object (keys of other mechanisms are ignored);
+        raises ValueError for a value that does not parse."""
+        raise NotImplementedError
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class JobStep(Protocol):
+    """What a mechanism's call sees of the enforcer for one job: the record's write-ahead
+    and save, and the check-skipping of this mechanism on this job."""
+
+    job_id: int
+
+    def write_ahead(self) -> None:
+        """Put the job's record on disk, fsynced, before the change it now covers."""
+
+    def save(self) -> None:
+        """Save the job's record after a change was undone."""
+
+    def is_settled(self, seen: object) -> bool:
+        """Whether this tick's full check may be skipped (:func:`sampled` unchanged)."""
+
+    def checked(self, seen: object, written: int) -> None:
+        """Record a full check that wrote ``written`` values."""
+
+    def unsettle(self) -> None:
+        """Check in full from the next tick on."""
+
+    def tids(self, cg: CgroupJob) -> list[int]:
+        """The thread ids of the job's tasks."""
+
+    def records(self, name: str) -> Iterable[tuple[int, Record]]:
+        """(job, record) of mechanism ``name`` for every job on record."""
+
+
+class Mechanism:
+    """One way of limiting a job. Subclasses set :attr:`name`, :attr:`record` and
+    :attr:`events`, and implement :meth:`apply`; the other hooks default to nothing.
+
+    ``writer`` is what the mechanism writes through (None: the node offers no such
+    control, and every call does nothing)."""
+
+    name: ClassVar[str]
+    """The name in coda.conf's NodeEnforce, in the state file's logs and in status."""
+    record: ClassVar[type[Record]]
+    events: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """(prefix of an "applied" line, status event action), the most specific first."""
+
+    def __init__(self, writer: Any | None) -> None:
+        self.writer = writer
+
+    @classmethod
+    def open(cls, root: SystemRoot, layout: CgroupLayout) -> Any | None:
+        """The writer the daemon hands this mechanism on a node whose Slurm cgroup tree
+        is ``layout``; None where the node offers none. The built-in mechanisms' writers
+        are built by the daemon itself (coda_node.daemon.wiring), which tests replace."""
+        return None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """``coda-node check``'s rows for what this mechanism needs, beyond those
+        :func:`coda_node.system.check.probe_all` shows for the built-in ones."""
+        return []
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Held around a tick's, a restore's or a repair's writes of every job."""
+        return contextlib.nullcontext()
+
+    def apply(
+        self, step: JobStep, cg: CgroupJob, target: JobTarget, rec: Any, r: JobResult
+    ) -> None:
+        """Bring the job to its part of ``target``, or put back what ``rec`` says was
+        changed where ``target`` asks for nothing of this mechanism."""
+        raise NotImplementedError
+
+    def repair(
+        self, step: JobStep, cg: CgroupJob, allocation: frozenset[int], r: JobResult
+    ) -> None:
+        """Put the job back as Slurm sets a job on ``allocation``, with no record to go by."""
+
+    def ended(self, job_id: int, rec: Any) -> None:
+        """The job is gone: remove what of it is the mechanism's own. Raises an
+        :data:`ENFORCE_ERRORS` error to keep the record for a retry."""
+
+    def tidy(
+        self,
+        records: Mapping[int, Any],
+        jobs: Mapping[int, CgroupJob],
+        results: dict[int, JobResult],
+    ) -> None:
+        """After every job: remove what of the mechanism's own no record in ``records``
+        (job -> this mechanism's record) uses. Called with :meth:`locked` held."""
+
+    @classmethod
+    def detail(cls, rec: Any) -> Detail:
+        """How much of the job's cgroup tree (:data:`~coda_node.system.cgroups.Detail`)
+        the sample must read to undo ``rec``."""
+        return "cpus"
+
+
+def sampled(cg: CgroupJob, target: object, *, with_tasks: bool) -> object:
+    """What a skipped check relies on: the target and the job as this tick's sample shows
+    it (its CPUs, each step's CPUs, with ``with_tasks`` its tasks). None when the job was
+    listed without its steps (or, ``with_tasks``, without its tasks): then nothing may be
+    skipped."""
+    if cg.detail == "cpus" or (with_tasks and cg.detail != "tasks"):
+        return None
+    steps = tuple((s.name, s.cpus) for s in cg.steps)
+    return (target, cg.cpus, steps, cg.pids if with_tasks else None)
+
+
+# -- checks of a record's values as read from the state file ---------------------------
+
+MAX_CPU_ID = 1 << 16
+"""Above any CPU number Linux supports (NR_CPUS is at most 8192): a record naming a higher
+one is damaged, and parsing its range would only cost memory."""
+
+
+def kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def cpu_list_text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {kind(value)}, not a CPU list")
+    if any(int(n) > MAX_CPU_ID for n in re.findall(r"\d+", value)):
+        raise ValueError(f"{what} {value[:40]!r} names a CPU above {MAX_CPU_ID}")
+    parse_cpulist(value)  # raises ValueError with the list
+    return value
+
+
+def cpu_ids(value: object, what: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU_ID for c in value
+    ):
+        raise ValueError(f"{what} is not a list of CPU numbers")
+    return list(value)
+
+
+def cores(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{what} is {value!r}, not a positive number of cores")
+    return float(value)
+
+
+def text(value: object, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what} is {kind(value)}, not a name")
+    return value
+
+
+def flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} is {kind(value)}, not true or false")
+    return value
