@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,18 @@ from typing import Any
 
 from slurm_plugin.devtools.configs import ConfigWriter, gres_conf, system_plugin_dir
 from slurm_plugin.devtools.daemons import Daemons
+from slurm_plugin.devtools.hostslot import (
+    CGROUP_SLOT,
+    CGROUP_SLOT_WAIT_S,
+    cgroup_slot_holder,
+    cgroup_tasks,
+    job_processes,
+    kill_cgroup_jobs,
+    kill_job_processes,
+    release_cgroup_slot,
+    stop_leftovers,
+    take_cgroup_slot,
+)
 from slurm_plugin.devtools.layout import (
     NODE_NAME,
     START_TIMEOUT_S,
@@ -43,7 +54,7 @@ from slurm_plugin.devtools.layout import (
     NodeSpec,
 )
 from slurm_plugin.devtools.network import make_network, remove_network
-from slurm_plugin.devtools.procs import free_ports, pid_alive, reap, stop_pid
+from slurm_plugin.devtools.procs import free_ports, pid_alive, stop_pid
 from slurm_plugin.hook.install import install_plugin, plugin_dir_candidates
 from slurm_plugin.slurm.scontrol import parse_scontrol_line
 
@@ -153,7 +164,7 @@ class DevCluster(ClusterLayout):
     def _prepare_root(self) -> None:
         """Stop what an earlier cluster in the root left running and make its folders; a
         confined or multi-node cluster also takes the host's slot and clears the host."""
-        _stop_leftovers(self.root)
+        stop_leftovers(self.root)
         for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.profile_store.mkdir(mode=0o755, exist_ok=True)
@@ -163,8 +174,8 @@ class DevCluster(ClusterLayout):
             # shared with clusters in the test roots (tests/slurm-root).  Wait for the
             # host's slot, then clear what a cluster that was never stopped left there,
             # which would otherwise be mistaken for ours.
-            _take_cgroup_slot(self.root)
-            _kill_cgroup_jobs()
+            take_cgroup_slot(self.root)
+            kill_cgroup_jobs()
             remove_network()
 
     def down(self) -> None:
@@ -189,7 +200,7 @@ class DevCluster(ClusterLayout):
                 self.run(["scancel", "--full", "-u", "root"], check=False, timeout_s=10)
                 deadline = time.monotonic() + 15
                 while time.monotonic() < deadline and (
-                    _cgroup_tasks() if confined else _job_processes(self.slurm_conf)
+                    cgroup_tasks() if confined else job_processes(self.slurm_conf)
                 ):
                     time.sleep(0.2)
         finally:
@@ -202,14 +213,14 @@ class DevCluster(ClusterLayout):
                         stop_pid(int(pid))
                 self._accounting().stop()
                 # What scancel did not end (another user's job, a job Slurm lost track of).
-                _kill_job_processes(self.slurm_conf)
+                kill_job_processes(self.slurm_conf)
                 if confined:
-                    _kill_cgroup_jobs()
+                    kill_cgroup_jobs()
                 if networked:
                     remove_network()
             finally:
                 if confined or networked:
-                    _release_cgroup_slot(self.root)
+                    release_cgroup_slot(self.root)
         state_path = self.root / STATE_FILE
         if state_path.exists():
             state_path.unlink()
@@ -349,184 +360,6 @@ def slurm_version() -> tuple[int, int]:
     return parse_slurm_version(proc.stdout)
 
 
-CGROUP_V1 = Path("/sys/fs/cgroup")
-
-
-def _cgroup_trees() -> list[Path]:
-    """Every dev cluster node's v1 tree (``slurm_gpuNN``), of this cluster or one that was
-    never stopped: the host's slot says no other dev cluster owns them."""
-    return [p for p in CGROUP_V1.glob("*/slurm_gpu[0-9][0-9]") if p.is_dir()]
-
-
-def _cgroup_dirs(tree: Path) -> list[Path]:
-    """``tree`` and every directory under it, deepest first. Job cgroups vanish while they
-    are walked (slurmstepd removes them as jobs end): os.walk skips what it cannot list,
-    where Path.rglob (Python 3.11) raises FileNotFoundError."""
-    dirs = [Path(top) for top, _, _ in os.walk(tree)]
-    return sorted(dirs, key=lambda p: -len(p.parts))
-
-
-def _cgroup_tasks() -> set[int]:
-    pids: set[int] = set()
-    for tree in _cgroup_trees():
-        for d in _cgroup_dirs(tree):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(x) for x in (d / "tasks").read_text().split())
-    return pids
-
-
-def _kill_cgroup_jobs() -> None:
-    """Kill what is left in the confined dev cluster's cgroup tree and remove the tree."""
-    deadline = time.monotonic() + 10
-    while (pids := _cgroup_tasks()) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-    for tree in _cgroup_trees():
-        for d in _cgroup_dirs(tree):  # the tree itself last
-            with contextlib.suppress(OSError):
-                d.rmdir()
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
-
-
-def _job_processes(slurm_conf: Path) -> set[int]:
-    """The processes of this cluster's jobs: its slurmstepds (started by its slurmd, with
-    its ``SLURM_CONF``), everything below them, and job processes that left their tree
-    (``SLURM_JOB_ID`` set, this ``SLURM_CONF``). An admin's shell that exported the
-    cluster's ``SLURM_CONF`` is neither."""
-    conf = str(slurm_conf)
-    children: dict[int, list[int]] = {}
-    parent: dict[int, int] = {}
-    stepds: set[int] = set()
-    roots: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdecimal():
-            continue
-        pid = int(entry.name)
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) < 2 or fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(pid)
-        parent[pid] = int(fields[1])
-        if cmdline.startswith(b"slurmstepd"):
-            stepds.add(pid)
-        env = _environ(pid)
-        if env.get("SLURM_CONF") != conf:
-            continue
-        if cmdline.startswith(b"slurmstepd") or "SLURM_JOB_ID" in env:
-            roots.add(pid)
-    # From 24.11 slurmstepd no longer carries SLURM_CONF: it is the slurmstepd whose child
-    # is one of this cluster's job processes.
-    roots |= {parent[pid] for pid in roots if parent.get(pid) in stepds}
-    found: set[int] = set()
-    todo = list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    found.discard(os.getpid())
-    return found
-
-
-def _kill_job_processes(slurm_conf: Path) -> None:
-    """SIGKILL every process of this cluster's jobs (:func:`_job_processes`)."""
-    deadline = time.monotonic() + 10
-    while (pids := _job_processes(slurm_conf)) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-        for pid in pids:
-            reap(pid)
-
-
-CGROUP_SLOT = Path(os.environ.get("CODA_CGROUP_SLOT", "/dev/shm/coda-dev-cluster-cgroups"))
-"""Who holds the host's one confined-cluster slot: ``<pid> <root>``.  /dev/shm is shared
-with the test roots (their /dev is the host's), so a cluster there waits for ours."""
-CGROUP_SLOT_WAIT_S = float(os.environ.get("CODA_CGROUP_SLOT_WAIT_S", "900"))
-
-
-def _take_cgroup_slot(root: Path) -> None:
-    """Claim the confined-cluster slot for ``root``; wait while a live process holds it."""
-    deadline = time.monotonic() + CGROUP_SLOT_WAIT_S
-    mine = f"{os.getpid()} {root}"
-    while True:
-        try:
-            fd = os.open(CGROUP_SLOT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                holder = CGROUP_SLOT.read_text()
-            except FileNotFoundError:
-                continue
-            pid_text, _, held_root = holder.partition(" ")
-            if held_root == str(root) or not pid_text.isdigit() or not pid_alive(int(pid_text)):
-                if held_root and held_root != str(root):
-                    _stop_leftovers(Path(held_root))
-                with contextlib.suppress(FileNotFoundError):
-                    CGROUP_SLOT.unlink()  # ours from before, or its holder is gone
-                continue
-            if time.monotonic() > deadline:
-                raise DevClusterError(
-                    f"another confined dev cluster holds {CGROUP_SLOT}",
-                    f"pid {pid_text}, cluster {held_root}; stop it or remove the file",
-                ) from None
-            time.sleep(1.0)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(mine)
-        return
-
-
-def _stop_leftovers(root: Path) -> None:
-    """Stop what the cluster in ``root`` left running when it was never stopped: its slurmd
-    and coda-node outlive a crashed slurmctld, and would act on the next cluster's node
-    trees.  Only processes whose command line names ``root`` (a pid may have been reused)."""
-    try:
-        state = json.loads((root / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return
-    for pid in state.get("pids", {}).values():
-        try:
-            cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if os.fsencode(str(root)) in cmdline:
-            stop_pid(int(pid))
-    _kill_job_processes(root / "etc" / "slurm.conf")
-
-
-def _cgroup_slot_holder() -> tuple[int, str] | None:
-    """(pid, cluster root) of the live process holding the confined-cluster slot."""
-    try:
-        pid_text, _, held_root = CGROUP_SLOT.read_text().partition(" ")
-    except OSError:
-        return None
-    if not pid_text.isdigit() or not pid_alive(int(pid_text)):
-        return None
-    return int(pid_text), held_root
-
-
-def _release_cgroup_slot(root: Path) -> None:
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        if CGROUP_SLOT.read_text().partition(" ")[2] == str(root):
-            CGROUP_SLOT.unlink()
-
-
 DEFAULT_ROOT = Path(os.environ.get("CODA_DEV_CLUSTER", f"/tmp/coda-dev-cluster-{os.getuid()}"))
 
 
@@ -534,7 +367,7 @@ def _say_if_waiting_for_slot(root: Path) -> None:
     """Tell the user when another confined cluster holds the host's slot ``up`` waits for."""
     import click
 
-    holder = _cgroup_slot_holder()
+    holder = cgroup_slot_holder()
     if holder is not None and holder[1] != str(root):
         click.echo(
             f"# waiting for the confined cluster of pid {holder[0]} ({holder[1]}) "
