@@ -15,6 +15,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,50 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     out(f"Starting a private Slurm in {root} ...\n")
     cluster.up()
     try:
-        store = ProfileStore(cluster.profile_store)
-        out(
-            "\nProfiling workloads (probes chosen by the experiment design, then a fit of\n"
-            "S(C) = P0*log C + P1*C below the sweet spot, plateau above it):\n"
-        )
-        out(f"  {'workload':14} {'true':>5} {'fitted':>7} {'probes':>7} {'confidence':>11}\n")
-        for i, ref in enumerate(w for w in REFERENCE_WORKLOADS if w.name in DEMO_WORKLOADS):
-            try:
-                prof = profile_workload(ref.name, ref.sweet_spot_cores, ref.host_cores, seed=i)
-            except ModelError as exc:
-                out(f"  {ref.name:14} could not be profiled: {exc}\n")
-                continue
-            store.write(prof)
-            out(
-                f"  {prof.workload:14} {ref.sweet_spot_cores:>5} {prof.cpus_per_gpu:>7} "
-                f"{prof.n_samples:>7} {prof.confidence:>11.2f}\n"
-            )
+        _profile(cluster, out)
         time.sleep(1.5)  # the hook's reloader polls the store every ReloadIntervalS=1
-
-        out("\nSubmitting with plain sbatch (node: 32 CPUs, 4 GPUs; partition DefCpuPerGPU=4):\n")
-        rows = []
-        script = "#!/bin/sh\nsleep 60\n"
-        for label, opts in JOBS:
-            job_id, said = cluster.sbatch(["--hold", *opts], script)
-            fields = cluster.show_job(job_id)
-            gpus = fields.get("TresPerNode") or fields.get("TresPerJob") or "-"
-            rows.append(
-                (
-                    job_id,
-                    label,
-                    gpus,
-                    fields.get("CpusPerTres", "-") or "-",
-                    said.strip().replace("sbatch: ", ""),
-                )
-            )
-        out(f"  {'job':>4}  {'what':22} {'GPUs asked':17} {'CpusPerTres':12}  sbatch said\n")
-        for job_id, label, gpus, cpt, said in rows:
-            out(f"  {job_id:>4}  {label:22} {gpus:17} {cpt:12}  {said or '-'}\n")
-        out("  (a '-' CpusPerTres on a GPU job means Slurm's own DefCpuPerGPU applies)\n")
-        out("\nslurmctld's log (job_submit/coda lines):\n")
-        for line in cluster.ctld_log.read_text(errors="replace").splitlines():
-            if "job_submit/coda" in line:
-                out(f"  {line}\n")
-        cluster.run(["scancel", *[str(r[0]) for r in rows]], check=False)
+        _submit(cluster, out)
     finally:
         if args.keep:
             out(
@@ -138,6 +98,56 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cluster.down()
     return 0
+
+
+def _profile(cluster: DevCluster, out: Callable[[str], object]) -> None:
+    """Profile the demo's workloads into the cluster's store, saying what each gave."""
+    store = ProfileStore(cluster.profile_store)
+    out(
+        "\nProfiling workloads (probes chosen by the experiment design, then a fit of\n"
+        "S(C) = P0*log C + P1*C below the sweet spot, plateau above it):\n"
+    )
+    out(f"  {'workload':14} {'true':>5} {'fitted':>7} {'probes':>7} {'confidence':>11}\n")
+    for i, ref in enumerate(w for w in REFERENCE_WORKLOADS if w.name in DEMO_WORKLOADS):
+        try:
+            prof = profile_workload(ref.name, ref.sweet_spot_cores, ref.host_cores, seed=i)
+        except ModelError as exc:
+            out(f"  {ref.name:14} could not be profiled: {exc}\n")
+            continue
+        store.write(prof)
+        out(
+            f"  {prof.workload:14} {ref.sweet_spot_cores:>5} {prof.cpus_per_gpu:>7} "
+            f"{prof.n_samples:>7} {prof.confidence:>11.2f}\n"
+        )
+
+
+def _submit(cluster: DevCluster, out: Callable[[str], object]) -> None:
+    """Submit the demo's jobs held, show what the hook made of each, then cancel them."""
+    out("\nSubmitting with plain sbatch (node: 32 CPUs, 4 GPUs; partition DefCpuPerGPU=4):\n")
+    rows = []
+    script = "#!/bin/sh\nsleep 60\n"
+    for label, opts in JOBS:
+        job_id, said = cluster.sbatch(["--hold", *opts], script)
+        fields = cluster.show_job(job_id)
+        gpus = fields.get("TresPerNode") or fields.get("TresPerJob") or "-"
+        rows.append(
+            (
+                job_id,
+                label,
+                gpus,
+                fields.get("CpusPerTres", "-") or "-",
+                said.strip().replace("sbatch: ", ""),
+            )
+        )
+    out(f"  {'job':>4}  {'what':22} {'GPUs asked':17} {'CpusPerTres':12}  sbatch said\n")
+    for job_id, label, gpus, cpt, said in rows:
+        out(f"  {job_id:>4}  {label:22} {gpus:17} {cpt:12}  {said or '-'}\n")
+    out("  (a '-' CpusPerTres on a GPU job means Slurm's own DefCpuPerGPU applies)\n")
+    out("\nslurmctld's log (job_submit/coda lines):\n")
+    for line in cluster.ctld_log.read_text(errors="replace").splitlines():
+        if "job_submit/coda" in line:
+            out(f"  {line}\n")
+    cluster.run(["scancel", *[str(r[0]) for r in rows]], check=False)
 
 
 if __name__ == "__main__":

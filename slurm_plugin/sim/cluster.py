@@ -65,6 +65,18 @@ def size_for_load(trace: Trace, load: float, *, shape: tuple[int, int] = (96, 8)
     return uniform_nodes(n_nodes, cores, gpus)
 
 
+def _cpu_job_pool(trace: Trace, donor: Trace | None) -> tuple[np.ndarray, np.ndarray]:
+    """The cores and run times :func:`add_cpu_jobs` draws from."""
+    if donor is not None and np.any(donor.gpus == 0):
+        pick = np.flatnonzero((donor.gpus == 0) & (donor.cpus > 0))
+        pool_cores = donor.cpus[pick].astype(np.int64)
+        pool_dur = donor.duration_s[pick]
+    else:
+        pool_cores = np.arange(1, 17, dtype=np.int64)
+        pool_dur = trace.duration_s
+    return pool_cores, pool_dur
+
+
 def add_cpu_jobs(
     trace: Trace,
     nodes: list[NodeSpec],
@@ -84,13 +96,7 @@ def add_cpu_jobs(
     rng = np.random.default_rng(seed)
     start, end = busy_window(trace)
     total_cores = sum(n.cores for n in nodes)
-    if donor is not None and np.any(donor.gpus == 0):
-        pick = np.flatnonzero((donor.gpus == 0) & (donor.cpus > 0))
-        pool_cores = donor.cpus[pick].astype(np.int64)
-        pool_dur = donor.duration_s[pick]
-    else:
-        pool_cores = np.arange(1, 17, dtype=np.int64)
-        pool_dur = trace.duration_s
+    pool_cores, pool_dur = _cpu_job_pool(trace, donor)
     max_cores = max(n.cores for n in nodes)
     mean_core_s = float(np.mean(np.minimum(pool_cores, max_cores))) * float(np.mean(pool_dur))
     rate_per_s = cpu_load * total_cores / mean_core_s

@@ -1,6 +1,6 @@
 """The placement mechanisms in the simulator, decided by the product's own code.
 
-Four mechanisms, each off by default (:class:`slurm_plugin.sim.engine.SimParams`):
+Four mechanisms, each off by default (:class:`slurm_plugin.sim.params.SimParams`):
 
 - **reserve**: a CPU partition over each node shape whose ``MaxCPUsPerNode`` follows
   :func:`slurm_plugin.reserve.plan.spare_cpus_per_node`, the function ``coda-slurm reserve``
@@ -297,6 +297,21 @@ def spare_cpus_by_shape(
 # -- GPU sharing (placement mechanism 4) ---------------------------------------------------------
 
 
+def _check_phases(gpu_a_s: float, private_a_s: float, gpu_b_s: float, private_b_s: float) -> None:
+    """ValueError unless :func:`shared_iteration_s`'s phases are times and each job's
+    iteration takes some."""
+    for name, value in (
+        ("gpu_a_s", gpu_a_s),
+        ("private_a_s", private_a_s),
+        ("gpu_b_s", gpu_b_s),
+        ("private_b_s", private_b_s),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if gpu_a_s + private_a_s <= 0 or gpu_b_s + private_b_s <= 0:
+        raise ValueError("each job's iteration must take some time")
+
+
 def shared_iteration_s(
     gpu_a_s: float, private_a_s: float, gpu_b_s: float, private_b_s: float
 ) -> tuple[float, float]:
@@ -317,16 +332,7 @@ def shared_iteration_s(
     float rounding); where the times are incommensurate and it never repeats exactly, the
     mean over the last half of 4,000 grants is returned.
     """
-    for name, value in (
-        ("gpu_a_s", gpu_a_s),
-        ("private_a_s", private_a_s),
-        ("gpu_b_s", gpu_b_s),
-        ("private_b_s", private_b_s),
-    ):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if gpu_a_s + private_a_s <= 0 or gpu_b_s + private_b_s <= 0:
-        raise ValueError("each job's iteration must take some time")
+    _check_phases(gpu_a_s, private_a_s, gpu_b_s, private_b_s)
     phase = ((gpu_a_s, private_a_s), (gpu_b_s, private_b_s))
     scale = max(gpu_a_s + private_a_s, gpu_b_s + private_b_s)
     tol = 1e-9 * scale

@@ -6,17 +6,30 @@ gives up), with a small measurement noise. It returns what the daemon would publ
 probing cost the job: the work it did not do while running below its allocation; and, for
 a job that ends before the allocator is done, what it would publish when it ends at each
 moment (:func:`coda_node.policy.allocator.ended_publication`, asked after every new sample).
+
+:class:`OnlineProfiling` is the cluster's side of it in a simulator run: each node's probe
+slot, the in-memory profile store the probed jobs publish to, and the submit hook's own
+:func:`slurm_plugin.decision.decide.decide` reading that store for every later GPU job.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from coda_common.config.codaconf import CodaConfig
 from coda_common.model.curves import throughput_at
+from coda_common.model.fit import is_censored, refit_profile
+from coda_common.store.profiles import Profile, Sample, to_view
 from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
 from coda_node.policy.observe import Progress, SignalParams
+from slurm_plugin.config.nodecap import NodeCap
+from slurm_plugin.decision.decide import JobRequest, ProfileView, decide
+from slurm_plugin.sim.events import END, PROBE_BEGIN, PUBLISH, EventQueue
+from slurm_plugin.sim.nodes import Run
+from slurm_plugin.sim.workloads import JobModel, Workloads
 
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""
@@ -95,3 +108,194 @@ def probe_run(
                 partial.append((now, ended.samples))
         now += tick_s
     return ProbeRun((), now, lost, alloc.records[1].probes, None, None, tuple(partial))
+
+
+class OnlineProfiling:
+    """coda-node's profiling and the hook's decision over one simulated cluster."""
+
+    def __init__(
+        self,
+        wl: Workloads,
+        model: JobModel,
+        probe: ProbeParams,
+        cfg: CodaConfig,
+        node_cap: NodeCap,
+        running: dict[int, Run],
+        events: EventQueue,
+        counters: dict[str, int],
+    ) -> None:
+        self.wl = wl
+        self.m = model
+        self.probe = probe
+        self.cfg = cfg
+        self.node_cap = node_cap
+        self.node_share = node_cap.share
+        self.running = running
+        self.events = events
+        self.counters = counters
+        n_nodes = len(node_cap.nodes)
+        self.probing_on: list[int] = [0] * n_nodes
+        self.probe_waiting: list[list[int]] = [[] for _ in range(n_nodes)]
+        """Per node, a heap of the jobs past their warm-up that wait for its probe slot."""
+        self.profiles: dict[str, Profile] = {}
+        self.views: dict[str, ProfileView] = {}
+        self.decided: dict[tuple[int, int, int, int], int] = {}
+        self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
+
+    def _signature(self, wid: int) -> str:
+        return f"workload:{1000 + wid}:{self.wl.names[wid]}"
+
+    def coda_cores(self, j: int, gpn: int, k: int) -> int:
+        """Cores per node the submit hook gives GPU job ``j`` from the profiles published."""
+        wid = int(self.wl.workload[j])
+        user_cpg = int(self.wl.user_cpus_per_gpu[j])
+        key = (wid, gpn, k, user_cpg)
+        got = self.decided.get(key)
+        if got is None:
+            self.counters["decide_calls"] += 1
+            name = self.wl.names[wid]
+            req = JobRequest(
+                uid=1000 + wid,
+                job_name=name,
+                tres_per_node=f"gres:gpu:{gpn}",
+                cpus_per_tres=f"gres:gpu:{user_cpg}",
+                min_nodes=k,
+                comment=f"coda:workload={name}",
+            )
+            d = decide(req, self.cfg, self.views, self.node_cap, node_share=self.node_share)
+            cpg = user_cpg
+            if d.cpus_per_tres is not None:
+                cpg = int(d.cpus_per_tres.rsplit(":", 1)[1])
+            got = self.decided[key] = cpg * gpn
+        return got
+
+    def admit(self, run: Run, now: float) -> None:
+        """GPU job ``run`` starts: coda-node profiles it if its workload has no confident
+        profile yet."""
+        wid = int(self.wl.workload[run.job])
+        prof = self.profiles.get(self._signature(wid))
+        if (
+            prof is not None
+            and prof.confidence >= self.cfg.min_confidence
+            and not is_censored(prof)
+        ):
+            return
+        if len(run.nodes) != 1 or run.cores <= run.gpn or not self.probe.enabled:
+            return
+        # Admitted at its start, as coda-node admits a job at its first tick; it takes the
+        # node's probe slot only when its warm-up is over, as coda-node's allocator does
+        # (a job still warming up, or one that ends first, keeps no other job from it).
+        run.probe_from_s = now
+        self.events.push(now + WARMUP_S, PROBE_BEGIN, run.job, 0)
+
+    def probe_begin(self, j: int, now: float) -> None:
+        """Job ``j``'s warm-up is over: it is probed if its node's probe slot is free, or
+        else waits for it, as coda-node's allocator lets it."""
+        run = self.running.get(j)
+        if run is None:
+            return
+        node = run.nodes[0]
+        if self.probing_on[node] >= self.probe.max_jobs:
+            self.counters["probe_slot_busy"] += 1
+            heapq.heappush(self.probe_waiting[node], j)
+            return
+        self._start_probe(j, run, now)
+
+    def _slot_freed(self, node: int, now: float) -> None:
+        """A probe on ``node`` is over: the waiting jobs take the slot by job order, as the
+        allocator, which looks at a node's waiting jobs by job id, gives it."""
+        waiting = self.probe_waiting[node]
+        while waiting and self.probing_on[node] < self.probe.max_jobs:
+            j = heapq.heappop(waiting)
+            run = self.running.get(j)
+            if run is None:
+                continue  # ended while it waited
+            # The probe's times count from the job's start with its warm-up first; this
+            # job's warm-up ended when it began to wait, its probes begin now.
+            run.probe_from_s = now - WARMUP_S
+            self.counters["probe_slot_waited"] += 1
+            self._start_probe(j, run, now)
+
+    def _start_probe(self, j: int, run: Run, now: float) -> None:
+        node = run.nodes[0]
+        wid = int(self.wl.workload[j])
+        key = (wid, run.cores, run.gpn)
+        pr = self.probe_memo.get(key)
+        if pr is None:
+            pr = self.probe_memo[key] = probe_run(
+                theta_cores=self.wl.sweet_spot(j, run.gpn, 1, self.m),
+                allocated_cores=run.cores,
+                gpus=run.gpn,
+                params=self.probe,
+                seed=hash(key) & 0xFFFF_FFFF,
+                log_share=self.m.log_share,
+            )
+        self.counters["probed_jobs"] += 1
+        run.probing = True
+        self.probing_on[node] += 1
+        # The work the probes cost: the job's end moves later by it.
+        run.work_left -= run.rate * (now - run.last_s)
+        run.last_s = now
+        run.work_left += pr.lost_work_s
+        run.version += 1
+        self.events.push(now + max(0.0, run.work_left) / max(run.rate, 1e-9), END, j, run.version)
+        self.events.push(run.probe_from_s + pr.done_after_s, PUBLISH, j, 0)
+
+    def publish(self, j: int, now: float) -> None:
+        """Job ``j``'s probe is done: what the allocator measured goes to the store."""
+        run = self.running.get(j)
+        if run is None or not run.probing:
+            return
+        run.probing = False
+        self.probing_on[run.nodes[0]] -= 1
+        wid = int(self.wl.workload[j])
+        pr = self.probe_memo[(wid, run.cores, run.gpn)]
+        self._merge(j, run.gpn, pr.samples, now)
+        self._slot_freed(run.nodes[0], now)
+
+    def publish_ended(self, j: int, run: Run, now: float) -> None:
+        """``run`` ended while probed: what coda-node publishes for a job that ends then
+        (the allocator's own ``ended_publication`` at the last sample before ``now``)."""
+        wid = int(self.wl.workload[j])
+        pr = self.probe_memo[(wid, run.cores, run.gpn)]
+        since_s = now - run.probe_from_s
+        samples: tuple[tuple[int, float], ...] = ()
+        for at_s, partial in pr.partial:
+            if at_s > since_s:
+                break
+            samples = partial
+        if samples:
+            self.counters["profiles_published_ended"] += 1
+        self._merge(j, run.gpn, samples, now)
+
+    def ended(self, run: Run, now: float) -> None:
+        """Probed job ``run`` has ended and left its node: the slot goes to a waiting job."""
+        self._slot_freed(run.nodes[0], now)
+
+    def _merge(self, j: int, gpn: int, samples: tuple[tuple[int, float], ...], now: float) -> None:
+        if not samples:
+            return
+        wid = int(self.wl.workload[j])
+        name = self.wl.names[wid]
+        sig = self._signature(wid)
+        cur = self.profiles.get(sig) or Profile(
+            signature=sig,
+            workload=name,
+            cpus_per_gpu=1,
+            confidence=0.0,
+            n_samples=0,
+            updated_unix_s=now,
+            source="coda-node",
+        )
+        added = tuple(Sample(float(c), float(y), gpn, 1, run=f"sim:{j}") for c, y in samples)
+        merged = replace(
+            cur,
+            samples=(cur.samples + added)[-64:],
+            n_samples=cur.n_samples + len(added),
+            updated_unix_s=now,
+        )
+        prof = refit_profile(merged)
+        self.profiles[sig] = prof
+        self.views[sig] = to_view(prof)
+        self.decided = {k: v for k, v in self.decided.items() if k[0] != wid}
+        self.counters["profiles_published"] += 1

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -222,14 +223,13 @@ class Trace:
                 )
         if n == 0:
             return
+        self._validate_values(where)
+
+    def _validate_values(self, where: str) -> None:
+        """:meth:`validate` of a trace with jobs whose arrays are consistent: each value."""
 
         def first(mask: np.ndarray, what: str, arr: np.ndarray) -> None:
-            bad = np.flatnonzero(mask)
-            if bad.size:
-                i = int(bad[0])
-                raise TraceError(
-                    f"{where}: job {i}: {what} (got {arr[i]!r}; {bad.size:,} jobs like this)"
-                )
+            _first_bad(where, mask, what, arr)
 
         submit, duration = self.submit_s, self.duration_s
         first(~np.isfinite(submit), "submit_s must be finite", submit)
@@ -346,6 +346,14 @@ class _Table:
         return TraceError(message, path=self.path, line=self.lines[row], column=column)
 
 
+def _first_bad(where: str, mask: np.ndarray, what: str, arr: np.ndarray) -> None:
+    """Raise TraceError naming the first job where ``mask`` is true, if any."""
+    bad = np.flatnonzero(mask)
+    if bad.size:
+        i = int(bad[0])
+        raise TraceError(f"{where}: job {i}: {what} (got {arr[i]!r}; {bad.size:,} jobs like this)")
+
+
 def _read_table(
     path: Path,
     what: str,
@@ -365,8 +373,6 @@ def _read_table(
     if not path.is_file():
         raise TraceError(f"no such file (expected {what})", path=path)
     quoting = csv.QUOTE_NONE if delimiter == "|" else csv.QUOTE_MINIMAL
-    rows: list[list[str]] = []
-    lines: list[int] = []
     try:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(
@@ -377,35 +383,7 @@ def _read_table(
             errors="replace" if lenient_text else None,
         ) as f:
             reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
-            header = next(reader, None)
-            if header is None or not any(h.strip() for h in header):
-                raise TraceError(
-                    f"empty file or blank first line; expected a header ({what})", path=path, line=1
-                )
-            header = [h.strip() for h in header]
-            # `sacct -p` (not -P) ends every line with the delimiter: an empty last field.
-            trailing = len(header) > 1 and header[-1] == ""
-            if trailing:
-                header.pop()
-            width = len(header)
-            free = header.index(free_text) if free_text in header else None
-            for row in reader:
-                if not row or (len(row) == 1 and not row[0].strip()):
-                    continue
-                first_line = reader.line_num
-                if free is not None:
-                    row = _join_free_text(row, reader, width + trailing, free, delimiter)
-                if trailing and len(row) == width + 1 and row[-1] == "":
-                    row.pop()
-                if len(row) != width:
-                    raise TraceError(
-                        f"{len(row)} fields, expected {width} like the header "
-                        f"({delimiter.join(header)})",
-                        path=path,
-                        line=first_line,
-                    )
-                rows.append(row)
-                lines.append(first_line)
+            header, rows, lines = _read_rows(reader, path, what, delimiter, free_text)
     except UnicodeDecodeError as e:
         raise TraceError(
             f"not UTF-8 text ({e.reason} at byte {e.start}); expected {what}", path=path
@@ -420,6 +398,57 @@ def _read_table(
     else:
         columns = {h: [] for h in header}
     return _Table(path, header, columns, lines)
+
+
+class _CsvReader(Protocol):
+    """What :func:`csv.reader` gives: rows, and the line the last one ended on."""
+
+    line_num: int
+
+    def __iter__(self) -> Iterator[list[str]]: ...
+
+    def __next__(self) -> list[str]: ...
+
+
+def _read_rows(
+    reader: _CsvReader,
+    path: Path,
+    what: str,
+    delimiter: str,
+    free_text: str | None,
+) -> tuple[list[str], list[list[str]], list[int]]:
+    """:func:`_read_table`'s header, records and the line each record starts on."""
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    header = next(reader, None)
+    if header is None or not any(h.strip() for h in header):
+        raise TraceError(
+            f"empty file or blank first line; expected a header ({what})", path=path, line=1
+        )
+    header = [h.strip() for h in header]
+    # `sacct -p` (not -P) ends every line with the delimiter: an empty last field.
+    trailing = len(header) > 1 and header[-1] == ""
+    if trailing:
+        header.pop()
+    width = len(header)
+    free = header.index(free_text) if free_text in header else None
+    for row in reader:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        first_line = reader.line_num
+        if free is not None:
+            row = _join_free_text(row, reader, width + trailing, free, delimiter)
+        if trailing and len(row) == width + 1 and row[-1] == "":
+            row.pop()
+        if len(row) != width:
+            raise TraceError(
+                f"{len(row)} fields, expected {width} like the header ({delimiter.join(header)})",
+                path=path,
+                line=first_line,
+            )
+        rows.append(row)
+        lines.append(first_line)
+    return header, rows, lines
 
 
 def _join_free_text(
@@ -622,14 +651,7 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
     notes += _alibaba_request_notes(keep, cpu_milli, num_gpu, gpu_milli)
     cpus = np.maximum((cpu_milli + 999) // 1000, 1)
     spec_kept = [s if k else "" for s, k in zip(spec, keep, strict=True)]
-    constrained = sum(1 for s in spec_kept if s)
-    if not has_spec:
-        notes.append("no gpu_spec column: no pod has a GPU type constraint (gpu_model = -1)")
-    else:
-        notes.append(
-            f"{_count(constrained, 'pod')} with a GPU type constraint (gpu_spec, kept whole "
-            "as the model name; 'A|B' = either)"
-        )
+    notes.append(_alibaba_spec_note(has_spec, spec_kept))
     notes.append("pods are single-node (nodes = 1); the trace has no workload names (-1)")
     node_specs = _alibaba_node_specs(pods_csv, nodes_csv, notes)
 
@@ -653,6 +675,17 @@ def load_alibaba(pods_csv: Path, nodes_csv: Path | None = None) -> Trace:
         node_specs=node_specs,
         source=_ALIBABA_SOURCE.format(file=stem),
         notes=notes,
+    )
+
+
+def _alibaba_spec_note(has_spec: bool, spec_kept: list[str]) -> str:
+    """What the pods kept ask of GPU types."""
+    if not has_spec:
+        return "no gpu_spec column: no pod has a GPU type constraint (gpu_model = -1)"
+    constrained = sum(1 for s in spec_kept if s)
+    return (
+        f"{_count(constrained, 'pod')} with a GPU type constraint (gpu_spec, kept whole "
+        "as the model name; 'A|B' = either)"
     )
 
 
@@ -818,27 +851,8 @@ def load_philly(csv_path: Path) -> Trace:
     keep = ~bad_duration & ~bad_gpus
     notes.append(f"{_count(bad_duration.sum(), 'job')} with duration <= 0 dropped")
     notes.append(f"{_count(bad_gpus.sum(), 'job')} with num_gpus <= 0 dropped")
-    big = keep & (num_gpus > 8)
-    if big.any():
-        notes.append(
-            f"{_count(big.sum(), 'job')} ask for more than 8 GPUs (up to "
-            f"{int(num_gpus[big].max())}); nodes left at 1 because the trace does not record "
-            "nodes: the engine spreads them"
-        )
-    if "gpu_time" in table.columns:
-        gpu_time = _numbers(table, "gpu_time", "GPU-seconds")
-        off = keep & (np.abs(gpu_time - duration * num_gpus) > 1e-6 * np.maximum(gpu_time, 1))
-        notes.append(
-            "gpu_time column ignored (derived: duration x num_gpus"
-            + (f"; differs in {_count(off.sum(), 'row')})" if off.any() else " in every row)")
-        )
-    if "cluster" in table.columns:
-        clusters = Counter(c for c, k in zip(table.columns["cluster"], keep, strict=True) if k)
-        notes.append(
-            f"jobs of {len(clusters)} virtual clusters merged into one trace (largest: "
-            + ", ".join(f"{c} {n:,}" for c, n in clusters.most_common(3))
-            + ")"
-        )
+    notes += _big_jobs_notes(keep, num_gpus)
+    notes += _philly_column_notes(table, keep, duration, num_gpus)
     notes.append(
         "Philly does not record CPU requests (cpus = -1), GPU types (-1) or job names (-1)"
     )
@@ -861,6 +875,40 @@ def load_philly(csv_path: Path) -> Trace:
     )
 
 
+def _big_jobs_notes(keep: np.ndarray, gpus: np.ndarray) -> list[str]:
+    """A note on the kept jobs of more GPUs than a node has, if there are any."""
+    big = keep & (gpus > 8)
+    if not big.any():
+        return []
+    return [
+        f"{_count(big.sum(), 'job')} ask for more than 8 GPUs (up to "
+        f"{int(gpus[big].max())}); nodes left at 1 because the trace does not record "
+        "nodes: the engine spreads them"
+    ]
+
+
+def _philly_column_notes(
+    table: _Table, keep: np.ndarray, duration: np.ndarray, num_gpus: np.ndarray
+) -> list[str]:
+    """What the columns a replay does not use hold."""
+    notes: list[str] = []
+    if "gpu_time" in table.columns:
+        gpu_time = _numbers(table, "gpu_time", "GPU-seconds")
+        off = keep & (np.abs(gpu_time - duration * num_gpus) > 1e-6 * np.maximum(gpu_time, 1))
+        notes.append(
+            "gpu_time column ignored (derived: duration x num_gpus"
+            + (f"; differs in {_count(off.sum(), 'row')})" if off.any() else " in every row)")
+        )
+    if "cluster" in table.columns:
+        clusters = Counter(c for c, k in zip(table.columns["cluster"], keep, strict=True) if k)
+        notes.append(
+            f"jobs of {len(clusters)} virtual clusters merged into one trace (largest: "
+            + ", ".join(f"{c} {n:,}" for c, n in clusters.most_common(3))
+            + ")"
+        )
+    return notes
+
+
 # ------------------------------------------------------------------------------------ Muri
 
 # Units of Muri's cluster_trace.csv. iteration_time and resource_time_* are per-iteration
@@ -875,20 +923,10 @@ _MURI_MS_RATIO = (0.2, 5.0)  # median duration / (iterations x iteration_time) w
 _MURI_S_RATIO = (0.2e-3, 5.0e-3)  # the same ratio when duration were in seconds
 
 
-def load_muri(csv_path: Path) -> Trace:
-    """Muri's ``cluster_trace.csv`` (SIGCOMM'22 testbed trace) as a Trace.
-
-    submit_time and duration are converted from ms to s (evidence above); workload =
-    ``model_name``; cpus = -1 (not recorded).
-    """
-    path = Path(csv_path)
-    what = "Muri trace (job_id,num_gpu,submit_time,...,model_name,...,duration,...)"
-    table = _read_table(path, what)
-    _require(table, ("num_gpu", "submit_time", "model_name", "duration"), "Muri trace")
-    submit_ms = _numbers(table, "submit_time", "a submit time in ms")
-    duration_raw = _numbers(table, "duration", "a run time in ms")
-    num_gpu = _integers(table, "num_gpu", "a whole number of GPUs")
-    notes: list[str] = []
+def _muri_time_scale(
+    table: _Table, path: Path, duration_raw: np.ndarray, notes: list[str]
+) -> float:
+    """Seconds per unit of the trace's times (see the evidence above), noted in ``notes``."""
     scale = 1e-3
     if "iterations" in table.columns and "iteration_time" in table.columns and len(table):
         iterations = _numbers(table, "iterations", "a number of iterations")
@@ -914,6 +952,24 @@ def load_muri(csv_path: Path) -> Trace:
             )
     else:
         notes.append("no iterations/iteration_time columns: submit_time and duration taken as ms")
+    return scale
+
+
+def load_muri(csv_path: Path) -> Trace:
+    """Muri's ``cluster_trace.csv`` (SIGCOMM'22 testbed trace) as a Trace.
+
+    submit_time and duration are converted from ms to s (evidence above); workload =
+    ``model_name``; cpus = -1 (not recorded).
+    """
+    path = Path(csv_path)
+    what = "Muri trace (job_id,num_gpu,submit_time,...,model_name,...,duration,...)"
+    table = _read_table(path, what)
+    _require(table, ("num_gpu", "submit_time", "model_name", "duration"), "Muri trace")
+    submit_ms = _numbers(table, "submit_time", "a submit time in ms")
+    duration_raw = _numbers(table, "duration", "a run time in ms")
+    num_gpu = _integers(table, "num_gpu", "a whole number of GPUs")
+    notes: list[str] = []
+    scale = _muri_time_scale(table, path, duration_raw, notes)
     duration_s = duration_raw * scale
     submit_s = submit_ms * scale
     bad_duration = ~(duration_s > 0)
@@ -928,13 +984,7 @@ def load_muri(csv_path: Path) -> Trace:
         f"workload = model_name: {len(names)} models"
         + (f"; {_count(unnamed, 'job')} without a name (-1)" if unnamed else "")
     )
-    big = keep & (num_gpu > 8)
-    if big.any():
-        notes.append(
-            f"{_count(big.sum(), 'job')} ask for more than 8 GPUs (up to "
-            f"{int(num_gpu[big].max())}); nodes left at 1 because the trace does not record "
-            "nodes: the engine spreads them"
-        )
+    notes += _big_jobs_notes(keep, num_gpu)
     notes.append(
         "Muri does not record CPU requests (cpus = -1), GPU types (-1) or the node inventory; "
         "batch_size, interval and priority are not used"
@@ -1386,16 +1436,50 @@ def synthetic(
         mean_duration_s=mean_duration_s,
         n_workloads=n_workloads,
     )
-    rng = np.random.default_rng(seed)
-    is_cpu_job, gpus, nodes, cpus, capped = _synthetic_shapes(
-        rng, n_jobs, cpu_job_fraction, gpus_per_node, cores_per_node
+    args = _Synthetic(
+        n_jobs,
+        n_gpus,
+        seed,
+        load,
+        cpu_job_fraction,
+        gpus_per_node,
+        cores_per_node,
+        mean_duration_s,
+        n_workloads,
     )
-    mu = math.log(mean_duration_s) - _SYN_DURATION_SIGMA**2 / 2
+    trace = _synthetic_trace(args)
+    trace.validate()
+    return trace
+
+
+@dataclass(frozen=True, slots=True)
+class _Synthetic:
+    """:func:`synthetic`'s arguments."""
+
+    n_jobs: int
+    n_gpus: int
+    seed: int
+    load: float
+    cpu_job_fraction: float
+    gpus_per_node: int
+    cores_per_node: int
+    mean_duration_s: float
+    n_workloads: int
+
+
+def _synthetic_trace(a: _Synthetic) -> Trace:
+    """The jobs :func:`synthetic` draws for ``a``."""
+    n_jobs, n_gpus, n_workloads = a.n_jobs, a.n_gpus, a.n_workloads
+    rng = np.random.default_rng(a.seed)
+    is_cpu_job, gpus, nodes, cpus, capped = _synthetic_shapes(
+        rng, n_jobs, a.cpu_job_fraction, a.gpus_per_node, a.cores_per_node
+    )
+    mu = math.log(a.mean_duration_s) - _SYN_DURATION_SIGMA**2 / 2
     duration = np.maximum(rng.lognormal(mu, _SYN_DURATION_SIGMA, size=n_jobs), _SYN_MIN_DURATION_S)
     weights = 1.0 / np.arange(1, n_workloads + 1, dtype=np.float64) ** _SYN_ZIPF_EXPONENT
     workload = rng.choice(n_workloads, size=n_jobs, p=weights / weights.sum())
     gpu_seconds_per_job = float(np.mean(gpus * duration))
-    rate_per_s = load * n_gpus / gpu_seconds_per_job
+    rate_per_s = a.load * n_gpus / gpu_seconds_per_job
     gaps = rng.exponential(1.0 / rate_per_s, size=n_jobs)
     submit = np.empty(n_jobs, dtype=np.float64)
     submit[0] = 0.0
@@ -1403,24 +1487,17 @@ def synthetic(
 
     width = max(4, len(str(n_workloads - 1)))
     names = [f"w{k:0{width}d}" for k in range(n_workloads)]
-    n_cpu = int(is_cpu_job.sum())
     top = np.bincount(workload, minlength=n_workloads)
-    notes = [
-        f"synthetic: {n_jobs:,} jobs, seed {seed}, {n_gpus:,} GPUs on "
-        f"{n_gpus // gpus_per_node:,} nodes of {gpus_per_node} GPUs and {cores_per_node} cores",
-        f"{_count(n_cpu, 'CPU-only job')} ({cpu_job_fraction:.0%} asked) with 1..16 cores",
-        "GPU job sizes 1/2/4/8 GPUs (p 0.6/0.15/0.15/0.1) for 95 %, 16/32 GPUs for 5 %; "
-        f"{_count(int(np.count_nonzero(nodes > 1)), 'multi-node job')}",
-        "cores per GPU from {2,4,6,8,10,12,16} with the Alibaba v2023 frequencies "
-        f"(34 % 4, 38 % 12); {_count(capped, 'job')} capped at the cores of their nodes",
-        f"durations lognormal (sigma {_SYN_DURATION_SIGMA}) with mean {mean_duration_s:,.0f} s, "
-        f"at least {_SYN_MIN_DURATION_S:.0f} s; drawn mean {float(np.mean(duration)):,.0f} s",
-        f"Poisson arrivals at {rate_per_s * 3600:,.1f} jobs/h for an offered GPU load of "
-        f"{load:.0%} of {n_gpus:,} GPUs",
-        f"workloads: {n_workloads} names drawn Zipf-like (exponent {_SYN_ZIPF_EXPONENT}), "
-        f"independent of job shape; the most popular has {int(top.max()):,} jobs",
-    ]
-    trace = Trace(
+    notes = _synthetic_notes(
+        a,
+        n_cpu=int(is_cpu_job.sum()),
+        multi_node=int(np.count_nonzero(nodes > 1)),
+        capped=capped,
+        drawn_mean_s=float(np.mean(duration)),
+        rate_per_s=rate_per_s,
+        top_jobs=int(top.max()),
+    )
+    return Trace(
         name="synthetic",
         submit_s=submit,
         duration_s=duration,
@@ -1431,17 +1508,45 @@ def synthetic(
         workload_names=names,
         gpu_model=np.full(n_jobs, -1, dtype=np.int16),
         gpu_model_names=[],
-        node_specs=uniform_nodes(n_gpus // gpus_per_node, cores_per_node, gpus_per_node),
+        node_specs=uniform_nodes(n_gpus // a.gpus_per_node, a.cores_per_node, a.gpus_per_node),
         source=(
-            f"synthetic(n_jobs={n_jobs}, n_gpus={n_gpus}, seed={seed}, load={load}, "
-            f"cpu_job_fraction={cpu_job_fraction}, gpus_per_node={gpus_per_node}, "
-            f"cores_per_node={cores_per_node}, mean_duration_s={mean_duration_s}, "
+            f"synthetic(n_jobs={n_jobs}, n_gpus={n_gpus}, seed={a.seed}, load={a.load}, "
+            f"cpu_job_fraction={a.cpu_job_fraction}, gpus_per_node={a.gpus_per_node}, "
+            f"cores_per_node={a.cores_per_node}, mean_duration_s={a.mean_duration_s}, "
             f"n_workloads={n_workloads}) from slurm_plugin.sim.traces; no external data"
         ),
         notes=notes,
     )
-    trace.validate()
-    return trace
+
+
+def _synthetic_notes(
+    a: _Synthetic,
+    *,
+    n_cpu: int,
+    multi_node: int,
+    capped: int,
+    drawn_mean_s: float,
+    rate_per_s: float,
+    top_jobs: int,
+) -> list[str]:
+    """What :func:`synthetic` drew, in words."""
+    n_gpus, gpus_per_node = a.n_gpus, a.gpus_per_node
+    return [
+        f"synthetic: {a.n_jobs:,} jobs, seed {a.seed}, {n_gpus:,} GPUs on "
+        f"{n_gpus // gpus_per_node:,} nodes of {gpus_per_node} GPUs and {a.cores_per_node} cores",
+        f"{_count(n_cpu, 'CPU-only job')} ({a.cpu_job_fraction:.0%} asked) with 1..16 cores",
+        "GPU job sizes 1/2/4/8 GPUs (p 0.6/0.15/0.15/0.1) for 95 %, 16/32 GPUs for 5 %; "
+        f"{_count(multi_node, 'multi-node job')}",
+        "cores per GPU from {2,4,6,8,10,12,16} with the Alibaba v2023 frequencies "
+        f"(34 % 4, 38 % 12); {_count(capped, 'job')} capped at the cores of their nodes",
+        f"durations lognormal (sigma {_SYN_DURATION_SIGMA}) with mean "
+        f"{a.mean_duration_s:,.0f} s, at least {_SYN_MIN_DURATION_S:.0f} s; drawn mean "
+        f"{drawn_mean_s:,.0f} s",
+        f"Poisson arrivals at {rate_per_s * 3600:,.1f} jobs/h for an offered GPU load of "
+        f"{a.load:.0%} of {n_gpus:,} GPUs",
+        f"workloads: {a.n_workloads} names drawn Zipf-like (exponent {_SYN_ZIPF_EXPONENT}), "
+        f"independent of job shape; the most popular has {top_jobs:,} jobs",
+    ]
 
 
 def _check_synthetic(
