@@ -15,7 +15,6 @@ import gzip
 import math
 import re
 import statistics
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -203,10 +202,7 @@ def test_philly_matches_a_plain_csv_pass() -> None:
     path = shared(PHILLY)
     rows = rows_of(path)
     kept = [r for r in rows if float(r["duration"]) > 0 and int(r["num_gpus"]) > 0]
-    started = time.perf_counter()
     trace = load_philly(path)
-    load_s = time.perf_counter() - started
-    assert load_s < 2.0, f"loading philly.csv took {load_s:.2f} s"
     check_common(trace)
     assert trace.name == "philly"
     assert len(trace) == len(kept)
@@ -470,12 +466,10 @@ def test_synthetic_mix_and_offered_load() -> None:
     assert trace.node_specs == uniform_nodes(128, 96, 8)
 
 
-def test_synthetic_one_million_jobs_is_fast() -> None:
-    started = time.perf_counter()
+def test_synthetic_makes_one_million_jobs() -> None:
+    # How long it takes is bench/bench_simulate.py's figure (setup_s), not a test's.
     trace = synthetic(1_000_000, n_gpus=10_000, seed=1)
-    took_s = time.perf_counter() - started
     assert len(trace) == 1_000_000
-    assert took_s < 5.0, f"1M synthetic jobs took {took_s:.1f} s"
 
 
 def test_synthetic_rejects_bad_arguments() -> None:
