@@ -301,6 +301,64 @@ def _echo_results(
         click.echo(f"\n{events:,} events in {wall:.1f} s ({1e6 * wall / events:.1f} µs per event)")
 
 
+def _check_membw_known(membw_known: float | None, mechanisms: list[str]) -> None:
+    """--membw-known sizes only the membw placement run, as a share from 0 to 1."""
+    if membw_known is None:
+        return
+    if "membw" not in mechanisms:
+        raise CliError("--membw-known without --placement membw", "it only sizes that run")
+    if not 0.0 <= membw_known <= 1.0:  # NaN too
+        raise CliError(f"bad --membw-known {membw_known}", "a share from 0 to 1")
+
+
+def _job_model(param_items: tuple[str, ...]) -> JobModel:
+    """The default job model with the --param overrides applied."""
+    try:
+        return JobModel().with_params(_params(param_items))
+    except ValueError as exc:
+        raise CliError("bad --param", str(exc)) from exc
+
+
+def _loaded_trace(trace_spec: str, jobs: int | None) -> Trace:
+    """The trace TRACE names, cut to its first ``jobs`` jobs when given."""
+    try:
+        trace = load_trace(trace_spec)
+    except TraceError as exc:
+        raise CliError(f"cannot load trace {trace_spec!r}", str(exc)) from exc
+    if jobs is not None:
+        trace = trace.head(jobs)
+    return trace
+
+
+def _base_params(
+    rdt: bool,
+    coda_conf: tuple[str, ...],
+    stage_ms: list[tuple[str, int, float, float, float]],
+    membw_known: float | None,
+) -> SimParams:
+    """The run parameters every placement run starts from; all CPU jobs' bandwidth is
+    known unless --membw-known says otherwise."""
+    return SimParams(
+        rdt=rdt,
+        coda_conf=coda_conf,
+        share_stage_ms=tuple(stage_ms),
+        membw_known_fraction=1.0 if membw_known is None else membw_known,
+    )
+
+
+def _write_plots(
+    trace: Trace, results: list[RunResult], plot_dir: Path, plot_format: str, as_json: bool
+) -> None:
+    """The --plot files, each named on stdout unless the output is JSON."""
+    try:
+        paths = plot(trace, results, plot_dir, plot_format)
+    except ImportError as exc:
+        raise CliError("cannot plot", f"{exc}; pip install matplotlib") from exc
+    if not as_json:
+        for p in paths:
+            click.echo(f"wrote {p}")
+
+
 @click.command("simulate", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("trace_spec", metavar="TRACE")
 @click.option(
@@ -404,33 +462,16 @@ def simulate_cmd(
     docs/evaluation.md.
     """
     mechanisms = _parse_placement(placement_spec)
-    if membw_known is not None:
-        if "membw" not in mechanisms:
-            raise CliError("--membw-known without --placement membw", "it only sizes that run")
-        if not 0.0 <= membw_known <= 1.0:  # NaN too
-            raise CliError(f"bad --membw-known {membw_known}", "a share from 0 to 1")
-    try:
-        model = JobModel().with_params(_params(param_items))
-    except ValueError as exc:
-        raise CliError("bad --param", str(exc)) from exc
-    try:
-        trace = load_trace(trace_spec)
-    except TraceError as exc:
-        raise CliError(f"cannot load trace {trace_spec!r}", str(exc)) from exc
-    if jobs is not None:
-        trace = trace.head(jobs)
+    _check_membw_known(membw_known, mechanisms)
+    model = _job_model(param_items)
+    trace = _loaded_trace(trace_spec, jobs)
     nodes = _cluster(trace, nodes_spec, load, shape)
     if cpu_load > 0:
         trace = _with_cpu_jobs(trace, nodes, cpu_load, seed)
     named, stage_ms = _muri_inputs(trace, trace_spec, model, mechanisms)
     wl = assign_workloads(trace, model, seed, named_classes=named)
     coda_conf = _checked_coda_conf(coda_conf_items)
-    base = SimParams(
-        rdt=rdt,
-        coda_conf=coda_conf,
-        share_stage_ms=tuple(stage_ms),
-        membw_known_fraction=1.0 if membw_known is None else membw_known,
-    )
+    base = _base_params(rdt, coda_conf, stage_ms, membw_known)
     chosen = list(policies) or list(POLICIES)
     show_bar = sys.stderr.isatty() and not as_json
     results, baseline_of = _run_policies(
@@ -452,10 +493,4 @@ def simulate_cmd(
     else:
         _echo_results(info, chosen, rows, baseline_of)
     if plot_dir is not None:
-        try:
-            paths = plot(trace, results, plot_dir, plot_format)
-        except ImportError as exc:
-            raise CliError("cannot plot", f"{exc}; pip install matplotlib") from exc
-        if not as_json:
-            for p in paths:
-                click.echo(f"wrote {p}")
+        _write_plots(trace, results, plot_dir, plot_format, as_json)
