@@ -184,7 +184,31 @@ def journal_entry(
 
     ``job_id`` as job_desc holds it: NO_VAL (or 0) means Slurm has not assigned one yet.
     """
-    entry: dict[str, Any] = {
+    entry = _bare_entry(t_unix_s, job_id, uid, job_name, action, hook_ns, fail_open, token)
+    if error is not None:
+        entry["error"] = error[:200]
+    record: dict[str, str] = {}
+    if admin_comment:
+        with contextlib.suppress(ValueError):  # the hook wrote it: cannot be malformed
+            record = parse_admin_record(admin_comment)
+    if record:
+        _add_record(entry, record, uid, ntasks_per_node, num_tasks, fail_open)
+    return entry
+
+
+def _bare_entry(
+    t_unix_s: float,
+    job_id: int,
+    uid: int,
+    job_name: str | None,
+    action: str | None,
+    hook_ns: int,
+    fail_open: bool,
+    token: int,
+) -> dict[str, Any]:
+    """Every key of a journal line, the admin record's fields still null; keys keep this
+    order in the line."""
+    return {
         "v": JOURNAL_VERSION,
         "t": round(t_unix_s, 3),
         "job_id": None if job_id in (NO_VAL, 0) else job_id,
@@ -206,14 +230,17 @@ def journal_entry(
         "fail_open": fail_open,
         "tok": format_token(token) if token else None,
     }
-    if error is not None:
-        entry["error"] = error[:200]
-    record: dict[str, str] = {}
-    if admin_comment:
-        with contextlib.suppress(ValueError):  # the hook wrote it: cannot be malformed
-            record = parse_admin_record(admin_comment)
-    if not record:
-        return entry
+
+
+def _add_record(
+    entry: dict[str, Any],
+    record: dict[str, str],
+    uid: int,
+    ntasks_per_node: int,
+    num_tasks: int,
+    fail_open: bool,
+) -> None:
+    """Fill ``entry``'s record fields from the job's parsed admin record, in place."""
     sig = record["sig"]
     src = record["src"]
     gpn = _int_field(record, "gpn")
@@ -221,21 +248,8 @@ def journal_entry(
     gpus = gpn * nodes if gpn is not None and nodes is not None else None
     cpg = _int_field(record, "cpg")
     was = record["was"] or None
-    profile = None
-    if src == "profile":
-        profile = sig
-    elif src == "global":
-        name = workload_of_signature(sig)
-        profile = f"workload:*:{name}" if name else None
-    asked: int | None = None
-    if was is not None and gpus is not None:
-        kind, _, number = was.partition(":")
-        if number.isdigit():
-            if kind == "cpg":
-                asked = int(number) * gpus
-            elif kind == "cpt" and nodes is not None:
-                tasks = JobRequest(uid=uid, ntasks_per_node=ntasks_per_node, num_tasks=num_tasks)
-                asked = int(number) * job_tasks_per_node(tasks, nodes) * nodes
+    profile = _profile_of(src, sig)
+    asked = _asked_cores(was, gpus, nodes, uid, ntasks_per_node, num_tasks)
     applied = not fail_open and record["action"] in _WRITING
     given = cpg * gpus if applied and cpg is not None and gpus is not None else asked
     entry.update(
@@ -251,7 +265,40 @@ def journal_entry(
         asked_cores=asked,
         given_cores=given,
     )
-    return entry
+
+
+def _profile_of(src: str, sig: str) -> str | None:
+    """The signature of the profile that decided: the job's own, or its workload's global
+    one; None when no profile decided or the signature names no workload."""
+    if src == "profile":
+        return sig
+    if src == "global":
+        name = workload_of_signature(sig)
+        return f"workload:*:{name}" if name else None
+    return None
+
+
+def _asked_cores(
+    was: str | None,
+    gpus: int | None,
+    nodes: int | None,
+    uid: int,
+    ntasks_per_node: int,
+    num_tasks: int,
+) -> int | None:
+    """Cores the user asked for, from the record's ``was`` (``cpg:N`` or ``cpt:N``); None
+    when the user asked for none or the job's size is unknown."""
+    if was is None or gpus is None:
+        return None
+    kind, _, number = was.partition(":")
+    if not number.isdigit():
+        return None
+    if kind == "cpg":
+        return int(number) * gpus
+    if kind == "cpt" and nodes is not None:
+        tasks = JobRequest(uid=uid, ntasks_per_node=ntasks_per_node, num_tasks=num_tasks)
+        return int(number) * job_tasks_per_node(tasks, nodes) * nodes
+    return None
 
 
 def _encode(item: PendingEntry) -> str:
