@@ -355,6 +355,30 @@ class _Context:
     passthroughs: tuple[Path, ...]
 
 
+def _plugin_dirs(conf: Path) -> tuple[Path, ...] | GuardResult:
+    """Where slurmctld loads plugins from, per slurm.conf (else Slurm's own directory);
+    or the result to return when coda is not configured or that cannot be told."""
+    try:
+        keys = read_slurm_keys(conf, ("JobSubmitPlugins", "PluginDir"))
+    except ConfigError as exc:
+        line = _say(f"error: cannot read {conf} ({exc}): nothing changed")
+        return GuardResult("error", (line,), conf)
+    if not names_coda(keys.get("jobsubmitplugins")):
+        line = _say(f"JobSubmitPlugins in {conf} does not name coda: nothing to do")
+        return GuardResult("disabled", (line,), conf)
+    plugin_dirs = tuple(Path(d) for d in keys.get("plugindir", "").split(":") if d)
+    if plugin_dirs:
+        return plugin_dirs
+    system_dir = find_system_plugin_dir()
+    if system_dir is None:
+        line = _say(
+            f"error: {conf} sets no PluginDir and Slurm's plugin directory was not "
+            "found: nothing changed"
+        )
+        return GuardResult("error", (line,), conf)
+    return (system_dir,)
+
+
 def guard(
     slurm_conf: Path | None = None,
     slurmctld: Path | None = None,
@@ -368,24 +392,9 @@ def guard(
     only say whether it is).  Never raises for a problem it can name."""
     environ = os.environ if environ is None else environ
     conf = slurm_conf or Path(environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
-    try:
-        keys = read_slurm_keys(conf, ("JobSubmitPlugins", "PluginDir"))
-    except ConfigError as exc:
-        line = _say(f"error: cannot read {conf} ({exc}): nothing changed")
-        return GuardResult("error", (line,), conf)
-    if not names_coda(keys.get("jobsubmitplugins")):
-        line = _say(f"JobSubmitPlugins in {conf} does not name coda: nothing to do")
-        return GuardResult("disabled", (line,), conf)
-    plugin_dirs = tuple(Path(d) for d in keys.get("plugindir", "").split(":") if d)
-    if not plugin_dirs:
-        system_dir = find_system_plugin_dir()
-        if system_dir is None:
-            line = _say(
-                f"error: {conf} sets no PluginDir and Slurm's plugin directory was not "
-                "found: nothing changed"
-            )
-            return GuardResult("error", (line,), conf)
-        plugin_dirs = (system_dir,)
+    plugin_dirs = _plugin_dirs(conf)
+    if isinstance(plugin_dirs, GuardResult):
+        return plugin_dirs
     slurmctld = slurmctld or default_slurmctld()
     try:
         running = _slurmctld_version(slurmctld)
