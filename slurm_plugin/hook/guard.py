@@ -499,29 +499,36 @@ def _passthrough_template(ctx: _Context, tmp: Path) -> tuple[Path | None, str]:
     return built, ""
 
 
+def _patched_passthrough(ctx: _Context, tmp: Path, reason: str) -> tuple[bytes | None, str]:
+    """A passthrough's bytes, marked for the running Slurm and carrying ``reason`` for
+    slurmctld's log; or why there is none."""
+    template, why_none = _passthrough_template(ctx, tmp)
+    if template is None:
+        return None, why_none
+    try:
+        data = template.read_bytes()
+        so = elf.parse(data)
+        if "coda_passthrough" not in so.symbols:
+            raise elf.NotASharedObject("not the coda passthrough")
+        patched = so.with_u32(data, "plugin_version", version_number(ctx.running))
+        patched = so.with_text(patched, "coda_bypass_reason", reason)
+    except (OSError, elf.NotASharedObject) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return None, f"{template} cannot be used ({why})"
+    return patched, why_none
+
+
 def _install_passthrough(
     ctx: _Context, problem: str, missing: Sequence[Missing], notes: list[str], tmp: Path
 ) -> GuardResult:
     running = format_version(ctx.running)
     lacking = "; ".join(m.what for m in missing)
     fix = _fix(missing)
-    template, why_none = _passthrough_template(ctx, tmp)
-    patched: bytes | None = None
-    if template is not None:
-        reason = (
-            f"coda is bypassed: the real plugin could not be built for Slurm {running} "
-            f"(missing: {lacking}); jobs are not changed by coda. {fix}"
-        )
-        try:
-            data = template.read_bytes()
-            so = elf.parse(data)
-            if "coda_passthrough" not in so.symbols:
-                raise elf.NotASharedObject("not the coda passthrough")
-            patched = so.with_u32(data, "plugin_version", version_number(ctx.running))
-            patched = so.with_text(patched, "coda_bypass_reason", reason)
-        except (OSError, elf.NotASharedObject) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            why_none = f"{template} cannot be used ({why})"
+    reason = (
+        f"coda is bypassed: the real plugin could not be built for Slurm {running} "
+        f"(missing: {lacking}); jobs are not changed by coda. {fix}"
+    )
+    patched, why_none = _patched_passthrough(ctx, tmp, reason)
     head = f"error: {problem}; job_submit/coda cannot be rebuilt for slurmctld {running}"
 
     def unchanged(why_not: str) -> GuardResult:
