@@ -816,20 +816,12 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
         journaled = decision
         elapsed_ms = (_perf_ns() - t0) / 1e6
         if elapsed_ms > state.cfg.hook_budget_ms:
-            stats.over_budget += 1
-            stats.fail_open += 1
             fail_open = True
-            error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
-            log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
+            error = _over_budget(state, plan, submit_uid, elapsed_ms)
             return _SUCCESS
         if plan.admin_comment is not None:
             token = _next_token()
-        _apply(desc, plan, err_msg, token)
-        if plan.cpus_per_tres is not None or decision.cpus_per_task is not None:
-            stats.changed += 1
-        if plan.log_level <= state.log_level:
-            _lib.coda_log(plan.log_level, plan.log_line)
-        return _SUCCESS
+        return _accept(desc, state, plan, err_msg, token)
     except Exception as exc:
         stats.fail_open += 1
         fail_open = True
@@ -878,6 +870,27 @@ def _plan_miss(
     plan = make_plan(req, decision, state.cfg.user_message)
     memo.add(key, plan)
     return plan
+
+
+def _over_budget(state: HookState, plan: Plan, submit_uid: int, elapsed_ms: float) -> str:
+    """The decision ran past HookBudgetMs: count it, log it and say why the job passes
+    unchanged (the journal's error)."""
+    stats = state.stats
+    stats.over_budget += 1
+    stats.fail_open += 1
+    error = f"decision took {elapsed_ms:.1f} ms > HookBudgetMs={state.cfg.hook_budget_ms}"
+    log(LOG_ERROR, f"{_failed_job_label(plan, submit_uid)}: {error}; job passes unchanged")
+    return error
+
+
+def _accept(desc: Any, state: HookState, plan: Plan, err_msg: Any, token: int) -> int:
+    """A GPU job CODA manages: write its plan into job_desc, count a change, log it."""
+    _apply(desc, plan, err_msg, token)
+    if plan.cpus_per_tres is not None or plan.decision.cpus_per_task is not None:
+        state.stats.changed += 1
+    if plan.log_level <= state.log_level:
+        _lib.coda_log(plan.log_level, plan.log_line)
+    return _SUCCESS
 
 
 def _reject(state: HookState, plan: Plan, err_msg: Any) -> int:
