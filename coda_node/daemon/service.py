@@ -13,7 +13,6 @@ SIGKILL included. The parts are built from coda.conf by :mod:`coda_node.daemon.w
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import socket
@@ -24,10 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coda_common.config.codaconf import CodaConfig
-from coda_common.publish.dropbox import Drop, DropError, drop
-from coda_common.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
+from coda_common.store.profiles import ProfileStore
 from coda_node import __version__
-from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput
+from coda_node.daemon.adaptive import AdaptiveLoop
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
 from coda_node.daemon.tick import (
     Decision,
@@ -37,9 +35,9 @@ from coda_node.daemon.tick import (
     gpu_model,
     merge_repaired,
     sample_detail,
-    usage_tick,
     write_reason,
 )
+from coda_node.daemon.usage import UsageRecorder
 from coda_node.daemon.view import (
     MAX_EVENTS,
     EventLog,
@@ -62,8 +60,6 @@ from coda_node.daemon.wiring import (
 from coda_node.enforce.enforcer import Enforcer, JobResult
 from coda_node.enforce.mongroups import JobMonitor, remove_job_groups
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
-from coda_node.policy.targets import JobFacts, JobTarget
-from coda_node.policy.usage import UsageAccumulator, UsageFlush
 from coda_node.sampling.snapshot import JobView, NodeSnapshot, Sampler
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
@@ -146,9 +142,8 @@ class Daemon:
         self.loop = self._make_loop()
         self._start_view: dict[str, Any] = {}
         """The last run's view as start() read it, kept until Slurm's tree appears."""
-        self.usage = UsageAccumulator(
-            flush_every_s=cfg.node_usage_flush_s, min_ticks=cfg.node_usage_min_ticks
-        )
+        self.usage_records = UsageRecorder(cfg, self.node_name, self._event)
+        self.usage = self.usage_records.usage
         self.event_log = EventLog()
         self.events = self.event_log.events
         self.events_total = self.event_log.events_total
@@ -181,8 +176,6 @@ class Daemon:
         """Jobs the adaptive loop probes or throttles: their steps are read."""
         self._adaptive_task_jobs: set[int] = set()
         """Of those, the jobs the loop throttles (a quota or resctrl group: acts on tasks)."""
-        self._usage_undisturbed: set[int] = set()
-        """DNN jobs whose last tick showed their own GPU usage (see _collect_usage)."""
         self._prev_snap: NodeSnapshot | None = None
         """The last tick's snapshot: a job that ended since still has its GPUs there."""
         self._failing: dict[int, frozenset[str]] = {}
@@ -467,134 +460,11 @@ class Daemon:
             seen = snap if pub.job_id in snap.jobs or self._prev_snap is None else self._prev_snap
             line = self.loop.publish(pub, gpu_model(seen, pub.job_id))
             self._event(pub.job_id, "profile-publish", line)
-        self._collect_usage(snap, decision.facts, decision.targets, decision.loop)
-        for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
-            self._publish_usage(flush)
-
-    def _collect_usage(
-        self,
-        snap: NodeSnapshot,
-        facts: dict[int, JobFacts],
-        targets: dict[int, JobTarget],
-        loop: LoopOutput,
-    ) -> None:
-        """Count this tick into each job's usage record (coda_node.policy.usage) where it
-        shows the workload's own usage, in this tick and the one before: a DNN job's GPU
-        usage, a CPU job's memory bandwidth per allocated CPU. Either needs a signature (the
-        hook's record) and no limit or change of ours in force. NVML's utilisation covers the
-        sample period before the reading (nvml.h, nvmlDeviceGetUtilizationRates) and an MBM
-        rate the interval since the group's previous reading, so the first tick after a
-        probe or a throttle still shows the job as it was then."""
-        gpus = {g.index: g for g in snap.gpus}
-        undisturbed: set[int] = set()
-        throttled_sockets: set[int] = set()
-        for job_id in loop.throttles:
-            if job_id in facts:
-                throttled_sockets |= self.loop.sockets_of(facts[job_id].allocated_cpus)
-        for job_id, view in snap.jobs.items():
-            record = view.slurm.admin_record if view.slurm else None
-            signature = record.get("sig") if record else None
-            if not signature or job_id in targets or job_id in self.state.changes:
-                continue
-            if view.kind == "dnn":
-                if not self._gpu_usage_undisturbed(job_id, facts, loop, throttled_sockets):
-                    continue
-                undisturbed.add(job_id)
-                tick = usage_tick(view, gpus, self.loop.progress[job_id])
-                if tick is not None and job_id in self._usage_undisturbed:
-                    model = gpu_model(snap, job_id)
-                    self.usage.add(job_id, signature, model, snap.monotonic_s, tick)
-            elif view.kind == "cpu" and job_id in facts and job_id not in loop.throttles:
-                # In facts: its cgroup is read and not held for a repair, so it runs on
-                # what Slurm allocated it.
-                undisturbed.add(job_id)
-                per_cpu = _mem_bw_per_cpu(view)
-                if per_cpu is not None and job_id in self._usage_undisturbed:
-                    self.usage.add_cpu(job_id, signature, snap.monotonic_s, per_cpu)
-        self._usage_undisturbed = undisturbed
-
-    def _gpu_usage_undisturbed(
-        self,
-        job_id: int,
-        facts: dict[int, JobFacts],
-        loop: LoopOutput,
-        throttled_sockets: set[int],
-    ) -> bool:
-        """A DNN job shows its own GPU usage: past warm-up, at its whole allocation (no
-        probe), no CPU job on its sockets throttled, not slowed past the contention
-        trigger."""
-        prog = self.loop.progress.get(job_id)
-        if prog is None or prog.phase in ("warmup", "no-signal"):
-            return False
-        rec = self.loop.allocator.records.get(job_id)
-        if job_id in loop.cores or (rec is not None and rec.state == "probing"):
-            return False
-        if job_id in facts and throttled_sockets & self.loop.sockets_of(
-            facts[job_id].allocated_cpus
-        ):
-            return False
-        contention = self.loop.eliminator.dnn_status(job_id)
-        slowdown = contention.get("slowdown") if contention else None
-        trigger = self.loop.eliminator.params.trigger_slowdown
-        return not (isinstance(slowdown, float) and slowdown > trigger)
-
-    def _publish_usage(self, flush: UsageFlush) -> None:
-        """Merge one usage record into its profile (ProfilePublish=munge: hand it to the
-        controller's collector); one event line, on failure too. Never raises: the tick goes
-        on whatever the store does."""
-        r = flush.record
-        what = "memory bandwidth" if isinstance(r, CpuUsageRecord) else "GPU usage"
-        if self.cfg.profile_publish == "munge":
-            self._drop_usage(flush, what)
-            return
-        store = self.loop.store
-        try:
-            # No store directory yet: no profile either (a merge would fail on its lock).
-            if not store.root.is_dir():
-                prof = None
-            elif isinstance(r, CpuUsageRecord):
-                prof = store.merge_cpu_usage(flush.signature, r)
-            else:
-                prof = store.merge_usage(flush.signature, r)
-        except (StoreError, OSError, ValueError) as exc:
-            self._event(
-                flush.job_id, "usage-publish", f"cannot record {what} in {store.root}: {exc}"
-            )
-            return
-        if prof is None:
-            # No profile yet (the hook never saw the workload and no probe published one):
-            # nothing to attach a GPU record to; the next run of the workload tries again.
-            # A CPU record creates its profile, where the store directory exists.
-            log.debug("job=%d no profile %s: %s not recorded", flush.job_id, flush.signature, what)
-            return
-        self._event(
-            flush.job_id,
-            "usage-publish",
-            f"profile {flush.signature}: {_usage_line(r)} ({flush.why})",
+        self.usage_records.collect(
+            snap, decision.facts, decision.targets, decision.loop, self.loop, self.state.changes
         )
-
-    def _drop_usage(self, flush: UsageFlush, what: str) -> None:
-        """ProfilePublish=munge: the record as a credential in ProfileDropDir (the
-        collector merges it as merge_usage or merge_cpu_usage would)."""
-        r = flush.record
-        cpu = r if isinstance(r, CpuUsageRecord) else None
-        gpu = (r,) if isinstance(r, UsageRecord) else ()
-        payload = Drop(flush.signature, self.node_name, (), time.time(), gpu, cpu)
-        try:
-            path = drop(
-                payload,
-                self.cfg.profile_drop_dir,
-                self.cfg.munge_socket,
-                ttl_s=self.cfg.profile_drop_ttl_s,
-            )
-        except DropError as exc:
-            line = f"cannot hand {what} of {flush.signature} to the controller: {exc}"
-        else:
-            line = (
-                f"profile {flush.signature}: {_usage_line(r)} ({flush.why}), handed to the "
-                f"controller as {path}"
-            )
-        self._event(flush.job_id, "usage-publish", line)
+        for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
+            self.usage_records.publish(flush, self.loop.store)
 
     def restore(self, only: frozenset[int] | None = None) -> dict[int, JobResult]:
         """Put every job (or the jobs ``only`` names) back as Slurm set it: from its
@@ -670,7 +540,7 @@ class Daemon:
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
             try:
                 for flush in self.usage.drain(time.time()):
-                    self._publish_usage(flush)
+                    self.usage_records.publish(flush, self.loop.store)
             except Exception:
                 # Nothing a usage record can do may keep the jobs from being put back.
                 log.exception("usage records not written at stop")
@@ -801,29 +671,6 @@ class Daemon:
                 )
             )
         return jobs
-
-
-def _mem_bw_per_cpu(view: JobView) -> float | None:
-    """A CPU job's memory bandwidth (its resctrl MON group's rate) per CPU Slurm allocated it
-    on this node; None when either is unknown."""
-    bw = view.mem_bw_bytes_per_s
-    cpus = len(view.slurm.cpu_ids) if view.slurm else 0
-    if bw is None or not cpus or not math.isfinite(bw) or bw < 0:
-        return None
-    return bw / cpus
-
-
-def _usage_line(r: UsageRecord | CpuUsageRecord) -> str:
-    """A usage record in the words of its ``usage-publish`` event."""
-    if isinstance(r, CpuUsageRecord):
-        return (
-            f"memory bandwidth {r.mem_bw_bytes_per_s_per_cpu / 1e9:.2f} GB/s per CPU over "
-            f"{r.ticks} ticks"
-        )
-    return (
-        f"GPU {r.gpu_util:.0%} busy, memory {r.gpu_mem_bw_util:.0%} busy over {r.ticks} ticks "
-        f"on {r.gpu_model or 'an unknown GPU model'}"
-    )
 
 
 def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
