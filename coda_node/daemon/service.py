@@ -37,16 +37,11 @@ from coda_node.daemon.tick import (
     sample_detail,
     write_reason,
 )
+from coda_node.daemon.tickview import tick_view
 from coda_node.daemon.usage import UsageRecorder
 from coda_node.daemon.view import (
     MAX_EVENTS,
     EventLog,
-    asdict,
-    gpu_entries,
-    job_entry,
-    mem_bw_monitor_capability,
-    mem_bw_monitor_entry,
-    policy_entry,
 )
 from coda_node.daemon.wiring import (
     UncoreCounters,
@@ -259,6 +254,11 @@ class Daemon:
         if self.mem_bw_monitor is not None:
             # Counts as per-job bandwidth in _make_loop from now on.
             self._mbm = self.mem_bw_monitor.rate
+
+    @property
+    def mem_bw_supplied(self) -> bool:
+        """Per-job bandwidth is measured (injected, or by the daemon's monitor)."""
+        return self._mbm is not None
 
     def _job_mem_bw(self, job_id: int) -> float | None:
         """The sampler's per-job bandwidth: the injected source or the monitor's rate."""
@@ -597,80 +597,7 @@ class Daemon:
         self.event_log.record(self.ticks_total, job_id, what, reason, reading)
 
     def _view(self, report: TickReport, limits: dict) -> dict[str, Any]:
-        snap = report.snapshot
-        jobs = self._job_views(report, limits)
-        return {
-            "daemon": {
-                "running": True,
-                "pid": os.getpid(),
-                "version": __version__,
-                "node_name": self.node_name,
-                "started_unix_s": self.started_unix_s,
-                "interval_s": self.cfg.node_interval_s,
-                "enforce": list(self.cfg.node_enforce),
-                "profiling": self.loop.profiling_off or "on",
-                "contention": self.loop.contention_off
-                or (
-                    f"on ({self.loop.hold_price})"
-                    if self.cfg.node_contention
-                    else "off (NodeContention=no)"
-                ),
-                "metrics": self.metrics_state,
-                "counters": self.counters(),
-            },
-            "node": {
-                "cgroup_version": self.layout.version,
-                "slurm_cgroups": [str(p) for p in self.layout.slurm_dirs],
-                "slurm_cgroups_reason": self.layout.reason,
-                "cpus_online": self.cpus_online,
-                "capabilities": [
-                    *self.capabilities,
-                    *mem_bw_monitor_capability(
-                        self.mem_bw_monitor,
-                        self.mem_bw_monitor_off,
-                        self.rdt_info,
-                        supplied=self._mbm is not None,
-                    ),
-                ],
-                "mem_bw_monitor": mem_bw_monitor_entry(
-                    self.mem_bw_monitor, self.mem_bw_monitor_off
-                ),
-                "nvml": asdict(self.nvml.status()),
-                "gpus": [asdict(g) for g in snap.gpus],
-                "mem_bw": [asdict(m) for m in snap.mem_bw],
-                "pcie_bw": [asdict(p) for p in snap.pcie_bw],
-                "errors": list(snap.errors) + report.problems + self.recovery.problems(self.state),
-            },
-            "jobs": jobs,
-            "events": list(self.events),
-            "sampled_unix_s": snap.unix_s,
-        }
-
-    def _job_views(self, report: TickReport, limits: dict) -> list[dict[str, Any]]:
-        snap = report.snapshot
-        gpu_by_nvml = {g.index: g for g in snap.gpus}
-        jobs = []
-        for job_id, v in sorted(snap.jobs.items()):
-            allocated = report.allocated.get(job_id)
-            if job_id in self.state.repair or job_id in report.held:
-                # Its cgroup is not (yet) the allocation: show Slurm's.
-                allocated = self.slurm_cpu_ids.to_kernel(v.slurm.cpu_ids) if v.slurm else None
-            elif allocated is None and v.cgroup is not None:
-                allocated = self._allocated(job_id, v.cgroup)
-            jobs.append(
-                job_entry(
-                    job_id,
-                    v,
-                    gpus=gpu_entries(v, gpu_by_nvml),
-                    allocated=allocated,
-                    ch=self.state.changes.get(job_id),
-                    target=report.targets.get(job_id),
-                    res=report.results.get(job_id),
-                    limit=limits.get(job_id),
-                    policy=policy_entry(self.loop, job_id),
-                )
-            )
-        return jobs
+        return tick_view(self, report, limits)
 
 
 def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
