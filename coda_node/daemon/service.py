@@ -26,6 +26,7 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.store.profiles import ProfileStore
 from coda_node import __version__
 from coda_node.daemon.adaptive import AdaptiveLoop
+from coda_node.daemon.membw import MemBwMonitoring
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
 from coda_node.daemon.tick import (
     Decision,
@@ -50,10 +51,9 @@ from coda_node.daemon.wiring import (
     make_loop,
     mba_unavailable,
     rdt_control,
-    start_mem_bw_monitor,
 )
 from coda_node.enforce.enforcer import Enforcer, JobResult
-from coda_node.enforce.mongroups import JobMonitor, remove_job_groups
+from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
 from coda_node.sampling.snapshot import JobView, NodeSnapshot, Sampler
 from coda_node.system import cgroups
@@ -63,7 +63,7 @@ from coda_node.system.cpu_ids import SlurmCpuIds
 from coda_node.system.cpulist import parse_cpulist
 from coda_node.system.nvml import Nvml
 from coda_node.system.paths import SystemRoot
-from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
+from coda_node.system.resctrl import ResctrlControl, ResctrlInfo
 from coda_node.system.resctrl import discover as resctrl_discover
 from coda_node.system.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.system.topology import GpuLocality
@@ -112,11 +112,10 @@ class Daemon:
         self.rdt_info: ResctrlInfo = resctrl_discover(self.root)
         self.slurm = SlurmJobs(self.node_name, self.runner)
         self._clock = clock
-        self._mbm = mbm
-        self.mem_bw_monitor: JobMonitor | None = None
-        """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
-        self.mem_bw_monitor_off: str | None = None
-        self._start_mem_bw_monitor()
+        self.mem_bw = MemBwMonitoring(
+            cfg, self.root, self.rdt_info, make_rdt=rdt_control, supplied=mbm
+        )
+        self.mem_bw.start(self.layout)
         self.uncore = UncoreCounters(self.root)
         """Uncore counters this daemon opened itself (not injected ones): closed on stop."""
         gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
@@ -129,7 +128,7 @@ class Daemon:
             gres_conf=gres_conf,
             mem_bw=mem_bw if mem_bw is not None else self.uncore.mem_bw(),
             pcie_bw=pcie_bw if pcie_bw is not None else self.uncore.pcie_bw(),
-            mbm=self._job_mem_bw,
+            mbm=self.mem_bw.job_rate,
             clock=clock,
         )
         self.enforcer = self._make_enforcer()
@@ -207,7 +206,7 @@ class Daemon:
             node_name=self.node_name,
             layout=self.layout,
             info=self.rdt_info,
-            per_job_bw=self._mbm is not None,
+            per_job_bw=self.mem_bw.supplied,
             store=self._store,
         )
 
@@ -222,7 +221,7 @@ class Daemon:
         self.sampler.layout = layout
         self.sampler.reset_accounting()
         self.enforcer = self._make_enforcer()
-        self._start_mem_bw_monitor()  # before the loop: it decides whether MBA is usable
+        self.mem_bw.start(layout)  # before the loop: it decides whether MBA is usable
         self.loop = self._make_loop()
         # The new loop knows nothing yet: adopt again what the last run left (the view read
         # at start; the ticks since have replaced state.view). Jobs that ended meanwhile are
@@ -235,57 +234,15 @@ class Daemon:
         socket CPU); a later tick reports them as unreadable rather than failing."""
         self.uncore.close()
 
-    # -- per-job memory bandwidth (resctrl MBM) -----------------------------------
-    def _start_mem_bw_monitor(self) -> None:
-        """Measure each CPU job's bandwidth with its own resctrl MON group
-        (coda_node.enforce.mongroups, read by coda_node.sampling.mbm) where resctrl counts
-        it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else record why not.
-        Called again when Slurm's cgroup tree appears."""
-        if self.mem_bw_monitor is not None:
-            return
-        self.mem_bw_monitor, self.mem_bw_monitor_off = start_mem_bw_monitor(
-            self.cfg,
-            self.root,
-            self.layout,
-            self.rdt_info,
-            make_rdt=self._make_rdt,
-            supplied=self._mbm is not None,
-        )
-        if self.mem_bw_monitor is not None:
-            # Counts as per-job bandwidth in _make_loop from now on.
-            self._mbm = self.mem_bw_monitor.rate
+    @property
+    def mem_bw_monitor(self) -> JobMonitor | None:
+        """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
+        return self.mem_bw.monitor
 
     @property
-    def mem_bw_supplied(self) -> bool:
-        """Per-job bandwidth is measured (injected, or by the daemon's monitor)."""
-        return self._mbm is not None
-
-    def _job_mem_bw(self, job_id: int) -> float | None:
-        """The sampler's per-job bandwidth: the injected source or the monitor's rate."""
-        return self._mbm(job_id) if self._mbm is not None else None
-
-    def _sync_mem_bw_monitor(self, snap: NodeSnapshot, cg_jobs: dict[int, CgroupJob]) -> None:
-        """After the enforcer: one MON group per CPU job, under the control group the
-        enforcer put its threads in (state.changes[job].rdt_group, else the root)."""
-        monitor = self.mem_bw_monitor
-        if monitor is None:
-            return
-        cpu_jobs = [j for j, v in snap.jobs.items() if v.kind == "cpu" and j in cg_jobs]
-
-        def ctrl_group_of(job_id: int) -> str:
-            ch = self.state.changes.get(job_id)
-            return (ch.rdt_group or "") if ch is not None else ""
-
-        def tids(job_id: int) -> list[int] | None:
-            cg = cg_jobs[job_id]
-            pids: tuple[int, ...] | None = cg.pids
-            if cg.detail != "tasks":  # listed without its tasks this tick
-                # Only the tasks files: the monitor needs no CPUs or mems of the job.
-                pids = cgroups.job_tasks(self.layout, cg)
-            # The same thread ids the enforcer moves into its MB groups.
-            return self.enforcer.thread_ids(pids) if pids is not None else None
-
-        monitor.sync(self._clock(), cpu_jobs, ctrl_group_of, tids)
+    def mem_bw_monitor_off(self) -> str | None:
+        """Why there is no bandwidth monitor."""
+        return self.mem_bw.off
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self, *, put_back: bool = False) -> None:
@@ -408,9 +365,9 @@ class Daemon:
         self.sampler.detail_jobs, self.sampler.task_jobs = sample_detail(
             limits, self.state.changes, self._adaptive_jobs, self._adaptive_task_jobs
         )
-        if self.mem_bw_monitor is not None:
+        if self.mem_bw.monitor is not None:
             # One reading per group per tick; the sampler then asks monitor.rate per job.
-            self.mem_bw_monitor.sample(self._clock())
+            self.mem_bw.monitor.sample(self._clock())
         return self.sampler.sample()
 
     def _near_cpus(self, snap: NodeSnapshot) -> Callable[[JobView], frozenset[int]]:
@@ -435,7 +392,7 @@ class Daemon:
                 self.sampler.forget(cg_jobs[job_id])
         # After reconcile, outside its resctrl lock: MON groups follow the threads' control
         # group as the enforcer just left it.
-        self._sync_mem_bw_monitor(snap, cg_jobs)
+        self.mem_bw.sync(snap, cg_jobs, self.state.changes, self.layout, self.enforcer, self._clock)
         return results
 
     def _record_writes(
@@ -488,16 +445,7 @@ class Daemon:
         for job_id, why in self.recovery.waiting.items():
             if job_id not in repaired and (only is None or job_id in only):
                 results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
-        if self.mem_bw_monitor is not None:
-            # Every coda_j* MON group goes too (also those a killed daemon left): each
-            # holds one of the node's few RMIDs.
-            self.mem_bw_monitor.close()
-        elif self.rdt_info.usable and self.rdt_info.mbm:
-            # No monitor now (NodeJobMemBw=no), but a previous run may have left groups.
-            try:
-                remove_job_groups((self._make_rdt or ResctrlControl)(self.root, self.rdt_info))
-            except (ResctrlError, OSError) as exc:
-                log.error("cannot clean up resctrl monitoring groups: %s", exc)
+        self.mem_bw.remove_groups()
         for job_id, res in results.items():
             for what in res.applied:
                 self._event(job_id, what, "restore")

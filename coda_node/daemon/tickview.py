@@ -23,9 +23,9 @@ from coda_node.daemon.view import (
 if TYPE_CHECKING:
     from coda_common.config.codaconf import CodaConfig
     from coda_node.daemon.adaptive import AdaptiveLoop
+    from coda_node.daemon.membw import MemBwMonitoring
     from coda_node.daemon.recovery import Recovery
     from coda_node.daemon.tick import TickReport
-    from coda_node.enforce.mongroups import JobMonitor
     from coda_node.enforce.state import NodeState
     from coda_node.system.cgroups import CgroupLayout
     from coda_node.system.cpu_ids import SlurmCpuIds
@@ -45,9 +45,7 @@ class Daemon(Protocol):
     layout: CgroupLayout
     cpus_online: int | None
     capabilities: list[dict[str, object]]
-    mem_bw_monitor: JobMonitor | None
-    mem_bw_monitor_off: str | None
-    mem_bw_supplied: bool
+    mem_bw: MemBwMonitoring
     rdt_info: ResctrlInfo
     nvml: Nvml
     recovery: Recovery
@@ -85,13 +83,13 @@ def tick_view(d: Daemon, report: TickReport, limits: dict) -> dict[str, Any]:
             "capabilities": [
                 *d.capabilities,
                 *mem_bw_monitor_capability(
-                    d.mem_bw_monitor,
-                    d.mem_bw_monitor_off,
+                    d.mem_bw.monitor,
+                    d.mem_bw.off,
                     d.rdt_info,
-                    supplied=d.mem_bw_supplied,
+                    supplied=d.mem_bw.supplied,
                 ),
             ],
-            "mem_bw_monitor": mem_bw_monitor_entry(d.mem_bw_monitor, d.mem_bw_monitor_off),
+            "mem_bw_monitor": mem_bw_monitor_entry(d.mem_bw.monitor, d.mem_bw.off),
             "nvml": asdict(d.nvml.status()),
             "gpus": [asdict(g) for g in snap.gpus],
             "mem_bw": [asdict(m) for m in snap.mem_bw],
