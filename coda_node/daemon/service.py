@@ -26,6 +26,7 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.store.profiles import ProfileStore
 from coda_node import __version__
 from coda_node.daemon.adaptive import AdaptiveLoop
+from coda_node.daemon.endpoint import MetricsEndpoint
 from coda_node.daemon.membw import MemBwMonitoring
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
 from coda_node.daemon.tick import (
@@ -157,12 +158,7 @@ class Daemon:
         """Slurm's CPU ids as the kernel numbers the CPUs (for a repair)."""
         self.recovery = Recovery(self.state_file, self.slurm, self.slurm_cpu_ids, self.online_cpus)
         self._init_tick_memory()
-        self.metrics_server: MetricsServer | None = None
-        self.metrics_state = (
-            "off (NodeMetricsPort=0)"
-            if not cfg.node_metrics_port
-            else "not served (only `coda-node run` serves it)"
-        )
+        self.metrics = MetricsEndpoint(cfg, self.metrics_view)
 
     def _init_tick_memory(self) -> None:
         """What a tick keeps for the next."""
@@ -496,32 +492,15 @@ class Daemon:
             self.nvml.shutdown()
         finally:
             self.close_counters()
-            if self.metrics_server is not None:
-                self.metrics_server.close()
-                self.metrics_server = None
+            self.metrics.close()
 
     def serve_metrics(self) -> tuple[str, int] | None:
-        """Start the Prometheus endpoint when NodeMetricsPort is set; the address it
-        listens on, or None. A port that cannot be bound is logged and shown in status;
-        the daemon goes on without metrics (they observe, the daemon enforces)."""
-        port = self.cfg.node_metrics_port
-        if not port or self.metrics_server is not None:
-            return self.metrics_server.address if self.metrics_server else None
-        from coda_node.status.metrics import start_metrics_server
+        """Start the Prometheus endpoint when NodeMetricsPort is set (MetricsEndpoint.serve)."""
+        return self.metrics.serve()
 
-        addr = self.cfg.node_metrics_address
-        try:
-            self.metrics_server = start_metrics_server(
-                self.metrics_view, port, addr, interval_s=self.cfg.node_interval_s
-            )
-        except OSError as exc:
-            self.metrics_state = f"failed: cannot listen on {addr}:{port} ({exc.strerror or exc})"
-            log.error("metrics: %s", self.metrics_state)
-            return None
-        host, bound = self.metrics_server.address
-        self.metrics_state = f"http://{host}:{bound}/metrics"
-        log.info("metrics: %s", self.metrics_state)
-        return self.metrics_server.address
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        return self.metrics.server
 
     def counters(self) -> dict[str, Any]:
         return {

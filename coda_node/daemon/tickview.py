@@ -23,6 +23,7 @@ from coda_node.daemon.view import (
 if TYPE_CHECKING:
     from coda_common.config.codaconf import CodaConfig
     from coda_node.daemon.adaptive import AdaptiveLoop
+    from coda_node.daemon.endpoint import MetricsEndpoint
     from coda_node.daemon.membw import MemBwMonitoring
     from coda_node.daemon.recovery import Recovery
     from coda_node.daemon.tick import TickReport
@@ -40,7 +41,7 @@ class Daemon(Protocol):
     node_name: str
     started_unix_s: float
     loop: AdaptiveLoop
-    metrics_state: str
+    metrics: MetricsEndpoint
     counters: Callable[[], dict[str, Any]]
     layout: CgroupLayout
     cpus_online: int | None
@@ -72,7 +73,7 @@ def tick_view(d: Daemon, report: TickReport, limits: dict) -> dict[str, Any]:
             or (
                 f"on ({d.loop.hold_price})" if d.cfg.node_contention else "off (NodeContention=no)"
             ),
-            "metrics": d.metrics_state,
+            "metrics": d.metrics.state,
             "counters": d.counters(),
         },
         "node": {
