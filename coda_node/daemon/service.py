@@ -168,9 +168,6 @@ class Daemon:
         """Of those, the jobs the loop throttles (a quota or resctrl group: acts on tasks)."""
         self._prev_snap: NodeSnapshot | None = None
         """The last tick's snapshot: a job that ended since still has its GPUs there."""
-        self._failing: dict[int, frozenset[str]] = {}
-        """Each job's failed writes of the last tick: a failure is an event (and a log
-        line) when it starts, not on every tick it goes on (status shows it meanwhile)."""
 
     # -- wiring ---------------------------------------------------------------------------
     def _make_enforcer(self) -> Enforcer:
@@ -323,7 +320,12 @@ class Daemon:
         results = self._enforce(snap, decision, repair.hold)
         merge_repaired(results, repaired)
         # Record: the events, the profiles and usage published, the view.
-        self._record_writes(decision, repaired, results)
+        self.event_log.record_tick(
+            self.ticks_total,
+            decision.loop.events,
+            results,
+            lambda job_id: write_reason(job_id, repaired, decision.targets),
+        )
         self._publish(snap, decision)
         report = TickReport(
             snapshot=snap,
@@ -391,22 +393,6 @@ class Daemon:
         self.mem_bw.sync(snap, cg_jobs, self.state.changes, self.layout, self.enforcer, self._clock)
         return results
 
-    def _record_writes(
-        self, decision: Decision, repaired: dict[int, JobResult], results: dict[int, JobResult]
-    ) -> None:
-        """The loop's decisions first, then the writes they (and admin limits) caused."""
-        for ev in decision.loop.events:
-            self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
-        for job_id, res in results.items():
-            reason = write_reason(job_id, repaired, decision.targets)
-            for what in res.applied:
-                self._event(job_id, what, reason)
-            failing = self._failing.get(job_id, frozenset())
-            for what in res.failed:
-                if what not in failing:
-                    self._event(job_id, f"failed: {what}", reason)
-        self._failing = {j: frozenset(r.failed) for j, r in results.items() if r.failed}
-
     def _publish(self, snap: NodeSnapshot, decision: Decision) -> None:
         """The profiles the loop finished, and the GPU usage records due."""
         for pub in decision.loop.publish:
@@ -442,11 +428,7 @@ class Daemon:
             if job_id not in repaired and (only is None or job_id in only):
                 results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
         self.mem_bw.remove_groups()
-        for job_id, res in results.items():
-            for what in res.applied:
-                self._event(job_id, what, "restore")
-            for what in res.failed:
-                self._event(job_id, f"failed: {what}", "restore")
+        self.event_log.record_results(self.ticks_total, results, "restore")
         try:
             snap = self.sampler.sample()
             report = TickReport(snapshot=snap, targets={}, results=results)
