@@ -36,6 +36,7 @@ from coda_node.daemon.tick import (
     decide,
     gpu_model,
     merge_repaired,
+    near_cpus_of,
     sample_detail,
     write_reason,
 )
@@ -56,7 +57,7 @@ from coda_node.daemon.wiring import (
 from coda_node.enforce.enforcer import Enforcer, JobResult
 from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
-from coda_node.sampling.snapshot import JobView, NodeSnapshot, Sampler
+from coda_node.sampling.snapshot import NodeSnapshot, Sampler
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.system.check import probe_all
@@ -310,7 +311,7 @@ class Daemon:
             repair.hold,
             loop=self.loop,
             allocated=self._allocated,
-            near_cpus=self._near_cpus(snap),
+            near_cpus=near_cpus_of(snap, self.locality),
             mba=self.mba_unavailable,
         )
         self._adaptive_jobs = set(decision.loop.cores) | set(decision.loop.throttles)
@@ -368,16 +369,6 @@ class Daemon:
             self.mem_bw.monitor.sample(self._clock())
         return self.sampler.sample()
 
-    def _near_cpus(self, snap: NodeSnapshot) -> Callable[[JobView], frozenset[int]]:
-        bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
-
-        def near_cpus(view: JobView) -> frozenset[int]:
-            """The CPUs local to the job's GPUs; asked only where CPUs are to be chosen."""
-            gpus = tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
-            return self.locality.near_cpus(gpus)
-
-        return near_cpus
-
     def _enforce(
         self, snap: NodeSnapshot, decision: Decision, hold: frozenset[int]
     ) -> dict[int, JobResult]:
@@ -421,12 +412,7 @@ class Daemon:
         results = self.enforcer.restore_all(
             {j: cg for j, cg in jobs.items() if j not in self.state.repair}, only=only
         )
-        for job_id, res in repaired.items():
-            results.setdefault(job_id, JobResult()).applied[:0] = res.applied
-            results[job_id].failed[:0] = res.failed
-        for job_id, why in self.recovery.waiting.items():
-            if job_id not in repaired and (only is None or job_id in only):
-                results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
+        self.recovery.fold_into(results, repaired, only)
         self.mem_bw.remove_groups()
         self.event_log.record_results(self.ticks_total, results, "restore")
         try:
@@ -464,12 +450,7 @@ class Daemon:
                     self.tick_errors_total += 1
                     log.exception("tick failed; retrying next interval")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
-            try:
-                for flush in self.usage.drain(time.time()):
-                    self.usage_records.publish(flush, self.loop.store)
-            except Exception:
-                # Nothing a usage record can do may keep the jobs from being put back.
-                log.exception("usage records not written at stop")
+            self.usage_records.publish_remaining(self.loop.store)
             self.restore()
             self.nvml.shutdown()
         finally:

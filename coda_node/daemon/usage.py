@@ -117,6 +117,15 @@ class UsageRecorder:
             f"profile {flush.signature}: {_usage_line(r)} ({flush.why})",
         )
 
+    def publish_remaining(self, store: ProfileStore) -> None:
+        """At stop: every record with ticks in it, published; never raises."""
+        try:
+            for flush in self.usage.drain(time.time()):
+                self.publish(flush, store)
+        except Exception:
+            # Nothing a usage record can do may keep the jobs from being put back.
+            log.exception("usage records not written at stop")
+
     def _drop(self, flush: UsageFlush, what: str) -> None:
         """ProfilePublish=munge: the record as a credential in ProfileDropDir (the
         collector merges it as merge_usage or merge_cpu_usage would)."""
