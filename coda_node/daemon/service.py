@@ -27,6 +27,7 @@ from coda_common.store.profiles import ProfileStore
 from coda_node import __version__
 from coda_node.daemon.adaptive import AdaptiveLoop
 from coda_node.daemon.endpoint import MetricsEndpoint
+from coda_node.daemon.limits import AdminLimits
 from coda_node.daemon.membw import MemBwMonitoring
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
 from coda_node.daemon.tick import (
@@ -106,6 +107,7 @@ class Daemon:
         self.nvml = nvml or Nvml()
         self.state_file = StateFile(cfg.node_state_dir, cfg.node_runtime_dir)
         self.limits_file = LimitsFile(cfg.node_state_dir)
+        self.admin_limits = AdminLimits()
         self.state = NodeState()
         self.layout: CgroupLayout = cgroups.discover_layout(self.root, self.node_name)
         self._make_cpuset = cpuset_writer or CpusetWriter
@@ -146,7 +148,6 @@ class Daemon:
         """Events by action since start (the view keeps only the last MAX_EVENTS)."""
         self.capabilities: list[dict[str, object]] = []
         self.started_unix_s = time.time()
-        self._limits_error: str | None = None
         self.ticks_total = 0
         self.tick_errors_total = 0
         self.online_cpus = _online_cpus(self.root)
@@ -297,7 +298,7 @@ class Daemon:
         self.ticks_total += 1
         if not self.layout.has_slurm:
             self._rediscover()
-        limits = self._load_limits()
+        limits = self.admin_limits.load(self.limits_file)
         # Read: the node, and what Slurm says of the jobs to be put back to its allocation.
         snap = self._sample(limits)
         cg_sampled = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
@@ -344,18 +345,6 @@ class Daemon:
         # record of changes is written only if something (a prune) changed it since.
         self.state_file.save(self.state, durable=False)
         return report
-
-    def _load_limits(self) -> dict[int, Limit]:
-        """The admin limits; none (the error logged once) while the file cannot be read."""
-        try:
-            limits = self.limits_file.load()
-        except StateError as exc:
-            if str(exc) != self._limits_error:
-                log.error("%s", exc)
-            self._limits_error = str(exc)
-            return {}
-        self._limits_error = None
-        return limits
 
     def _sample(self, limits: dict[int, Limit]) -> NodeSnapshot:
         """The node this tick. Steps are read only for the jobs this tick may change or put
