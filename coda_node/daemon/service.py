@@ -52,13 +52,14 @@ from coda_node.daemon.wiring import (
     cat_unavailable,
     make_enforcer,
     make_loop,
+    make_sampler,
     mba_unavailable,
     rdt_control,
 )
 from coda_node.enforce.enforcer import Enforcer, JobResult
 from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
-from coda_node.sampling.snapshot import NodeSnapshot, Sampler
+from coda_node.sampling.snapshot import NodeSnapshot
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.system.check import probe_all
@@ -121,15 +122,13 @@ class Daemon:
         )
         self.mem_bw.start(self.layout)
         self.uncore = UncoreCounters(self.root)
-        """Uncore counters this daemon opened itself (not injected ones): closed on stop."""
-        gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
-        self.sampler = Sampler(
-            root=self.root,
-            node_name=self.node_name,
-            layout=self.layout if self.layout.has_slurm else None,
-            slurm=self.slurm,
-            nvml=self.nvml,
-            gres_conf=gres_conf,
+        self.sampler = make_sampler(
+            cfg,
+            self.root,
+            self.node_name,
+            self.layout,
+            self.slurm,
+            self.nvml,
             mem_bw=mem_bw if mem_bw is not None else self.uncore.mem_bw(),
             pcie_bw=pcie_bw if pcie_bw is not None else self.uncore.pcie_bw(),
             mbm=self.mem_bw.job_rate,
@@ -138,9 +137,15 @@ class Daemon:
         self.enforcer = self._make_enforcer()
         self._store = store
         self.loop = self._make_loop()
-        self._start_view: dict[str, Any] = {}
-        """The last run's view as start() read it, kept until Slurm's tree appears."""
-        self.usage_records = UsageRecorder(cfg, self.node_name, self._event)
+        self._init_records()
+        self.online_cpus, self.cpus_online = _cpu_counts(self.root)
+        self.slurm_cpu_ids = SlurmCpuIds(self.root)  # as the kernel numbers them, for a repair
+        self.recovery = Recovery(self.state_file, self.slurm, self.slurm_cpu_ids, self.online_cpus)
+        self._init_tick_memory()
+
+    def _init_records(self) -> None:
+        """What the daemon records and shows: events, usage, counters, the endpoint."""
+        self.usage_records = UsageRecorder(self.cfg, self.node_name, self._event)
         self.usage = self.usage_records.usage
         self.event_log = EventLog()
         self.events = self.event_log.events
@@ -150,20 +155,12 @@ class Daemon:
         self.started_unix_s = time.time()
         self.ticks_total = 0
         self.tick_errors_total = 0
-        self.online_cpus = _online_cpus(self.root)
-        """The CPUs online (None where the tree does not say): a record naming others is
-        not one that can be put back."""
-        self.cpus_online = (
-            len(self.online_cpus) if self.online_cpus is not None else _cpus_online(self.root)
-        )
-        self.slurm_cpu_ids = SlurmCpuIds(self.root)
-        """Slurm's CPU ids as the kernel numbers the CPUs (for a repair)."""
-        self.recovery = Recovery(self.state_file, self.slurm, self.slurm_cpu_ids, self.online_cpus)
-        self._init_tick_memory()
-        self.metrics = MetricsEndpoint(cfg, self.metrics_view)
+        self.metrics = MetricsEndpoint(self.cfg, self.metrics_view)
 
     def _init_tick_memory(self) -> None:
         """What a tick keeps for the next."""
+        self._start_view: dict[str, Any] = {}
+        """The last run's view as start() read it, kept until Slurm's tree appears."""
         self._adaptive_jobs: set[int] = set()
         """Jobs the adaptive loop probes or throttles: their steps are read."""
         self._adaptive_task_jobs: set[int] = set()
@@ -485,6 +482,13 @@ def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
     if cfg.slurm_conf is not None:
         env["SLURM_CONF"] = str(cfg.slurm_conf)
     return env
+
+
+def _cpu_counts(root: SystemRoot) -> tuple[frozenset[int] | None, int | None]:
+    """The CPUs online (None where the tree does not say: a record naming others is not one
+    that can be put back) and how many."""
+    online = _online_cpus(root)
+    return online, len(online) if online is not None else _cpus_online(root)
 
 
 def _online_cpus(root: SystemRoot) -> frozenset[int] | None:
