@@ -216,6 +216,21 @@ class Recovery:
             sampler.forget(cg)
         return results
 
+    def fold_into(
+        self,
+        results: dict[int, JobResult],
+        repaired: dict[int, JobResult],
+        only: frozenset[int] | None,
+    ) -> None:
+        """A restore's results with the repairs' writes first, and each chosen job still
+        waiting for its repair as failed, with why."""
+        for job_id, res in repaired.items():
+            results.setdefault(job_id, JobResult()).applied[:0] = res.applied
+            results[job_id].failed[:0] = res.failed
+        for job_id, why in self.waiting.items():
+            if job_id not in repaired and (only is None or job_id in only):
+                results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
+
     def problems(self, state: NodeState) -> list[str]:
         """One line per job still to be put back to Slurm's allocation, and why not yet."""
         return [

@@ -13,7 +13,6 @@ SIGKILL included. The parts are built from coda.conf by :mod:`coda_node.daemon.w
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import socket
@@ -24,10 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coda_common.config.codaconf import CodaConfig
-from coda_common.publish.dropbox import Drop, DropError, drop
-from coda_common.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
+from coda_common.store.profiles import ProfileStore
 from coda_node import __version__
-from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput
+from coda_node.daemon.adaptive import AdaptiveLoop
+from coda_node.daemon.endpoint import MetricsEndpoint
+from coda_node.daemon.limits import AdminLimits
+from coda_node.daemon.membw import MemBwMonitoring
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
 from coda_node.daemon.tick import (
     Decision,
@@ -36,35 +37,29 @@ from coda_node.daemon.tick import (
     decide,
     gpu_model,
     merge_repaired,
+    near_cpus_of,
     sample_detail,
-    usage_tick,
     write_reason,
 )
+from coda_node.daemon.tickview import tick_view
+from coda_node.daemon.usage import UsageRecorder
 from coda_node.daemon.view import (
     MAX_EVENTS,
     EventLog,
-    asdict,
-    gpu_entries,
-    job_entry,
-    mem_bw_monitor_capability,
-    mem_bw_monitor_entry,
-    policy_entry,
 )
 from coda_node.daemon.wiring import (
     UncoreCounters,
     cat_unavailable,
     make_enforcer,
     make_loop,
+    make_sampler,
     mba_unavailable,
     rdt_control,
-    start_mem_bw_monitor,
 )
 from coda_node.enforce.enforcer import Enforcer, JobResult
-from coda_node.enforce.mongroups import JobMonitor, remove_job_groups
+from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
-from coda_node.policy.targets import JobFacts, JobTarget
-from coda_node.policy.usage import UsageAccumulator, UsageFlush
-from coda_node.sampling.snapshot import JobView, NodeSnapshot, Sampler
+from coda_node.sampling.snapshot import NodeSnapshot
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
 from coda_node.system.check import probe_all
@@ -72,7 +67,7 @@ from coda_node.system.cpu_ids import SlurmCpuIds
 from coda_node.system.cpulist import parse_cpulist
 from coda_node.system.nvml import Nvml
 from coda_node.system.paths import SystemRoot
-from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
+from coda_node.system.resctrl import ResctrlControl, ResctrlInfo
 from coda_node.system.resctrl import discover as resctrl_discover
 from coda_node.system.slurmjobs import Runner, SlurmJobs, make_runner
 from coda_node.system.topology import GpuLocality
@@ -113,6 +108,7 @@ class Daemon:
         self.nvml = nvml or Nvml()
         self.state_file = StateFile(cfg.node_state_dir, cfg.node_runtime_dir)
         self.limits_file = LimitsFile(cfg.node_state_dir)
+        self.admin_limits = AdminLimits()
         self.state = NodeState()
         self.layout: CgroupLayout = cgroups.discover_layout(self.root, self.node_name)
         self._make_cpuset = cpuset_writer or CpusetWriter
@@ -121,73 +117,56 @@ class Daemon:
         self.rdt_info: ResctrlInfo = resctrl_discover(self.root)
         self.slurm = SlurmJobs(self.node_name, self.runner)
         self._clock = clock
-        self._mbm = mbm
-        self.mem_bw_monitor: JobMonitor | None = None
-        """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
-        self.mem_bw_monitor_off: str | None = None
-        self._start_mem_bw_monitor()
+        self.mem_bw = MemBwMonitoring(
+            cfg, self.root, self.rdt_info, make_rdt=rdt_control, supplied=mbm
+        )
+        self.mem_bw.start(self.layout)
         self.uncore = UncoreCounters(self.root)
-        """Uncore counters this daemon opened itself (not injected ones): closed on stop."""
-        gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
-        self.sampler = Sampler(
-            root=self.root,
-            node_name=self.node_name,
-            layout=self.layout if self.layout.has_slurm else None,
-            slurm=self.slurm,
-            nvml=self.nvml,
-            gres_conf=gres_conf,
+        self.sampler = make_sampler(
+            cfg,
+            self.root,
+            self.node_name,
+            self.layout,
+            self.slurm,
+            self.nvml,
             mem_bw=mem_bw if mem_bw is not None else self.uncore.mem_bw(),
             pcie_bw=pcie_bw if pcie_bw is not None else self.uncore.pcie_bw(),
-            mbm=self._job_mem_bw,
+            mbm=self.mem_bw.job_rate,
             clock=clock,
         )
         self.enforcer = self._make_enforcer()
         self._store = store
         self.loop = self._make_loop()
-        self._start_view: dict[str, Any] = {}
-        """The last run's view as start() read it, kept until Slurm's tree appears."""
-        self.usage = UsageAccumulator(
-            flush_every_s=cfg.node_usage_flush_s, min_ticks=cfg.node_usage_min_ticks
-        )
+        self._init_records()
+        self.online_cpus, self.cpus_online = _cpu_counts(self.root)
+        self.slurm_cpu_ids = SlurmCpuIds(self.root)  # as the kernel numbers them, for a repair
+        self.recovery = Recovery(self.state_file, self.slurm, self.slurm_cpu_ids, self.online_cpus)
+        self._init_tick_memory()
+
+    def _init_records(self) -> None:
+        """What the daemon records and shows: events, usage, counters, the endpoint."""
+        self.usage_records = UsageRecorder(self.cfg, self.node_name, self._event)
+        self.usage = self.usage_records.usage
         self.event_log = EventLog()
         self.events = self.event_log.events
         self.events_total = self.event_log.events_total
         """Events by action since start (the view keeps only the last MAX_EVENTS)."""
         self.capabilities: list[dict[str, object]] = []
         self.started_unix_s = time.time()
-        self._limits_error: str | None = None
         self.ticks_total = 0
         self.tick_errors_total = 0
-        self.online_cpus = _online_cpus(self.root)
-        """The CPUs online (None where the tree does not say): a record naming others is
-        not one that can be put back."""
-        self.cpus_online = (
-            len(self.online_cpus) if self.online_cpus is not None else _cpus_online(self.root)
-        )
-        self.slurm_cpu_ids = SlurmCpuIds(self.root)
-        """Slurm's CPU ids as the kernel numbers the CPUs (for a repair)."""
-        self.recovery = Recovery(self.state_file, self.slurm, self.slurm_cpu_ids, self.online_cpus)
-        self._init_tick_memory()
-        self.metrics_server: MetricsServer | None = None
-        self.metrics_state = (
-            "off (NodeMetricsPort=0)"
-            if not cfg.node_metrics_port
-            else "not served (only `coda-node run` serves it)"
-        )
+        self.metrics = MetricsEndpoint(self.cfg, self.metrics_view)
 
     def _init_tick_memory(self) -> None:
         """What a tick keeps for the next."""
+        self._start_view: dict[str, Any] = {}
+        """The last run's view as start() read it, kept until Slurm's tree appears."""
         self._adaptive_jobs: set[int] = set()
         """Jobs the adaptive loop probes or throttles: their steps are read."""
         self._adaptive_task_jobs: set[int] = set()
         """Of those, the jobs the loop throttles (a quota or resctrl group: acts on tasks)."""
-        self._usage_undisturbed: set[int] = set()
-        """DNN jobs whose last tick showed their own GPU usage (see _collect_usage)."""
         self._prev_snap: NodeSnapshot | None = None
         """The last tick's snapshot: a job that ended since still has its GPUs there."""
-        self._failing: dict[int, frozenset[str]] = {}
-        """Each job's failed writes of the last tick: a failure is an event (and a log
-        line) when it starts, not on every tick it goes on (status shows it meanwhile)."""
 
     # -- wiring ---------------------------------------------------------------------------
     def _make_enforcer(self) -> Enforcer:
@@ -219,7 +198,7 @@ class Daemon:
             node_name=self.node_name,
             layout=self.layout,
             info=self.rdt_info,
-            per_job_bw=self._mbm is not None,
+            per_job_bw=self.mem_bw.supplied,
             store=self._store,
         )
 
@@ -234,7 +213,7 @@ class Daemon:
         self.sampler.layout = layout
         self.sampler.reset_accounting()
         self.enforcer = self._make_enforcer()
-        self._start_mem_bw_monitor()  # before the loop: it decides whether MBA is usable
+        self.mem_bw.start(layout)  # before the loop: it decides whether MBA is usable
         self.loop = self._make_loop()
         # The new loop knows nothing yet: adopt again what the last run left (the view read
         # at start; the ticks since have replaced state.view). Jobs that ended meanwhile are
@@ -247,52 +226,15 @@ class Daemon:
         socket CPU); a later tick reports them as unreadable rather than failing."""
         self.uncore.close()
 
-    # -- per-job memory bandwidth (resctrl MBM) -----------------------------------
-    def _start_mem_bw_monitor(self) -> None:
-        """Measure each CPU job's bandwidth with its own resctrl MON group
-        (coda_node.enforce.mongroups, read by coda_node.sampling.mbm) where resctrl counts
-        it, Slurm's cgroups show the jobs and NodeJobMemBw=yes; else record why not.
-        Called again when Slurm's cgroup tree appears."""
-        if self.mem_bw_monitor is not None:
-            return
-        self.mem_bw_monitor, self.mem_bw_monitor_off = start_mem_bw_monitor(
-            self.cfg,
-            self.root,
-            self.layout,
-            self.rdt_info,
-            make_rdt=self._make_rdt,
-            supplied=self._mbm is not None,
-        )
-        if self.mem_bw_monitor is not None:
-            # Counts as per-job bandwidth in _make_loop from now on.
-            self._mbm = self.mem_bw_monitor.rate
+    @property
+    def mem_bw_monitor(self) -> JobMonitor | None:
+        """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
+        return self.mem_bw.monitor
 
-    def _job_mem_bw(self, job_id: int) -> float | None:
-        """The sampler's per-job bandwidth: the injected source or the monitor's rate."""
-        return self._mbm(job_id) if self._mbm is not None else None
-
-    def _sync_mem_bw_monitor(self, snap: NodeSnapshot, cg_jobs: dict[int, CgroupJob]) -> None:
-        """After the enforcer: one MON group per CPU job, under the control group the
-        enforcer put its threads in (state.changes[job].rdt_group, else the root)."""
-        monitor = self.mem_bw_monitor
-        if monitor is None:
-            return
-        cpu_jobs = [j for j, v in snap.jobs.items() if v.kind == "cpu" and j in cg_jobs]
-
-        def ctrl_group_of(job_id: int) -> str:
-            ch = self.state.changes.get(job_id)
-            return (ch.rdt_group or "") if ch is not None else ""
-
-        def tids(job_id: int) -> list[int] | None:
-            cg = cg_jobs[job_id]
-            pids: tuple[int, ...] | None = cg.pids
-            if cg.detail != "tasks":  # listed without its tasks this tick
-                # Only the tasks files: the monitor needs no CPUs or mems of the job.
-                pids = cgroups.job_tasks(self.layout, cg)
-            # The same thread ids the enforcer moves into its MB groups.
-            return self.enforcer.thread_ids(pids) if pids is not None else None
-
-        monitor.sync(self._clock(), cpu_jobs, ctrl_group_of, tids)
+    @property
+    def mem_bw_monitor_off(self) -> str | None:
+        """Why there is no bandwidth monitor."""
+        return self.mem_bw.off
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self, *, put_back: bool = False) -> None:
@@ -353,7 +295,7 @@ class Daemon:
         self.ticks_total += 1
         if not self.layout.has_slurm:
             self._rediscover()
-        limits = self._load_limits()
+        limits = self.admin_limits.load(self.limits_file)
         # Read: the node, and what Slurm says of the jobs to be put back to its allocation.
         snap = self._sample(limits)
         cg_sampled = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
@@ -367,7 +309,7 @@ class Daemon:
             repair.hold,
             loop=self.loop,
             allocated=self._allocated,
-            near_cpus=self._near_cpus(snap),
+            near_cpus=near_cpus_of(snap, self.locality),
             mba=self.mba_unavailable,
         )
         self._adaptive_jobs = set(decision.loop.cores) | set(decision.loop.throttles)
@@ -377,7 +319,12 @@ class Daemon:
         results = self._enforce(snap, decision, repair.hold)
         merge_repaired(results, repaired)
         # Record: the events, the profiles and usage published, the view.
-        self._record_writes(decision, repaired, results)
+        self.event_log.record_tick(
+            self.ticks_total,
+            decision.loop.events,
+            results,
+            lambda job_id: write_reason(job_id, repaired, decision.targets),
+        )
         self._publish(snap, decision)
         report = TickReport(
             snapshot=snap,
@@ -396,18 +343,6 @@ class Daemon:
         self.state_file.save(self.state, durable=False)
         return report
 
-    def _load_limits(self) -> dict[int, Limit]:
-        """The admin limits; none (the error logged once) while the file cannot be read."""
-        try:
-            limits = self.limits_file.load()
-        except StateError as exc:
-            if str(exc) != self._limits_error:
-                log.error("%s", exc)
-            self._limits_error = str(exc)
-            return {}
-        self._limits_error = None
-        return limits
-
     def _sample(self, limits: dict[int, Limit]) -> NodeSnapshot:
         """The node this tick. Steps are read only for the jobs this tick may change or put
         back, and their tasks only where that change acts on tasks; a job that needs more
@@ -415,20 +350,10 @@ class Daemon:
         self.sampler.detail_jobs, self.sampler.task_jobs = sample_detail(
             limits, self.state.changes, self._adaptive_jobs, self._adaptive_task_jobs
         )
-        if self.mem_bw_monitor is not None:
+        if self.mem_bw.monitor is not None:
             # One reading per group per tick; the sampler then asks monitor.rate per job.
-            self.mem_bw_monitor.sample(self._clock())
+            self.mem_bw.monitor.sample(self._clock())
         return self.sampler.sample()
-
-    def _near_cpus(self, snap: NodeSnapshot) -> Callable[[JobView], frozenset[int]]:
-        bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
-
-        def near_cpus(view: JobView) -> frozenset[int]:
-            """The CPUs local to the job's GPUs; asked only where CPUs are to be chosen."""
-            gpus = tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
-            return self.locality.near_cpus(gpus)
-
-        return near_cpus
 
     def _enforce(
         self, snap: NodeSnapshot, decision: Decision, hold: frozenset[int]
@@ -442,24 +367,8 @@ class Daemon:
                 self.sampler.forget(cg_jobs[job_id])
         # After reconcile, outside its resctrl lock: MON groups follow the threads' control
         # group as the enforcer just left it.
-        self._sync_mem_bw_monitor(snap, cg_jobs)
+        self.mem_bw.sync(snap, cg_jobs, self.state.changes, self.layout, self.enforcer, self._clock)
         return results
-
-    def _record_writes(
-        self, decision: Decision, repaired: dict[int, JobResult], results: dict[int, JobResult]
-    ) -> None:
-        """The loop's decisions first, then the writes they (and admin limits) caused."""
-        for ev in decision.loop.events:
-            self._event(ev.job_id, ev.action, ev.rule, dict(ev.reading))
-        for job_id, res in results.items():
-            reason = write_reason(job_id, repaired, decision.targets)
-            for what in res.applied:
-                self._event(job_id, what, reason)
-            failing = self._failing.get(job_id, frozenset())
-            for what in res.failed:
-                if what not in failing:
-                    self._event(job_id, f"failed: {what}", reason)
-        self._failing = {j: frozenset(r.failed) for j, r in results.items() if r.failed}
 
     def _publish(self, snap: NodeSnapshot, decision: Decision) -> None:
         """The profiles the loop finished, and the GPU usage records due."""
@@ -467,134 +376,11 @@ class Daemon:
             seen = snap if pub.job_id in snap.jobs or self._prev_snap is None else self._prev_snap
             line = self.loop.publish(pub, gpu_model(seen, pub.job_id))
             self._event(pub.job_id, "profile-publish", line)
-        self._collect_usage(snap, decision.facts, decision.targets, decision.loop)
-        for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
-            self._publish_usage(flush)
-
-    def _collect_usage(
-        self,
-        snap: NodeSnapshot,
-        facts: dict[int, JobFacts],
-        targets: dict[int, JobTarget],
-        loop: LoopOutput,
-    ) -> None:
-        """Count this tick into each job's usage record (coda_node.policy.usage) where it
-        shows the workload's own usage, in this tick and the one before: a DNN job's GPU
-        usage, a CPU job's memory bandwidth per allocated CPU. Either needs a signature (the
-        hook's record) and no limit or change of ours in force. NVML's utilisation covers the
-        sample period before the reading (nvml.h, nvmlDeviceGetUtilizationRates) and an MBM
-        rate the interval since the group's previous reading, so the first tick after a
-        probe or a throttle still shows the job as it was then."""
-        gpus = {g.index: g for g in snap.gpus}
-        undisturbed: set[int] = set()
-        throttled_sockets: set[int] = set()
-        for job_id in loop.throttles:
-            if job_id in facts:
-                throttled_sockets |= self.loop.sockets_of(facts[job_id].allocated_cpus)
-        for job_id, view in snap.jobs.items():
-            record = view.slurm.admin_record if view.slurm else None
-            signature = record.get("sig") if record else None
-            if not signature or job_id in targets or job_id in self.state.changes:
-                continue
-            if view.kind == "dnn":
-                if not self._gpu_usage_undisturbed(job_id, facts, loop, throttled_sockets):
-                    continue
-                undisturbed.add(job_id)
-                tick = usage_tick(view, gpus, self.loop.progress[job_id])
-                if tick is not None and job_id in self._usage_undisturbed:
-                    model = gpu_model(snap, job_id)
-                    self.usage.add(job_id, signature, model, snap.monotonic_s, tick)
-            elif view.kind == "cpu" and job_id in facts and job_id not in loop.throttles:
-                # In facts: its cgroup is read and not held for a repair, so it runs on
-                # what Slurm allocated it.
-                undisturbed.add(job_id)
-                per_cpu = _mem_bw_per_cpu(view)
-                if per_cpu is not None and job_id in self._usage_undisturbed:
-                    self.usage.add_cpu(job_id, signature, snap.monotonic_s, per_cpu)
-        self._usage_undisturbed = undisturbed
-
-    def _gpu_usage_undisturbed(
-        self,
-        job_id: int,
-        facts: dict[int, JobFacts],
-        loop: LoopOutput,
-        throttled_sockets: set[int],
-    ) -> bool:
-        """A DNN job shows its own GPU usage: past warm-up, at its whole allocation (no
-        probe), no CPU job on its sockets throttled, not slowed past the contention
-        trigger."""
-        prog = self.loop.progress.get(job_id)
-        if prog is None or prog.phase in ("warmup", "no-signal"):
-            return False
-        rec = self.loop.allocator.records.get(job_id)
-        if job_id in loop.cores or (rec is not None and rec.state == "probing"):
-            return False
-        if job_id in facts and throttled_sockets & self.loop.sockets_of(
-            facts[job_id].allocated_cpus
-        ):
-            return False
-        contention = self.loop.eliminator.dnn_status(job_id)
-        slowdown = contention.get("slowdown") if contention else None
-        trigger = self.loop.eliminator.params.trigger_slowdown
-        return not (isinstance(slowdown, float) and slowdown > trigger)
-
-    def _publish_usage(self, flush: UsageFlush) -> None:
-        """Merge one usage record into its profile (ProfilePublish=munge: hand it to the
-        controller's collector); one event line, on failure too. Never raises: the tick goes
-        on whatever the store does."""
-        r = flush.record
-        what = "memory bandwidth" if isinstance(r, CpuUsageRecord) else "GPU usage"
-        if self.cfg.profile_publish == "munge":
-            self._drop_usage(flush, what)
-            return
-        store = self.loop.store
-        try:
-            # No store directory yet: no profile either (a merge would fail on its lock).
-            if not store.root.is_dir():
-                prof = None
-            elif isinstance(r, CpuUsageRecord):
-                prof = store.merge_cpu_usage(flush.signature, r)
-            else:
-                prof = store.merge_usage(flush.signature, r)
-        except (StoreError, OSError, ValueError) as exc:
-            self._event(
-                flush.job_id, "usage-publish", f"cannot record {what} in {store.root}: {exc}"
-            )
-            return
-        if prof is None:
-            # No profile yet (the hook never saw the workload and no probe published one):
-            # nothing to attach a GPU record to; the next run of the workload tries again.
-            # A CPU record creates its profile, where the store directory exists.
-            log.debug("job=%d no profile %s: %s not recorded", flush.job_id, flush.signature, what)
-            return
-        self._event(
-            flush.job_id,
-            "usage-publish",
-            f"profile {flush.signature}: {_usage_line(r)} ({flush.why})",
+        self.usage_records.collect(
+            snap, decision.facts, decision.targets, decision.loop, self.loop, self.state.changes
         )
-
-    def _drop_usage(self, flush: UsageFlush, what: str) -> None:
-        """ProfilePublish=munge: the record as a credential in ProfileDropDir (the
-        collector merges it as merge_usage or merge_cpu_usage would)."""
-        r = flush.record
-        cpu = r if isinstance(r, CpuUsageRecord) else None
-        gpu = (r,) if isinstance(r, UsageRecord) else ()
-        payload = Drop(flush.signature, self.node_name, (), time.time(), gpu, cpu)
-        try:
-            path = drop(
-                payload,
-                self.cfg.profile_drop_dir,
-                self.cfg.munge_socket,
-                ttl_s=self.cfg.profile_drop_ttl_s,
-            )
-        except DropError as exc:
-            line = f"cannot hand {what} of {flush.signature} to the controller: {exc}"
-        else:
-            line = (
-                f"profile {flush.signature}: {_usage_line(r)} ({flush.why}), handed to the "
-                f"controller as {path}"
-            )
-        self._event(flush.job_id, "usage-publish", line)
+        for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
+            self.usage_records.publish(flush, self.loop.store)
 
     def restore(self, only: frozenset[int] | None = None) -> dict[int, JobResult]:
         """Put every job (or the jobs ``only`` names) back as Slurm set it: from its
@@ -612,27 +398,9 @@ class Daemon:
         results = self.enforcer.restore_all(
             {j: cg for j, cg in jobs.items() if j not in self.state.repair}, only=only
         )
-        for job_id, res in repaired.items():
-            results.setdefault(job_id, JobResult()).applied[:0] = res.applied
-            results[job_id].failed[:0] = res.failed
-        for job_id, why in self.recovery.waiting.items():
-            if job_id not in repaired and (only is None or job_id in only):
-                results.setdefault(job_id, JobResult()).failed.append(f"repair: {why}")
-        if self.mem_bw_monitor is not None:
-            # Every coda_j* MON group goes too (also those a killed daemon left): each
-            # holds one of the node's few RMIDs.
-            self.mem_bw_monitor.close()
-        elif self.rdt_info.usable and self.rdt_info.mbm:
-            # No monitor now (NodeJobMemBw=no), but a previous run may have left groups.
-            try:
-                remove_job_groups((self._make_rdt or ResctrlControl)(self.root, self.rdt_info))
-            except (ResctrlError, OSError) as exc:
-                log.error("cannot clean up resctrl monitoring groups: %s", exc)
-        for job_id, res in results.items():
-            for what in res.applied:
-                self._event(job_id, what, "restore")
-            for what in res.failed:
-                self._event(job_id, f"failed: {what}", "restore")
+        self.recovery.fold_into(results, repaired, only)
+        self.mem_bw.remove_groups()
+        self.event_log.record_results(self.ticks_total, results, "restore")
         try:
             snap = self.sampler.sample()
             report = TickReport(snapshot=snap, targets={}, results=results)
@@ -668,42 +436,20 @@ class Daemon:
                     self.tick_errors_total += 1
                     log.exception("tick failed; retrying next interval")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
-            try:
-                for flush in self.usage.drain(time.time()):
-                    self._publish_usage(flush)
-            except Exception:
-                # Nothing a usage record can do may keep the jobs from being put back.
-                log.exception("usage records not written at stop")
+            self.usage_records.publish_remaining(self.loop.store)
             self.restore()
             self.nvml.shutdown()
         finally:
             self.close_counters()
-            if self.metrics_server is not None:
-                self.metrics_server.close()
-                self.metrics_server = None
+            self.metrics.close()
 
     def serve_metrics(self) -> tuple[str, int] | None:
-        """Start the Prometheus endpoint when NodeMetricsPort is set; the address it
-        listens on, or None. A port that cannot be bound is logged and shown in status;
-        the daemon goes on without metrics (they observe, the daemon enforces)."""
-        port = self.cfg.node_metrics_port
-        if not port or self.metrics_server is not None:
-            return self.metrics_server.address if self.metrics_server else None
-        from coda_node.status.metrics import start_metrics_server
+        """Start the Prometheus endpoint when NodeMetricsPort is set (MetricsEndpoint.serve)."""
+        return self.metrics.serve()
 
-        addr = self.cfg.node_metrics_address
-        try:
-            self.metrics_server = start_metrics_server(
-                self.metrics_view, port, addr, interval_s=self.cfg.node_interval_s
-            )
-        except OSError as exc:
-            self.metrics_state = f"failed: cannot listen on {addr}:{port} ({exc.strerror or exc})"
-            log.error("metrics: %s", self.metrics_state)
-            return None
-        host, bound = self.metrics_server.address
-        self.metrics_state = f"http://{host}:{bound}/metrics"
-        log.info("metrics: %s", self.metrics_state)
-        return self.metrics_server.address
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        return self.metrics.server
 
     def counters(self) -> dict[str, Any]:
         return {
@@ -727,103 +473,7 @@ class Daemon:
         self.event_log.record(self.ticks_total, job_id, what, reason, reading)
 
     def _view(self, report: TickReport, limits: dict) -> dict[str, Any]:
-        snap = report.snapshot
-        jobs = self._job_views(report, limits)
-        return {
-            "daemon": {
-                "running": True,
-                "pid": os.getpid(),
-                "version": __version__,
-                "node_name": self.node_name,
-                "started_unix_s": self.started_unix_s,
-                "interval_s": self.cfg.node_interval_s,
-                "enforce": list(self.cfg.node_enforce),
-                "profiling": self.loop.profiling_off or "on",
-                "contention": self.loop.contention_off
-                or (
-                    f"on ({self.loop.hold_price})"
-                    if self.cfg.node_contention
-                    else "off (NodeContention=no)"
-                ),
-                "metrics": self.metrics_state,
-                "counters": self.counters(),
-            },
-            "node": {
-                "cgroup_version": self.layout.version,
-                "slurm_cgroups": [str(p) for p in self.layout.slurm_dirs],
-                "slurm_cgroups_reason": self.layout.reason,
-                "cpus_online": self.cpus_online,
-                "capabilities": [
-                    *self.capabilities,
-                    *mem_bw_monitor_capability(
-                        self.mem_bw_monitor,
-                        self.mem_bw_monitor_off,
-                        self.rdt_info,
-                        supplied=self._mbm is not None,
-                    ),
-                ],
-                "mem_bw_monitor": mem_bw_monitor_entry(
-                    self.mem_bw_monitor, self.mem_bw_monitor_off
-                ),
-                "nvml": asdict(self.nvml.status()),
-                "gpus": [asdict(g) for g in snap.gpus],
-                "mem_bw": [asdict(m) for m in snap.mem_bw],
-                "pcie_bw": [asdict(p) for p in snap.pcie_bw],
-                "errors": list(snap.errors) + report.problems + self.recovery.problems(self.state),
-            },
-            "jobs": jobs,
-            "events": list(self.events),
-            "sampled_unix_s": snap.unix_s,
-        }
-
-    def _job_views(self, report: TickReport, limits: dict) -> list[dict[str, Any]]:
-        snap = report.snapshot
-        gpu_by_nvml = {g.index: g for g in snap.gpus}
-        jobs = []
-        for job_id, v in sorted(snap.jobs.items()):
-            allocated = report.allocated.get(job_id)
-            if job_id in self.state.repair or job_id in report.held:
-                # Its cgroup is not (yet) the allocation: show Slurm's.
-                allocated = self.slurm_cpu_ids.to_kernel(v.slurm.cpu_ids) if v.slurm else None
-            elif allocated is None and v.cgroup is not None:
-                allocated = self._allocated(job_id, v.cgroup)
-            jobs.append(
-                job_entry(
-                    job_id,
-                    v,
-                    gpus=gpu_entries(v, gpu_by_nvml),
-                    allocated=allocated,
-                    ch=self.state.changes.get(job_id),
-                    target=report.targets.get(job_id),
-                    res=report.results.get(job_id),
-                    limit=limits.get(job_id),
-                    policy=policy_entry(self.loop, job_id),
-                )
-            )
-        return jobs
-
-
-def _mem_bw_per_cpu(view: JobView) -> float | None:
-    """A CPU job's memory bandwidth (its resctrl MON group's rate) per CPU Slurm allocated it
-    on this node; None when either is unknown."""
-    bw = view.mem_bw_bytes_per_s
-    cpus = len(view.slurm.cpu_ids) if view.slurm else 0
-    if bw is None or not cpus or not math.isfinite(bw) or bw < 0:
-        return None
-    return bw / cpus
-
-
-def _usage_line(r: UsageRecord | CpuUsageRecord) -> str:
-    """A usage record in the words of its ``usage-publish`` event."""
-    if isinstance(r, CpuUsageRecord):
-        return (
-            f"memory bandwidth {r.mem_bw_bytes_per_s_per_cpu / 1e9:.2f} GB/s per CPU over "
-            f"{r.ticks} ticks"
-        )
-    return (
-        f"GPU {r.gpu_util:.0%} busy, memory {r.gpu_mem_bw_util:.0%} busy over {r.ticks} ticks "
-        f"on {r.gpu_model or 'an unknown GPU model'}"
-    )
+        return tick_view(self, report, limits)
 
 
 def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
@@ -832,6 +482,13 @@ def _slurm_env(cfg: CodaConfig) -> dict[str, str]:
     if cfg.slurm_conf is not None:
         env["SLURM_CONF"] = str(cfg.slurm_conf)
     return env
+
+
+def _cpu_counts(root: SystemRoot) -> tuple[frozenset[int] | None, int | None]:
+    """The CPUs online (None where the tree does not say: a record naming others is not one
+    that can be put back) and how many."""
+    online = _online_cpus(root)
+    return online, len(online) if online is not None else _cpus_online(root)
 
 
 def _online_cpus(root: SystemRoot) -> frozenset[int] | None:

@@ -29,6 +29,7 @@ from coda_node.sampling.snapshot import JobView, NodeSnapshot
 from coda_node.system import cgroups
 from coda_node.system.cgroups import DETAIL_RANK, CgroupJob, CgroupLayout, Detail
 from coda_node.system.nvml import GpuSample
+from coda_node.system.topology import GpuLocality
 
 
 @dataclass(slots=True)
@@ -177,6 +178,18 @@ def merge_repaired(results: dict[int, JobResult], repaired: Mapping[int, JobResu
             results[job_id].failed[:0] = res.failed
         else:
             results[job_id] = res
+
+
+def near_cpus_of(snap: NodeSnapshot, locality: GpuLocality) -> Callable[[JobView], frozenset[int]]:
+    """A job's CPUs local to its GPUs, by the tick's GPU bus ids."""
+    bus_ids = {g.index: g.pci_bus_id for g in snap.gpus}
+
+    def near_cpus(view: JobView) -> frozenset[int]:
+        """The CPUs local to the job's GPUs; asked only where CPUs are to be chosen."""
+        gpus = tuple(bus_ids.get(r.nvml_index) for r in view.gpus if r.nvml_index is not None)
+        return locality.near_cpus(gpus)
+
+    return near_cpus
 
 
 def write_reason(

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,9 @@ class EventLog:
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self.events_total: Counter[str] = Counter()
         """Events by action since start (the view keeps only the last MAX_EVENTS)."""
+        self._failing: dict[int, frozenset[str]] = {}
+        """Each job's failed writes of the last tick: a failure is an event (and a log
+        line) when it starts, not on every tick it goes on (status shows it meanwhile)."""
 
     def record(
         self,
@@ -72,6 +76,34 @@ class EventLog:
             json.dumps(reason),
             f" reading={json.dumps(reading, sort_keys=True)}" if reading else "",
         )
+
+    def record_tick(
+        self,
+        tick: int,
+        loop_events: Iterable[Any],
+        results: Mapping[int, JobResult],
+        reason_of: Callable[[int], str],
+    ) -> None:
+        """The loop's decisions first, then the writes they (and admin limits) caused."""
+        for ev in loop_events:
+            self.record(tick, ev.job_id, ev.action, ev.rule, dict(ev.reading))
+        for job_id, res in results.items():
+            reason = reason_of(job_id)
+            for what in res.applied:
+                self.record(tick, job_id, what, reason)
+            failing = self._failing.get(job_id, frozenset())
+            for what in res.failed:
+                if what not in failing:
+                    self.record(tick, job_id, f"failed: {what}", reason)
+        self._failing = {j: frozenset(r.failed) for j, r in results.items() if r.failed}
+
+    def record_results(self, tick: int, results: Mapping[int, JobResult], reason: str) -> None:
+        """Every write of ``results``, done or failed, for one reason."""
+        for job_id, res in results.items():
+            for what in res.applied:
+                self.record(tick, job_id, what, reason)
+            for what in res.failed:
+                self.record(tick, job_id, f"failed: {what}", reason)
 
 
 def job_entry(

@@ -7,7 +7,7 @@ cgroup tree appears; nothing here ticks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from coda_common.config.codaconf import CodaConfig
@@ -17,9 +17,12 @@ from coda_node.enforce.enforcer import Enforcer
 from coda_node.enforce.mechanisms import registered
 from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import NodeState
+from coda_node.sampling.snapshot import Sampler
 from coda_node.system.cgroups import CgroupLayout, CpuQuotaWriter, CpusetWriter
+from coda_node.system.nvml import Nvml
 from coda_node.system.paths import SystemRoot
 from coda_node.system.resctrl import ResctrlControl, ResctrlError, ResctrlInfo
+from coda_node.system.slurmjobs import SlurmJobs
 
 if TYPE_CHECKING:
     from coda_node.system.perf import PcieBwSample, UncoreMemBw, UncorePcieBw, UncorePlan
@@ -174,6 +177,36 @@ def start_mem_bw_monitor(
     except ResctrlError as exc:
         log.warning("per-job memory bandwidth unavailable: %s", exc)
         return None, str(exc)
+
+
+def make_sampler(
+    cfg: CodaConfig,
+    root: SystemRoot,
+    node_name: str,
+    layout: CgroupLayout,
+    slurm: SlurmJobs,
+    nvml: Nvml,
+    *,
+    mem_bw: Callable[[], list[object]],
+    pcie_bw: Callable[[], Sequence[PcieBwSample]],
+    mbm: Callable[[int], float | None],
+    clock: Callable[[], float],
+) -> Sampler:
+    """The sampler, reading Slurm's tree where there is one (else squeue only) and
+    gres.conf beside slurm.conf."""
+    gres_conf = cfg.slurm_conf.with_name("gres.conf") if cfg.slurm_conf else None
+    return Sampler(
+        root=root,
+        node_name=node_name,
+        layout=layout if layout.has_slurm else None,
+        slurm=slurm,
+        nvml=nvml,
+        gres_conf=gres_conf,
+        mem_bw=mem_bw,
+        pcie_bw=pcie_bw,
+        mbm=mbm,
+        clock=clock,
+    )
 
 
 # -- uncore counters ------------------------------------------------------------------

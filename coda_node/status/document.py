@@ -255,16 +255,7 @@ def build_status(
         )
     daemon = _daemon(f, view, daemon_in, status, used_interval_s)
 
-    raw_jobs = f.get(view, "jobs", list, "") if view is not None else None
-    jobs_in = [j for j in raw_jobs or [] if isinstance(j, Mapping) and _is(j.get("job_id"), int)]
-    raw_events = f.get(view, "events", list, "") if view is not None else None
-    events = [_event(e, f) for e in raw_events or [] if isinstance(e, Mapping)]
-    events = [e for e in events if e is not None]
-    last_event = _last_decisions(events)
-
-    jobs = [_job(j, f, last_event.get(int(j["job_id"]))) for j in jobs_in]
-    jobs.sort(key=lambda j: j["job_id"])
-    node = _node(node_in, f, jobs_in) if view is not None else _empty_node()
+    jobs, events, node = _jobs_events_node(f, view, node_in)
     return {
         "schema_version": STATUS_SCHEMA_VERSION,
         "state": {
@@ -281,6 +272,23 @@ def build_status(
         "problems": problems,
         "missing": sorted(f.missing),
     }
+
+
+def _jobs_events_node(
+    f: _Fields, view: Mapping[str, Any] | None, node_in: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The jobs (each with its last decision), the events and the node of a view."""
+    raw_jobs = f.get(view, "jobs", list, "") if view is not None else None
+    jobs_in = [j for j in raw_jobs or [] if isinstance(j, Mapping) and _is(j.get("job_id"), int)]
+    raw_events = f.get(view, "events", list, "") if view is not None else None
+    events = [_event(e, f) for e in raw_events or [] if isinstance(e, Mapping)]
+    events = [e for e in events if e is not None]
+    last_event = _last_decisions(events)
+
+    jobs = [_job(j, f, last_event.get(int(j["job_id"]))) for j in jobs_in]
+    jobs.sort(key=lambda j: j["job_id"])
+    node = _node(node_in, f, jobs_in) if view is not None else _empty_node()
+    return jobs, events, node
 
 
 def _daemon_state(

@@ -91,12 +91,27 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFami
 
 
 def _node_metrics(doc: Mapping[str, Any]) -> Iterator[Metric]:
-    daemon, node, jobs = doc["daemon"], doc["node"], doc["jobs"]
+    daemon, node = doc["daemon"], doc["node"]
     info = _gauge("coda_node_info", "coda-node on this node (value 1).", ("node", "version"))
     info.add_metric([daemon["node_name"] or "", daemon["version"] or ""], 1.0)
     yield info
     if node["cores"] is not None:
         yield GaugeMetricFamily("coda_node_cores", "CPU cores online.", value=node["cores"])
+    yield from _gpu_metrics(node)
+    yield from _socket_metrics(node)
+    caps = _gauge(
+        "coda_node_capability_available",
+        "1 when the capability is usable here (coda-node check), else 0.",
+        ("capability",),
+    )
+    for c in node["capabilities"]:
+        caps.add_metric([c["name"]], 1.0 if c["available"] else 0.0)
+    yield caps
+    yield from _job_and_tick_metrics(doc)
+
+
+def _gpu_metrics(node: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per-GPU utilisation and PCIe rates, as NVML reports them."""
     util = _gauge(
         "coda_node_gpu_utilization_ratio", "GPU utilisation (NVML), 0..1.", ("gpu", "model")
     )
@@ -115,6 +130,10 @@ def _node_metrics(doc: Mapping[str, Any]) -> Iterator[Metric]:
         if g["pcie_tx_bytes_per_s"] is not None:
             tx.add_metric([gpu], g["pcie_tx_bytes_per_s"])
     yield from (util, rx, tx)
+
+
+def _socket_metrics(node: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per-socket DRAM and PCIe traffic from the uncore counters."""
     bw = _gauge(
         "coda_node_memory_bandwidth_bytes_per_second",
         "DRAM traffic of a socket, read + write (uncore IMC counters).",
@@ -135,14 +154,11 @@ def _node_metrics(doc: Mapping[str, Any]) -> Iterator[Metric]:
             if value is not None:
                 pcie.add_metric([str(p["socket"]), direction], value)
     yield pcie
-    caps = _gauge(
-        "coda_node_capability_available",
-        "1 when the capability is usable here (coda-node check), else 0.",
-        ("capability",),
-    )
-    for c in node["capabilities"]:
-        caps.add_metric([c["name"]], 1.0 if c["available"] else 0.0)
-    yield caps
+
+
+def _job_and_tick_metrics(doc: Mapping[str, Any]) -> Iterator[Metric]:
+    """Job counts (by kind, throttled, probing) and the daemon's last tick."""
+    daemon, jobs = doc["daemon"], doc["jobs"]
     by_kind = _gauge("coda_node_jobs", "Jobs on the node, by kind.", ("kind",))
     for kind in ("dnn", "cpu", "unknown"):
         by_kind.add_metric([kind], float(sum(1 for j in jobs if j["kind"] == kind)))

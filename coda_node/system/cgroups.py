@@ -673,9 +673,6 @@ def _read_job(
     pids_file = _PIDS_FILE[version]
     job_str = os.fspath(job_dir)
 
-    def step_cpus(path: str) -> frozenset[int]:
-        return _step_cpus(path, version)
-
     def dir_mems(path: str) -> str:
         return _dir_mems(path, version)
 
@@ -692,6 +689,40 @@ def _read_job(
             return None
         raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
     tasks = detail == "tasks"
+    steps = _read_steps(job_id, job_dir, subdirs, version, walk, tasks=tasks)
+    if not os.path.isdir(job_str):
+        return None
+    if not tasks:
+        return CgroupJob(job_id, uid, job_dir, cpus, mems, tuple(steps), pids=(), detail="steps")
+    pids = _job_pids(job_dir, subdirs, steps, pids_file, walk)
+    return CgroupJob(
+        job_id=job_id,
+        uid=uid,
+        path=job_dir,
+        cpus=cpus,
+        mems=mems,
+        steps=tuple(steps),
+        pids=tuple(sorted(pids)),
+    )
+
+
+def _read_steps(
+    job_id: int,
+    job_dir: Path,
+    subdirs: list[str],
+    version: int,
+    walk: _Walk,
+    *,
+    tasks: bool,
+) -> list[CgroupStep]:
+    """The steps below ``job_dir`` (its ``step_*`` directories), with their tasks when
+    ``tasks``; a step gone while read is left out and recorded on ``walk``."""
+    job_str = os.fspath(job_dir)
+    pids_file = _PIDS_FILE[version]
+
+    def step_cpus(path: str) -> frozenset[int]:
+        return _step_cpus(path, version)
+
     steps = []
     for name in subdirs:
         if not name.startswith("step_"):
@@ -717,12 +748,19 @@ def _read_job(
                 pids=step_pids,
             )
         )
-    if not os.path.isdir(job_str):
-        return None
-    if not tasks:
-        return CgroupJob(job_id, uid, job_dir, cpus, mems, tuple(steps), pids=(), detail="steps")
-    # The job's tasks: its steps' (already read) and any in the job directory itself or in
-    # a non-step directory below it; one walk of the tree, not two.
+    return steps
+
+
+def _job_pids(
+    job_dir: Path,
+    subdirs: list[str],
+    steps: list[CgroupStep],
+    pids_file: str,
+    walk: _Walk,
+) -> set[int]:
+    """The job's tasks: its steps' (already read) and any in the job directory itself or
+    in a non-step directory below it; one walk of the tree, not two."""
+    job_str = os.fspath(job_dir)
     pids: set[int] = {p for step in steps for p in step.pids}
     try:
         pids.update(_read_pids(f"{job_str}/{pids_file}"))
@@ -732,15 +770,7 @@ def _read_job(
     for name in subdirs:
         if not name.startswith("step_"):
             pids.update(_subtree_pids(f"{job_str}/{name}", pids_file, walk))
-    return CgroupJob(
-        job_id=job_id,
-        uid=uid,
-        path=job_dir,
-        cpus=cpus,
-        mems=mems,
-        steps=tuple(steps),
-        pids=tuple(sorted(pids)),
-    )
+    return pids
 
 
 @dataclass(frozen=True, slots=True)
@@ -810,19 +840,8 @@ def scan_jobs(
     """
     if cache is not None:
         cache.new_pass()
-    found: list[tuple[int, int | None, Path]] = []
-    unattributed: list[UnattributedDir] = []
     join = cache.path if cache is not None else None
-    for top in layout.slurm_dirs:
-        if layout.version == 1:
-            for owner, uid_dir in _numbered(top, "uid_", join):
-                found.extend(
-                    (job_id, owner, job_dir) for job_id, job_dir in _numbered(uid_dir, "job_", join)
-                )
-        else:
-            in_scope, unknown = _v2_job_dirs(top, resolve, join)
-            found.extend(in_scope)
-            unattributed.extend(unknown)
+    found, unattributed = _job_dirs(layout, resolve, join)
     jobs: dict[int, CgroupJob] = {}
     seen: dict[int, Path] = {}
     for job_id, uid, job_dir in found:
@@ -839,24 +858,60 @@ def scan_jobs(
         if cache is None or want == "cpus":
             job = _read_job(layout, job_id, uid, job_dir, detail=want)
         else:
-            if cache.fresh(os.fspath(job_dir)):
-                walk = _Walk(
-                    listing=functools.partial(cache.subdirs, fresh=True),
-                    join=cache.path,
-                    value=functools.partial(cache.value, fresh=True),
-                )
-            else:
-                walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
-            job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
-            if walk.gone:
-                # Something listed from the cache had gone: a step ended, and another may
-                # have started under the same link count. Read the job again, listing afresh.
-                cache.forget(os.fspath(job_dir))
-                walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
-                job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
+            job = _read_job_cached(layout, job_id, uid, job_dir, want, cache)
         if job is not None:
             jobs[job_id] = job
     return JobScan(jobs, tuple(unattributed))
+
+
+def _job_dirs(
+    layout: CgroupLayout,
+    resolve: SluidResolver | None,
+    join: Callable[[Path, str], Path] | None,
+) -> tuple[list[tuple[int, int | None, Path]], list[UnattributedDir]]:
+    """Every job directory in Slurm's trees as (job id, owner uid or None, path), in tree
+    order; and the v2 directories that name no job coda-node knows."""
+    found: list[tuple[int, int | None, Path]] = []
+    unattributed: list[UnattributedDir] = []
+    for top in layout.slurm_dirs:
+        if layout.version == 1:
+            for owner, uid_dir in _numbered(top, "uid_", join):
+                found.extend(
+                    (job_id, owner, job_dir) for job_id, job_dir in _numbered(uid_dir, "job_", join)
+                )
+        else:
+            in_scope, unknown = _v2_job_dirs(top, resolve, join)
+            found.extend(in_scope)
+            unattributed.extend(unknown)
+    return found, unattributed
+
+
+def _read_job_cached(
+    layout: CgroupLayout,
+    job_id: int,
+    uid: int | None,
+    job_dir: Path,
+    want: Detail,
+    cache: SubdirCache,
+) -> CgroupJob | None:
+    """:func:`_read_job` with its directories listed through ``cache``, and read again
+    listing afresh when something the cache listed had gone."""
+    if cache.fresh(os.fspath(job_dir)):
+        walk = _Walk(
+            listing=functools.partial(cache.subdirs, fresh=True),
+            join=cache.path,
+            value=functools.partial(cache.value, fresh=True),
+        )
+    else:
+        walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
+    job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
+    if walk.gone:
+        # Something listed from the cache had gone: a step ended, and another may
+        # have started under the same link count. Read the job again, listing afresh.
+        cache.forget(os.fspath(job_dir))
+        walk = _Walk(listing=cache.subdirs, join=cache.path, value=cache.value)
+        job = _read_job(layout, job_id, uid, job_dir, detail=want, walk=walk)
+    return job
 
 
 def list_jobs(
