@@ -136,6 +136,10 @@ def start_hook(
     """The hook started on a FakeLib with ``coda_conf`` and a one-node slurm.conf (32 CPUs,
     4 GPUs) in ``tmp_path``; stopped when the generator is closed."""
     conf = tmp_path / "coda.conf"
+    if "HookBudgetMs" not in coda_conf:
+        # A decision slowed by a loaded machine is still the decision these tests compare;
+        # what the budget does is tests/controller/test_submit_slurm.py's to show.
+        coda_conf += "HookBudgetMs=2000\n"
     conf.write_text(coda_conf)
     (tmp_path / "slurm.conf").write_text(
         "NodeName=g1 CPUs=32 Gres=gpu:4\nPartitionName=gpu Nodes=g1\n"
