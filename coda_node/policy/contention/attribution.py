@@ -6,30 +6,19 @@ whole; if the DNN job then slows by too little, the job is *innocent* and left a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from coda_node.policy.allocator import Event
 from coda_node.policy.contention.jobs import ContentionOutput, CpuJob, DnnJob, throttle_share
-from coda_node.policy.contention.ladder import Ladder
-from coda_node.policy.contention.params import ContentionParams
-from coda_node.policy.contention.state import Throttled, Victim
+from coda_node.policy.contention.part import Part
 
 
-class Attribution:
+@dataclass(eq=False)
+class Attribution(Part):
     """The effect tests of the throttled jobs, and the jobs found innocent (since when)."""
 
-    def __init__(
-        self,
-        params: ContentionParams,
-        ladder: Ladder,
-        throttled: Mapping[int, Throttled],
-        victims: Mapping[int, Victim],
-    ) -> None:
-        self.params = params
-        self.ladder = ladder
-        self.throttled = throttled
-        self.victims = victims
-        self.innocent: dict[int, float] = {}
-        """CPU jobs whose first step did not speed up the DNN job it was for: since when."""
+    innocent: dict[int, float] = field(default_factory=dict, init=False)
+    """CPU jobs whose first step did not speed up the DNN job it was for: since when."""
 
     def attribute(self, cpu: Mapping[int, CpuJob]) -> None:
         """Judge each throttled job by its effect. The test starts at its first step and ends

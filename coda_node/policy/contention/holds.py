@@ -6,32 +6,21 @@ A hold that fails either is given back whole and that DNN job is not shielded fo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from coda_node.policy.contention.jobs import ContentionOutput, CpuJob, DnnJob, throttle_share
-from coda_node.policy.contention.ladder import Ladder
-from coda_node.policy.contention.params import ContentionParams
-from coda_node.policy.contention.state import Hold, Throttled, Victim
+from coda_node.policy.contention.part import Part
+from coda_node.policy.contention.state import Hold, Throttled
 
 
-class Holds:
+@dataclass(eq=False)
+class Holds(Part):
     """Per shielded DNN job its hold until judged, and the DNN jobs not shielded now."""
 
-    def __init__(
-        self,
-        params: ContentionParams,
-        ladder: Ladder,
-        throttled: Mapping[int, Throttled],
-        victims: Mapping[int, Victim],
-    ) -> None:
-        self.params = params
-        self.ladder = ladder
-        self.throttled = throttled
-        self.victims = victims
-        self.holds: dict[int, Hold] = {}
-        """Per DNN job shielded now: its hold, until judged (``min_gain_per_hold``)."""
-        self.unshielded: dict[int, float] = {}
-        """DNN jobs whose hold bought too little: since when (not shielded for
-        ``retest_s``)."""
+    holds: dict[int, Hold] = field(default_factory=dict, init=False)
+    """Per DNN job shielded now: its hold, until judged (``min_gain_per_hold``)."""
+    unshielded: dict[int, float] = field(default_factory=dict, init=False)
+    """DNN jobs whose hold bought too little: since when (not shielded for ``retest_s``)."""
 
     @property
     def judging(self) -> bool:

@@ -8,25 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from coda_node.policy.contention.jobs import ContentionOutput, CpuJob, DnnJob, throttle_share
-from coda_node.policy.contention.ladder import Ladder
-from coda_node.policy.contention.params import ContentionParams
-from coda_node.policy.contention.state import Throttled, Victim
+from coda_node.policy.contention.part import Part
+from coda_node.policy.contention.state import Throttled
 
 
-class Release:
+class Release(Part):
     """When each throttled job's next release step is due, and taking it."""
-
-    def __init__(
-        self,
-        params: ContentionParams,
-        ladder: Ladder,
-        throttled: Mapping[int, Throttled],
-        victims: Mapping[int, Victim],
-    ) -> None:
-        self.params = params
-        self.ladder = ladder
-        self.throttled = throttled
-        self.victims = victims
 
     def release(
         self,
