@@ -156,15 +156,15 @@ class ConfigWriter:
 
     def _node_lines(self, node: NodeSpec, node_gres: str, host: str, slurmd_port: int) -> str:
         """slurm.conf's ``NodeName=`` line of every node."""
-        cores_per_socket = node.cpus // node.sockets
+        cores_per_socket = node.cpus // node.sockets // node.threads_per_core
         extra = f" Feature={node.features}" if node.features else ""
         if node.restricted_cores_per_gpu:
             extra += f" RestrictedCoresPerGPU={node.restricted_cores_per_gpu}"
         return "".join(
             f"NodeName={name} NodeAddr={self.c.node_addr(name)} NodeHostname={host} "
             f"Port={slurmd_port} Sockets={node.sockets} CoresPerSocket={cores_per_socket} "
-            f"ThreadsPerCore=1 RealMemory={node.real_memory_mb} Gres={node_gres}{extra} "
-            "State=UNKNOWN\n"
+            f"ThreadsPerCore={node.threads_per_core} RealMemory={node.real_memory_mb} "
+            f"Gres={node_gres}{extra} State=UNKNOWN\n"
             for name in self.c.node_names
         )
 
@@ -232,7 +232,7 @@ def gres_conf(node: NodeSpec, dev: Path, node_list: str = NODE_NAME) -> str:
     Every node of ``node_list`` (a Slurm host list) has the same devices.
     """
     per_socket = max(1, -(-node.gpus // node.sockets))
-    cores_per_socket = node.cpus // node.sockets
+    cores_per_socket = node.cpus // node.sockets // node.threads_per_core  # Cores= counts cores
     lines = []
     for first in range(0, node.gpus, per_socket):
         last = min(first + per_socket, node.gpus) - 1

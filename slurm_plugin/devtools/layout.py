@@ -32,6 +32,8 @@ class NodeSpec:
 
     cpus: int = 32
     sockets: int = 2
+    threads_per_core: int = 1
+    """Hardware threads per core: ``cpus`` counts threads, as slurm.conf's ``CPUs=`` does."""
     gpus: int = 4
     gpu_type: str = "a100"
     real_memory_mb: int = 64000

@@ -1,4 +1,5 @@
-"""What the dev cluster reads from the Slurm installed here: its plugin directory and version."""
+"""What the dev cluster reads from the Slurm installed here (its plugin directory and version)
+and the node it declares."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from slurm_plugin.devtools.cluster import (
+    DevCluster,
     DevClusterError,
+    NodeSpec,
+    gres_conf,
     parse_slurm_version,
     plugin_dir_candidates,
     system_plugin_dir,
@@ -64,3 +68,14 @@ def test_slurm_version_is_read_from_slurmctld_v(text: str, version: tuple[int, i
 def test_an_unreadable_version_says_what_it_read(text: str) -> None:
     with pytest.raises(DevClusterError, match="cannot read a Slurm version"):
         parse_slurm_version(text)
+
+
+def test_a_node_with_two_threads_per_core_declares_cores_not_cpus(tmp_path: Path) -> None:
+    node = NodeSpec(cpus=32, sockets=2, gpus=4, threads_per_core=2)
+    c = DevCluster(tmp_path, node=node)
+    (tmp_path / "etc").mkdir()
+    c._write_configs(ctld_port=7001, slurmd_port=7002, metrics_ports={})
+    line = next(x for x in c.slurm_conf.read_text().splitlines() if x.startswith("NodeName=gpu01"))
+    assert "Sockets=2 CoresPerSocket=8 ThreadsPerCore=2 " in line
+    # gres.conf's Cores= are core numbers: each socket's GPUs beside its 8 cores.
+    assert [x.split("Cores=")[1] for x in gres_conf(node, tmp_path).splitlines()] == ["0-7", "8-15"]
