@@ -767,6 +767,19 @@ def _log_bytes(msg: str) -> bytes:
     return msg.replace("\n", " | ").encode("utf-8", "replace")
 
 
+class _Call:
+    """What one ``job_submit`` call has learnt, for its journal entry and a failure's
+    line; the class attributes are the values before the job was read."""
+
+    who: Plan | JobRequest | None = None
+    """The plan once there is one, the request on a memo miss."""
+    journaled: Decision | None = None
+    """What the decision journal gets (set before each return that is a decision)."""
+    token: int = 0
+    fail_open: bool = False
+    error: str | None = None
+
+
 def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
     state = _state
     if state is None:
@@ -775,77 +788,82 @@ def job_submit(desc: Any, submit_uid: int, err_msg: Any) -> int:
     stats = state.stats
     stats.calls += 1
     stats.last_call_unix_s = now_unix_s = _time_s()
-    # Who the job is, for the journal and a failure's line: the plan once there is one,
-    # the request on a memo miss, None before the job was read.
-    who: Plan | JobRequest | None = None
-    # What the decision journal gets (set before each return that is a decision).
-    journaled: Decision | None = None
-    token = 0
-    fail_open = False
-    error: str | None = None
+    gpus = (desc.tres_per_node, desc.tres_per_job, desc.tres_per_task, desc.tres_per_socket)
+    if state.cpu_jobs_silent and not any(gpus):
+        # No GPU asked: decide() would skip the job with nothing to write or log, so the
+        # other fields are not read at all.
+        stats.record(_perf_ns() - t0)
+        return _SUCCESS
+    call = _Call()
     try:
-        per_node = desc.tres_per_node
-        per_job = desc.tres_per_job
-        per_task = desc.tres_per_task
-        per_socket = desc.tres_per_socket
-        if not (per_node or per_job or per_task or per_socket) and state.cpu_jobs_silent:
-            # No GPU asked: decide() would skip the job with nothing to write or log, so the
-            # other fields are not read at all.
-            return _SUCCESS
-        key = _read_key(desc, submit_uid, per_node, per_job, per_task, per_socket)
-        profiles = state.cache.snapshot()
-        memo = state.memo
-        if memo.profiles is not profiles:  # the store reloaded: earlier plans may be stale
-            memo = _renew_memo(state, profiles)
-        plan = memo.plans.get(key)
-        if plan is None:
-            who = req = _request_from_key(key)
-            plan = _plan_miss(state, memo, key, req, profiles)
-        who = plan
-        decision = plan.decision
-        action = decision.action
-        if action == "reject":
-            journaled = decision
-            return _reject(state, plan, err_msg)
-        if action == "skip" and (decision.admin_comment is None or decision.cpu_job):
-            # CPU-only job, coda:off, or one routed by CpuJobPartitions or MemBwSpreadGres:
-            # not a GPU decision, so neither counted nor journaled as one (coda-slurm status
-            # is about GPU jobs' cores).
-            return _pass_unmanaged(desc, state, plan, err_msg)
-        stats.gpu_jobs += 1
-        journaled = decision
-        elapsed_ms = (_perf_ns() - t0) / 1e6
-        if elapsed_ms > state.cfg.hook_budget_ms:
-            fail_open = True
-            error = _over_budget(state, plan, submit_uid, elapsed_ms)
-            return _SUCCESS
-        if plan.admin_comment is not None:
-            token = _next_token()
-        return _accept(desc, state, plan, err_msg, token)
+        return _decide_and_write(desc, submit_uid, err_msg, state, t0, call, gpus)
     except Exception as exc:
         stats.fail_open += 1
-        fail_open = True
-        error = f"{type(exc).__name__}: {exc}"
-        log(LOG_ERROR, f"{_failed_job_label(who, submit_uid)}: {error}; job passes unchanged")
+        call.fail_open = True
+        call.error = error = f"{type(exc).__name__}: {exc}"
+        log(LOG_ERROR, f"{_failed_job_label(call.who, submit_uid)}: {error}; job passes unchanged")
         return _SUCCESS
     finally:
         elapsed_ns = _perf_ns() - t0
         stats.record(elapsed_ns)
         journal = state.journal
-        if journal is not None and (journaled is not None or fail_open):
+        if journal is not None and (call.journaled is not None or call.fail_open):
             journal.record(
                 pending_entry(
                     now_unix_s,
                     _lib.coda_job_id(desc),
                     submit_uid,
-                    who,
-                    journaled,
+                    call.who,
+                    call.journaled,
                     elapsed_ns,
-                    fail_open,
-                    error,
-                    token,
+                    call.fail_open,
+                    call.error,
+                    call.token,
                 )
             )
+
+
+def _decide_and_write(
+    desc: Any,
+    submit_uid: int,
+    err_msg: Any,
+    state: HookState,
+    t0: int,
+    call: _Call,
+    gpus: tuple[Any, Any, Any, Any],
+) -> int:
+    """``job_submit``'s work: the job's plan (memoised), then what it writes or says.
+    ``gpus``: job_desc's GPU request fields, per node, job, task and socket."""
+    key = _read_key(desc, submit_uid, *gpus)
+    profiles = state.cache.snapshot()
+    memo = state.memo
+    if memo.profiles is not profiles:  # the store reloaded: earlier plans may be stale
+        memo = _renew_memo(state, profiles)
+    plan = memo.plans.get(key)
+    if plan is None:
+        call.who = req = _request_from_key(key)
+        plan = _plan_miss(state, memo, key, req, profiles)
+    call.who = plan
+    decision = plan.decision
+    action = decision.action
+    if action == "reject":
+        call.journaled = decision
+        return _reject(state, plan, err_msg)
+    if action == "skip" and (decision.admin_comment is None or decision.cpu_job):
+        # CPU-only job, coda:off, or one routed by CpuJobPartitions or MemBwSpreadGres:
+        # not a GPU decision, so neither counted nor journaled as one (coda-slurm status
+        # is about GPU jobs' cores).
+        return _pass_unmanaged(desc, state, plan, err_msg)
+    state.stats.gpu_jobs += 1
+    call.journaled = decision
+    elapsed_ms = (_perf_ns() - t0) / 1e6
+    if elapsed_ms > state.cfg.hook_budget_ms:
+        call.fail_open = True
+        call.error = _over_budget(state, plan, submit_uid, elapsed_ms)
+        return _SUCCESS
+    if plan.admin_comment is not None:
+        call.token = _next_token()
+    return _accept(desc, state, plan, err_msg, call.token)
 
 
 def _plan_miss(
