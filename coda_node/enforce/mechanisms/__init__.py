@@ -24,17 +24,27 @@ _OWNER: dict[str, str] = {}
 
 
 def register(kind: type[Mechanism]) -> None:
-    """Add ``kind`` after the mechanisms listed so far. Its name and the keys of its
-    record must be new: a record's keys share one JSON object with the others'."""
+    """Add ``kind`` after the mechanisms listed so far. Its name, the keys of its record
+    and its ``coda-node limit`` options must be new: a record's keys share one JSON object
+    with the others', and the options one command."""
     if kind.name in _REGISTRY:
         raise ValueError(f"a mechanism named {kind.name!r} is already registered")
     keys = kind.record.field_names()
     clash = sorted(key for key in keys if key in _OWNER)
     if clash:
         raise ValueError(f"{kind.name}: record keys {', '.join(clash)} are another's")
+    taken = {word for other in _REGISTRY.values() for word in _option_words(other)}
+    clash = sorted(_option_words(kind) & taken)
+    if clash:
+        raise ValueError(f"{kind.name}: limit options {', '.join(clash)} are another's")
     _REGISTRY[kind.name] = kind
     _OWNER.update(dict.fromkeys(keys, kind.name))
     set_node_mechanisms(_REGISTRY)
+
+
+def _option_words(kind: type[Mechanism]) -> set[str]:
+    """The flags and parameter names of ``kind``'s ``coda-node limit`` options."""
+    return {word for o in kind.limit_options for word in (*o.opts, o.name or "")} - {""}
 
 
 def unregister(name: str) -> None:

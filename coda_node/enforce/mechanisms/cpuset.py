@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
+from coda_common.cli import CliError
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -95,7 +98,35 @@ class Cpuset(Mechanism):
     name = "cpuset"
     record = CpusetRecord
     events = (("cpuset restored", "cpuset-restore"), ("cpuset ", "cpuset"))
+    throttles = False
+    """A cpuset is where a job runs, which the adaptive allocator sets as the job's need
+    changes: no throttle."""
+    limit_options = (
+        click.Option(
+            ["--cores"], type=click.IntRange(min=1), help="Keep the job on N of its cores."
+        ),
+        click.Option(
+            ["--cpus", "cpu_list"], help="Keep the job on these of its CPUs (e.g. 0-3,8)."
+        ),
+    )
     writer: CpusetWriter | None
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """``--cores`` N, or ``--cpus`` a CPU list (not both)."""
+        cores: int | None = given.get("cores")
+        cpu_list: str | None = given.get("cpu_list")
+        if cores is not None and cpu_list is not None:
+            raise CliError("give --cores or --cpus, not both")
+        if cpu_list is None:
+            return {} if cores is None else {"cores": cores}
+        try:
+            cpus = tuple(sorted(parse_cpulist(cpu_list)))
+        except ValueError as exc:
+            raise CliError(f"bad CPU list {cpu_list!r}", str(exc)) from None
+        if not cpus:
+            raise CliError("an empty CPU list is not a limit")
+        return {"cpus": cpus}
 
     def apply(
         self, step: JobStep, cg: CgroupJob, target: JobTarget, rec: CpusetRecord, r: JobResult

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -46,7 +48,18 @@ class Quota(Mechanism):
     name = "quota"
     record = QuotaRecord
     events = (("cpu quota released", "quota-release"), ("cpu quota ", "quota"))
+    limit_options = (
+        click.Option(
+            ["--cpu-quota", "quota_cores"],
+            type=click.FloatRange(min=0, min_open=True),
+            help="Cap the job's CPU time at this many cores' worth.",
+        ),
+    )
     writer: CpuQuotaWriter | None
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(given)
 
     def apply(
         self, step: JobStep, cg: CgroupJob, target: JobTarget, rec: QuotaRecord, r: JobResult

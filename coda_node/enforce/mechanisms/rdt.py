@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -101,7 +103,18 @@ class Rdt(Mechanism):
         ("L3 cache ways released", "l3-release"),
         ("L3 cache ", "l3"),
     )
+    limit_options = (
+        click.Option(
+            ["--mem-bw", "mem_bw_pct"],
+            type=click.IntRange(min=1),
+            help="Cap the job's memory bandwidth (Intel RDT MBA: percent, or MBps on mba_MBps).",
+        ),
+    )
     writer: ResctrlControl | None
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(given)
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         return self.writer.locked() if self.writer is not None else contextlib.nullcontext()
