@@ -20,7 +20,7 @@ from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
 from coda_common.slurm.conffile import ConfigError
 from coda_node import __version__
-from coda_node.enforce.mechanisms import registered
+from coda_node.enforce.mechanisms import probe, registered
 from coda_node.enforce.state import (
     STATE_FILE,
     VIEW_FILE,
@@ -32,7 +32,7 @@ from coda_node.enforce.state import (
 )
 from coda_node.status.document import load_status
 from coda_node.status.text import render
-from coda_node.system.check import probe_all, probe_slurm_jobs
+from coda_node.system.check import probe_slurm_jobs
 from coda_node.system.paths import SystemRoot
 from coda_node.system.slurmjobs import Runner, make_runner
 
@@ -97,9 +97,7 @@ def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
     system_root = root if root is not None else cfg.node_root
     # Ask slurmctld only about the real system, not about a fixture tree.
     real = system_root.resolve() == Path("/")
-    caps = probe_all(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
-    for kind in registered():
-        caps += kind.probe(SystemRoot(system_root))
+    caps = probe(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
     jobs_runner = _jobs_runner(real)
     if jobs_runner is not None:
         # As the daemon names the node (coda_node.daemon.service).

@@ -205,9 +205,12 @@ def test_a_toy_mechanism_is_planned_applied_recorded_restored_and_shown(
     assert event_action("power cap 150 W") == "powercap"
     assert event_action("power cap released") == "powercap-release"
     assert {"powercap", "powercap-release", "cpuset"} <= write_actions()
-    assert Powercap.probe(SystemRoot(tmp_path)) == [
-        Capability("power cap", True, "toy power-cap files")
-    ]
+    checked = CliRunner().invoke(cli, ["check", "--root", str(tmp_path), "--json"])
+    rows = [c["name"] for c in json.loads(checked.output)]
+    assert "power cap" in rows
+    # Not through a job's cgroups: after the Slurm tree and the other mechanisms' rows.
+    assert rows[:3] == ["cpuset control", "CPU quota", "Slurm job cgroups"]
+    assert rows.index("memory-bandwidth monitoring") + 1 == rows.index("power cap")
 
 
 def test_the_daemon_applies_a_registered_mechanism_and_status_shows_it(
@@ -242,6 +245,7 @@ def test_the_daemon_applies_a_registered_mechanism_and_status_shows_it(
         shown = [e for e in doc["events"] if e["action"] == "powercap"]
         assert [(e["job_id"], e["what"]) for e in shown] == [(job_id, "power cap 150 W")]
         assert "power cap 150 W" in render(doc, width=160)
+        assert "power cap" in [c["name"] for c in doc["node"]["capabilities"]]
         assert daemon.restore()[job_id].applied == ["power cap released"]
         assert not (power_dir / f"job_{job_id}").exists()
     finally:

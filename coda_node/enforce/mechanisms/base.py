@@ -106,6 +106,9 @@ class Mechanism:
     events: ClassVar[tuple[tuple[str, str], ...]] = ()
     """(prefix of an "applied" line, status event action), the most specific first. An
     action ending ``-release`` or ``-restore`` undoes a limit; the others set one."""
+    through_cgroups: ClassVar[bool] = False
+    """Whether it limits a job through the job's Slurm cgroups: ``coda-node check`` shows
+    its :meth:`probe` rows before the Slurm job cgroups row, the others' after it."""
     throttles: ClassVar[bool] = True
     """Whether the limits it sets hold a job back the way a throttle does: ``coda-node
     status`` paints their events as it paints a throttle's."""
@@ -126,8 +129,8 @@ class Mechanism:
 
     @classmethod
     def probe(cls, root: SystemRoot) -> list[Capability]:
-        """``coda-node check``'s rows for what this mechanism needs, beyond those
-        :func:`coda_node.system.check.probe_all` shows for the built-in ones."""
+        """``coda-node check``'s rows (and the status screen's capabilities) for what this
+        mechanism needs on the node at ``root``."""
         return []
 
     @classmethod

@@ -21,6 +21,7 @@ from coda_node.enforce.mechanisms.base import (
     sampled,
 )
 from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
 from coda_node.system.cgroups import (
     CgroupJob,
     CpusetSnapshot,
@@ -29,6 +30,8 @@ from coda_node.system.cgroups import (
     format_cpulist,
     parse_cpulist,
 )
+from coda_node.system.check import probe_cpuset_control
+from coda_node.system.paths import SystemRoot
 
 
 def snapshot_to_dict(snap: CpusetSnapshot) -> dict[str, Any]:
@@ -101,6 +104,7 @@ class Cpuset(Mechanism):
     throttles = False
     """A cpuset is where a job runs, which the adaptive allocator sets as the job's need
     changes: no throttle."""
+    through_cgroups = True
     limit_options = (
         click.Option(
             ["--cores"], type=click.IntRange(min=1), help="Keep the job on N of its cores."
@@ -110,6 +114,11 @@ class Cpuset(Mechanism):
         ),
     )
     writer: CpusetWriter | None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """The cgroup cpuset controller."""
+        return [probe_cpuset_control(root)]
 
     @classmethod
     def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:

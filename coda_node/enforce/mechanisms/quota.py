@@ -20,7 +20,10 @@ from coda_node.enforce.mechanisms.base import (
     sampled,
 )
 from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupError, CgroupJob, CpuQuotaWriter, Detail
+from coda_node.system.check import probe_cpu_quota
+from coda_node.system.paths import SystemRoot
 
 log = logging.getLogger("coda-node")
 
@@ -48,6 +51,7 @@ class Quota(Mechanism):
     name = "quota"
     record = QuotaRecord
     events = (("cpu quota released", "quota-release"), ("cpu quota ", "quota"))
+    through_cgroups = True
     limit_options = (
         click.Option(
             ["--cpu-quota", "quota_cores"],
@@ -56,6 +60,11 @@ class Quota(Mechanism):
         ),
     )
     writer: CpuQuotaWriter | None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """The cgroup cpu controller."""
+        return [probe_cpu_quota(root)]
 
     @classmethod
     def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,10 @@ from coda_node.enforce.mechanisms.base import (
     text,
 )
 from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupJob, Detail
+from coda_node.system.check import probe_resctrl
+from coda_node.system.paths import SystemRoot
 from coda_node.system.resctrl import OutOfIds, ResctrlControl, ResctrlError, l3_mask, mb_value
 
 log = logging.getLogger("coda-node")
@@ -111,6 +114,11 @@ class Rdt(Mechanism):
         ),
     )
     writer: ResctrlControl | None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """resctrl's MBA, CAT and MBM (the monitoring the same mount offers)."""
+        return probe_resctrl(root)
 
     @classmethod
     def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
