@@ -34,7 +34,7 @@ from coda_node.enforce.state import (
 )
 from coda_node.policy.targets import JobFacts, JobTarget, plan
 from coda_node.status.document import event_action, load_status, write_actions
-from coda_node.status.text import render
+from coda_node.status.text import YELLOW, Paint, event_lines, render
 from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupJob, CgroupLayout
 from coda_node.system.paths import SystemRoot
@@ -292,6 +292,27 @@ def test_coda_node_limit_takes_the_options_of_a_registered_mechanism(
         assert "--power-cap" not in runner.invoke(cli, ["limit", "--help"]).output
         assert "No such option '--power-cap'" in limit(str(JOB), "--power-cap", "200").output
         assert "give --cores, --cpus, --cpu-quota or --mem-bw)" in limit(str(JOB)).output
+    finally:
+        mechanisms.register(Powercap)
+
+
+def test_the_status_screen_paints_a_registered_mechanisms_limits_as_it_paints_the_built_ins(
+    powercap: type[Powercap],
+) -> None:
+    def painted(what: str) -> bool:
+        event = {"unix_s": 0, "job_id": JOB, "what": what, "reason": "r"}
+        line = event_lines([{**event, "action": event_action(what)}], 160, Paint(True))[0]
+        assert line.startswith(f"\x1b[{YELLOW}m") or not line.startswith("\x1b"), line
+        return line.startswith("\x1b")
+
+    assert painted("power cap 200 W") and painted("cpu quota 2 cores")
+    assert painted("memory bandwidth 30") and painted("L3 cache 5 of 20 ways")
+    assert not painted("power cap released") and not painted("cpu quota released")
+    # A cpuset is where a job runs, not a throttle; nor is its restore.
+    assert not painted("cpuset 0-3") and not painted("cpuset restored to 0-7")
+    mechanisms.unregister(Powercap.name)
+    try:
+        assert not painted("power cap 200 W")
     finally:
         mechanisms.register(Powercap)
 
