@@ -20,7 +20,7 @@ from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
 from coda_common.slurm.conffile import ConfigError
 from coda_node import __version__
-from coda_node.enforce.mechanisms import registered
+from coda_node.enforce.mechanisms import probe, registered
 from coda_node.enforce.state import (
     STATE_FILE,
     VIEW_FILE,
@@ -32,7 +32,7 @@ from coda_node.enforce.state import (
 )
 from coda_node.status.document import load_status
 from coda_node.status.text import render
-from coda_node.system.check import probe_all, probe_slurm_jobs
+from coda_node.system.check import probe_slurm_jobs
 from coda_node.system.paths import SystemRoot
 from coda_node.system.slurmjobs import Runner, make_runner
 
@@ -97,9 +97,7 @@ def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
     system_root = root if root is not None else cfg.node_root
     # Ask slurmctld only about the real system, not about a fixture tree.
     real = system_root.resolve() == Path("/")
-    caps = probe_all(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
-    for kind in registered():
-        caps += kind.probe(SystemRoot(system_root))
+    caps = probe(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
     jobs_runner = _jobs_runner(real)
     if jobs_runner is not None:
         # As the daemon names the node (coda_node.daemon.service).
@@ -248,57 +246,54 @@ def _put_back(cfg: CodaConfig) -> str:
     return said + (f"; not put back: {'; '.join(failed)}" if failed else "")
 
 
-@cli.command()
+class LimitCommand(click.Command):
+    """``coda-node limit``: the job, then each registered mechanism's options
+    (:attr:`~coda_node.enforce.mechanisms.base.Mechanism.limit_options`), then
+    ``--reason``; the mechanisms are read each time the command parses or shows its help,
+    so a mechanism registered at any time before has its options there."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)
+        at = next(i for i, p in enumerate(params) if p.name == "reason")
+        return [
+            *params[:at],
+            *(o for kind in registered() for o in kind.limit_options),
+            *params[at:],
+        ]
+
+
+def _limit_of(options: dict[str, Any], reason: str) -> Limit:
+    """The limit the mechanisms' options ask for (each mechanism's
+    :meth:`~coda_node.enforce.mechanisms.base.Mechanism.limit_fields`)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    if not given:
+        flags = [o.opts[0] for kind in registered() for o in kind.limit_options]
+        listed = ", ".join(flags[:-1]) + " or " + flags[-1] if len(flags) > 1 else "".join(flags)
+        raise CliError("nothing to limit", f"give {listed}")
+    fields: dict[str, Any] = {}
+    extra: list[tuple[str, Any]] = []
+    for kind in registered():
+        mine = {o.name: given[o.name] for o in kind.limit_options if o.name in given}
+        part = kind.limit_fields(mine)
+        extra += part.pop("extra", ())
+        fields.update(part)
+    return Limit(**fields, reason=reason, extra=tuple(sorted(extra)))
+
+
+@cli.command(cls=LimitCommand)
 @CONF_OPTION
 @click.argument("job_id", type=int)
-@click.option("--cores", type=click.IntRange(min=1), help="Keep the job on N of its cores.")
-@click.option("--cpus", "cpu_list", help="Keep the job on these of its CPUs (e.g. 0-3,8).")
-@click.option(
-    "--cpu-quota",
-    "quota_cores",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Cap the job's CPU time at this many cores' worth.",
-)
-@click.option(
-    "--mem-bw",
-    "mem_bw_pct",
-    type=click.IntRange(min=1),
-    help="Cap the job's memory bandwidth (Intel RDT MBA: percent, or MBps on mba_MBps).",
-)
 @click.option("--reason", default="admin limit", show_default=True)
-def limit(
-    conf_path: Path | None,
-    job_id: int,
-    cores: int | None,
-    cpu_list: str | None,
-    quota_cores: float | None,
-    mem_bw_pct: int | None,
-    reason: str,
-) -> None:
+def limit(conf_path: Path | None, job_id: int, reason: str, **options: Any) -> None:
     """Limit a running job on this node; the daemon applies it on its next tick.
 
     Limits stay within the job's Slurm allocation and are undone by `coda-node release`,
     when the job ends, or when the daemon stops.
     """
-    from coda_node.system.cgroups import parse_cpulist
-
-    if cores is not None and cpu_list is not None:
-        raise CliError("give --cores or --cpus, not both")
-    if cores is None and cpu_list is None and quota_cores is None and mem_bw_pct is None:
-        raise CliError("nothing to limit", "give --cores, --cpus, --cpu-quota or --mem-bw")
-    cpus = None
-    if cpu_list is not None:
-        try:
-            cpus = tuple(sorted(parse_cpulist(cpu_list)))
-        except ValueError as exc:
-            raise CliError(f"bad CPU list {cpu_list!r}", str(exc)) from None
-        if not cpus:
-            raise CliError("an empty CPU list is not a limit")
+    new_limit = _limit_of(options, reason)
     cfg = load_node_config(conf_path)
     limits = _limits(cfg)
-    limits[job_id] = Limit(
-        cores=cores, cpus=cpus, quota_cores=quota_cores, mem_bw_pct=mem_bw_pct, reason=reason
-    )
+    limits[job_id] = new_limit
     _save_limits(cfg, limits)
     click.echo(
         f"job {job_id}: limit recorded; coda-node applies it within {cfg.node_interval_s:g}s"

@@ -57,12 +57,12 @@ from coda_node.daemon.wiring import (
     rdt_control,
 )
 from coda_node.enforce.enforcer import Enforcer, JobResult
+from coda_node.enforce.mechanisms import probe
 from coda_node.enforce.mongroups import JobMonitor
 from coda_node.enforce.state import Limit, LimitsFile, NodeState, StateError, StateFile
 from coda_node.sampling.snapshot import NodeSnapshot
 from coda_node.system import cgroups
 from coda_node.system.cgroups import CgroupJob, CgroupLayout, CpuQuotaWriter, CpusetWriter
-from coda_node.system.check import probe_all
 from coda_node.system.cpu_ids import SlurmCpuIds
 from coda_node.system.cpulist import parse_cpulist
 from coda_node.system.nvml import Nvml
@@ -248,7 +248,7 @@ class Daemon:
         self.enforcer = self._make_enforcer()
         self.capabilities = [
             c.to_dict()
-            for c in probe_all(
+            for c in probe(
                 self.root,
                 slurm=self._real_runner,
                 env=self.env,

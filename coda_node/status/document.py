@@ -57,6 +57,24 @@ def write_actions() -> frozenset[str]:
     return frozenset(action for _, action in _enforcer_actions())
 
 
+THROTTLE_ACTIONS = frozenset({"throttle", "throttle-correct"})
+"""The contention eliminator's events that hold a job back."""
+RELEASE_SUFFIXES = ("-release", "-restore")
+"""How a mechanism's action that undoes a limit ends (its ``events``)."""
+
+
+def throttle_actions() -> frozenset[str]:
+    """Events that hold a job back: the eliminator's throttles, and the limits set by each
+    mechanism that ``throttles`` (not its releases)."""
+    return THROTTLE_ACTIONS | {
+        action
+        for kind in registered()
+        if kind.throttles
+        for _, action in kind.events
+        if not action.endswith(RELEASE_SUFFIXES)
+    }
+
+
 def event_action(what: str) -> str:
     """The action of an event, from a small fixed vocabulary (a Prometheus label).
 

@@ -6,7 +6,9 @@ memory and PCIe bandwidth, capabilities), one row per job, recent events. The sc
 terminal's width: narrow terminals lose the least important job columns (CPU use, memory
 bandwidth, GPUs, user, ...) instead of wrapping, and long text is cut with ``...``. Colour
 (ANSI SGR) only when asked: throttled or limited jobs yellow, probing cyan, errors red.
-Pure: the caller passes the width, the clock and whether to colour.
+Pure: the caller passes the width, the clock and whether to colour; the registered
+mechanisms say which events hold a job back (yellow,
+:func:`~coda_node.status.document.throttle_actions`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coda_node.status.document import throttle_actions
 from coda_node.system.cpulist import format_cpulist
 
 RED, YELLOW, CYAN, BOLD, DIM = "31", "33", "36", "1", "2"
@@ -345,12 +348,13 @@ def node_lines(doc: Mapping[str, Any], width: int, paint: Paint) -> list[str]:
 
 def event_lines(events: Sequence[Mapping[str, Any]], width: int, paint: Paint) -> list[str]:
     out = []
+    held_back = throttle_actions()
     for e in events:
         when = time.strftime("%H:%M:%S", time.localtime(e["unix_s"])) if e["unix_s"] else "??"
         text = fit(f"  {when}  job {e['job_id']}  {e['what']}: {e['reason']}", width)
         if e["action"] == "failed":
             text = paint(text, RED)
-        elif e["action"] in ("throttle", "throttle-correct", "quota", "mem-bw", "l3"):
+        elif e["action"] in held_back:
             text = paint(text, YELLOW)
         elif e["action"].startswith(("probe", "baseline-")):
             text = paint(text, CYAN)

@@ -1,4 +1,6 @@
-"""``coda-node check``: which node capabilities are usable here, and why not.
+"""``coda-node check``: which node capabilities are usable here, and why not. The probes of
+what the enforcement mechanisms need are here too; each mechanism's ``probe`` calls its own
+(:mod:`coda_node.enforce.mechanisms`).
 
 Missing hardware is a state, not a crash: every probe returns a :class:`Capability`
 with a reason an admin can act on. Probes only read.
@@ -6,6 +8,7 @@ with a reason an admin can act on. Probes only read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from coda_node.system.capability import Capability
@@ -30,38 +33,40 @@ def _mounts(root: SystemRoot) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def probe_cgroups(root: SystemRoot) -> list[Capability]:
+def _cgroup_mounts(root: SystemRoot) -> tuple[list[str], set[str]]:
+    """The cgroup v2 mount points, and the controllers mounted on cgroup v1."""
     mounts = _mounts(root)
-    v2 = [m for m in mounts if m[2] == "cgroup2"]
+    v2 = [m[1] for m in mounts if m[2] == "cgroup2"]
     v1 = {opt for m in mounts if m[2] == "cgroup" for opt in m[3].split(",")}
-    caps = []
+    return v2, v1
+
+
+def probe_cpuset_control(root: SystemRoot) -> Capability:
+    """Whether a job's cpuset can be changed: the cgroup cpuset controller."""
+    v2, v1 = _cgroup_mounts(root)
     if "cpuset" in v1:
-        caps.append(Capability("cpuset control", True, "cgroup v1 cpuset controller mounted"))
-    elif v2:
-        controllers = root.path(v2[0][1] + "/cgroup.controllers")
-        try:
-            have = controllers.read_text().split()
-        except OSError:
-            have = []
-        ok = "cpuset" in have
-        caps.append(
-            Capability(
-                "cpuset control",
-                ok,
-                "cgroup v2, cpuset controller " + ("enabled" if ok else "not enabled at the root"),
-            )
-        )
-    else:
-        caps.append(Capability("cpuset control", False, "no cgroup cpuset controller mounted"))
+        return Capability("cpuset control", True, "cgroup v1 cpuset controller mounted")
+    if not v2:
+        return Capability("cpuset control", False, "no cgroup cpuset controller mounted")
+    try:
+        have = root.path(v2[0] + "/cgroup.controllers").read_text().split()
+    except OSError:
+        have = []
+    ok = "cpuset" in have
+    return Capability(
+        "cpuset control",
+        ok,
+        "cgroup v2, cpuset controller " + ("enabled" if ok else "not enabled at the root"),
+    )
+
+
+def probe_cpu_quota(root: SystemRoot) -> Capability:
+    """Whether a job's CPU time can be capped: the cgroup cpu controller."""
+    v2, v1 = _cgroup_mounts(root)
     if "cpu" in v1 or v2:
-        caps.append(
-            Capability(
-                "CPU quota", True, "cgroup " + ("v1 cpu" if "cpu" in v1 else "v2") + " controller"
-            )
-        )
-    else:
-        caps.append(Capability("CPU quota", False, "no cgroup cpu controller mounted"))
-    return caps
+        where = "v1 cpu" if "cpu" in v1 else "v2"
+        return Capability("CPU quota", True, f"cgroup {where} controller")
+    return Capability("CPU quota", False, "no cgroup cpu controller mounted")
 
 
 def probe_slurm_tree(root: SystemRoot, node_name: str | None = None) -> Capability:
@@ -224,19 +229,23 @@ def probe_slurm_commands(env: dict[str, str] | None = None) -> Capability:
 def probe_all(
     root: SystemRoot,
     *,
+    cgroup_limits: Sequence[Capability] = (),
+    limits: Sequence[Capability] = (),
     slurm: bool = True,
     env: dict[str, str] | None = None,
     nvml: Nvml | None = None,
     node_name: str | None = None,
 ) -> list[Capability]:
-    """Every capability row; ``slurm=False`` skips asking slurmctld (fixture trees);
-    ``nvml``: the daemon's NVML handle, so the GPU row says what the daemon sees;
-    ``node_name``: only this node's Slurm tree
+    """Every capability row: ``cgroup_limits`` (the rows of the enforcement mechanisms that
+    limit a job through its Slurm cgroups), the Slurm tree's, ``limits`` (the other
+    mechanisms' rows), then what the node measures with; ``slurm=False`` skips asking
+    slurmctld (fixture trees); ``nvml``: the daemon's NVML handle, so the GPU row says what
+    the daemon sees; ``node_name``: only this node's Slurm tree
     (:func:`coda_node.system.cgroups.discover_layout`)."""
     rows = [
-        *probe_cgroups(root),
+        *cgroup_limits,
         probe_slurm_tree(root, node_name),
-        *probe_resctrl(root),
+        *limits,
         *probe_uncore(root),
         probe_gpus(root, nvml),
     ]

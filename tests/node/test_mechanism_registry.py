@@ -1,7 +1,8 @@
 """The enforcement mechanisms are listed once (coda_node.enforce.mechanisms): a mechanism
-registered from here alone is planned, applied with its record written ahead, kept in the
-state file across a reload, put back, and shown by ``coda-node status``; and the state
-file keeps the format every coda-node reads."""
+registered from here alone is asked for by ``coda-node limit``, planned, applied with its
+record written ahead, kept in the state file across a reload, put back, and shown by
+``coda-node status`` and ``coda-node check``; and the state file keeps the format every
+coda-node reads."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from coda_common.config.codaconf import ConfigError, parse_config
+from coda_node.cli import cli
 from coda_node.enforce import mechanisms
 from coda_node.enforce.enforcer import Enforcer
 from coda_node.enforce.mechanisms.base import JobResult, JobStep, Mechanism, Record
@@ -25,11 +29,12 @@ from coda_node.enforce.state import (
     Limit,
     NodeState,
     StateFile,
+    load_limits,
     save_limits,
 )
 from coda_node.policy.targets import JobFacts, JobTarget, plan
 from coda_node.status.document import event_action, load_status, write_actions
-from coda_node.status.text import render
+from coda_node.status.text import YELLOW, Paint, event_lines, render
 from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupJob, CgroupLayout
 from coda_node.system.paths import SystemRoot
@@ -74,6 +79,14 @@ class Powercap(Mechanism):
     name = "powercap"
     record = PowercapRecord
     events = (("power cap released", "powercap-release"), ("power cap ", "powercap"))
+    limit_options = (
+        click.Option(
+            ["--power-cap", "power_cap_w"],
+            type=click.IntRange(min=1),
+            metavar="WATTS",
+            help="Cap the job's power draw at WATTS.",
+        ),
+    )
     writer: PowerFiles | None
 
     def apply(
@@ -192,9 +205,12 @@ def test_a_toy_mechanism_is_planned_applied_recorded_restored_and_shown(
     assert event_action("power cap 150 W") == "powercap"
     assert event_action("power cap released") == "powercap-release"
     assert {"powercap", "powercap-release", "cpuset"} <= write_actions()
-    assert Powercap.probe(SystemRoot(tmp_path)) == [
-        Capability("power cap", True, "toy power-cap files")
-    ]
+    checked = CliRunner().invoke(cli, ["check", "--root", str(tmp_path), "--json"])
+    rows = [c["name"] for c in json.loads(checked.output)]
+    assert "power cap" in rows
+    # Not through a job's cgroups: after the Slurm tree and the other mechanisms' rows.
+    assert rows[:3] == ["cpuset control", "CPU quota", "Slurm job cgroups"]
+    assert rows.index("memory-bandwidth monitoring") + 1 == rows.index("power cap")
 
 
 def test_the_daemon_applies_a_registered_mechanism_and_status_shows_it(
@@ -229,10 +245,76 @@ def test_the_daemon_applies_a_registered_mechanism_and_status_shows_it(
         shown = [e for e in doc["events"] if e["action"] == "powercap"]
         assert [(e["job_id"], e["what"]) for e in shown] == [(job_id, "power cap 150 W")]
         assert "power cap 150 W" in render(doc, width=160)
+        assert "power cap" in [c["name"] for c in doc["node"]["capabilities"]]
         assert daemon.restore()[job_id].applied == ["power cap released"]
         assert not (power_dir / f"job_{job_id}").exists()
     finally:
         daemon.close_counters()
+
+
+def test_coda_node_limit_takes_the_options_of_a_registered_mechanism(
+    tmp_path: Path, powercap: type[Powercap]
+) -> None:
+    """The toy declares ``--power-cap`` in this file alone, after coda_node.cli was
+    imported: the command lists it, records its limit for the policy, and forgets it once
+    the toy is unregistered."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    conf = tmp_path / "coda.conf"
+    conf.write_text(f"NodeStateDir={state_dir}\nNodeRuntimeDir={tmp_path / 'run'}\n")
+    runner = CliRunner()
+
+    def limit(*args: str) -> Any:
+        return runner.invoke(cli, ["limit", "--conf", str(conf), *args], prog_name="coda-node")
+
+    shown = runner.invoke(cli, ["limit", "--help"], prog_name="coda-node")
+    assert "--power-cap WATTS" in shown.output and "Cap the job's power draw" in shown.output
+    assert shown.output.index("--mem-bw") < shown.output.index("--power-cap")
+    assert shown.output.index("--power-cap") < shown.output.index("--reason")
+
+    done = limit(str(JOB), "--power-cap", "200", "--cpu-quota", "1.5")
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith(f"job {JOB}: limit recorded")
+    recorded = load_limits(state_dir)[JOB]
+    assert recorded == Limit(quota_cores=1.5, reason="admin limit", extra=(("powercap", 200),))
+    facts = {JOB: JobFacts(job_id=JOB, allocated_cpus=frozenset({0, 1, 2, 3}), is_dnn=False)}
+    targets, problems = plan(facts, {JOB: recorded})
+    assert problems == [] and targets[JOB].extra_for("powercap") == 200
+    assert targets[JOB].quota_cores == 1.5
+
+    nothing = limit(str(JOB))
+    assert nothing.exit_code == 1
+    assert "give --cores, --cpus, --cpu-quota, --mem-bw or --power-cap" in nothing.output
+    assert "0 is not in the range x>=1" in limit(str(JOB), "--power-cap", "0").output
+
+    mechanisms.unregister(Powercap.name)
+    try:
+        assert "--power-cap" not in runner.invoke(cli, ["limit", "--help"]).output
+        assert "No such option '--power-cap'" in limit(str(JOB), "--power-cap", "200").output
+        assert "give --cores, --cpus, --cpu-quota or --mem-bw)" in limit(str(JOB)).output
+    finally:
+        mechanisms.register(Powercap)
+
+
+def test_the_status_screen_paints_a_registered_mechanisms_limits_as_it_paints_the_built_ins(
+    powercap: type[Powercap],
+) -> None:
+    def painted(what: str) -> bool:
+        event = {"unix_s": 0, "job_id": JOB, "what": what, "reason": "r"}
+        line = event_lines([{**event, "action": event_action(what)}], 160, Paint(True))[0]
+        assert line.startswith(f"\x1b[{YELLOW}m") or not line.startswith("\x1b"), line
+        return line.startswith("\x1b")
+
+    assert painted("power cap 200 W") and painted("cpu quota 2 cores")
+    assert painted("memory bandwidth 30") and painted("L3 cache 5 of 20 ways")
+    assert not painted("power cap released") and not painted("cpu quota released")
+    # A cpuset is where a job runs, not a throttle; nor is its restore.
+    assert not painted("cpuset 0-3") and not painted("cpuset restored to 0-7")
+    mechanisms.unregister(Powercap.name)
+    try:
+        assert not painted("power cap 200 W")
+    finally:
+        mechanisms.register(Powercap)
 
 
 def test_registering_twice_or_a_taken_key_is_refused(powercap: type[Powercap]) -> None:
@@ -244,6 +326,17 @@ def test_registering_twice_or_a_taken_key_is_refused(powercap: type[Powercap]) -
 
     with pytest.raises(ValueError, match="powercap_w"):
         mechanisms.register(Shadow)
+
+    @dataclass(slots=True)
+    class EchoRecord(Record):
+        echo_w: int | None = None
+
+    class Echo(Powercap):
+        name = "echo"
+        record = EchoRecord
+
+    with pytest.raises(ValueError, match="limit options --power-cap, power_cap_w"):
+        mechanisms.register(Echo)
     assert mechanisms.names()[-1] == "powercap"
 
 

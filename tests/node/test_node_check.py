@@ -1,4 +1,5 @@
-"""coda-node check against fixture trees laid out like the kernel's, one per hardware kind."""
+"""coda-node check against fixture trees laid out like the kernel's, one per hardware kind:
+the node's rows with each enforcement mechanism's (coda_node.enforce.mechanisms.probe)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coda_node.cli import main
-from coda_node.system.check import probe_all
+from coda_node.enforce.mechanisms import probe
 from coda_node.system.paths import SystemRoot
 from tests.node import cgroup_fixtures, perf_fixtures, resctrl_fixtures
 
@@ -81,9 +82,7 @@ def test_capabilities_follow_the_tree(
 ) -> None:
     caps = {
         c.name: c
-        for c in probe_all(
-            make_node(tmp_path, cgroup=cgroup, resctrl=resctrl, cpu=cpu), slurm=False
-        )
+        for c in probe(make_node(tmp_path, cgroup=cgroup, resctrl=resctrl, cpu=cpu), slurm=False)
     }
     for name, available in expect.items():
         assert caps[name].available is available, caps[name]
@@ -93,7 +92,7 @@ def test_capabilities_follow_the_tree(
 
 def test_missing_hardware_is_explained_in_plain_words(tmp_path: Path) -> None:
     root = make_node(tmp_path, cgroup="none", resctrl="unmounted", cpu="amd")
-    caps = {c.name: c.detail for c in probe_all(root, slurm=False)}
+    caps = {c.name: c.detail for c in probe(root, slurm=False)}
     assert "resctrl not mounted" in caps["memory-bandwidth control"]
     assert "no uncore_imc" in caps["uncore memory bandwidth"]
     assert "ConstrainCores=yes" in caps["Slurm job cgroups"]
@@ -102,7 +101,7 @@ def test_missing_hardware_is_explained_in_plain_words(tmp_path: Path) -> None:
 
 def test_resctrl_limits_are_reported(tmp_path: Path) -> None:
     root = make_node(tmp_path, cgroup="v1", resctrl="full", cpu="skx")
-    caps = {c.name: c.detail for c in probe_all(root, slurm=False)}
+    caps = {c.name: c.detail for c in probe(root, slurm=False)}
     assert "steps of 10 from 10" in caps["memory-bandwidth control"]
     assert "224 RMIDs" in caps["memory-bandwidth monitoring"]
     assert "20 ways" in caps["cache allocation"]

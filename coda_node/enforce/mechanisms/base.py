@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
+import click
+
 from coda_node.policy.targets import JobTarget
 from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupError, CgroupJob, CgroupLayout, Detail
@@ -102,7 +104,18 @@ class Mechanism:
     """The name in coda.conf's NodeEnforce, in the state file's logs and in status."""
     record: ClassVar[type[Record]]
     events: ClassVar[tuple[tuple[str, str], ...]] = ()
-    """(prefix of an "applied" line, status event action), the most specific first."""
+    """(prefix of an "applied" line, status event action), the most specific first. An
+    action ending ``-release`` or ``-restore`` undoes a limit; the others set one."""
+    through_cgroups: ClassVar[bool] = False
+    """Whether it limits a job through the job's Slurm cgroups: ``coda-node check`` shows
+    its :meth:`probe` rows before the Slurm job cgroups row, the others' after it."""
+    throttles: ClassVar[bool] = True
+    """Whether the limits it sets hold a job back the way a throttle does: ``coda-node
+    status`` paints their events as it paints a throttle's."""
+    limit_options: ClassVar[tuple[click.Option, ...]] = ()
+    """``coda-node limit``'s options that ask for this mechanism's limit (their flags and
+    parameter names unique among all mechanisms'); :meth:`limit_fields` turns their values
+    into the limit."""
 
     def __init__(self, writer: Any | None) -> None:
         self.writer = writer
@@ -116,9 +129,23 @@ class Mechanism:
 
     @classmethod
     def probe(cls, root: SystemRoot) -> list[Capability]:
-        """``coda-node check``'s rows for what this mechanism needs, beyond those
-        :func:`coda_node.system.check.probe_all` shows for the built-in ones."""
+        """``coda-node check``'s rows (and the status screen's capabilities) for what this
+        mechanism needs on the node at ``root``."""
         return []
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The :class:`~coda_node.policy.targets.Limit` fields that ``given`` asks for: the
+        values of this mechanism's :attr:`limit_options` that were given, by parameter name
+        (empty: nothing of this mechanism). Raises :class:`~coda_common.cli.CliError` for
+        values that are no limit.
+
+        By default the limit is kept in ``Limit.extra`` under the mechanism's name: the
+        value of its one option, or with several options the mapping ``given``."""
+        if not given:
+            return {}
+        value = next(iter(given.values())) if len(cls.limit_options) == 1 else dict(given)
+        return {"extra": ((cls.name, value),)}
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Held around a tick's, a restore's or a repair's writes of every job."""

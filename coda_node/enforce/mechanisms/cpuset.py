@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
+from coda_common.cli import CliError
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -18,6 +21,7 @@ from coda_node.enforce.mechanisms.base import (
     sampled,
 )
 from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
 from coda_node.system.cgroups import (
     CgroupJob,
     CpusetSnapshot,
@@ -26,6 +30,8 @@ from coda_node.system.cgroups import (
     format_cpulist,
     parse_cpulist,
 )
+from coda_node.system.check import probe_cpuset_control
+from coda_node.system.paths import SystemRoot
 
 
 def snapshot_to_dict(snap: CpusetSnapshot) -> dict[str, Any]:
@@ -95,7 +101,41 @@ class Cpuset(Mechanism):
     name = "cpuset"
     record = CpusetRecord
     events = (("cpuset restored", "cpuset-restore"), ("cpuset ", "cpuset"))
+    throttles = False
+    """A cpuset is where a job runs, which the adaptive allocator sets as the job's need
+    changes: no throttle."""
+    through_cgroups = True
+    limit_options = (
+        click.Option(
+            ["--cores"], type=click.IntRange(min=1), help="Keep the job on N of its cores."
+        ),
+        click.Option(
+            ["--cpus", "cpu_list"], help="Keep the job on these of its CPUs (e.g. 0-3,8)."
+        ),
+    )
     writer: CpusetWriter | None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """The cgroup cpuset controller."""
+        return [probe_cpuset_control(root)]
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """``--cores`` N, or ``--cpus`` a CPU list (not both)."""
+        cores: int | None = given.get("cores")
+        cpu_list: str | None = given.get("cpu_list")
+        if cores is not None and cpu_list is not None:
+            raise CliError("give --cores or --cpus, not both")
+        if cpu_list is None:
+            return {} if cores is None else {"cores": cores}
+        try:
+            cpus = tuple(sorted(parse_cpulist(cpu_list)))
+        except ValueError as exc:
+            raise CliError(f"bad CPU list {cpu_list!r}", str(exc)) from None
+        if not cpus:
+            raise CliError("an empty CPU list is not a limit")
+        return {"cpus": cpus}
 
     def apply(
         self, step: JobStep, cg: CgroupJob, target: JobTarget, rec: CpusetRecord, r: JobResult

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -18,7 +20,10 @@ from coda_node.enforce.mechanisms.base import (
     sampled,
 )
 from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupError, CgroupJob, CpuQuotaWriter, Detail
+from coda_node.system.check import probe_cpu_quota
+from coda_node.system.paths import SystemRoot
 
 log = logging.getLogger("coda-node")
 
@@ -46,7 +51,24 @@ class Quota(Mechanism):
     name = "quota"
     record = QuotaRecord
     events = (("cpu quota released", "quota-release"), ("cpu quota ", "quota"))
+    through_cgroups = True
+    limit_options = (
+        click.Option(
+            ["--cpu-quota", "quota_cores"],
+            type=click.FloatRange(min=0, min_open=True),
+            help="Cap the job's CPU time at this many cores' worth.",
+        ),
+    )
     writer: CpuQuotaWriter | None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """The cgroup cpu controller."""
+        return [probe_cpu_quota(root)]
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(given)
 
     def apply(
         self, step: JobStep, cg: CgroupJob, target: JobTarget, rec: QuotaRecord, r: JobResult

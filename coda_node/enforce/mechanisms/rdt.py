@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -19,7 +21,10 @@ from coda_node.enforce.mechanisms.base import (
     text,
 )
 from coda_node.policy.targets import JobTarget
+from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupJob, Detail
+from coda_node.system.check import probe_resctrl
+from coda_node.system.paths import SystemRoot
 from coda_node.system.resctrl import OutOfIds, ResctrlControl, ResctrlError, l3_mask, mb_value
 
 log = logging.getLogger("coda-node")
@@ -101,7 +106,23 @@ class Rdt(Mechanism):
         ("L3 cache ways released", "l3-release"),
         ("L3 cache ", "l3"),
     )
+    limit_options = (
+        click.Option(
+            ["--mem-bw", "mem_bw_pct"],
+            type=click.IntRange(min=1),
+            help="Cap the job's memory bandwidth (Intel RDT MBA: percent, or MBps on mba_MBps).",
+        ),
+    )
     writer: ResctrlControl | None
+
+    @classmethod
+    def probe(cls, root: SystemRoot) -> list[Capability]:
+        """resctrl's MBA, CAT and MBM (the monitoring the same mount offers)."""
+        return probe_resctrl(root)
+
+    @classmethod
+    def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(given)
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         return self.writer.locked() if self.writer is not None else contextlib.nullcontext()
