@@ -627,8 +627,15 @@ def _limit(f: _Fields, limit_in: Mapping[str, Any] | None) -> dict[str, Any] | N
         "cpus": [c for c in cpus if _is(c, int)] if cpus is not None else None,
         "quota_cores": f.opt(limit_in, "quota_cores", NUMBER),
         "mem_bw_pct": f.opt(limit_in, "mem_bw_pct", int),
+        "extra": _extra_limits(f.opt(limit_in, "extra", Mapping)),
         "reason": str(limit_in.get("reason") or ""),
     }
+
+
+def _extra_limits(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The limits of mechanisms the fixed fields do not name, by mechanism (JSON values
+    as the limits file holds them); an older view has none."""
+    return {str(name): value for name, value in (extra or {}).items()}
 
 
 def _decision(last: dict[str, Any] | None, target_reason: str | None) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -40,6 +41,7 @@ from coda_node.system.cgroups import CgroupJob, CgroupLayout
 from coda_node.system.paths import SystemRoot
 
 JOB = 4242
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "status.schema.json"
 
 
 class PowerFiles:
@@ -244,6 +246,10 @@ def test_the_daemon_applies_a_registered_mechanism_and_status_shows_it(
         doc = load_status(node.view_file, interval_s=node.cfg.node_interval_s)
         shown = [e for e in doc["events"] if e["action"] == "powercap"]
         assert [(e["job_id"], e["what"]) for e in shown] == [(job_id, "power cap 150 W")]
+        job = next(j for j in doc["jobs"] if j["job_id"] == job_id)
+        assert job["limit"]["extra"] == {"powercap": 150}
+        assert job["limit"]["reason"] == "cool it"
+        jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
         assert "power cap 150 W" in render(doc, width=160)
         assert "power cap" in [c["name"] for c in doc["node"]["capabilities"]]
         assert daemon.restore()[job_id].applied == ["power cap released"]
