@@ -9,6 +9,11 @@ import re
 
 _PART = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
 
+MAX_ID = 1 << 16
+"""Above any CPU number Linux supports (NR_CPUS is at most 8192) and any GRES index: a list
+naming a higher one is refused before its range is built (``0-4000000000`` would take all
+memory)."""
+
 
 def parse_ranges(text: str, what: str) -> frozenset[int]:
     """``"0-3,8"`` -> {0, 1, 2, 3, 8}. Every comma-separated part must be ``N`` or ``N-M``
@@ -23,5 +28,7 @@ def parse_ranges(text: str, what: str) -> frozenset[int]:
         last = int(m.group(2)) if m.group(2) is not None else first
         if last < first:
             raise ValueError(f"bad {what} {text!r}: range {part} runs backwards")
+        if last > MAX_ID:
+            raise ValueError(f"bad {what} {text[:60]!r}: {last} is above {MAX_ID}")
         out.update(range(first, last + 1))
     return frozenset(out)

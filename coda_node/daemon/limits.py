@@ -1,5 +1,6 @@
 """The admin limits (``coda-node limit``) as each tick reads them: none while the file cannot
-be read, and that error logged once, not on every tick it goes on."""
+be read, all but the damaged entries while some are, and each error logged once, not on
+every tick it goes on."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ class AdminLimits:
 
     def __init__(self) -> None:
         self._error: str | None = None
+        self._refused: list[str] = []
 
     def load(self, limits_file: LimitsFile) -> dict[int, Limit]:
-        """The admin limits; none (the error logged once) while the file cannot be read."""
+        """The admin limits; none (the error logged once) while the file cannot be read,
+        and those of the entries that are limits while others are not."""
         try:
             limits = limits_file.load()
         except StateError as exc:
@@ -26,4 +29,10 @@ class AdminLimits:
             self._error = str(exc)
             return {}
         self._error = None
+        refused = limits_file.refused
+        if refused != self._refused:
+            for why in refused:
+                if why not in self._refused:
+                    log.error("%s", why)
+            self._refused = list(refused)
         return limits

@@ -95,7 +95,12 @@ def tick_view(d: Daemon, report: TickReport, limits: dict) -> dict[str, Any]:
             "gpus": [asdict(g) for g in snap.gpus],
             "mem_bw": [asdict(m) for m in snap.mem_bw],
             "pcie_bw": [asdict(p) for p in snap.pcie_bw],
-            "errors": list(snap.errors) + report.problems + d.recovery.problems(d.state),
+            "errors": [
+                *snap.errors,
+                *report.problems,
+                *d.limits_file.refused,
+                *d.recovery.problems(d.state),
+            ],
         },
         "jobs": jobs,
         "events": list(d.events),

@@ -490,8 +490,11 @@ def write_bytes_atomic(
 # -- admin limits: what an operator asked for with `coda-node limit` -----------------
 
 
-def load_limits(state_dir: Path) -> dict[int, Limit]:
-    """The operator's limits; an unreadable file means none (the daemon logs it)."""
+def load_limits(state_dir: Path, refused: list[str] | None = None) -> dict[int, Limit]:
+    """The operator's limits; :class:`StateError` for a file that cannot be read (the
+    daemon then logs it and applies none). A job's entry that is no limit (a hand edit, a
+    damaged disk) raises StateError naming it too, unless ``refused`` is given: then the
+    entry is left out and why is appended there, and the other jobs' limits still hold."""
     path = state_dir / LIMITS_FILE
     try:
         data = json.loads(path.read_text())
@@ -501,7 +504,21 @@ def load_limits(state_dir: Path) -> dict[int, Limit]:
         raise StateError(f"cannot read {path} ({exc}); limits ignored") from None
     if not isinstance(data, dict) or data.get("format") != "coda-node-limits":
         raise StateError(f"{path} is not a coda-node limits file; limits ignored")
-    return {int(k): Limit.from_dict(v) for k, v in (data.get("limits") or {}).items()}
+    entries = data.get("limits") or {}
+    if not isinstance(entries, dict):
+        raise StateError(f"{path}: limits is not an object; limits ignored")
+    limits: dict[int, Limit] = {}
+    for key, value in entries.items():
+        try:
+            if not (key.isascii() and key.isdigit() and 0 < int(key) < 1 << 32):
+                raise ValueError(f"{key[:40]!r} is not a job id")
+            limits[int(key)] = Limit.from_dict(value)
+        except ValueError as exc:
+            why = f"{path}: job {key[:40]}: {exc}; that limit is ignored"
+            if refused is None:
+                raise StateError(why) from None
+            refused.append(why)
+    return limits
 
 
 LIMITS_SETTLED_S = 1.0
@@ -524,16 +541,20 @@ class LimitsFile:
         self.dir = state_dir
         self._path = os.fspath(state_dir / LIMITS_FILE)
         self._clock = clock
-        self._kept: tuple[tuple[int, ...], dict[int, Limit]] | None = None
+        self._kept: tuple[tuple[int, ...], dict[int, Limit], list[str]] | None = None
+        self.refused: list[str] = []
+        """Why entries of the file last read were left out (:func:`load_limits`)."""
         self.reads = 0
         """How many times the file was read and parsed (tests count them)."""
 
     def load(self) -> dict[int, Limit]:
-        """As :func:`load_limits`; raises :class:`StateError` the same way, every time."""
+        """As :func:`load_limits` with :attr:`refused`: raises :class:`StateError` for a
+        file that cannot be read, every time; leaves out the entries that are no limit."""
         try:
             st = os.stat(self._path)
         except FileNotFoundError:
             self._kept = None
+            self.refused = []
             return {}
         except OSError:
             st = None  # load_limits says what is wrong
@@ -543,14 +564,16 @@ class LimitsFile:
             else None
         )
         if key is not None and self._kept is not None and self._kept[0] == key:
+            self.refused = list(self._kept[2])
             return dict(self._kept[1])
         self._kept = None
         self.reads += 1
-        limits = load_limits(self.dir)
+        self.refused = []
+        limits = load_limits(self.dir, self.refused)
         # Read after the stat: a file replaced in between is read again next time (its
         # stat differs), never kept under a newer stat than what was read.
         if key is not None and self._clock() - max(st.st_mtime, st.st_ctime) >= LIMITS_SETTLED_S:
-            self._kept = (key, limits)
+            self._kept = (key, limits, list(self.refused))
         return dict(limits)
 
 

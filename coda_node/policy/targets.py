@@ -9,6 +9,7 @@ through the same :class:`JobTarget`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,17 +53,67 @@ class Limit:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Limit:
+    def from_dict(cls, d: object) -> Limit:
+        """The limit of one job as the limits file holds it; ValueError, saying which
+        value, for a value of another type than ``coda-node limit`` writes (a hand edit, a
+        damaged disk). Whether a value of the right type can be honoured :func:`plan`
+        says."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"the limit is {_kind(d)}, not an object")
         cpus = d.get("cpus")
-        extra = d.get("extra")
+        if cpus is not None and (
+            not isinstance(cpus, list) or not all(_whole(c, 0, MAX_CPU_ID) for c in cpus)
+        ):
+            raise ValueError(f"cpus is {_shown(cpus)}, not a list of CPU numbers")
+        extra = d.get("extra", {})
+        if not isinstance(extra, Mapping) or not all(isinstance(k, str) for k in extra):
+            raise ValueError(f"extra is {_shown(extra)}, not limits by mechanism name")
+        reason = d.get("reason", "")
+        if not isinstance(reason, str):
+            raise ValueError(f"reason is {_shown(reason)}, not text")
         return cls(
-            cores=d.get("cores"),
-            cpus=tuple(int(c) for c in cpus) if cpus is not None else None,
-            quota_cores=d.get("quota_cores"),
-            mem_bw_pct=d.get("mem_bw_pct"),
-            reason=str(d.get("reason", "")),
-            extra=tuple(sorted(extra.items())) if isinstance(extra, Mapping) else (),
+            cores=_opt_int(d, "cores"),
+            cpus=tuple(cpus) if cpus is not None else None,
+            quota_cores=_opt_cores(d, "quota_cores"),
+            mem_bw_pct=_opt_int(d, "mem_bw_pct"),
+            reason=reason,
+            extra=tuple(sorted(extra.items())),
         )
+
+
+MAX_CPU_ID = 1 << 16
+"""Above any CPU number Linux supports (NR_CPUS is at most 8192)."""
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
+    """A whole number or None (what it may be, :func:`plan` says of the limit)."""
+    value = d.get(key)
+    if value is not None and not _whole(value, -(1 << 31), 1 << 31):
+        raise ValueError(f"{key} is {_shown(value)}, not a whole number")
+    return value
+
+
+def _opt_cores(d: Mapping[str, Any], key: str) -> float | None:
+    """A finite number of cores or None (what it may be, :func:`plan` says)."""
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{key} is {_shown(value)}, not a number of cores")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -647,3 +647,39 @@ def test_regression_state_file_with_a_bad_entry_is_treated_as_damaged(
     )
     node.daemon()
     assert list(node.state_dir.glob("state.json.damaged.*"))
+
+
+@pytest.mark.parametrize(
+    ("damaged", "said"),
+    [
+        ({"quota_cores": "2"}, "quota_cores is '2', not a number of cores"),
+        ({"quota_cores": float("nan")}, "quota_cores is nan, not a number of cores"),
+        ({"cores": True}, "cores is True, not a whole number"),
+        ({"cpus": "0-3"}, "cpus is '0-3', not a list of CPU numbers"),
+        ({"cpus": [0, 10**12]}, "not a list of CPU numbers"),
+        (7, "the limit is int, not an object"),
+    ],
+)
+def test_a_damaged_entry_in_the_limits_file_is_named_and_the_other_limits_hold(
+    tmp_path: Path, damaged: object, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hand-edited limits file with one entry coda-node limit would never write: the
+    daemon goes on ticking, limits the other job, says which entry it ignores (in the log
+    once and in status), and applies nothing for that job."""
+    node = build_node(tmp_path)
+    daemon = node.daemon()
+    node.set_limits({GPU_JOB: Limit(cores=1)})
+    path = node.state_dir / "limits.json"
+    data = json.loads(path.read_text())
+    data["limits"][str(CPU_JOB)] = damaged
+    data["limits"]["x"] = {"cores": 1}
+    path.write_text(json.dumps(data))
+    report = daemon.tick()
+    daemon.tick()
+    assert report.results[GPU_JOB].applied == ["cpuset 0"]
+    assert CPU_JOB not in report.targets
+    errors = node.view()["node"]["errors"]
+    shown = [e for e in errors if e.startswith(f"{path}: job {CPU_JOB}: ")]
+    assert len(shown) == 1 and said in shown[0] and shown[0].endswith("; that limit is ignored")
+    assert any(f"{path}: job x: 'x' is not a job id" in e for e in errors)
+    assert caplog.text.count(f"job {CPU_JOB}:") == 1  # once, not on every tick

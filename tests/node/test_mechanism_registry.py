@@ -302,6 +302,39 @@ def test_coda_node_limit_takes_the_options_of_a_registered_mechanism(
         mechanisms.register(Powercap)
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--cpus", "0-4000000000"], "bad CPU list '0-4000000000'"),
+        (["--cpus", "3-1"], "runs backwards"),
+        (["--cpus", "0-1", "--cores", "2"], "give --cores or --cpus, not both"),
+        (["--cores", "0"], "0 is not in the range x>=1"),
+        (["--cpu-quota", "nan"], "--cpu-quota nan: not a number of cores"),
+        (["--cpu-quota", "inf"], "--cpu-quota inf: not a number of cores"),
+    ],
+)
+def test_coda_node_limit_refuses_a_bad_limit_and_keeps_the_others(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """A limit that is no limit (a CPU range that would take all memory to build, one that
+    runs backwards, two ways of naming the cores) is refused with why; the limits already
+    recorded stay as they were."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    conf = tmp_path / "coda.conf"
+    conf.write_text(f"NodeStateDir={state_dir}\nNodeRuntimeDir={tmp_path / 'run'}\n")
+    save_limits(state_dir, {JOB: Limit(cores=2, reason="kept")})
+    before = (state_dir / "limits.json").read_bytes()
+    done = CliRunner().invoke(
+        cli, ["limit", "--conf", str(conf), str(JOB + 1), *args], prog_name="coda-node"
+    )
+    assert done.exit_code != 0
+    assert said in done.output
+    assert "Traceback" not in done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
+    assert (state_dir / "limits.json").read_bytes() == before
+
+
 def test_the_status_screen_paints_a_registered_mechanisms_limits_as_it_paints_the_built_ins(
     powercap: type[Powercap],
 ) -> None:

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
+from coda_common.cli import CliError
 from coda_node.enforce.mechanisms.base import (
     JobResult,
     JobStep,
@@ -68,6 +70,9 @@ class Quota(Mechanism):
 
     @classmethod
     def limit_fields(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        quota = given.get("quota_cores")
+        if quota is not None and not math.isfinite(quota):
+            raise CliError(f"--cpu-quota {quota}: not a number of cores")
         return dict(given)
 
     def apply(
