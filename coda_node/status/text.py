@@ -35,8 +35,16 @@ class Paint:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color and text else text
 
 
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on (escape, bell, line break,
+    bidi override: not :meth:`str.isprintable`) shown as ``?``, so that a limit's reason or
+    a name read from Slurm cannot move the cursor, recolour or split a row."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
 def fit(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, ending in ``...`` when cut."""
+    """``text`` (:func:`printable`) cut to ``width`` characters, ending in ``...`` when cut."""
+    text = printable(text)
     if width <= 0:
         return ""
     if len(text) <= width:
@@ -261,7 +269,7 @@ def gpu_table(gpus: Sequence[Mapping[str, Any]], width: int, paint: Paint) -> li
 def flow(segments: Sequence[str], width: int, sep: str = " | ") -> list[str]:
     """Segments joined by ``sep`` on as few lines as ``width`` allows (each cut to fit)."""
     lines: list[str] = []
-    for seg in segments:
+    for seg in map(printable, segments):
         if lines and len(lines[-1]) + len(sep) + len(seg) <= width:
             lines[-1] += sep + seg
         else:

@@ -280,3 +280,32 @@ def test_throttle_column_shows_the_mechanism_and_the_l3_ways(
     assert row[start:].startswith(cell + " ")
     assert event_action("L3 cache 5 of 20 ways") == "l3"
     assert event_action("L3 cache ways released") == "l3-release"
+
+
+HOSTILE = "evil\x1b[2J\x1b]0;pwned\x07\nsecond line\rX\u202etxt\x00\t"
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_control_characters_in_any_text_never_reach_the_terminal(color: bool) -> None:
+    """A limit's reason (``coda-node limit --reason``), a user name, a node name: what the
+    screen shows of them has no escape sequence, bell, line break or bidi override, and
+    each job keeps its one row."""
+    jobs = [
+        _job(5, user="mal\x1b[31mlory", target_reason=HOSTILE),
+        _job(6, last_failed=[f"cpuset: {HOSTILE}"]),
+        _job(7),
+    ]
+    view = _view(
+        jobs, [{"unix_s": time.time(), "job_id": 5, "what": "throttle", "reason": HOSTILE}]
+    )
+    view["daemon"]["node_name"] = "gpu\x1b[2J01"
+    view["node"]["errors"] = [f"probe: {HOSTILE}"]
+    text = render(_doc(view), width=200, color=color)
+    shown = ANSI.sub("", text) if color else text
+    assert not [c for c in shown if not c.isprintable() and c != "\n"]
+    assert [line.split()[0] for line in shown.splitlines() if re.match(r"\s*[567] ", line)] == [
+        "5",
+        "6",
+        "7",
+    ]
+    assert "evil?[2J?]0;pwned??second line?X?txt??" in _row(shown, 5)
