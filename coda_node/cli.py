@@ -45,6 +45,9 @@ TERMINAL_FALLBACK = (160, 50)
 wide enough that a piped screen keeps every column."""
 
 CONF_OPTION = conf_option()
+JOB_ID = click.IntRange(1, (1 << 32) - 1)
+"""A Slurm job id (a uint32; 0 names no job): the ids the limits file holds
+(:func:`~coda_node.enforce.state.load_limits`)."""
 
 
 def load_node_config(conf_path: Path | None, root: Path | None = None) -> CodaConfig:
@@ -282,7 +285,7 @@ def _limit_of(options: dict[str, Any], reason: str) -> Limit:
 
 @cli.command(cls=LimitCommand)
 @CONF_OPTION
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--reason", default="admin limit", show_default=True)
 def limit(conf_path: Path | None, job_id: int, reason: str, **options: Any) -> None:
     """Limit a running job on this node; the daemon applies it on its next tick.
@@ -302,7 +305,7 @@ def limit(conf_path: Path | None, job_id: int, reason: str, **options: Any) -> N
 
 @cli.command()
 @CONF_OPTION
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 def release(conf_path: Path | None, job_id: int) -> None:
     """Remove a job's limit and put the job back as Slurm set it.
 

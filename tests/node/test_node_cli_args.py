@@ -1,0 +1,50 @@
+"""``coda-node limit`` and ``release`` given absurd job ids and reasons, as a tired admin or
+a script types them: a usage error that says why, and the limits already recorded stay as
+they were and can still be changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from coda_node.cli import cli
+from coda_node.enforce.state import LIMITS_FILE, Limit, load_limits, save_limits
+
+JOB = 4242
+
+
+def _conf(tmp_path: Path) -> Path:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    conf = tmp_path / "coda.conf"
+    conf.write_text(
+        f"NodeRoot={tmp_path / 'root'}\nNodeStateDir={state_dir}\n"
+        f"NodeRuntimeDir={tmp_path / 'run'}\n"
+    )
+    save_limits(state_dir, {JOB: Limit(cores=2, reason="kept")})
+    return conf
+
+
+def _coda_node(conf: Path, command: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, [command, "--conf", str(conf), *args], prog_name="coda-node")
+
+
+@pytest.mark.parametrize("job_id", ["0", str(1 << 32), str(1 << 70), "00", "1e3", "x" * 10_000])
+@pytest.mark.parametrize("command", ["limit", "release"])
+def test_a_job_id_slurm_never_gives_is_a_usage_error_and_the_limits_stay(
+    tmp_path: Path, command: str, job_id: str
+) -> None:
+    conf = _conf(tmp_path)
+    limits_file = tmp_path / "state" / LIMITS_FILE
+    before = limits_file.read_bytes()
+    extra = ["--cores", "1"] if command == "limit" else []
+    done = _coda_node(conf, command, job_id, *extra)
+    assert done.exit_code == 2, done.output
+    assert "Invalid value for 'JOB_ID'" in done.output
+    assert limits_file.read_bytes() == before
+    # The next limit is recorded as ever.
+    again = _coda_node(conf, "limit", str(JOB + 1), "--cores", "1")
+    assert again.exit_code == 0, again.output
+    assert set(load_limits(tmp_path / "state")) == {JOB, JOB + 1}
