@@ -283,10 +283,31 @@ def _limit_of(options: dict[str, Any], reason: str) -> Limit:
     return Limit(**fields, reason=reason, extra=tuple(sorted(extra)))
 
 
+REASON_MAX_CHARS = 200
+"""The longest ``--reason``: the daemon copies it into its view on every tick and into
+each event of the job."""
+
+
+def _one_line_reason(ctx: click.Context, param: click.Parameter, reason: str) -> str:
+    """``--reason`` as given, when it is one line of printable text of at most
+    :data:`REASON_MAX_CHARS` characters."""
+    if len(reason) > REASON_MAX_CHARS:
+        raise click.BadParameter(f"at most {REASON_MAX_CHARS} characters, not {len(reason)}")
+    if not reason.isprintable():
+        raise click.BadParameter("one line of printable text (no line break or control character)")
+    return reason
+
+
 @cli.command(cls=LimitCommand)
 @CONF_OPTION
 @click.argument("job_id", type=JOB_ID)
-@click.option("--reason", default="admin limit", show_default=True)
+@click.option(
+    "--reason",
+    default="admin limit",
+    show_default=True,
+    callback=_one_line_reason,
+    help=f"Shown by coda-node status; one line, at most {REASON_MAX_CHARS} characters.",
+)
 def limit(conf_path: Path | None, job_id: int, reason: str, **options: Any) -> None:
     """Limit a running job on this node; the daemon applies it on its next tick.
 

@@ -48,3 +48,37 @@ def test_a_job_id_slurm_never_gives_is_a_usage_error_and_the_limits_stay(
     again = _coda_node(conf, "limit", str(JOB + 1), "--cores", "1")
     assert again.exit_code == 0, again.output
     assert set(load_limits(tmp_path / "state")) == {JOB, JOB + 1}
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        ("x" * 10_000_000, "at most 200 characters, not 10000000"),
+        ("x" * 201, "at most 200 characters, not 201"),
+        ("noisy\nETL", "one line of printable text"),
+        ("noisy \x1b[2J ETL", "one line of printable text"),
+        ("\u202enoisy", "one line of printable text"),
+    ],
+)
+def test_a_reason_that_is_not_one_short_line_is_a_usage_error_and_the_limits_stay(
+    tmp_path: Path, reason: str, said: str
+) -> None:
+    """The reason is copied into the view the daemon writes every tick and into each event
+    of the job: a 10 MB one made a 30 MB view file, rewritten every interval."""
+    conf = _conf(tmp_path)
+    limits_file = tmp_path / "state" / LIMITS_FILE
+    before = limits_file.read_bytes()
+    done = _coda_node(conf, "limit", str(JOB + 1), "--cores", "1", "--reason", reason)
+    assert done.exit_code == 2
+    assert "Invalid value for '--reason'" in done.output and said in done.output
+    assert len(done.output) < 500
+    assert limits_file.read_bytes() == before
+
+
+def test_a_reason_of_one_line_in_any_script_is_recorded(tmp_path: Path) -> None:
+    reason = "Zoë's ETL — 节流 " + "x" * 180
+    conf_dir = tmp_path
+    conf = _conf(conf_dir)
+    done = _coda_node(conf, "limit", str(JOB + 1), "--cores", "1", "--reason", reason)
+    assert done.exit_code == 0, done.output
+    assert load_limits(conf_dir / "state")[JOB + 1].reason == reason
