@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import socket
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from coda_node.enforce.enforcer import JobResult
 
 WATCH_DEFAULT_S = 2.0
+WATCH_MAX_S = 3600.0
+"""The longest ``--watch`` interval (an hour): longer ones are no watch, and beyond about
+292 years the sleep cannot be made at all."""
 TERMINAL_FALLBACK = (160, 50)
 """Columns and lines when stdout is not a terminal and $COLUMNS is unset (a pipe, a file):
 wide enough that a piped screen keeps every column."""
@@ -406,7 +410,8 @@ def _save_limits(cfg: CodaConfig, limits: dict[int, Limit]) -> None:
 @click.option(
     "--watch",
     "watch_s",
-    type=click.FloatRange(min=0.1),
+    type=click.FloatRange(min=0.1, max=WATCH_MAX_S),
+    callback=lambda ctx, param, every_s: _a_number(param, every_s),
     is_flag=False,
     flag_value=WATCH_DEFAULT_S,
     default=None,
@@ -454,6 +459,13 @@ def status(
         width = shutil.get_terminal_size(TERMINAL_FALLBACK).columns
         click.echo(render(doc, width=width, color=color), color=color)
     ctx.exit(0 if ok else 1)
+
+
+def _a_number(param: click.Parameter, value: float | None) -> float | None:
+    """``value``, unless it is nan (which any :class:`click.FloatRange` lets through)."""
+    if value is not None and math.isnan(value):
+        raise click.BadParameter("nan is not a number", param=param)
+    return value
 
 
 WATCH_CLEAR = "\x1b[H\x1b[2J"

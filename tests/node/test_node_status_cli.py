@@ -477,8 +477,24 @@ def test_colour_follows_the_option_and_no_color(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--color=rainbow"], ["--json", "--watch"], ["--watch", "0"], ["--bogus"]],
-    ids=["bad-colour", "json-and-watch", "watch-0", "unknown-option"],
+    [
+        ["--color=rainbow"],
+        ["--json", "--watch"],
+        ["--watch", "0"],
+        ["--watch", "nan"],
+        ["--watch", "inf"],
+        ["--watch", "1e10"],
+        ["--bogus"],
+    ],
+    ids=[
+        "bad-colour",
+        "json-and-watch",
+        "watch-0",
+        "watch-nan",
+        "watch-inf",
+        "watch-longer-than-an-hour",
+        "unknown-option",
+    ],
 )
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
     conf = _hand_written(tmp_path, _minimal_view(interval_s=1.0))
