@@ -72,6 +72,11 @@ def float_range(low: int, high: int) -> Parser:
 
 
 def percent(high: float) -> Parser:
+    """A percentage above 0 and at most ``high``."""
+    return positive_at_most(high)
+
+
+def positive_at_most(high: float) -> Parser:
     """A number above 0 and at most ``high``."""
 
     def parse(key: str, value: str) -> float:

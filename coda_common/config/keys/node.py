@@ -9,7 +9,7 @@ from coda_common.config.values import (
     ints,
     ip_address,
     node_name,
-    positive_float,
+    positive_at_most,
     yes_no,
 )
 
@@ -46,8 +46,8 @@ NODE_INTERVAL_S = key(
     "NodeIntervalS",
     "float",
     "1",
-    positive_float,
-    "coda-node: seconds between two sample-plan-enforce passes (> 0).",
+    positive_at_most(86400),
+    "coda-node: seconds between two sample-plan-enforce passes (> 0, at most 86400).",
 )
 
 NODE_ROOT = key(
