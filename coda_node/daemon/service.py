@@ -408,7 +408,11 @@ class Daemon:
         except Exception:  # the jobs are restored; only the view is stale
             log.exception("cannot refresh the status view after restoring")
         self.state.view.setdefault("daemon", {})["running"] = False
-        self.state_file.save(self.state)
+        self.state_file.save(self.state, view=False)
+        try:
+            self.state_file.save(self.state)
+        except OSError as exc:  # the jobs are back and on record; only the view is stale
+            log.error("cannot write the status view %s (%s)", self.state_file.view_path, exc)
         return results
 
     def run(self, stop: threading.Event) -> None:

@@ -683,3 +683,28 @@ def test_a_damaged_entry_in_the_limits_file_is_named_and_the_other_limits_hold(
     assert len(shown) == 1 and said in shown[0] and shown[0].endswith("; that limit is ignored")
     assert any(f"{path}: job x: 'x' is not a job id" in e for e in errors)
     assert caplog.text.count(f"job {CPU_JOB}:") == 1  # once, not on every tick
+
+
+def test_restore_puts_jobs_back_and_says_so_when_the_view_cannot_be_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NodeRuntimeDir replaced by a file (or a full /run): the jobs still go back, the
+    record of changes says so, and the view's failure is logged instead of raised."""
+    node = build_node(tmp_path)
+    original = node.cpuset_texts(GPU_JOB)
+    daemon = node.daemon()
+    node.set_limits({GPU_JOB: Limit(cores=1)})
+    daemon.tick()
+    assert node.cpuset_texts(GPU_JOB) != original
+    run_dir = node.view_file.parent
+    for f in run_dir.iterdir():
+        f.unlink()
+    run_dir.rmdir()
+    run_dir.write_text("not a directory\n")
+
+    results = daemon.restore()
+
+    assert results[GPU_JOB].applied == ["cpuset restored to 0-1,32"]
+    assert node.cpuset_texts(GPU_JOB) == original
+    assert _on_disk(node)["changes"] == {}
+    assert f"cannot write the status view {node.view_file}" in caplog.text
