@@ -33,6 +33,7 @@ from coda_node.enforce.state import (
 )
 from coda_node.status.document import load_status
 from coda_node.status.text import render
+from coda_node.system.cgroups import CgroupError
 from coda_node.system.check import probe_slurm_jobs
 from coda_node.system.paths import SystemRoot
 from coda_node.system.slurmjobs import Runner, make_runner
@@ -104,7 +105,10 @@ def check(conf_path: Path | None, root: Path | None, as_json: bool) -> None:
     system_root = root if root is not None else cfg.node_root
     # Ask slurmctld only about the real system, not about a fixture tree.
     real = system_root.resolve() == Path("/")
-    caps = probe(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
+    try:
+        caps = probe(SystemRoot(system_root), slurm=real, node_name=cfg.node_name)
+    except CgroupError as exc:
+        raise CliError("cannot probe", f"{exc} (NodeRoot={system_root})") from None
     jobs_runner = _jobs_runner(real)
     if jobs_runner is not None:
         # As the daemon names the node (coda_node.daemon.service).
@@ -155,7 +159,10 @@ def run(conf_path: Path | None, root: Path | None, once: bool, verbose: bool) ->
         problem = default_state_dir_ok(where)
         if problem:
             raise CliError("cannot keep state", problem)
-    daemon = Daemon(cfg)
+    try:
+        daemon = Daemon(cfg)
+    except CgroupError as exc:
+        raise CliError("cannot start", f"{exc} (NodeRoot={cfg.node_root})") from None
     try:
         daemon.start()
     except StateNewer as exc:
@@ -231,6 +238,8 @@ def _restore(cfg: CodaConfig, only: frozenset[int] | None) -> dict[int, JobResul
         return daemon.restore(only)
     except StateError as exc:
         raise CliError("cannot restore", str(exc)) from None
+    except CgroupError as exc:
+        raise CliError("cannot restore", f"{exc} (NodeRoot={cfg.node_root})") from None
     except PermissionError as exc:
         raise CliError(
             "cannot restore", f"{exc.filename or exc}: permission denied; run as root"

@@ -82,3 +82,15 @@ def test_a_reason_of_one_line_in_any_script_is_recorded(tmp_path: Path) -> None:
     done = _coda_node(conf, "limit", str(JOB + 1), "--cores", "1", "--reason", reason)
     assert done.exit_code == 0, done.output
     assert load_limits(conf_dir / "state")[JOB + 1].reason == reason
+
+
+@pytest.mark.parametrize("command", [["run", "--once"], ["check"], ["restore"], ["release", "7"]])
+def test_a_node_root_that_is_a_file_is_named_in_a_one_line_error(
+    tmp_path: Path, command: list[str]
+) -> None:
+    conf = _conf(tmp_path)
+    (tmp_path / "root").write_text("not a directory\n")
+    done = _coda_node(conf, command[0], *command[1:])
+    assert done.exit_code == 1, done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
+    assert f"NodeRoot={tmp_path / 'root'}" in done.output
