@@ -345,6 +345,11 @@ class SlurmJobs:
                 except SlurmQueryError as exc:
                     self.last_error = f"job {job_id}: {exc}"
                     continue
+                except (ValueError, TypeError, LookupError) as exc:
+                    # A shape no reader above checks (a range that runs backwards, a number
+                    # where a list belongs): this job's record alone is left out.
+                    self.last_error = f"job {job_id}: Slurm's record does not read ({exc})"
+                    continue
                 if job is None or not job.active:
                     # Not (yet) running here as far as slurmctld knows: a job whose cgroup
                     # exists before its record says RUNNING is asked again next tick.

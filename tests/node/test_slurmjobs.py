@@ -395,3 +395,40 @@ def test_a_job_that_ended_is_dropped_and_asked_again_if_its_cgroup_stays() -> No
     now[0] = 60.0
     assert set(jobs.get({1, 100})) == {1}
     assert run.job_queries()[-1][-1] == "--jobs=1,100"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"gres_detail": ["gpu:a100:2(IDX:5-1)"]},
+        {"gres_detail": ["gpu:a100:99999999(IDX:0-99999999)"]},
+        {"job_resources": {"allocated_nodes": True}},
+        {"job_resources": {"allocated_nodes": -1}},
+        {
+            "job_resources": {
+                "nodes": {"allocation": [{"index": -(1 << 70), "name": NODE, "sockets": []}]}
+            }
+        },
+    ],
+    ids=["gres-backwards", "gres-huge", "nodes-true", "nodes-number", "position-huge"],
+)
+def test_one_jobs_record_that_does_not_read_leaves_the_other_jobs_known(
+    damage: dict[str, object],
+) -> None:
+    """Slurm's JSON of one job damaged (a range that runs backwards, a number where a list
+    belongs): that job is left out and named in last_error; the daemon's tick goes on for
+    every other job."""
+    run = Runner()
+    clean = run.__call__
+
+    def damaged(argv: Sequence[str]) -> str:
+        out = clean(argv)
+        if argv[0] != "squeue":
+            return out
+        doc = json.loads(out)
+        doc["jobs"][1].update(damage)
+        return json.dumps(doc)
+
+    jobs = SlurmJobs(NODE, damaged, clock=lambda: 0.0)
+    assert set(jobs.get({1, 2, 3})) == {1, 3}
+    assert jobs.last_error is not None and jobs.last_error.startswith("job 2: ")
