@@ -323,14 +323,14 @@ def _daemon_state(
         return "absent"
     if daemon_in is not None and daemon_in.get("running") is False:
         problems.append(
-            f"the daemon stopped (it put every job back) at {_clock(written_unix_s)}; "
+            f"the daemon stopped (it put every job back) at {local_time(written_unix_s)}; "
             "start it with: systemctl start coda-node"
         )
         return "stopped"
     if age_s is None or age_s > STALE_INTERVALS * interval_s:
         problems.append(
             f"view at {state_path} is {age_s:.0f} s old: the daemon seems stopped (last tick "
-            f"at {_clock(written_unix_s)}; it ticks every {interval_s:g} s)"
+            f"at {local_time(written_unix_s)}; it ticks every {interval_s:g} s)"
             if age_s is not None
             else f"view at {state_path} has no time: the daemon seems stopped"
         )
@@ -372,10 +372,15 @@ def _daemon(
     return daemon
 
 
-def _clock(unix_s: object) -> str:
+def local_time(unix_s: object, fmt: str = "%Y-%m-%d %H:%M:%S", unknown: str = "?") -> str:
+    """``unix_s`` as local time in ``fmt``; ``unknown`` for no number or one beyond the
+    platform's calendar."""
     if not _is(unix_s, NUMBER):
-        return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(unix_s)))  # type: ignore[arg-type]
+        return unknown
+    try:
+        return time.strftime(fmt, time.localtime(float(unix_s)))  # type: ignore[arg-type]
+    except (OverflowError, OSError, ValueError):
+        return unknown
 
 
 def _empty_node() -> dict[str, Any]:
@@ -400,7 +405,7 @@ def _node(node: Any, f: _Fields, jobs_in: list[Mapping[str, Any]]) -> dict[str, 
     out["cgroup_version"] = f.opt(node, "cgroup_version", int)
     jobs_on: dict[int, list[int]] = {}
     for j in jobs_in:
-        for g in j.get("gpus") or []:
+        for g in j.get("gpus") if isinstance(j.get("gpus"), list) else []:
             if isinstance(g, Mapping) and _is(g.get("nvml_index"), int):
                 jobs_on.setdefault(g["nvml_index"], []).append(int(j["job_id"]))
     gpus = []

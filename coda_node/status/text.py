@@ -13,12 +13,11 @@ mechanisms say which events hold a job back (yellow,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coda_node.status.document import throttle_actions
+from coda_node.status.document import local_time, throttle_actions
 from coda_node.system.cpulist import format_cpulist
 
 RED, YELLOW, CYAN, BOLD, DIM = "31", "33", "36", "1", "2"
@@ -358,7 +357,7 @@ def event_lines(events: Sequence[Mapping[str, Any]], width: int, paint: Paint) -
     out = []
     held_back = throttle_actions()
     for e in events:
-        when = time.strftime("%H:%M:%S", time.localtime(e["unix_s"])) if e["unix_s"] else "??"
+        when = local_time(e["unix_s"], "%H:%M:%S", "??") if e["unix_s"] else "??"
         text = fit(f"  {when}  job {e['job_id']}  {e['what']}: {e['reason']}", width)
         if e["action"] == "failed":
             text = paint(text, RED)

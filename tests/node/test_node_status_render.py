@@ -309,3 +309,18 @@ def test_control_characters_in_any_text_never_reach_the_terminal(color: bool) ->
         "7",
     ]
     assert "evil?[2J?]0;pwned??second line?X?txt??" in _row(shown, 5)
+
+
+@pytest.mark.parametrize("written_unix_s", [time.time(), 1e300, -1e300])
+def test_a_damaged_view_renders_with_what_it_holds(written_unix_s: float) -> None:
+    """A view whose job's GPUs are ``true`` and whose times are beyond any calendar (a
+    damaged file, a hand edit): ``coda-node status`` shows the rest instead of a
+    traceback."""
+    view = _view(
+        [_job(5, gpus=True), _job(6)],
+        events=[{"unix_s": 1e300, "job_id": 5, "what": "throttle", "reason": "r"}],
+    )
+    view["daemon"]["running"] = False
+    text = render(_doc(view, written_unix_s=written_unix_s), width=120)
+    assert _row(text, 6).split()[:3] == ["6", "alice", "DNN"]
+    assert "??  job 5  throttle: r" in text
