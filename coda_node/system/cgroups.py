@@ -581,7 +581,14 @@ def _parent_rel(rel: str) -> str | None:
 
 
 def _read_pids(path: str | Path) -> tuple[int, ...]:
-    return tuple(int(line) for line in _read_file(path).split())
+    """The task ids in a ``tasks`` or ``cgroup.procs`` file; CgroupReadError naming the
+    file for anything the kernel does not print there."""
+    text = _read_file(path)
+    try:
+        return tuple(int(line) for line in text.split())
+    except ValueError:
+        why = f"not a list of task ids: {text[:40]!r}"
+        raise CgroupReadError(Path(path), errno.EINVAL, why) from None
 
 
 @dataclass(slots=True)
@@ -630,11 +637,21 @@ def _read_cpuset_file(path: str | Path, name: str, version: int) -> str:
 
 
 def _dir_cpus(path: str | Path, version: int) -> frozenset[int]:
-    cpus = parse_cpulist(_read_cpuset_file(path, "cpuset.cpus", version))
+    cpus = _cpuset_cpus(path, "cpuset.cpus", version)
     if not cpus and version == 2:
         # v2: an empty cpuset.cpus means "same as the parent"; the kernel shows the result.
-        cpus = parse_cpulist(_read_cpuset_file(path, "cpuset.cpus.effective", version))
+        cpus = _cpuset_cpus(path, "cpuset.cpus.effective", version)
     return cpus
+
+
+def _cpuset_cpus(path: str | Path, name: str, version: int) -> frozenset[int]:
+    """The CPUs in a cpuset file; CgroupReadError naming it for anything else."""
+    text = _read_cpuset_file(path, name, version)
+    try:
+        return parse_cpulist(text)
+    except ValueError:
+        why = f"not a CPU list: {text[:40]!r}"
+        raise CgroupReadError(Path(path, name), errno.EINVAL, why) from None
 
 
 def _step_cpus(path: str | Path, version: int) -> frozenset[int]:
