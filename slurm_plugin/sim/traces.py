@@ -42,6 +42,7 @@ import csv
 import gzip
 import math
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -390,6 +391,10 @@ def _read_table(
         ) from None
     except csv.Error as e:
         raise TraceError(f"not a readable {what}: {e}", path=path) from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise TraceError(f"not a readable gzip file ({e}); expected {what}", path=path) from None
+    except OSError as e:
+        raise TraceError(f"cannot read ({e.strerror or e}); expected {what}", path=path) from None
     dupes = sorted(h for h, c in Counter(header).items() if c > 1)
     if dupes:
         raise TraceError(f"header repeats column(s) {', '.join(dupes)}", path=path, line=1)

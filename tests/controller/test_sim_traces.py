@@ -427,6 +427,23 @@ def test_sacct_trailing_delimiter_of_sacct_p(tmp_path: Path) -> None:
     assert trace.workload_names == ["a"]
 
 
+GOOD_SACCT = (
+    "1|a|u|gpu|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T10:01:00|COMPLETED|1|"
+    "cpu=1,gres/gpu=1|cpu=1"
+)
+
+
+def test_a_damaged_gzip_export_is_named_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "march.txt.gz"
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(TraceError, match=r"march\.txt\.gz: not a readable .*gzip"):
+        load_sacct(path)
+    whole = gzip.compress(f"{SACCT_HEADER}\n{GOOD_SACCT}\n".encode())
+    path.write_bytes(whole[: len(whole) // 2])  # cut off mid-stream
+    with pytest.raises(TraceError, match=r"march\.txt\.gz: not a readable .*gzip"):
+        load_sacct(path)
+
+
 # -------------------------------------------------------------------------------- synthetic
 
 
