@@ -1122,11 +1122,15 @@ def _parse_sacct_tres(text: str) -> _Tres:
 
 
 def _sacct_time(value: str) -> float | None:
-    """Seconds of a naive local time (kept as-is, DST ignored); None for Unknown/None."""
+    """Seconds of a naive local time (kept as-is, DST ignored); None for Unknown/None;
+    ValueError for anything else, a time with a UTC offset included (sacct prints none)."""
     text = value.strip()
     if text.lower() in _NO_TIME:
         return None
-    return (datetime.fromisoformat(text) - _EPOCH).total_seconds()
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is not None:
+        raise ValueError(f"{text!r} has a UTC offset")
+    return (when - _EPOCH).total_seconds()
 
 
 def load_sacct(path: Path) -> Trace:

@@ -444,6 +444,12 @@ def test_a_damaged_gzip_export_is_named_not_a_traceback(tmp_path: Path) -> None:
         load_sacct(path)
 
 
+def test_a_time_with_a_utc_offset_names_the_cell(tmp_path: Path) -> None:
+    path = write_sacct(tmp_path, GOOD_SACCT.replace("10:01:00", "10:01:00+05:00"))
+    with pytest.raises(TraceError, match=r"march\.txt:2: column 'End': '2024-03-01T10:01:00\+05"):
+        load_sacct(path)
+
+
 # -------------------------------------------------------------------------------- synthetic
 
 
