@@ -1077,6 +1077,21 @@ class _Tres:
     nodes: int | None
 
 
+_MAX_JOB_COUNT = 2**31 - 1
+"""The most cores, GPUs or nodes one job of a trace may hold (the trace's arrays are int32)."""
+
+
+def _job_count(text: str) -> int:
+    """A count of cores, GPUs or nodes as sacct prints it (ASCII digits, at most
+    :data:`_MAX_JOB_COUNT`); ValueError otherwise."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"{text!r} is not a whole number")
+    if len(text) > len(str(_MAX_JOB_COUNT)) or int(text) > _MAX_JOB_COUNT:
+        shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text):,} digits)"
+        raise ValueError(f"{shown} is more than one job holds (at most {_MAX_JOB_COUNT:,})")
+    return int(text)
+
+
 @lru_cache(maxsize=65536)
 def _parse_sacct_tres(text: str) -> _Tres:
     """``billing=8,cpu=8,gres/gpu:a100=2,gres/gpu=2,mem=64G,node=1``; ValueError if malformed.
@@ -1103,9 +1118,10 @@ def _parse_sacct_tres(text: str) -> _Tres:
             key = "gres/gpu"
         if key not in ("cpu", "node", "gres/gpu"):
             continue  # billing, mem, energy, gres/gpumem, licences ...: not needed here
-        if not value.isdigit():
-            raise ValueError(f"TRES item {item!r}: {value!r} is not a whole number")
-        count = int(value)
+        try:
+            count = _job_count(value)
+        except ValueError as e:
+            raise ValueError(f"TRES item {name[:40]!r}: {e}") from None
         if key == "cpu":
             cpus = count
         elif key == "node":
@@ -1308,16 +1324,17 @@ def _sacct_resources(
     for c in cols.cpu:
         text = col[c][i].strip()
         if text:
-            if not text.isdigit():
-                raise table.error(i, c, f"{text!r}; expected a whole number of cores")
-            n_cpus = int(text)
+            try:
+                n_cpus = _job_count(text)
+            except ValueError as e:
+                raise table.error(i, c, f"{e}; expected a whole number of cores") from None
             break
     for c in cols.gres:
         text = col[c][i].strip()
         if text:
             try:
-                n_gpus, types = gpu_count(text), gpu_types(text)
-            except TresError as e:
+                n_gpus, types = _job_count(str(gpu_count(text))), gpu_types(text)
+            except (TresError, ValueError) as e:
                 raise table.error(i, c, f"{e}; expected e.g. gpu:a100:2") from None
             break
     return None, n_cpus, n_gpus, types
@@ -1328,9 +1345,13 @@ def _sacct_nodes(table: _Table, i: int, tres: _Tres | None, jobs: _SacctJobs) ->
     nnodes = table.columns.get("NNodes")
     if nnodes is not None:
         text = nnodes[i].strip()
-        if not text.isdigit() or int(text) < 1:
+        try:
+            count = _job_count(text)
+        except ValueError as e:
+            raise table.error(i, "NNodes", f"{e}; expected a whole number >= 1") from None
+        if count < 1:
             raise table.error(i, "NNodes", f"{text!r}; expected a whole number >= 1")
-        return int(text)
+        return count
     if tres is not None and tres.nodes:
         return tres.nodes
     jobs.nodes_from_default += 1

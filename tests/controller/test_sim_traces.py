@@ -450,6 +450,23 @@ def test_a_time_with_a_utc_offset_names_the_cell(tmp_path: Path) -> None:
         load_sacct(path)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "column"),
+    [
+        ("gres/gpu=1", "gres/gpu=99999999999999999999999", "AllocTRES"),
+        ("gres/gpu=1", "gres/gpu=4294967298", "AllocTRES"),
+        ("cpu=1,", "cpu=99999999999999999999999,", "AllocTRES"),
+        ("|1|cpu", "|99999999999999999999|cpu", "NNodes"),
+    ],
+)
+def test_a_count_beyond_any_cluster_names_the_cell(
+    tmp_path: Path, old: str, new: str, column: str
+) -> None:
+    path = write_sacct(tmp_path, GOOD_SACCT.replace(old, new, 1))
+    with pytest.raises(TraceError, match=rf"march\.txt:2: column '{column}': .*at most"):
+        load_sacct(path)
+
+
 # -------------------------------------------------------------------------------- synthetic
 
 
