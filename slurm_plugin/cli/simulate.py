@@ -18,6 +18,7 @@ from slurm_plugin.sim.engine import CODA_CONF, POLICIES, RunResult, SimParams, s
 from slurm_plugin.sim.report import SCHEMA_VERSION, Summary, plot, render_table, summarise
 from slurm_plugin.sim.traces import (
     ALIBABA_PODS,
+    MAX_SIM_NODES,
     MURI_CSV,
     NodeSpec,
     Trace,
@@ -119,6 +120,10 @@ def _parse_nodes(text: str) -> tuple[int, int, int]:
         ) from None
     if count < 1 or cores < 1 or gpus < 0:
         raise CliError(f"bad --nodes {text!r}", "count and cores must be >= 1, GPUs >= 0")
+    if count > MAX_SIM_NODES:
+        raise CliError(
+            f"bad --nodes {text!r}", f"the simulator runs at most {MAX_SIM_NODES:,} nodes"
+        )
     return count, cores, gpus
 
 
@@ -177,7 +182,10 @@ def _cluster(trace: Trace, nodes_spec: str | None, load: float, shape: str) -> l
     if nodes_spec is not None:
         count, cores, gpus = _parse_nodes(nodes_spec)
         return uniform_nodes(count, cores, gpus)
-    return size_for_load(trace, load, shape=_parse_shape(shape))
+    try:
+        return size_for_load(trace, load, shape=_parse_shape(shape))
+    except TraceError as exc:
+        raise CliError(f"cannot size a cluster for {trace.name}", str(exc)) from exc
 
 
 def _with_cpu_jobs(trace: Trace, nodes: list[NodeSpec], cpu_load: float, seed: int) -> Trace:

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from slurm_plugin.sim.traces import NodeSpec, Trace, TraceError, uniform_nodes
+from slurm_plugin.sim.traces import MAX_SIM_NODES, NodeSpec, Trace, TraceError, uniform_nodes
 
 BUSY_QUANTILE = 0.01
 
@@ -62,6 +62,13 @@ def size_for_load(trace: Trace, load: float, *, shape: tuple[int, int] = (96, 8)
     if gpus < 1 or cores < 1:
         raise ValueError(f"node shape needs cores and GPUs >= 1, got {cores}:{gpus}")
     n_nodes = max(math.ceil(want_gpus / gpus), math.ceil(biggest / gpus), 1)
+    if n_nodes > MAX_SIM_NODES:
+        raise TraceError(
+            f"a cluster of {cores}:{gpus} nodes at load {load:g} would need {n_nodes:,} nodes, "
+            f"more than the simulator's {MAX_SIM_NODES:,}: the biggest job asks {biggest:,} "
+            f"GPUs, and the jobs offer {want_gpus * load:,.0f} GPUs on average over the busy "
+            f"window of {end - start:,.0f} s"
+        )
     return uniform_nodes(n_nodes, cores, gpus)
 
 

@@ -57,6 +57,7 @@ from coda_common.signature import UNNAMED
 from slurm_plugin.decision.tres import TresError, gpu_count, gpu_types
 
 __all__ = [
+    "MAX_SIM_NODES",
     "SACCT_COMMAND",
     "NodeSpec",
     "Trace",
@@ -148,12 +149,17 @@ class NodeSpec:
     """GPU type such as ``"V100M32"``; None when unknown (or the node has no GPUs)."""
 
 
+MAX_SIM_NODES = 200_000
+"""The most nodes a simulated cluster has (the largest sized cluster of a shipped trace,
+Philly at --load 0.01 on 1:1 nodes, has about 41,000)."""
+
+
 def uniform_nodes(
     n_nodes: int, cores: int, gpus: int, gpu_model: str | None = None
 ) -> list[NodeSpec]:
     """``n_nodes`` identical nodes named ``node0000``, ``node0001`` ..."""
-    if n_nodes < 1:
-        raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
+    if not 1 <= n_nodes <= MAX_SIM_NODES:
+        raise ValueError(f"n_nodes must be 1 to {MAX_SIM_NODES:,}, got {n_nodes:,}")
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if gpus < 0:

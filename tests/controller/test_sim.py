@@ -637,3 +637,38 @@ def test_settle_skips_most_ticks_of_a_hold() -> None:
         run_slow = len(steps)
     assert fast == slow and fast.events > 0
     assert run_fast < run_slow / 2
+
+
+HUGE_JOB_HEADER = "JobID|JobName|Submit|Start|End|AllocTRES"
+
+
+@pytest.mark.parametrize(
+    ("job", "nodes_spec"),
+    [
+        # One job of 100 million GPUs: the sized cluster would hold it.
+        (
+            "1|a|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T11:00:00|gres/gpu=100000000",
+            None,
+        ),
+        # One job of 8,000 years: the sized cluster would carry its load in one second.
+        ("1|a|2024-03-01T10:00:00|2024-03-01T10:00:00|9999-12-31T00:00:00|gres/gpu=1", None),
+        (
+            "1|a|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T11:00:00|gres/gpu=1",
+            "99999999:96:8",
+        ),
+    ],
+)
+def test_a_cluster_beyond_the_simulators_size_is_refused_at_once(
+    tmp_path: Path, job: str, nodes_spec: str | None
+) -> None:
+    export = tmp_path / "sacct.txt"
+    export.write_text(f"{HUGE_JOB_HEADER}\n{job}\n")
+    args = ["simulate", f"sacct:{export}", "-p", "slurm"]
+    if nodes_spec:
+        args += ["--nodes", nodes_spec]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit)
+    assert (
+        "at most 200,000 nodes" in res.output or "more than the simulator's 200,000" in res.output
+    )
