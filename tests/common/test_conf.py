@@ -150,6 +150,8 @@ def test_values(text: str, attr: str, value: object) -> None:
         ("HookBudgetMs=inf", 1, "must be a number"),
         ("HookBudgetMs=1e999", 1, "must be a number"),  # would overflow to inf
         ("ReloadIntervalS=0.0", 1, "ReloadIntervalS must be greater than 0"),
+        # A wait this long overflows the reloader thread's timer: it would end the thread.
+        ("ReloadIntervalS=1e99", 1, "ReloadIntervalS must be at most 86400"),
         ("MultiNodeGpuCap=0", 1, "MultiNodeGpuCap must be 1.."),
         ("ProfileStore=relative/dir", 1, "absolute path"),
         ("ProfileStore=", 1, "ProfileStore needs a value"),
