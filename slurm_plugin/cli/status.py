@@ -134,6 +134,9 @@ def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> 
     except ValueError as exc:
         out.update(state="unreadable", error=f"not JSON: {exc}")
         return out
+    except RecursionError:
+        out.update(state="unreadable", error="not JSON: nested too deeply")
+        return out
     if not isinstance(doc, dict) or doc.get("format") != STATS_FORMAT:
         out.update(
             state="unreadable", error=f'not a hook stats file (no "format": "{STATS_FORMAT}")'

@@ -484,7 +484,7 @@ def read_journal(path: Path, since_unix_s: float) -> JournalRead:
                 continue
             try:
                 entry = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 out.malformed += 1
                 continue
             t = entry.get("t") if isinstance(entry, dict) else None

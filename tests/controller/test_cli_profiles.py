@@ -277,6 +277,7 @@ def test_import_refuses_existing_unless_replace(store: ProfileStore, tmp_path: P
     ("content", "needle"),
     [
         ("{not json", "not valid JSON"),
+        ("[" * 100_000, "not valid JSON (nested too deeply)"),
         ('{"format": "coda-profiles-export", "format_version": 2, "profiles": []}', "newer coda"),
         ('{"format": "other", "profiles": []}', 'not "coda-profiles-export"'),
         ('{"hello": 1}', 'expected a list of profiles or an object with a "profiles" list'),

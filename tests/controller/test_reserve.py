@@ -574,6 +574,7 @@ def test_state_file_round_trip_and_first_value_wins(tmp_path: Path) -> None:
     ("text", "says"),
     [
         ("{not json", "is not JSON"),
+        ("[" * 100_000, "is not JSON \\(nested too deeply\\)"),
         ('{"format": "other"}', "not a coda-slurm reserve state file"),
         (
             '{"format": "coda-reserve-state", "format_version": 2, "partitions": {}}',

@@ -501,6 +501,21 @@ def test_missing_stats_while_jobs_are_submitted_says_so(
     assert "squeue shows 3 job(s) submitted since" in out
 
 
+def test_a_deeply_nested_journal_line_or_stats_file_is_unreadable_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    deep = "[" * 100_000  # a damaged file: json's decoder runs out of stack on it
+    path = tmp_path / "decisions.jsonl"
+    write_journal(path, [entry(NOW, "set", gpus=1)], extra=[deep])
+    read = read_journal(path, NOW - HOUR)
+    assert read.malformed == 1 and len(read.entries) == 1
+    stats = tmp_path / "stats.json"
+    stats.write_text(deep)
+    hook_stats = cli_status.read_hook_stats(stats, NOW, 5.0)
+    assert hook_stats["state"] == "unreadable"
+    assert "nested too deeply" in hook_stats["error"]
+
+
 def test_status_sums_the_window_and_json_has_the_same_numbers(site: Path) -> None:
     now = time.time()
     shifted = [{**e, "t": e["t"] - NOW + now} for e in HAND_MADE]
