@@ -523,10 +523,15 @@ def _numbers(table: _Table, column: str, expected: str, *, allow_empty: bool = F
     return arr
 
 
+_MAX_JOB_COUNT = 2**31 - 1
+"""The most cores, GPUs or nodes one job of a trace may hold (the trace's arrays are int32)."""
+
+
 def _integers(
     table: _Table, column: str, expected: str, *, minimum: int | None = None
 ) -> np.ndarray:
-    """Column as int64 (whole numbers only, ``>= minimum`` when given)."""
+    """Column as int64 (whole numbers only, ``>= minimum`` when given, at most
+    :data:`_MAX_JOB_COUNT` either side of 0)."""
     arr = _numbers(table, column, expected)
     bad = np.flatnonzero(arr != np.floor(arr))
     if minimum is not None:
@@ -534,6 +539,14 @@ def _integers(
     if bad.size:
         i = int(bad[0])
         raise table.error(i, column, f"{table.columns[column][i]!r}; expected {expected}")
+    huge = np.flatnonzero(np.abs(arr) > _MAX_JOB_COUNT)
+    if huge.size:
+        i = int(huge[0])
+        raise table.error(
+            i,
+            column,
+            f"{table.columns[column][i][:40]!r}; expected {expected}, at most {_MAX_JOB_COUNT:,}",
+        )
     return arr.astype(np.int64)
 
 
@@ -1081,10 +1094,6 @@ class _Tres:
     gpus: int
     gpu_types: tuple[str, ...]
     nodes: int | None
-
-
-_MAX_JOB_COUNT = 2**31 - 1
-"""The most cores, GPUs or nodes one job of a trace may hold (the trace's arrays are int32)."""
 
 
 def _job_count(text: str) -> int:

@@ -244,6 +244,15 @@ def test_philly_drops_and_bad_timestamp(tmp_path: Path) -> None:
         load_philly(path)
 
 
+@pytest.mark.parametrize("gpus", ["4294967298", "1e23"])
+def test_philly_gpu_count_beyond_any_job_names_the_cell(tmp_path: Path, gpus: str) -> None:
+    # 4294967298 is 2 once cut to 32 bits: read, it would replay as a 2-GPU job.
+    path = tmp_path / "philly.csv"
+    path.write_text(f"timestamp,duration,num_gpus\n2017-10-09 07:01:55,66.0,{gpus}\n")
+    with pytest.raises(TraceError, match=r"philly\.csv:2: column 'num_gpus': .*at most"):
+        load_philly(path)
+
+
 # ------------------------------------------------------------------------------------- Muri
 
 
