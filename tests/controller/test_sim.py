@@ -672,3 +672,12 @@ def test_a_cluster_beyond_the_simulators_size_is_refused_at_once(
     assert (
         "at most 200,000 nodes" in res.output or "more than the simulator's 200,000" in res.output
     )
+
+
+def test_a_trace_offering_an_infinite_load_is_refused_at_once(tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    # 10 GPUs for 1e308 s: GPU-seconds past the largest float.
+    trace.write_text("timestamp,duration,num_gpus\n2017-10-09 07:01:55,1e308,10\n")
+    res = CliRunner().invoke(cli, ["simulate", f"philly:{trace}", "-p", "slurm"])
+    assert res.exit_code == 1, res.output
+    assert "would need inf nodes, more than the simulator's 200,000" in res.output
