@@ -381,12 +381,16 @@ def _journal_since(
         "malformed": 0,
         "newer_format": 0,
         "oldest_unix_s": None,
+        "unread_bytes": 0,
         "error": None,
     }
     entries: list[dict[str, Any]] = []
     if cfg.decision_journal is not None:
         try:
-            read = read_journal(cfg.decision_journal, since_unix_s)
+            # The hook rotates a file at JournalMaxBytes; one far longer is not its own.
+            read = read_journal(
+                cfg.decision_journal, since_unix_s, max_file_bytes=2 * cfg.journal_max_bytes
+            )
         except OSError as exc:
             journal["error"] = exc.strerror or str(exc)
         else:
@@ -396,6 +400,7 @@ def _journal_since(
                 malformed=read.malformed,
                 newer_format=read.newer_format,
                 oldest_unix_s=read.oldest_unix_s,
+                unread_bytes=read.unread_bytes,
             )
     return journal, entries
 
@@ -720,6 +725,18 @@ def _journal_malformed(f: _Facts) -> Verdict | None:
     )
 
 
+def _journal_unread(f: _Facts) -> Verdict | None:
+    if not (f.journal_read and f.journal["unread_bytes"]):
+        return None
+    return Verdict(
+        "warn",
+        "journal",
+        f"{f.journal['unread_bytes']:,} bytes at the start of {f.journal['path']} (or its .1) "
+        f"not read: the file is longer than twice JournalMaxBytes={f.journal['max_bytes']}, "
+        "the size the hook rotates it at",
+    )
+
+
 def _journal_newer_format(f: _Facts) -> Verdict | None:
     if not (f.journal_read and f.journal["newer_format"]):
         return None
@@ -774,6 +791,7 @@ RULES: tuple[Rule, ...] = (
     _store_unusable,
     _journal_state,
     _journal_malformed,
+    _journal_unread,
     _journal_newer_format,
     _journal_rotated_away,
     _mode,

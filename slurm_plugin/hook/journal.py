@@ -464,17 +464,21 @@ class JournalRead:
     """Entries of a later format version (skipped: this coda-slurm is older than the hook)."""
     oldest_unix_s: float | None = None
     """The oldest entry in the files, in the window or not (how far back the journal reaches)."""
+    unread_bytes: int = 0
+    """Bytes at the start of files longer than ``max_file_bytes`` that were not read."""
 
 
-def read_journal(path: Path, since_unix_s: float) -> JournalRead:
+def read_journal(
+    path: Path, since_unix_s: float, *, max_file_bytes: int | None = None
+) -> JournalRead:
     """Read the journal's entries with ``t >= since_unix_s``. Missing files are skipped
     (``files`` says which were there); other OSErrors are raised. A last line without its
-    newline is being written and is left alone."""
+    newline is being written and is left alone. Of a file longer than ``max_file_bytes``
+    only its last ``max_file_bytes`` are read, from the first whole line on."""
     out = JournalRead()
     for p in (rotated_path(path), path):
         try:
-            with open(p, "rb") as f:
-                data = f.read()
+            data = _journal_tail(p, max_file_bytes, out)
         except FileNotFoundError:
             continue
         out.files.append(p)
@@ -503,6 +507,20 @@ def read_journal(path: Path, since_unix_s: float) -> JournalRead:
             if t >= since_unix_s:
                 out.entries.append(entry)
     return out
+
+
+def _journal_tail(path: Path, max_bytes: int | None, out: JournalRead) -> bytes:
+    """The bytes of ``path``: its last ``max_bytes`` from the first whole line on when it is
+    longer (what is left out is added to ``out.unread_bytes``)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if max_bytes is None or size <= max_bytes:
+            return f.read()
+        f.seek(size - max_bytes)
+        data = f.read(max_bytes)
+    cut = data.find(b"\n") + 1  # 0 when no line ends in the tail: nothing whole is left
+    out.unread_bytes += size - max_bytes + (cut or len(data))
+    return data[cut:] if cut else b""
 
 
 @dataclass(slots=True)

@@ -599,6 +599,26 @@ def test_rotated_journal_that_does_not_cover_the_window_says_raise_the_limit(
     assert "2 decisions in the last 1d" in out
 
 
+def test_a_journal_file_far_past_journal_max_bytes_is_read_from_its_end_only(site: Path) -> None:
+    tmp = site.parent
+    site.write_text(site.read_text() + "JournalMaxBytes=65536\n")
+    write_stats(tmp / "stats.json")
+    path = tmp / "decisions.jsonl"
+    with path.open("wb") as f:
+        f.truncate(1 << 30)  # a damaged file: 1 GiB of zeros (sparse), then one entry
+        f.seek(1 << 30)
+        f.write(("\n" + json.dumps(entry(time.time() - 60, "set", gpus=1)) + "\n").encode())
+    read = read_journal(path, 0.0, max_file_bytes=2 * 65536)
+    assert len(read.entries) == 1 and read.malformed == 0
+    assert read.unread_bytes == (1 << 30) + 1  # the zeros and the newline that ends them
+    out = status_cli("--conf", str(site)).out
+    assert "1 decisions in the last 1d" in out
+    assert re.search(
+        r"1,073,741,825 bytes at the start of \S*decisions\.jsonl \(or its \.1\) not", out
+    )
+    assert "twice JournalMaxBytes=65536" in out
+
+
 def test_advise_mode_says_what_enforce_would_have_returned(site: Path) -> None:
     tmp = site.parent
     site.write_text(site.read_text() + "Mode=advise\n")
