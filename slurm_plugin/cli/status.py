@@ -23,6 +23,7 @@ data (``schema_version`` :data:`SCHEMA_VERSION`; keys are only ever added).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -110,6 +111,88 @@ class Verdict:
 # -- reading what the hook left behind --------------------------------------------------------
 
 
+def _is_time(value: Any) -> bool:
+    return _is_number(value) and 0 <= value < _YEAR_10000_UNIX_S
+
+
+def _is_us(value: Any) -> bool:
+    return _is_number(value) and value >= 0
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_YEAR_10000_UNIX_S = 253402300800
+_STATS_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = (
+    (
+        _is_time,
+        "a time",
+        (
+            "started_unix_s",
+            "written_unix_s",
+            "conf_loaded_unix_s",
+            "store_refreshed_unix_s",
+            "last_call_unix_s",
+        ),
+    ),
+    (
+        _is_count,
+        "a count",
+        (
+            "calls",
+            "gpu_jobs",
+            "changed",
+            "rejected",
+            "fail_open",
+            "over_budget",
+            "cpu_jobs",
+            "window",
+            "profiles",
+            "pid",
+        ),
+    ),
+    (_is_us, "microseconds", ("p50_us", "p99_us", "max_us")),
+    (_is_text, "text", ("store_error", "conf", "mode", "profile_store")),
+)
+"""What each field of the hook stats document holds when present (null: unknown)."""
+_JOURNAL_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = (
+    (_is_count, "a count", ("written", "dropped", "pending")),
+    (_is_text, "text", ("path", "error")),
+)
+
+
+def _stats_problem(doc: dict[str, Any]) -> str | None:
+    """The first field of a hook stats document that holds what the hook never writes (a
+    damaged file), as ``"<field> is <value>, expected <what>"``; None when there is none."""
+    journal = doc.get("journal")
+    if journal is not None and not isinstance(journal, dict):
+        return f"journal is {_short(journal)}, expected an object"
+    tables = [("", doc, _STATS_FIELDS)]
+    if journal is not None:
+        tables.append(("journal.", journal, _JOURNAL_FIELDS))
+    for prefix, where, fields in tables:
+        for ok, what, names in fields:
+            for name in names:
+                value = where.get(name)
+                if value is not None and not ok(value):
+                    return f"{prefix}{name} is {_short(value)}, expected {what}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> dict[str, Any]:
     """``{"path", "state", "error", "age_s", "stats"}``; state is ``ok``, ``stale``,
     ``missing``, ``unreadable`` or ``disabled`` (HookStatsFile empty)."""
@@ -147,6 +230,10 @@ def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> 
         newer = isinstance(version, int) and version > STATS_FORMAT_VERSION
         why = "written by a newer coda; upgrade coda-slurm" if newer else "unknown"
         out.update(state="unreadable", error=f"format_version {version!r} ({why})")
+        return out
+    problem = _stats_problem(doc)
+    if problem is not None:
+        out.update(state="unreadable", error=f"not a hook stats file: {problem}")
         return out
     written = doc.get("written_unix_s")
     age_s = now_unix_s - written if isinstance(written, int | float) else None

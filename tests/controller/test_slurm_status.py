@@ -478,6 +478,30 @@ def write_stats(path: Path, **fields: Any) -> None:
     path.write_text(json.dumps(stats))
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("written_unix_s", "yesterday"),
+        ("written_unix_s", float("nan")),
+        ("started_unix_s", 1e308),
+        ("calls", [1]),
+        ("fail_open", "many"),
+        ("p99_us", float("inf")),
+        ("store_error", {"a": 1}),
+        ("journal", [1]),
+        ("journal", {"written": "x"}),
+    ],
+)
+def test_a_damaged_stats_file_is_named_unreadable_not_a_traceback(
+    site: Path, field: str, value: object
+) -> None:
+    write_stats(site.parent / "stats.json", **{field: value})
+    for args in ((), ("--json",)):
+        r = status_cli("--conf", str(site), *args)
+        assert r.rc == 0, r.err
+    assert f"not a hook stats file: {field}" in status_cli("--conf", str(site)).out
+
+
 def test_fresh_install_says_what_is_missing_in_plain_words(site: Path) -> None:
     r = status_cli("--conf", str(site))
     assert r.rc == 0, r.err
