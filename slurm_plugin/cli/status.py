@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -111,6 +112,20 @@ class Verdict:
 # -- reading what the hook left behind --------------------------------------------------------
 
 
+def _stats_bytes(path: Path) -> bytes | str:
+    """The bytes of the stats file, or why it is not read: not a regular file (a FIFO there
+    must not hang the command), or larger than any the hook writes."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_size > MAX_STATS_FILE_BYTES:
+            return (
+                f"{st.st_size:,} bytes, more than {MAX_STATS_FILE_BYTES:,}: not a hook stats file"
+            )
+        return f.read()
+
+
 def _is_time(value: Any) -> bool:
     return _is_number(value) and 0 <= value < _YEAR_10000_UNIX_S
 
@@ -132,6 +147,8 @@ def _is_number(value: Any) -> bool:
 
 
 _YEAR_10000_UNIX_S = 253402300800
+MAX_STATS_FILE_BYTES = 1 << 20
+"""The most a hook stats file holds (the hook writes about a kilobyte)."""
 _STATS_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = (
     (
         _is_time,
@@ -207,7 +224,11 @@ def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> 
     if path is None:
         return out
     try:
-        doc = json.loads(path.read_bytes())
+        data = _stats_bytes(path)
+        if isinstance(data, str):
+            out.update(state="unreadable", error=data)
+            return out
+        doc = json.loads(data)
     except FileNotFoundError:
         out["state"] = "missing"
         return out

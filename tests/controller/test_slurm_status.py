@@ -502,6 +502,15 @@ def test_a_damaged_stats_file_is_named_unreadable_not_a_traceback(
     assert f"not a hook stats file: {field}" in status_cli("--conf", str(site)).out
 
 
+def test_a_huge_stats_file_is_named_unreadable_unread(site: Path) -> None:
+    stats = site.parent / "stats.json"
+    with stats.open("wb") as f:
+        f.truncate(8 << 30)  # sparse: 8 GiB of zeros
+    hook_stats = cli_status.read_hook_stats(stats, NOW, 5.0)
+    assert hook_stats["state"] == "unreadable"
+    assert hook_stats["error"] == "8,589,934,592 bytes, more than 1,048,576: not a hook stats file"
+
+
 def test_fresh_install_says_what_is_missing_in_plain_words(site: Path) -> None:
     r = status_cli("--conf", str(site))
     assert r.rc == 0, r.err
