@@ -158,11 +158,20 @@ def _task_tres(value: str, sep: str) -> str:
     return f"{head}={count}" if sep == "/" and head and count.isdigit() else tres
 
 
+_STRTOL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+"""A whole number as sbatch's strtol reads one: ASCII digits after optional blanks and sign."""
+_INT_MAX = 2**31 - 1
+
+
 def _int(option: str, value: str) -> int:
+    if _STRTOL.fullmatch(value) is None:
+        raise SbatchOptionError(f"{option}={value!r} is not a whole number")
     try:
         n = int(value)
-    except ValueError as exc:
-        raise SbatchOptionError(f"{option}={value!r} is not a whole number") from exc
+    except ValueError:  # more digits than int() reads
+        n = _INT_MAX + 1
+    if n > _INT_MAX:
+        raise SbatchOptionError(f"{option}={value[:30]!r} is more than {_INT_MAX}")
     if n < 0:
         raise SbatchOptionError(f"{option}={value!r} is negative")
     return n

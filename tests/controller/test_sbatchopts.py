@@ -45,6 +45,13 @@ def test_bad_options_say_which(argv: list[str]) -> None:
         request_from_sbatch(argv, "true\n", uid=7)
 
 
+@pytest.mark.parametrize("value", ["\u0663", "3_0", "1e3", "0x10", "99999999999999999999"])
+def test_a_count_sbatch_refuses_is_refused(value: str) -> None:
+    # sbatch reads counts with strtol: ASCII digits only ('\u0663' is an Arabic-Indic 3).
+    with pytest.raises(SbatchOptionError, match="cpus-per-gpu"):
+        request_from_sbatch([f"--cpus-per-gpu={value}", "--gpus=1"], "true\n", uid=7)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
