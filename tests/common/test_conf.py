@@ -233,6 +233,17 @@ def test_load_config_missing_file(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_huge_conf_file_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "coda.conf"
+    with path.open("wb") as f:
+        f.truncate(3 << 30)  # sparse: 3 GiB of zeros
+    with pytest.raises(ConfigError, match=r"coda\.conf: larger than 67108864 bytes"):
+        load_config(path)
+    # A device that never ends is read no further than that either.
+    with pytest.raises(ConfigError, match=r"larger than 67108864 bytes"):
+        load_config(Path("/dev/zero"))
+
+
 def test_load_config_non_utf8_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "coda.conf"
     path.write_bytes(b"Mode=advise\n# caf\xe9\n")
