@@ -681,3 +681,35 @@ def test_a_trace_offering_an_infinite_load_is_refused_at_once(tmp_path: Path) ->
     res = CliRunner().invoke(cli, ["simulate", f"philly:{trace}", "-p", "slurm"])
     assert res.exit_code == 1, res.output
     assert "would need inf nodes, more than the simulator's 200,000" in res.output
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        "time_limit_factor=nan",
+        "pressure_exponent=inf",
+        "log_share=-1",
+        "sweet_spot_jitter=1e6",
+        "node_mem_bw_bytes_per_s=0",
+        "node_mem_bw_bytes_per_s=1e308",
+        "share_gpu_busy=0",
+        "share_switch_overhead=2",
+        "share_mem_weight=vgg16:nan",
+    ],
+)
+def test_a_param_the_model_cannot_run_with_is_refused_before_the_run(param: str) -> None:
+    res = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "synthetic:50",
+            "--cpu-load",
+            "0.3",
+            "--placement",
+            "membw,share",
+            "--param",
+            param,
+        ],
+    )
+    assert res.exit_code == 1, res.output
+    assert f"bad --param (simulator parameter {param}" in res.output.replace("'", "")
