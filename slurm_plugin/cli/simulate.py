@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -67,6 +68,17 @@ that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
 
 PLACEMENTS = ("reserve", "reserve-node", "pcie", "membw", "prefer", "share", "share-any")
 """Placement mechanisms, in table order."""
+
+
+class _FiniteRange(click.FloatRange):
+    """A FloatRange that refuses NaN (every comparison with NaN is false: it passes the
+    range check)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number.", param, ctx)
+        return number
 
 
 def _parse_placement(text: str | None) -> list[str]:
@@ -385,7 +397,7 @@ def _write_plots(
 )
 @click.option(
     "--load",
-    type=click.FloatRange(min=0.01, max=10.0),
+    type=_FiniteRange(min=0.01, max=10.0),
     default=0.9,
     show_default=True,
     help="Size the cluster so the trace offers this GPU load (ignored with --nodes).",
@@ -398,12 +410,12 @@ def _write_plots(
 )
 @click.option(
     "--cpu-load",
-    type=click.FloatRange(min=0.0, max=5.0),
+    type=_FiniteRange(min=0.0, max=5.0),
     default=0.0,
     show_default=True,
     help="Add CPU-only jobs offering this share of the cluster's cores.",
 )
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option(
     "--param",
     "param_items",

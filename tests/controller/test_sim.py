@@ -713,3 +713,12 @@ def test_a_param_the_model_cannot_run_with_is_refused_before_the_run(param: str)
     )
     assert res.exit_code == 1, res.output
     assert f"bad --param (simulator parameter {param}" in res.output.replace("'", "")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--load", "nan"), ("--cpu-load", "nan"), ("--seed", "-1")]
+)
+def test_an_option_value_out_of_range_is_a_usage_error(option: str, value: str) -> None:
+    res = CliRunner().invoke(cli, ["simulate", "synthetic:50", "-p", "slurm", option, value])
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{option}'" in res.output
