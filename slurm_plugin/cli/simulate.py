@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import click
 import numpy as np
 
-from coda_common.cli import CliError, emit_json
+from coda_common.cli import CliError, FiniteFloatRange, emit_json
 from coda_common.config.codaconf import parse_config
 from coda_common.slurm.conffile import ConfigError
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
@@ -68,17 +67,6 @@ that mechanism on (POLICY+MECHANISM rows, ratios to POLICY):
 
 PLACEMENTS = ("reserve", "reserve-node", "pcie", "membw", "prefer", "share", "share-any")
 """Placement mechanisms, in table order."""
-
-
-class _FiniteRange(click.FloatRange):
-    """A FloatRange that refuses NaN (every comparison with NaN is false: it passes the
-    range check)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if math.isnan(number):
-            self.fail(f"{value!r} is not a number.", param, ctx)
-        return number
 
 
 def _parse_placement(text: str | None) -> list[str]:
@@ -397,7 +385,7 @@ def _write_plots(
 )
 @click.option(
     "--load",
-    type=_FiniteRange(min=0.01, max=10.0),
+    type=FiniteFloatRange(min=0.01, max=10.0),
     default=0.9,
     show_default=True,
     help="Size the cluster so the trace offers this GPU load (ignored with --nodes).",
@@ -410,7 +398,7 @@ def _write_plots(
 )
 @click.option(
     "--cpu-load",
-    type=_FiniteRange(min=0.0, max=5.0),
+    type=FiniteFloatRange(min=0.0, max=5.0),
     default=0.0,
     show_default=True,
     help="Add CPU-only jobs offering this share of the cluster's cores.",
