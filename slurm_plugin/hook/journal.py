@@ -53,9 +53,11 @@ Line format, version :data:`JOURNAL_VERSION` (keys may be added, never renamed):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable
@@ -511,9 +513,13 @@ def read_journal(
 
 def _journal_tail(path: Path, max_bytes: int | None, out: JournalRead) -> bytes:
     """The bytes of ``path``: its last ``max_bytes`` from the first whole line on when it is
-    longer (what is left out is added to ``out.unread_bytes``)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    longer (what is left out is added to ``out.unread_bytes``). OSError for anything but a
+    regular file (opened without blocking: a FIFO there must not hang the reader)."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        size = st.st_size
         if max_bytes is None or size <= max_bytes:
             return f.read()
         f.seek(size - max_bytes)

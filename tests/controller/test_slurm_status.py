@@ -843,3 +843,17 @@ def test_an_unreadable_journal_is_not_read_as_no_decisions(site: Path) -> None:
     out = status_cli("--conf", str(site)).out
     assert "no GPU job decided" not in out
     assert "not known: the decision journal is unreadable" in out
+
+
+def test_a_fifo_where_the_journal_belongs_is_unreadable_not_a_hang(site: Path) -> None:
+    tmp = site.parent
+    write_stats(tmp / "stats.json", gpu_jobs=22)
+    os.mkfifo(tmp / "decisions.jsonl")  # no writer: a blocking open would wait for ever
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "status", "--conf", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "not known: the decision journal is unreadable" in out
+    assert "not a regular file" in out
