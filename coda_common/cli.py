@@ -7,6 +7,7 @@ turns it into ``<prog>: <what> (<why>)`` on stderr and an exit code.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -39,6 +40,17 @@ def store_option() -> Callable[[Any], Any]:
         type=click.Path(path_type=Path, file_okay=False),
         help="Profile store directory (default: ProfileStore= from coda.conf).",
     )
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that refuses NaN (every comparison with NaN is false: it passes the
+    range check)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number.", param, ctx)
+        return number
 
 
 class CliError(click.ClickException):

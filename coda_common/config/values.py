@@ -14,6 +14,8 @@ from coda_common.signature import ScriptIgnore, SignatureIgnoreError, parse_scri
 MAX_CPUS = 65533
 """Largest CPU count a key may hold (Slurm keeps cpus_per_task in a uint16 below NO_VAL16)."""
 
+MAX_INTERVAL_S = 86400
+"""Longest wait between two passes of a loop a key may set, in seconds."""
 
 Parser = Callable[[str, str], Any]
 """``parser(key, value)`` -> typed value; ValueError when invalid."""
@@ -49,6 +51,15 @@ def positive_float(key: str, value: str) -> float:
     number = _float(key, value)
     if not number > 0:
         raise ValueError(f"{key} must be greater than 0, got {value}")
+    return number
+
+
+def interval_s(key: str, value: str) -> float:
+    """Seconds between two passes of a loop: above 0 and at most a day (a thread waits no
+    longer than that; far larger waits overflow its timer)."""
+    number = positive_float(key, value)
+    if number > MAX_INTERVAL_S:
+        raise ValueError(f"{key} must be at most {MAX_INTERVAL_S} (a day), got {value}")
     return number
 
 

@@ -134,6 +134,8 @@ class Drop:
             d = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProfileFormatError(where, f"payload is not JSON: {exc}") from None
+        except RecursionError:
+            raise ProfileFormatError(where, "payload is not JSON: nested too deeply") from None
         if not isinstance(d, dict) or d.get("format") != DROP_FORMAT:
             raise ProfileFormatError(where, f'payload is not a "{DROP_FORMAT}" object')
         version = d.get("format_version")

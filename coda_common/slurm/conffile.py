@@ -114,13 +114,23 @@ def tokenize(line: str, source: str, lineno: int) -> list[tuple[str, str]]:
     return pairs
 
 
+MAX_CONF_FILE_BYTES = 64 << 20
+"""The most a configuration file holds (a slurm.conf of ten thousand nodes is a few MB)."""
+
+
 def read_text(path: Path, source: str | None = None) -> str:
-    """The UTF-8 text of ``path``; ConfigError when unreadable or not UTF-8."""
+    """The UTF-8 text of ``path``; ConfigError when unreadable, larger than
+    :data:`MAX_CONF_FILE_BYTES` (not read further) or not UTF-8."""
     source = source or str(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_CONF_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(source, None, f"cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONF_FILE_BYTES:
+        raise ConfigError(
+            source, None, f"larger than {MAX_CONF_FILE_BYTES} bytes: not a configuration file"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import click
 
-from coda_common.cli import CliError, conf_option, emit_json
+from coda_common.cli import CliError, FiniteFloatRange, conf_option, emit_json
 from coda_common.config.codaconf import load_config
 from coda_common.config.paths import default_conf_path
+from coda_common.config.values import MAX_INTERVAL_S
 from coda_common.publish.dropbox import (
     Collector,
     CollectStats,
@@ -33,10 +34,11 @@ def _log(level: str, message: str) -> None:
 @click.option(
     "--watch",
     "interval_s",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1, max=MAX_INTERVAL_S),
     default=None,
     metavar="SECONDS",
-    help="Collect every SECONDS until SIGTERM/SIGINT (default: one pass, then exit).",
+    help="Collect every SECONDS (at most a day) until SIGTERM/SIGINT (default: one pass, "
+    "then exit).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One pass: counts as JSON.")
 def collect_cmd(conf_path: Path | None, interval_s: float | None, as_json: bool) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from coda_common.cli import CliError, conf_option, emit_json, store_option
+from coda_common.cli import CliError, FiniteFloatRange, conf_option, emit_json, store_option
 from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
 from coda_common.store.profiles import (
@@ -259,7 +259,7 @@ def _echo_report(report: _Report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--margin",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteFloatRange(0.0, 1.0),
     default=None,
     help="Report a pair as gaining only from a predicted speedup of 1 + MARGIN "
     "(default: ColocateMargin= of coda.conf, 0.05).",

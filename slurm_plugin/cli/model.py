@@ -70,6 +70,8 @@ def _read_samples(path: Path) -> tuple[list[float], list[float], list[int] | Non
         raise CliError(f"cannot read {path}", exc.strerror or str(exc)) from exc
     except UnicodeDecodeError as exc:
         raise CliError(f"cannot read {path}", "not UTF-8 text") from exc
+    except csv.Error as exc:  # a field past the csv module's limit
+        raise CliError(f"cannot read {path}", f"line {reader.line_num}: {exc}") from exc
     return cores, throughput, (gpus if i_gpus is not None else None)
 
 

@@ -461,6 +461,8 @@ def _read_document(file: str, name: str) -> object:
         return json.loads(data)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise CliError(f"cannot import {name}", f"not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise CliError(f"cannot import {name}", "not valid JSON (nested too deeply)") from None
 
 
 def _parsed_entries(entries: list[object], name: str) -> list[Profile]:

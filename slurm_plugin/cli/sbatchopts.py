@@ -158,11 +158,20 @@ def _task_tres(value: str, sep: str) -> str:
     return f"{head}={count}" if sep == "/" and head and count.isdigit() else tres
 
 
+_STRTOL = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+"""A whole number as sbatch's strtol reads one: ASCII digits after optional blanks and sign."""
+_INT_MAX = 2**31 - 1
+
+
 def _int(option: str, value: str) -> int:
+    if _STRTOL.fullmatch(value) is None:
+        raise SbatchOptionError(f"{option}={value!r} is not a whole number")
     try:
         n = int(value)
-    except ValueError as exc:
-        raise SbatchOptionError(f"{option}={value!r} is not a whole number") from exc
+    except ValueError:  # more digits than int() reads
+        n = _INT_MAX + 1
+    if n > _INT_MAX:
+        raise SbatchOptionError(f"{option}={value[:30]!r} is more than {_INT_MAX}")
     if n < 0:
         raise SbatchOptionError(f"{option}={value!r} is negative")
     return n
@@ -212,7 +221,7 @@ def split_options(argv: list[str]) -> list[tuple[str, str | None]]:
 
 
 def script_options(script: str) -> list[str]:
-    """The arguments of the leading ``#SBATCH`` lines, split like a shell would (simply)."""
+    """The arguments of the leading ``#SBATCH`` lines, split as sbatch splits them."""
     args: list[str] = []
     for n, line in enumerate(script.splitlines()):
         stripped = line.strip()
@@ -220,12 +229,57 @@ def script_options(script: str) -> list[str]:
             continue
         m = _SBATCH_LINE.match(stripped)
         if m:
-            # Anything after a second '#' is a comment, as in sbatch.
-            args.extend(m.group(1).split("#", 1)[0].split())
+            args.extend(_sbatch_words(m.group(1), n + 1))
             continue
         if stripped and not stripped.startswith("#"):
             break
     return args
+
+
+_C_SPACE = frozenset(" \t\n\v\f\r")
+"""What C's isspace() takes for a blank (sbatch splits on these, not on Unicode spaces)."""
+
+
+def _sbatch_words(text: str, line_no: int) -> list[str]:
+    """The words of one ``#SBATCH`` line as sbatch reads them: blanks separate words outside
+    single or double quotes, the quotes are dropped, a backslash takes the next character as
+    it is, and an unquoted ``#`` ends the line. SbatchOptionError for an unmatched quote
+    (sbatch refuses the script)."""
+    words: list[str] = []
+    word: list[str] | None = None
+    quote: str | None = None
+    escaped = False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = True
+            word = word if word is not None else []
+            continue
+        elif quote is not None:
+            if c == quote:
+                quote = None
+                continue
+        elif c in "\"'":
+            quote = c
+            word = word if word is not None else []
+            continue
+        elif c == "#":
+            break
+        elif c in _C_SPACE:
+            if word is not None:
+                if not word:  # sbatch reads no more of the line after an empty word ("")
+                    return words
+                words.append("".join(word))
+                word = None
+            continue
+        word = word if word is not None else []
+        word.append(c)
+    if quote is not None:
+        raise SbatchOptionError(f"unmatched {quote} in #SBATCH line {line_no}")
+    if word:
+        words.append("".join(word))
+    return words
 
 
 def request_from_sbatch(

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import numpy as np
 
-from coda_common.cli import CliError, emit_json
+from coda_common.cli import CliError, FiniteFloatRange, emit_json
 from coda_common.config.codaconf import parse_config
 from coda_common.slurm.conffile import ConfigError
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
@@ -18,6 +18,7 @@ from slurm_plugin.sim.engine import CODA_CONF, POLICIES, RunResult, SimParams, s
 from slurm_plugin.sim.report import SCHEMA_VERSION, Summary, plot, render_table, summarise
 from slurm_plugin.sim.traces import (
     ALIBABA_PODS,
+    MAX_SIM_NODES,
     MURI_CSV,
     NodeSpec,
     Trace,
@@ -119,6 +120,10 @@ def _parse_nodes(text: str) -> tuple[int, int, int]:
         ) from None
     if count < 1 or cores < 1 or gpus < 0:
         raise CliError(f"bad --nodes {text!r}", "count and cores must be >= 1, GPUs >= 0")
+    if count > MAX_SIM_NODES:
+        raise CliError(
+            f"bad --nodes {text!r}", f"the simulator runs at most {MAX_SIM_NODES:,} nodes"
+        )
     return count, cores, gpus
 
 
@@ -177,7 +182,10 @@ def _cluster(trace: Trace, nodes_spec: str | None, load: float, shape: str) -> l
     if nodes_spec is not None:
         count, cores, gpus = _parse_nodes(nodes_spec)
         return uniform_nodes(count, cores, gpus)
-    return size_for_load(trace, load, shape=_parse_shape(shape))
+    try:
+        return size_for_load(trace, load, shape=_parse_shape(shape))
+    except TraceError as exc:
+        raise CliError(f"cannot size a cluster for {trace.name}", str(exc)) from exc
 
 
 def _with_cpu_jobs(trace: Trace, nodes: list[NodeSpec], cpu_load: float, seed: int) -> Trace:
@@ -377,7 +385,7 @@ def _write_plots(
 )
 @click.option(
     "--load",
-    type=click.FloatRange(min=0.01, max=10.0),
+    type=FiniteFloatRange(min=0.01, max=10.0),
     default=0.9,
     show_default=True,
     help="Size the cluster so the trace offers this GPU load (ignored with --nodes).",
@@ -390,12 +398,12 @@ def _write_plots(
 )
 @click.option(
     "--cpu-load",
-    type=click.FloatRange(min=0.0, max=5.0),
+    type=FiniteFloatRange(min=0.0, max=5.0),
     default=0.0,
     show_default=True,
     help="Add CPU-only jobs offering this share of the cluster's cores.",
 )
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option(
     "--param",
     "param_items",

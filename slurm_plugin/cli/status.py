@@ -23,8 +23,10 @@ data (``schema_version`` :data:`SCHEMA_VERSION`; keys are only ever added).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -110,6 +112,104 @@ class Verdict:
 # -- reading what the hook left behind --------------------------------------------------------
 
 
+def _stats_bytes(path: Path) -> bytes | str:
+    """The bytes of the stats file, or why it is not read: not a regular file (a FIFO there
+    must not hang the command), or larger than any the hook writes."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_size > MAX_STATS_FILE_BYTES:
+            return (
+                f"{st.st_size:,} bytes, more than {MAX_STATS_FILE_BYTES:,}: not a hook stats file"
+            )
+        return f.read()
+
+
+def _is_time(value: Any) -> bool:
+    return _is_number(value) and 0 <= value < _YEAR_10000_UNIX_S
+
+
+def _is_us(value: Any) -> bool:
+    return _is_number(value) and value >= 0
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_YEAR_10000_UNIX_S = 253402300800
+MAX_STATS_FILE_BYTES = 1 << 20
+"""The most a hook stats file holds (the hook writes about a kilobyte)."""
+_STATS_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = (
+    (
+        _is_time,
+        "a time",
+        (
+            "started_unix_s",
+            "written_unix_s",
+            "conf_loaded_unix_s",
+            "store_refreshed_unix_s",
+            "last_call_unix_s",
+        ),
+    ),
+    (
+        _is_count,
+        "a count",
+        (
+            "calls",
+            "gpu_jobs",
+            "changed",
+            "rejected",
+            "fail_open",
+            "over_budget",
+            "cpu_jobs",
+            "window",
+            "profiles",
+            "pid",
+        ),
+    ),
+    (_is_us, "microseconds", ("p50_us", "p99_us", "max_us")),
+    (_is_text, "text", ("store_error", "conf", "mode", "profile_store")),
+)
+"""What each field of the hook stats document holds when present (null: unknown)."""
+_JOURNAL_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = (
+    (_is_count, "a count", ("written", "dropped", "pending")),
+    (_is_text, "text", ("path", "error")),
+)
+
+
+def _stats_problem(doc: dict[str, Any]) -> str | None:
+    """The first field of a hook stats document that holds what the hook never writes (a
+    damaged file), as ``"<field> is <value>, expected <what>"``; None when there is none."""
+    journal = doc.get("journal")
+    if journal is not None and not isinstance(journal, dict):
+        return f"journal is {_short(journal)}, expected an object"
+    tables = [("", doc, _STATS_FIELDS)]
+    if journal is not None:
+        tables.append(("journal.", journal, _JOURNAL_FIELDS))
+    for prefix, where, fields in tables:
+        for ok, what, names in fields:
+            for name in names:
+                value = where.get(name)
+                if value is not None and not ok(value):
+                    return f"{prefix}{name} is {_short(value)}, expected {what}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> dict[str, Any]:
     """``{"path", "state", "error", "age_s", "stats"}``; state is ``ok``, ``stale``,
     ``missing``, ``unreadable`` or ``disabled`` (HookStatsFile empty)."""
@@ -124,7 +224,11 @@ def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> 
     if path is None:
         return out
     try:
-        doc = json.loads(path.read_bytes())
+        data = _stats_bytes(path)
+        if isinstance(data, str):
+            out.update(state="unreadable", error=data)
+            return out
+        doc = json.loads(data)
     except FileNotFoundError:
         out["state"] = "missing"
         return out
@@ -133,6 +237,9 @@ def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> 
         return out
     except ValueError as exc:
         out.update(state="unreadable", error=f"not JSON: {exc}")
+        return out
+    except RecursionError:
+        out.update(state="unreadable", error="not JSON: nested too deeply")
         return out
     if not isinstance(doc, dict) or doc.get("format") != STATS_FORMAT:
         out.update(
@@ -144,6 +251,10 @@ def read_hook_stats(path: Path | None, now_unix_s: float, interval_s: float) -> 
         newer = isinstance(version, int) and version > STATS_FORMAT_VERSION
         why = "written by a newer coda; upgrade coda-slurm" if newer else "unknown"
         out.update(state="unreadable", error=f"format_version {version!r} ({why})")
+        return out
+    problem = _stats_problem(doc)
+    if problem is not None:
+        out.update(state="unreadable", error=f"not a hook stats file: {problem}")
         return out
     written = doc.get("written_unix_s")
     age_s = now_unix_s - written if isinstance(written, int | float) else None
@@ -378,12 +489,16 @@ def _journal_since(
         "malformed": 0,
         "newer_format": 0,
         "oldest_unix_s": None,
+        "unread_bytes": 0,
         "error": None,
     }
     entries: list[dict[str, Any]] = []
     if cfg.decision_journal is not None:
         try:
-            read = read_journal(cfg.decision_journal, since_unix_s)
+            # The hook rotates a file at JournalMaxBytes; one far longer is not its own.
+            read = read_journal(
+                cfg.decision_journal, since_unix_s, max_file_bytes=2 * cfg.journal_max_bytes
+            )
         except OSError as exc:
             journal["error"] = exc.strerror or str(exc)
         else:
@@ -393,6 +508,7 @@ def _journal_since(
                 malformed=read.malformed,
                 newer_format=read.newer_format,
                 oldest_unix_s=read.oldest_unix_s,
+                unread_bytes=read.unread_bytes,
             )
     return journal, entries
 
@@ -717,6 +833,18 @@ def _journal_malformed(f: _Facts) -> Verdict | None:
     )
 
 
+def _journal_unread(f: _Facts) -> Verdict | None:
+    if not (f.journal_read and f.journal["unread_bytes"]):
+        return None
+    return Verdict(
+        "warn",
+        "journal",
+        f"{f.journal['unread_bytes']:,} bytes at the start of {f.journal['path']} (or its .1) "
+        f"not read: the file is longer than twice JournalMaxBytes={f.journal['max_bytes']}, "
+        "the size the hook rotates it at",
+    )
+
+
 def _journal_newer_format(f: _Facts) -> Verdict | None:
     if not (f.journal_read and f.journal["newer_format"]):
         return None
@@ -771,6 +899,7 @@ RULES: tuple[Rule, ...] = (
     _store_unusable,
     _journal_state,
     _journal_malformed,
+    _journal_unread,
     _journal_newer_format,
     _journal_rotated_away,
     _mode,

@@ -53,9 +53,11 @@ Line format, version :data:`JOURNAL_VERSION` (keys may be added, never renamed):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable
@@ -464,17 +466,21 @@ class JournalRead:
     """Entries of a later format version (skipped: this coda-slurm is older than the hook)."""
     oldest_unix_s: float | None = None
     """The oldest entry in the files, in the window or not (how far back the journal reaches)."""
+    unread_bytes: int = 0
+    """Bytes at the start of files longer than ``max_file_bytes`` that were not read."""
 
 
-def read_journal(path: Path, since_unix_s: float) -> JournalRead:
+def read_journal(
+    path: Path, since_unix_s: float, *, max_file_bytes: int | None = None
+) -> JournalRead:
     """Read the journal's entries with ``t >= since_unix_s``. Missing files are skipped
     (``files`` says which were there); other OSErrors are raised. A last line without its
-    newline is being written and is left alone."""
+    newline is being written and is left alone. Of a file longer than ``max_file_bytes``
+    only its last ``max_file_bytes`` are read, from the first whole line on."""
     out = JournalRead()
     for p in (rotated_path(path), path):
         try:
-            with open(p, "rb") as f:
-                data = f.read()
+            data = _journal_tail(p, max_file_bytes, out)
         except FileNotFoundError:
             continue
         out.files.append(p)
@@ -484,7 +490,7 @@ def read_journal(path: Path, since_unix_s: float) -> JournalRead:
                 continue
             try:
                 entry = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 out.malformed += 1
                 continue
             t = entry.get("t") if isinstance(entry, dict) else None
@@ -503,6 +509,24 @@ def read_journal(path: Path, since_unix_s: float) -> JournalRead:
             if t >= since_unix_s:
                 out.entries.append(entry)
     return out
+
+
+def _journal_tail(path: Path, max_bytes: int | None, out: JournalRead) -> bytes:
+    """The bytes of ``path``: its last ``max_bytes`` from the first whole line on when it is
+    longer (what is left out is added to ``out.unread_bytes``). OSError for anything but a
+    regular file (opened without blocking: a FIFO there must not hang the reader)."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        size = st.st_size
+        if max_bytes is None or size <= max_bytes:
+            return f.read()
+        f.seek(size - max_bytes)
+        data = f.read(max_bytes)
+    cut = data.find(b"\n") + 1  # 0 when no line ends in the tail: nothing whole is left
+    out.unread_bytes += size - max_bytes + (cut or len(data))
+    return data[cut:] if cut else b""
 
 
 @dataclass(slots=True)

@@ -411,9 +411,10 @@ class ReserveState:
             raise ReserveStateError(
                 f"cannot read the state file {path} ({exc.strerror or exc})"
             ) from None
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            problem = "nested too deeply" if isinstance(exc, RecursionError) else exc
             raise ReserveStateError(
-                f"the state file {path} is not JSON ({exc}); it holds the MaxCPUsPerNode "
+                f"the state file {path} is not JSON ({problem}); it holds the MaxCPUsPerNode "
                 "values to restore: fix it by hand, or move it away once every spare "
                 "partition has its original value"
             ) from None

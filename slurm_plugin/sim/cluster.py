@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from slurm_plugin.sim.traces import NodeSpec, Trace, TraceError, uniform_nodes
+from slurm_plugin.sim.traces import MAX_SIM_NODES, NodeSpec, Trace, TraceError, uniform_nodes
 
 BUSY_QUANTILE = 0.01
 
@@ -31,7 +31,8 @@ def busy_window(trace: Trace) -> tuple[float, float]:
 def offered_gpu_s(trace: Trace) -> float:
     start, _ = busy_window(trace)
     keep = trace.submit_s >= start
-    return float(np.sum(trace.gpus[keep] * trace.duration_s[keep]))
+    with np.errstate(over="ignore"):  # absurd run times: inf, which size_for_load refuses
+        return float(np.sum(trace.gpus[keep] * trace.duration_s[keep]))
 
 
 def size_for_load(trace: Trace, load: float, *, shape: tuple[int, int] = (96, 8)) -> list[NodeSpec]:
@@ -61,8 +62,16 @@ def size_for_load(trace: Trace, load: float, *, shape: tuple[int, int] = (96, 8)
     cores, gpus = shape
     if gpus < 1 or cores < 1:
         raise ValueError(f"node shape needs cores and GPUs >= 1, got {cores}:{gpus}")
-    n_nodes = max(math.ceil(want_gpus / gpus), math.ceil(biggest / gpus), 1)
-    return uniform_nodes(n_nodes, cores, gpus)
+    # Float until checked: a trace of absurd run times offers an infinite load.
+    n_nodes = max(want_gpus / gpus, math.ceil(biggest / gpus), 1)
+    if n_nodes > MAX_SIM_NODES:
+        raise TraceError(
+            f"a cluster of {cores}:{gpus} nodes at load {load:g} would need {n_nodes:,.4g} "
+            f"nodes, more than the simulator's {MAX_SIM_NODES:,}: the biggest job asks "
+            f"{biggest:,} GPUs, and the jobs offer {want_gpus * load:,.4g} GPUs on average "
+            f"over the busy window of {end - start:,.4g} s"
+        )
+    return uniform_nodes(math.ceil(n_nodes), cores, gpus)
 
 
 def _cpu_job_pool(trace: Trace, donor: Trace | None) -> tuple[np.ndarray, np.ndarray]:

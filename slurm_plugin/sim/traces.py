@@ -42,6 +42,7 @@ import csv
 import gzip
 import math
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from coda_common.signature import UNNAMED
 from slurm_plugin.decision.tres import TresError, gpu_count, gpu_types
 
 __all__ = [
+    "MAX_SIM_NODES",
     "SACCT_COMMAND",
     "NodeSpec",
     "Trace",
@@ -147,12 +149,17 @@ class NodeSpec:
     """GPU type such as ``"V100M32"``; None when unknown (or the node has no GPUs)."""
 
 
+MAX_SIM_NODES = 200_000
+"""The most nodes a simulated cluster has (the largest sized cluster of a shipped trace,
+Philly at --load 0.01 on 1:1 nodes, has about 41,000)."""
+
+
 def uniform_nodes(
     n_nodes: int, cores: int, gpus: int, gpu_model: str | None = None
 ) -> list[NodeSpec]:
     """``n_nodes`` identical nodes named ``node0000``, ``node0001`` ..."""
-    if n_nodes < 1:
-        raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
+    if not 1 <= n_nodes <= MAX_SIM_NODES:
+        raise ValueError(f"n_nodes must be 1 to {MAX_SIM_NODES:,}, got {n_nodes:,}")
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if gpus < 0:
@@ -390,6 +397,10 @@ def _read_table(
         ) from None
     except csv.Error as e:
         raise TraceError(f"not a readable {what}: {e}", path=path) from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise TraceError(f"not a readable gzip file ({e}); expected {what}", path=path) from None
+    except OSError as e:
+        raise TraceError(f"cannot read ({e.strerror or e}); expected {what}", path=path) from None
     dupes = sorted(h for h, c in Counter(header).items() if c > 1)
     if dupes:
         raise TraceError(f"header repeats column(s) {', '.join(dupes)}", path=path, line=1)
@@ -512,10 +523,15 @@ def _numbers(table: _Table, column: str, expected: str, *, allow_empty: bool = F
     return arr
 
 
+_MAX_JOB_COUNT = 2**31 - 1
+"""The most cores, GPUs or nodes one job of a trace may hold (the trace's arrays are int32)."""
+
+
 def _integers(
     table: _Table, column: str, expected: str, *, minimum: int | None = None
 ) -> np.ndarray:
-    """Column as int64 (whole numbers only, ``>= minimum`` when given)."""
+    """Column as int64 (whole numbers only, ``>= minimum`` when given, at most
+    :data:`_MAX_JOB_COUNT` either side of 0)."""
     arr = _numbers(table, column, expected)
     bad = np.flatnonzero(arr != np.floor(arr))
     if minimum is not None:
@@ -523,6 +539,14 @@ def _integers(
     if bad.size:
         i = int(bad[0])
         raise table.error(i, column, f"{table.columns[column][i]!r}; expected {expected}")
+    huge = np.flatnonzero(np.abs(arr) > _MAX_JOB_COUNT)
+    if huge.size:
+        i = int(huge[0])
+        raise table.error(
+            i,
+            column,
+            f"{table.columns[column][i][:40]!r}; expected {expected}, at most {_MAX_JOB_COUNT:,}",
+        )
     return arr.astype(np.int64)
 
 
@@ -1072,6 +1096,17 @@ class _Tres:
     nodes: int | None
 
 
+def _job_count(text: str) -> int:
+    """A count of cores, GPUs or nodes as sacct prints it (ASCII digits, at most
+    :data:`_MAX_JOB_COUNT`); ValueError otherwise."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"{text!r} is not a whole number")
+    if len(text) > len(str(_MAX_JOB_COUNT)) or int(text) > _MAX_JOB_COUNT:
+        shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text):,} digits)"
+        raise ValueError(f"{shown} is more than one job holds (at most {_MAX_JOB_COUNT:,})")
+    return int(text)
+
+
 @lru_cache(maxsize=65536)
 def _parse_sacct_tres(text: str) -> _Tres:
     """``billing=8,cpu=8,gres/gpu:a100=2,gres/gpu=2,mem=64G,node=1``; ValueError if malformed.
@@ -1098,9 +1133,10 @@ def _parse_sacct_tres(text: str) -> _Tres:
             key = "gres/gpu"
         if key not in ("cpu", "node", "gres/gpu"):
             continue  # billing, mem, energy, gres/gpumem, licences ...: not needed here
-        if not value.isdigit():
-            raise ValueError(f"TRES item {item!r}: {value!r} is not a whole number")
-        count = int(value)
+        try:
+            count = _job_count(value)
+        except ValueError as e:
+            raise ValueError(f"TRES item {name[:40]!r}: {e}") from None
         if key == "cpu":
             cpus = count
         elif key == "node":
@@ -1117,11 +1153,15 @@ def _parse_sacct_tres(text: str) -> _Tres:
 
 
 def _sacct_time(value: str) -> float | None:
-    """Seconds of a naive local time (kept as-is, DST ignored); None for Unknown/None."""
+    """Seconds of a naive local time (kept as-is, DST ignored); None for Unknown/None;
+    ValueError for anything else, a time with a UTC offset included (sacct prints none)."""
     text = value.strip()
     if text.lower() in _NO_TIME:
         return None
-    return (datetime.fromisoformat(text) - _EPOCH).total_seconds()
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is not None:
+        raise ValueError(f"{text!r} has a UTC offset")
+    return (when - _EPOCH).total_seconds()
 
 
 def load_sacct(path: Path) -> Trace:
@@ -1299,16 +1339,17 @@ def _sacct_resources(
     for c in cols.cpu:
         text = col[c][i].strip()
         if text:
-            if not text.isdigit():
-                raise table.error(i, c, f"{text!r}; expected a whole number of cores")
-            n_cpus = int(text)
+            try:
+                n_cpus = _job_count(text)
+            except ValueError as e:
+                raise table.error(i, c, f"{e}; expected a whole number of cores") from None
             break
     for c in cols.gres:
         text = col[c][i].strip()
         if text:
             try:
-                n_gpus, types = gpu_count(text), gpu_types(text)
-            except TresError as e:
+                n_gpus, types = _job_count(str(gpu_count(text))), gpu_types(text)
+            except (TresError, ValueError) as e:
                 raise table.error(i, c, f"{e}; expected e.g. gpu:a100:2") from None
             break
     return None, n_cpus, n_gpus, types
@@ -1319,9 +1360,13 @@ def _sacct_nodes(table: _Table, i: int, tres: _Tres | None, jobs: _SacctJobs) ->
     nnodes = table.columns.get("NNodes")
     if nnodes is not None:
         text = nnodes[i].strip()
-        if not text.isdigit() or int(text) < 1:
+        try:
+            count = _job_count(text)
+        except ValueError as e:
+            raise table.error(i, "NNodes", f"{e}; expected a whole number >= 1") from None
+        if count < 1:
             raise table.error(i, "NNodes", f"{text!r}; expected a whole number >= 1")
-        return int(text)
+        return count
     if tres is not None and tres.nodes:
         return tres.nodes
     jobs.nodes_from_default += 1

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -228,7 +229,7 @@ class JobModel:
             current = getattr(self, name)
             try:
                 if isinstance(current, float):
-                    changes[name] = float(text)
+                    changes[name] = _float_param(name, text)
                 elif isinstance(current, int):
                     changes[name] = int(text)
                 elif name == "gpu_generations":
@@ -248,7 +249,8 @@ class JobModel:
                         model_name, _, value = part.partition(":")
                         if not model_name.strip() or not value:
                             raise ValueError("expected MODEL:M pairs, e.g. vgg16:0.25")
-                        weights.append((model_name.strip().lower(), float(value)))
+                        weight = _float_param("share_mem_weight_default", value)
+                        weights.append((model_name.strip().lower(), weight))
                     # The models named replace theirs; the others keep the table's.
                     changes[name] = tuple({**dict(current), **dict(weights)}.items())
                 elif isinstance(current, tuple) and name == "class_weights":
@@ -466,3 +468,37 @@ def _cpu_bw_per_core(rng: np.random.Generator, is_gpu: np.ndarray, model: JobMod
             model.compute_bound_bw_per_core_bytes_per_s,
         )
     return bw
+
+
+def _fraction(value: float) -> bool:
+    return 0.0 <= value <= 1.0
+
+
+def _bytes_per_s(value: float) -> bool:
+    return value <= 1e15
+
+
+_FLOAT_PARAM_CHECKS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "sweet_spot_jitter": (lambda v: v <= 5.0, "at most 5"),
+    "node_mem_bw_bytes_per_s": (lambda v: 0.0 < v <= 1e15, "more than 0 and at most 1e15"),
+    "mem_bound_bw_per_core_bytes_per_s": (_bytes_per_s, "at most 1e15"),
+    "compute_bound_bw_per_core_bytes_per_s": (_bytes_per_s, "at most 1e15"),
+    "pcie_heavy_bytes_per_s_per_gpu": (_bytes_per_s, "at most 1e15"),
+    "pcie_light_bytes_per_s_per_gpu": (_bytes_per_s, "at most 1e15"),
+    "share_switch_overhead": (_fraction, "within 0..1"),
+    "share_gpu_busy": (lambda v: 0.0 < v <= 1.0, "more than 0 and at most 1"),
+    "share_mem_weight_default": (_fraction, "within 0..1"),
+}
+"""The float parameters with a narrower range than any finite number >= 0."""
+
+
+def _float_param(name: str, text: str) -> float:
+    """A float simulator parameter: a finite number, 0 or more, within the range
+    :data:`_FLOAT_PARAM_CHECKS` gives ``name``; ValueError otherwise."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected a finite number, 0 or more, got {text!r}")
+    ok, what = _FLOAT_PARAM_CHECKS.get(name, (lambda _v: True, ""))
+    if not ok(value):
+        raise ValueError(f"expected {what}, got {text!r}")
+    return value

@@ -150,6 +150,8 @@ def test_values(text: str, attr: str, value: object) -> None:
         ("HookBudgetMs=inf", 1, "must be a number"),
         ("HookBudgetMs=1e999", 1, "must be a number"),  # would overflow to inf
         ("ReloadIntervalS=0.0", 1, "ReloadIntervalS must be greater than 0"),
+        # A wait this long overflows the reloader thread's timer: it would end the thread.
+        ("ReloadIntervalS=1e99", 1, "ReloadIntervalS must be at most 86400"),
         ("MultiNodeGpuCap=0", 1, "MultiNodeGpuCap must be 1.."),
         ("ProfileStore=relative/dir", 1, "absolute path"),
         ("ProfileStore=", 1, "ProfileStore needs a value"),
@@ -231,6 +233,17 @@ def test_load_config_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.conf"
     with pytest.raises(ConfigError, match=r"nope\.conf: cannot read"):
         load_config(path)
+
+
+def test_a_huge_conf_file_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "coda.conf"
+    with path.open("wb") as f:
+        f.truncate(3 << 30)  # sparse: 3 GiB of zeros
+    with pytest.raises(ConfigError, match=r"coda\.conf: larger than 67108864 bytes"):
+        load_config(path)
+    # A device that never ends is read no further than that either.
+    with pytest.raises(ConfigError, match=r"larger than 67108864 bytes"):
+        load_config(Path("/dev/zero"))
 
 
 def test_load_config_non_utf8_names_the_line(tmp_path: Path) -> None:

@@ -115,6 +115,7 @@ def test_a_credential_consumed_before_is_refused_even_when_munged_forgot_it(setu
         (_cred(_drop("workload:1000:x\n")), "contains control characters"),
         (b"0|10.0.0.5|1|" + b'{"format": "coda-drop"}', "format_version None"),
         (b"0|10.0.0.5|1|" + b"\xff\xfe", "payload is not JSON"),
+        (b"0|10.0.0.5|1|" + b"[" * 100_000, "payload is not JSON: nested too deeply"),
     ],
 )
 def test_refusals_each_give_one_line_and_merge_nothing(setup, cred: bytes, why: str) -> None:

@@ -551,3 +551,11 @@ def test_cli_fit_missing_file(tmp_path: Path, capsys) -> None:
     rc, _, err = _cli(["model", "fit", str(tmp_path / "nope.csv")], capsys)
     assert rc == 1
     assert "cannot read" in err and "No such file" in err
+
+
+def test_cli_fit_a_field_past_the_csv_limit_is_one_line(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text('cores,throughput\n1,"' + "x" * 200_000 + '"\n')
+    rc, _, err = _cli(["model", "fit", str(path)], capsys)
+    assert rc == 1
+    assert f"cannot read {path}" in err and "field larger than field limit" in err

@@ -277,6 +277,7 @@ def test_import_refuses_existing_unless_replace(store: ProfileStore, tmp_path: P
     ("content", "needle"),
     [
         ("{not json", "not valid JSON"),
+        ("[" * 100_000, "not valid JSON (nested too deeply)"),
         ('{"format": "coda-profiles-export", "format_version": 2, "profiles": []}', "newer coda"),
         ('{"format": "other", "profiles": []}', 'not "coda-profiles-export"'),
         ('{"hello": 1}', 'expected a list of profiles or an object with a "profiles" list'),
@@ -393,3 +394,16 @@ def test_show_and_import_a_cpu_workloads_bandwidth(tmp_path: Path) -> None:
     bad = profile("workload:*:etl").to_json_dict() | {"cpu_usage": cpu_usage}
     r = cli("--store", str(root), "import", "-", input=json.dumps(bad))
     assert r.rc == 1 and "cpu_usage.ticks" in r.err
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "1e99"])
+def test_collect_watch_an_interval_no_timer_holds_is_a_usage_error(seconds: str) -> None:
+    from slurm_plugin.cli.main import cli as coda_slurm
+
+    runner = CliRunner()
+    with runner.isolation() as (_out, err, _mixed):
+        rc = run_cli(coda_slurm, "coda-slurm", ["profiles", "collect", "--watch", seconds])
+        sys.stderr.flush()
+        said = err.getvalue().decode()
+    assert rc == 2, said
+    assert "Invalid value for '--watch'" in said

@@ -501,3 +501,9 @@ def test_predictor_on_pairs_measured_on_an_h200() -> None:
     assert [round(r[2], 2) for r in rows] == [0.92, 0.93, 0.91, 0.92, 0.90]
     assert [round(r[3], 2) for r in rows] == [1.15, 1.13, 1.10, 1.09, 0.90]
     assert [r[4] for r in rows] == ["share", "share", "share", "share", "avoid"]
+
+
+def test_a_nan_margin_is_a_usage_error(store: ProfileStore) -> None:
+    res = run("--store", str(store.root), "--margin", "nan")
+    assert res.rc == 2
+    assert "Invalid value for '--margin': 'nan' is not a number." in res.err

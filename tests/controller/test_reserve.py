@@ -574,6 +574,7 @@ def test_state_file_round_trip_and_first_value_wins(tmp_path: Path) -> None:
     ("text", "says"),
     [
         ("{not json", "is not JSON"),
+        ("[" * 100_000, "is not JSON \\(nested too deeply\\)"),
         ('{"format": "other"}', "not a coda-slurm reserve state file"),
         (
             '{"format": "coda-reserve-state", "format_version": 2, "partitions": {}}',
@@ -618,6 +619,7 @@ def test_reserve_keys_parse_and_are_off_by_default() -> None:
     ("line", "says"),
     [
         ("ReserveIntervalS=0", "ReserveIntervalS must be greater than 0"),
+        ("ReserveIntervalS=1e99", "ReserveIntervalS must be at most 86400"),
         ("ReserveMinCpus=-1", "ReserveMinCpus must be a whole number"),
         ("ReserveCpusPerGpu=0", "ReserveCpusPerGpu must be greater than 0"),
         ("ReserveStateFile=reserve.json", "ReserveStateFile must be an absolute path"),

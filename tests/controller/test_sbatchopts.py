@@ -45,6 +45,13 @@ def test_bad_options_say_which(argv: list[str]) -> None:
         request_from_sbatch(argv, "true\n", uid=7)
 
 
+@pytest.mark.parametrize("value", ["\u0663", "3_0", "1e3", "0x10", "99999999999999999999"])
+def test_a_count_sbatch_refuses_is_refused(value: str) -> None:
+    # sbatch reads counts with strtol: ASCII digits only ('\u0663' is an Arabic-Indic 3).
+    with pytest.raises(SbatchOptionError, match="cpus-per-gpu"):
+        request_from_sbatch([f"--cpus-per-gpu={value}", "--gpus=1"], "true\n", uid=7)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -107,3 +114,24 @@ def test_the_slash_spelling_mirrors_sbatch_of_24_11(
 )
 def test_the_spelling_follows_the_release(text: str, sep: str) -> None:
     assert gres_separator_of(text) == sep
+
+
+@pytest.mark.parametrize(
+    ("line", "comment"),
+    [
+        ('#SBATCH --comment="coda:workload=x coda:off"', "coda:workload=x coda:off"),
+        ("#SBATCH --comment='a # b' # a comment", "a # b"),
+        ("#SBATCH --comment=a\\ b", "a b"),
+        ('#SBATCH --comment="say \\"hi\\""', 'say "hi"'),
+        ("#SBATCH --comment=x#not-read", "x"),
+    ],
+)
+def test_script_lines_are_split_as_sbatch_splits_them(line: str, comment: str) -> None:
+    req = request_from_sbatch([], f"#!/bin/sh\n{line}\n#SBATCH --gpus=1\ntrue\n")
+    assert req.comment == comment
+    assert req.tres_per_job == "gres:gpu:1"
+
+
+def test_an_unmatched_quote_in_a_script_line_is_refused_as_sbatch_refuses_it() -> None:
+    with pytest.raises(SbatchOptionError, match='unmatched " in #SBATCH line 2'):
+        request_from_sbatch([], '#!/bin/sh\n#SBATCH --comment="open\ntrue\n')

@@ -637,3 +637,88 @@ def test_settle_skips_most_ticks_of_a_hold() -> None:
         run_slow = len(steps)
     assert fast == slow and fast.events > 0
     assert run_fast < run_slow / 2
+
+
+HUGE_JOB_HEADER = "JobID|JobName|Submit|Start|End|AllocTRES"
+
+
+@pytest.mark.parametrize(
+    ("job", "nodes_spec"),
+    [
+        # One job of 100 million GPUs: the sized cluster would hold it.
+        (
+            "1|a|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T11:00:00|gres/gpu=100000000",
+            None,
+        ),
+        # One job of 8,000 years: the sized cluster would carry its load in one second.
+        ("1|a|2024-03-01T10:00:00|2024-03-01T10:00:00|9999-12-31T00:00:00|gres/gpu=1", None),
+        (
+            "1|a|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T11:00:00|gres/gpu=1",
+            "99999999:96:8",
+        ),
+    ],
+)
+def test_a_cluster_beyond_the_simulators_size_is_refused_at_once(
+    tmp_path: Path, job: str, nodes_spec: str | None
+) -> None:
+    export = tmp_path / "sacct.txt"
+    export.write_text(f"{HUGE_JOB_HEADER}\n{job}\n")
+    args = ["simulate", f"sacct:{export}", "-p", "slurm"]
+    if nodes_spec:
+        args += ["--nodes", nodes_spec]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit)
+    assert (
+        "at most 200,000 nodes" in res.output or "more than the simulator's 200,000" in res.output
+    )
+
+
+def test_a_trace_offering_an_infinite_load_is_refused_at_once(tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    # 10 GPUs for 1e308 s: GPU-seconds past the largest float.
+    trace.write_text("timestamp,duration,num_gpus\n2017-10-09 07:01:55,1e308,10\n")
+    res = CliRunner().invoke(cli, ["simulate", f"philly:{trace}", "-p", "slurm"])
+    assert res.exit_code == 1, res.output
+    assert "would need inf nodes, more than the simulator's 200,000" in res.output
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        "time_limit_factor=nan",
+        "pressure_exponent=inf",
+        "log_share=-1",
+        "sweet_spot_jitter=1e6",
+        "node_mem_bw_bytes_per_s=0",
+        "node_mem_bw_bytes_per_s=1e308",
+        "share_gpu_busy=0",
+        "share_switch_overhead=2",
+        "share_mem_weight=vgg16:nan",
+    ],
+)
+def test_a_param_the_model_cannot_run_with_is_refused_before_the_run(param: str) -> None:
+    res = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "synthetic:50",
+            "--cpu-load",
+            "0.3",
+            "--placement",
+            "membw,share",
+            "--param",
+            param,
+        ],
+    )
+    assert res.exit_code == 1, res.output
+    assert f"bad --param (simulator parameter {param}" in res.output.replace("'", "")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--load", "nan"), ("--cpu-load", "nan"), ("--seed", "-1")]
+)
+def test_an_option_value_out_of_range_is_a_usage_error(option: str, value: str) -> None:
+    res = CliRunner().invoke(cli, ["simulate", "synthetic:50", "-p", "slurm", option, value])
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{option}'" in res.output

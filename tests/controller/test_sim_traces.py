@@ -244,6 +244,15 @@ def test_philly_drops_and_bad_timestamp(tmp_path: Path) -> None:
         load_philly(path)
 
 
+@pytest.mark.parametrize("gpus", ["4294967298", "1e23"])
+def test_philly_gpu_count_beyond_any_job_names_the_cell(tmp_path: Path, gpus: str) -> None:
+    # 4294967298 is 2 once cut to 32 bits: read, it would replay as a 2-GPU job.
+    path = tmp_path / "philly.csv"
+    path.write_text(f"timestamp,duration,num_gpus\n2017-10-09 07:01:55,66.0,{gpus}\n")
+    with pytest.raises(TraceError, match=r"philly\.csv:2: column 'num_gpus': .*at most"):
+        load_philly(path)
+
+
 # ------------------------------------------------------------------------------------- Muri
 
 
@@ -425,6 +434,46 @@ def test_sacct_trailing_delimiter_of_sacct_p(tmp_path: Path) -> None:
     trace = load_sacct(path)
     assert trace.cpus.tolist() == [3] and trace.gpus.tolist() == [0]
     assert trace.workload_names == ["a"]
+
+
+GOOD_SACCT = (
+    "1|a|u|gpu|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T10:01:00|COMPLETED|1|"
+    "cpu=1,gres/gpu=1|cpu=1"
+)
+
+
+def test_a_damaged_gzip_export_is_named_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "march.txt.gz"
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(TraceError, match=r"march\.txt\.gz: not a readable .*gzip"):
+        load_sacct(path)
+    whole = gzip.compress(f"{SACCT_HEADER}\n{GOOD_SACCT}\n".encode())
+    path.write_bytes(whole[: len(whole) // 2])  # cut off mid-stream
+    with pytest.raises(TraceError, match=r"march\.txt\.gz: not a readable .*gzip"):
+        load_sacct(path)
+
+
+def test_a_time_with_a_utc_offset_names_the_cell(tmp_path: Path) -> None:
+    path = write_sacct(tmp_path, GOOD_SACCT.replace("10:01:00", "10:01:00+05:00"))
+    with pytest.raises(TraceError, match=r"march\.txt:2: column 'End': '2024-03-01T10:01:00\+05"):
+        load_sacct(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "column"),
+    [
+        ("gres/gpu=1", "gres/gpu=99999999999999999999999", "AllocTRES"),
+        ("gres/gpu=1", "gres/gpu=4294967298", "AllocTRES"),
+        ("cpu=1,", "cpu=99999999999999999999999,", "AllocTRES"),
+        ("|1|cpu", "|99999999999999999999|cpu", "NNodes"),
+    ],
+)
+def test_a_count_beyond_any_cluster_names_the_cell(
+    tmp_path: Path, old: str, new: str, column: str
+) -> None:
+    path = write_sacct(tmp_path, GOOD_SACCT.replace(old, new, 1))
+    with pytest.raises(TraceError, match=rf"march\.txt:2: column '{column}': .*at most"):
+        load_sacct(path)
 
 
 # -------------------------------------------------------------------------------- synthetic

@@ -478,6 +478,39 @@ def write_stats(path: Path, **fields: Any) -> None:
     path.write_text(json.dumps(stats))
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("written_unix_s", "yesterday"),
+        ("written_unix_s", float("nan")),
+        ("started_unix_s", 1e308),
+        ("calls", [1]),
+        ("fail_open", "many"),
+        ("p99_us", float("inf")),
+        ("store_error", {"a": 1}),
+        ("journal", [1]),
+        ("journal", {"written": "x"}),
+    ],
+)
+def test_a_damaged_stats_file_is_named_unreadable_not_a_traceback(
+    site: Path, field: str, value: object
+) -> None:
+    write_stats(site.parent / "stats.json", **{field: value})
+    for args in ((), ("--json",)):
+        r = status_cli("--conf", str(site), *args)
+        assert r.rc == 0, r.err
+    assert f"not a hook stats file: {field}" in status_cli("--conf", str(site)).out
+
+
+def test_a_huge_stats_file_is_named_unreadable_unread(site: Path) -> None:
+    stats = site.parent / "stats.json"
+    with stats.open("wb") as f:
+        f.truncate(8 << 30)  # sparse: 8 GiB of zeros
+    hook_stats = cli_status.read_hook_stats(stats, NOW, 5.0)
+    assert hook_stats["state"] == "unreadable"
+    assert hook_stats["error"] == "8,589,934,592 bytes, more than 1,048,576: not a hook stats file"
+
+
 def test_fresh_install_says_what_is_missing_in_plain_words(site: Path) -> None:
     r = status_cli("--conf", str(site))
     assert r.rc == 0, r.err
@@ -499,6 +532,21 @@ def test_missing_stats_while_jobs_are_submitted_says_so(
     monkeypatch.setattr(cli_status, "squeue_submit_times", lambda: [time.time() - 60] * 3)
     out = status_cli("--conf", str(site)).out
     assert "squeue shows 3 job(s) submitted since" in out
+
+
+def test_a_deeply_nested_journal_line_or_stats_file_is_unreadable_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    deep = "[" * 100_000  # a damaged file: json's decoder runs out of stack on it
+    path = tmp_path / "decisions.jsonl"
+    write_journal(path, [entry(NOW, "set", gpus=1)], extra=[deep])
+    read = read_journal(path, NOW - HOUR)
+    assert read.malformed == 1 and len(read.entries) == 1
+    stats = tmp_path / "stats.json"
+    stats.write_text(deep)
+    hook_stats = cli_status.read_hook_stats(stats, NOW, 5.0)
+    assert hook_stats["state"] == "unreadable"
+    assert "nested too deeply" in hook_stats["error"]
 
 
 def test_status_sums_the_window_and_json_has_the_same_numbers(site: Path) -> None:
@@ -582,6 +630,26 @@ def test_rotated_journal_that_does_not_cover_the_window_says_raise_the_limit(
     out = status_cli("--conf", str(site)).out
     assert "the journal reaches back only 5h, not 1d" in out and "JournalMaxBytes" in out
     assert "2 decisions in the last 1d" in out
+
+
+def test_a_journal_file_far_past_journal_max_bytes_is_read_from_its_end_only(site: Path) -> None:
+    tmp = site.parent
+    site.write_text(site.read_text() + "JournalMaxBytes=65536\n")
+    write_stats(tmp / "stats.json")
+    path = tmp / "decisions.jsonl"
+    with path.open("wb") as f:
+        f.truncate(1 << 30)  # a damaged file: 1 GiB of zeros (sparse), then one entry
+        f.seek(1 << 30)
+        f.write(("\n" + json.dumps(entry(time.time() - 60, "set", gpus=1)) + "\n").encode())
+    read = read_journal(path, 0.0, max_file_bytes=2 * 65536)
+    assert len(read.entries) == 1 and read.malformed == 0
+    assert read.unread_bytes == (1 << 30) + 1  # the zeros and the newline that ends them
+    out = status_cli("--conf", str(site)).out
+    assert "1 decisions in the last 1d" in out
+    assert re.search(
+        r"1,073,741,825 bytes at the start of \S*decisions\.jsonl \(or its \.1\) not", out
+    )
+    assert "twice JournalMaxBytes=65536" in out
 
 
 def test_advise_mode_says_what_enforce_would_have_returned(site: Path) -> None:
@@ -775,3 +843,17 @@ def test_an_unreadable_journal_is_not_read_as_no_decisions(site: Path) -> None:
     out = status_cli("--conf", str(site)).out
     assert "no GPU job decided" not in out
     assert "not known: the decision journal is unreadable" in out
+
+
+def test_a_fifo_where_the_journal_belongs_is_unreadable_not_a_hang(site: Path) -> None:
+    tmp = site.parent
+    write_stats(tmp / "stats.json", gpu_jobs=22)
+    os.mkfifo(tmp / "decisions.jsonl")  # no writer: a blocking open would wait for ever
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli.main", "status", "--conf", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "not known: the decision journal is unreadable" in out
+    assert "not a regular file" in out

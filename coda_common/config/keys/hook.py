@@ -7,6 +7,7 @@ from coda_common.config.values import (
     abs_path_or_none,
     cpus_or_share,
     float_range,
+    interval_s,
     ints,
     one_of,
     partition_list,
@@ -124,8 +125,9 @@ RELOAD_INTERVAL_S = key(
     "ReloadIntervalS",
     "float",
     "5",
-    positive_float,
-    "Seconds between checks for a changed profile store, coda.conf or slurm.conf (> 0).",
+    interval_s,
+    "Seconds between checks for a changed profile store, coda.conf or slurm.conf (> 0, at "
+    "most 86400).",
 )
 
 PARTITIONS = key(

@@ -5,6 +5,7 @@ from coda_common.config.keys import key
 from coda_common.config.values import (
     abs_path,
     float_range,
+    interval_s,
     ints,
     or_none,
     partition_list,
@@ -24,8 +25,8 @@ RESERVE_INTERVAL_S = key(
     "ReserveIntervalS",
     "float",
     "60",
-    positive_float,
-    "coda-slurm reserve: seconds between two passes of the loop (> 0).",
+    interval_s,
+    "coda-slurm reserve: seconds between two passes of the loop (> 0, at most 86400).",
 )
 
 RESERVE_MIN_CPUS = key(
