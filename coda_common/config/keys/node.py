@@ -6,10 +6,10 @@ from coda_common.config.keys import key
 from coda_common.config.values import (
     abs_path,
     float_at_least_0,
+    interval_s,
     ints,
     ip_address,
     node_name,
-    positive_at_most,
     yes_no,
 )
 
@@ -46,7 +46,7 @@ NODE_INTERVAL_S = key(
     "NodeIntervalS",
     "float",
     "1",
-    positive_at_most(86400),
+    interval_s,
     "coda-node: seconds between two sample-plan-enforce passes (> 0, at most 86400).",
 )
 
