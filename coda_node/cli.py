@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import socket
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from coda_common.cli import CliError, conf_option, emit_json, run_cli
+from coda_common.cli import CliError, FiniteFloatRange, conf_option, emit_json, run_cli
 from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
 from coda_common.slurm.conffile import ConfigError
@@ -419,8 +418,7 @@ def _save_limits(cfg: CodaConfig, limits: dict[int, Limit]) -> None:
 @click.option(
     "--watch",
     "watch_s",
-    type=click.FloatRange(min=0.1, max=WATCH_MAX_S),
-    callback=lambda ctx, param, every_s: _a_number(param, every_s),
+    type=FiniteFloatRange(min=0.1, max=WATCH_MAX_S),
     is_flag=False,
     flag_value=WATCH_DEFAULT_S,
     default=None,
@@ -468,13 +466,6 @@ def status(
         width = shutil.get_terminal_size(TERMINAL_FALLBACK).columns
         click.echo(render(doc, width=width, color=color), color=color)
     ctx.exit(0 if ok else 1)
-
-
-def _a_number(param: click.Parameter, value: float | None) -> float | None:
-    """``value``, unless it is nan (which any :class:`click.FloatRange` lets through)."""
-    if value is not None and math.isnan(value):
-        raise click.BadParameter("nan is not a number", param=param)
-    return value
 
 
 WATCH_CLEAR = "\x1b[H\x1b[2J"

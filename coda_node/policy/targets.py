@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from coda_common.slurm.ranges import MAX_ID
 from coda_node.system.cpulist import format_cpulist
 
 Extra = tuple[tuple[str, Any], ...]
@@ -62,7 +63,7 @@ class Limit:
             raise ValueError(f"the limit is {_kind(d)}, not an object")
         cpus = d.get("cpus")
         if cpus is not None and (
-            not isinstance(cpus, list) or not all(_whole(c, 0, MAX_CPU_ID) for c in cpus)
+            not isinstance(cpus, list) or not all(_whole(c, 0, MAX_ID) for c in cpus)
         ):
             raise ValueError(f"cpus is {_shown(cpus)}, not a list of CPU numbers")
         extra = d.get("extra", {})
@@ -79,10 +80,6 @@ class Limit:
             reason=reason,
             extra=tuple(sorted(extra.items())),
         )
-
-
-MAX_CPU_ID = 1 << 16
-"""Above any CPU number Linux supports (NR_CPUS is at most 8192)."""
 
 
 def _kind(value: object) -> str:

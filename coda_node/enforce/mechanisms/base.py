@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import click
 
+from coda_common.slurm.ranges import MAX_ID
 from coda_node.policy.targets import JobTarget
 from coda_node.system.capability import Capability
 from coda_node.system.cgroups import CgroupError, CgroupJob, CgroupLayout, Detail
@@ -196,10 +196,6 @@ def sampled(cg: CgroupJob, target: object, *, with_tasks: bool) -> object:
 
 # -- checks of a record's values as read from the state file ---------------------------
 
-MAX_CPU_ID = 1 << 16
-"""Above any CPU number Linux supports (NR_CPUS is at most 8192): a record naming a higher
-one is damaged, and parsing its range would only cost memory."""
-
 
 def kind(value: object) -> str:
     return "null" if value is None else type(value).__name__
@@ -208,9 +204,7 @@ def kind(value: object) -> str:
 def cpu_list_text(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{what} is {kind(value)}, not a CPU list")
-    if any(int(n) > MAX_CPU_ID for n in re.findall(r"\d+", value)):
-        raise ValueError(f"{what} {value[:40]!r} names a CPU above {MAX_CPU_ID}")
-    parse_cpulist(value)  # raises ValueError with the list
+    parse_cpulist(value)  # raises ValueError with the list, and for a CPU above MAX_ID
     return value
 
 
@@ -218,7 +212,7 @@ def cpu_ids(value: object, what: str) -> list[int] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(
-        isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU_ID for c in value
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_ID for c in value
     ):
         raise ValueError(f"{what} is not a list of CPU numbers")
     return list(value)
