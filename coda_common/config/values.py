@@ -14,6 +14,8 @@ from coda_common.signature import ScriptIgnore, SignatureIgnoreError, parse_scri
 MAX_CPUS = 65533
 """Largest CPU count a key may hold (Slurm keeps cpus_per_task in a uint16 below NO_VAL16)."""
 
+MIN_INTERVAL_S = 0.1
+"""Shortest wait between two passes of a loop a key may set, in seconds."""
 MAX_INTERVAL_S = 86400
 """Longest wait between two passes of a loop a key may set, in seconds."""
 
@@ -55,9 +57,12 @@ def positive_float(key: str, value: str) -> float:
 
 
 def interval_s(key: str, value: str) -> float:
-    """Seconds between two passes of a loop: above 0 and at most a day (a thread waits no
-    longer than that; far larger waits overflow its timer)."""
-    number = positive_float(key, value)
+    """Seconds between two passes of a loop: from a tenth of a second (a shorter wait makes
+    the loop spin, a core of the daemon it runs in gone) to a day (a thread waits no longer
+    than that; far larger waits overflow its timer)."""
+    number = _float(key, value)
+    if not number >= MIN_INTERVAL_S:
+        raise ValueError(f"{key} must be at least {MIN_INTERVAL_S}, got {value}")
     if number > MAX_INTERVAL_S:
         raise ValueError(f"{key} must be at most {MAX_INTERVAL_S} (a day), got {value}")
     return number

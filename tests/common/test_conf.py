@@ -149,7 +149,10 @@ def test_values(text: str, attr: str, value: object) -> None:
         ("HookBudgetMs=0", 1, "HookBudgetMs must be greater than 0"),
         ("HookBudgetMs=inf", 1, "must be a number"),
         ("HookBudgetMs=1e999", 1, "must be a number"),  # would overflow to inf
-        ("ReloadIntervalS=0.0", 1, "ReloadIntervalS must be greater than 0"),
+        ("ReloadIntervalS=0.0", 1, "ReloadIntervalS must be at least 0.1"),
+        # A wait this short makes the reloader spin: a core of slurmctld gone.
+        ("ReloadIntervalS=1e-99", 1, "ReloadIntervalS must be at least 0.1"),
+        ("NodeIntervalS=0.01", 1, "NodeIntervalS must be at least 0.1"),
         # A wait this long overflows the reloader thread's timer: it would end the thread.
         ("ReloadIntervalS=1e99", 1, "ReloadIntervalS must be at most 86400"),
         ("MultiNodeGpuCap=0", 1, "MultiNodeGpuCap must be 1.."),

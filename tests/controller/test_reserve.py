@@ -618,7 +618,7 @@ def test_reserve_keys_parse_and_are_off_by_default() -> None:
 @pytest.mark.parametrize(
     ("line", "says"),
     [
-        ("ReserveIntervalS=0", "ReserveIntervalS must be greater than 0"),
+        ("ReserveIntervalS=0", "ReserveIntervalS must be at least 0.1"),
         ("ReserveIntervalS=1e99", "ReserveIntervalS must be at most 86400"),
         ("ReserveMinCpus=-1", "ReserveMinCpus must be a whole number"),
         ("ReserveCpusPerGpu=0", "ReserveCpusPerGpu must be greater than 0"),
