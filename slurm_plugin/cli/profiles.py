@@ -421,6 +421,10 @@ def _entries_of(doc: object, name: str) -> list[object]:
     )
 
 
+MAX_IMPORT_BYTES = 256 << 20
+"""Largest file `profiles import` reads (10,000 profiles export to a few MiB)."""
+
+
 @profiles.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=str))
 @click.option("--replace", is_flag=True, help="Overwrite profiles whose signature exists.")
@@ -454,9 +458,19 @@ def import_cmd(file: str, replace: bool) -> None:
 def _read_document(file: str, name: str) -> object:
     """The JSON document in ``file`` (``-``: stdin), called ``name`` in errors."""
     try:
-        data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+        if file == "-":
+            data = sys.stdin.buffer.read(MAX_IMPORT_BYTES + 1)
+        else:
+            with open(file, "rb") as f:
+                data = f.read(MAX_IMPORT_BYTES + 1)
     except OSError as exc:
         raise CliError(f"cannot read {name}", _why(exc)) from exc
+    if len(data) > MAX_IMPORT_BYTES:
+        raise CliError(
+            f"cannot import {name}",
+            f"larger than {MAX_IMPORT_BYTES >> 20} MiB; import it in parts (each import adds "
+            "to the store)",
+        )
     try:
         return json.loads(data)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError

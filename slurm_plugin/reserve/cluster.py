@@ -79,6 +79,8 @@ __all__ = [
 
 STATE_FORMAT = "coda-reserve-state"
 STATE_FORMAT_VERSION = 1
+MAX_STATE_BYTES = 8 << 20
+"""Largest state file read (one entry per partition: a few KiB in practice)."""
 FALLBACK_CPUS_PER_GPU = 4.0
 """Cores per idle GPU when neither ReserveCpusPerGpu nor any DefCpuPerGPU says."""
 
@@ -404,7 +406,14 @@ class ReserveState:
     @classmethod
     def load(cls, path: Path) -> ReserveState:
         try:
-            doc = json.loads(path.read_bytes())
+            with path.open("rb") as f:
+                data = f.read(MAX_STATE_BYTES + 1)
+            if len(data) > MAX_STATE_BYTES:
+                raise ReserveStateError(
+                    f"the state file {path} is larger than {MAX_STATE_BYTES >> 20} MiB, which "
+                    "coda-slurm reserve never writes; point ReserveStateFile elsewhere"
+                )
+            doc = json.loads(data)
         except FileNotFoundError:
             return cls(path)
         except OSError as exc:

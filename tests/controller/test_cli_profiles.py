@@ -292,6 +292,19 @@ def test_import_rejects_bad_documents(tmp_path: Path, content: str, needle: str)
     assert not (tmp_path / "s").exists()
 
 
+def test_import_refuses_a_file_that_never_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/dev/zero, a FIFO left open or a runaway export: read up to the cap, then refused
+    with the way out, and nothing written."""
+    monkeypatch.setattr(cli_profiles, "MAX_IMPORT_BYTES", 1 << 20)
+    r = cli("--store", str(tmp_path / "s"), "import", "/dev/zero")
+    assert r.rc == 1 and "larger than 1 MiB; import it in parts" in r.err
+    r = cli("--store", str(tmp_path / "s"), "import", "-", input="[" + " " * (1 << 20) + "]")
+    assert r.rc == 1 and "larger than 1 MiB" in r.err
+    assert not (tmp_path / "s").exists()
+
+
 def test_export_skips_broken_files_with_warning(store: ProfileStore, tmp_path: Path) -> None:
     (store.root / f"{profile_stem('workload:1:x')}.json").write_text("garbage")
     r = cli("--store", str(store.root), "export")

@@ -11,6 +11,7 @@ from coda_common.config.codaconf import parse_config
 from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmjson import SlurmQueryError
 from slurm_plugin.cli.main import main
+from slurm_plugin.reserve import cluster as reserve_cluster
 from slurm_plugin.reserve.cluster import (
     STATE_FORMAT,
     ClusterView,
@@ -591,6 +592,17 @@ def test_state_file_problems_are_named(tmp_path: Path, text: str, says: str) -> 
     path = tmp_path / "reserve.json"
     path.write_text(text)
     with pytest.raises(ReserveStateError, match=says) as info:
+        ReserveState.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_state_file_past_its_cap_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reserve_cluster, "MAX_STATE_BYTES", 1 << 10)
+    path = tmp_path / "reserve.json"
+    path.write_text(json.dumps({"format": "coda-reserve-state", "pad": "x" * 2000}))
+    with pytest.raises(ReserveStateError, match="larger than") as info:
         ReserveState.load(path)
     assert str(path) in str(info.value)
 
