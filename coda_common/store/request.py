@@ -21,10 +21,15 @@ NO_VAL = 0xFFFFFFFE
 INFINITE = 0xFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobRequest:
     """The job_desc fields CODA reads.  Strings may be None (NULL in C); numbers carry
-    Slurm's unset markers (NO_VAL16 for uint16 fields, NO_VAL for uint32 ones)."""
+    Slurm's unset markers (NO_VAL16 for uint16 fields, NO_VAL for uint32 ones).
+
+    Not frozen, though nothing changes a request once it is built: the submit hook builds
+    one for every job it decides, cold in cache, and a frozen dataclass's ``__init__`` sets
+    each field through ``object.__setattr__`` (with the decision's other per-job records,
+    about 15 % of a never-seen job's time in ``bench/bench_hook_stages.py``)."""
 
     uid: int
     job_name: str | None = None

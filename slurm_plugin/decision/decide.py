@@ -328,6 +328,8 @@ def decide(
 
 
 # -- the stages of decide() --------------------------------------------------------------------
+# The per-job records of the stages (_Admitted, _Choice, _Job, _Placement) are not frozen,
+# for the reason JobRequest is not.
 
 
 def _gpu_job(
@@ -375,7 +377,7 @@ def _gpu_job(
     return _with_task_value(job, choice, user_cpt or 1, user_flag)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Admitted:
     """What :func:`_admit` parsed of a GPU job CODA manages."""
 
@@ -510,7 +512,7 @@ def _user_value(user_cpg: int | None, user_cpt: int | None) -> tuple[str, str]:
     return "", ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Choice:
     """What the user-value rules weigh: the prediction and how it is explained."""
 
@@ -657,7 +659,7 @@ def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:
     return f"{text}, {nodes} nodes" if nodes > 1 else text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Job:
     """What :func:`decide` knows of a job that has a signature, for :func:`_finish`."""
 
@@ -776,7 +778,7 @@ def _records(
 # -- placement ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Placement:
     """The placement changes of one GPU job, and how the records show them."""
 

@@ -147,12 +147,14 @@ RequestKey = tuple[Any, ...]
 """The raw job_desc fields :func:`decide` reads (see :func:`_read_key`): ints and bytes."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Plan:
     """One decision and everything the hook writes for it, encoded once.
 
     Built on a :class:`DecisionMemo` miss; a hit reuses it, so a recurring job costs one
-    dict lookup instead of :func:`decide` plus the encoding of each field.
+    dict lookup instead of :func:`decide` plus the encoding of each field.  Not frozen, for
+    the reason :class:`~coda_common.store.request.JobRequest` is not; nothing changes a
+    plan once it is built.
     """
 
     decision: Decision
