@@ -29,7 +29,7 @@ class JobRequest:
     Not frozen, though nothing changes a request once it is built: the submit hook builds
     one for every job it decides, cold in cache, and a frozen dataclass's ``__init__`` sets
     each field through ``object.__setattr__`` (with the decision's other per-job records,
-    about 15 % of a never-seen job's time in ``bench/bench_hook_stages.py``)."""
+    about a tenth of a never-seen job's cold time in ``bench/bench_hook_stages.py``)."""
 
     uid: int
     job_name: str | None = None
