@@ -42,7 +42,8 @@ class TickReport:
     allocated: dict[int, frozenset[int]] = field(default_factory=dict)
     """Each job's Slurm allocation as known before this tick's writes."""
     held: frozenset[int] = frozenset()
-    """Jobs left alone this tick: to be repaired from Slurm's allocation, or repaired."""
+    """Jobs left alone this tick: to be repaired from Slurm's allocation, repaired, or
+    running with a cgroup that could not be read."""
 
 
 @dataclass(slots=True)
