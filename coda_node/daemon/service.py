@@ -359,8 +359,10 @@ class Daemon:
         self, snap: NodeSnapshot, decision: Decision, hold: frozenset[int]
     ) -> dict[int, JobResult]:
         """Every job but those held to its target (absent: as Slurm set it)."""
-        cg_jobs = cgroups_to_enforce(snap, hold, decision.targets, self.state.changes, self.layout)
-        results = self.enforcer.reconcile(cg_jobs, decision.targets, held=hold)
+        changes, layout = self.state.changes, self.layout
+        cg_jobs, unread = cgroups_to_enforce(snap, hold, decision.targets, changes, layout)
+        results = self.enforcer.reconcile(cg_jobs, decision.targets, held=hold | frozenset(unread))
+        results.update(unread)
         for job_id, res in results.items():
             if res.applied and job_id in cg_jobs:
                 # What the sampler kept of the job (its steps' CPUs) is what we just changed.

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from coda_node.daemon.tick import cgroups_to_enforce
 from coda_node.enforce.state import Limit
+from coda_node.policy.targets import JobTarget
 from coda_node.system.cgroups import discover_layout, scan_jobs
 from tests.node.cgroup_fixtures import build_v1_debian
 from tests.node.node_fixtures import FakeNode, build_node
@@ -209,3 +211,25 @@ def test_a_repair_of_every_job_skips_none_and_waits_for_the_unreadable_one(
     assert results[GPU_JOB].applied == ["cpuset restored to 0-1,32 (Slurm's allocation)"]
     assert node.cpuset_texts(GPU_JOB)["."] == original[GPU_JOB]
     assert "repair" not in _on_disk(node)
+
+
+def test_a_job_that_turns_unreadable_between_the_sample_and_the_plans_read_is_held(
+    tmp_path: Path,
+) -> None:
+    """A target that acts on tasks, for a job the sample read without them: its tasks are
+    read after the plan, and a file of garbage there leaves the job out with a failed
+    result (held this tick), not the tick stopped."""
+    node = build_node(tmp_path, version=1)
+    daemon = node.daemon()
+    snap = daemon.tick().snapshot
+    assert snap.jobs[CPU_JOB].cgroup is not None and snap.jobs[CPU_JOB].cgroup.detail == "cpus"
+    _garble(node, CPU_JOB, "tasks")
+    targets = {CPU_JOB: JobTarget(quota_cores=0.5), GPU_JOB_2: JobTarget(quota_cores=1.0)}
+
+    cg_jobs, unreadable = cgroups_to_enforce(snap, frozenset(), targets, {}, daemon.layout)
+
+    assert CPU_JOB not in cg_jobs and cg_jobs[GPU_JOB_2].detail == "tasks"
+    assert list(unreadable) == [CPU_JOB]
+    [why] = unreadable[CPU_JOB].failed
+    assert why.startswith("cannot read its cgroup (") and "not a list of task ids" in why
+    assert f"{node.job_dir(CPU_JOB)}/" in why  # names the file, in the job's tree
