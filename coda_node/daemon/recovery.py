@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from coda_node.enforce.enforcer import Enforcer, JobResult
 from coda_node.enforce.state import REPAIR_ALL, NodeState, StateDamaged, StateFile, StateNewer
 from coda_node.sampling.snapshot import Sampler
 from coda_node.system import cgroups
-from coda_node.system.cgroups import CgroupJob, CgroupLayout
+from coda_node.system.cgroups import CgroupJob, CgroupLayout, CgroupReadError
 from coda_node.system.cpu_ids import SlurmCpuIds
 from coda_node.system.cpulist import format_cpulist, parse_cpulist
 from coda_node.system.slurmjobs import SlurmJobs, SlurmQueryError
@@ -46,7 +46,8 @@ def allocated_cpus(state: NodeState, job_id: int, cg: CgroupJob) -> frozenset[in
 @dataclass(slots=True)
 class RepairPlan:
     hold: frozenset[int] = frozenset()
-    """Jobs left alone this tick: to be repaired from Slurm's allocation, or repaired."""
+    """Jobs left alone this tick: to be repaired from Slurm's allocation, repaired, or
+    running with a cgroup that could not be read (limits and record kept as they are)."""
     jobs: list[tuple[int, CgroupJob, frozenset[int]]] = field(default_factory=list)
     """(job, its cgroup read with its tasks, the CPUs Slurm allocated it) to put back."""
 
@@ -137,39 +138,36 @@ class Recovery:
 
     # -- repair from Slurm's allocation ----------------------------------------------
     def prepare(
-        self, state: NodeState, layout: CgroupLayout, cg_jobs: dict[int, CgroupJob]
+        self,
+        state: NodeState,
+        layout: CgroupLayout,
+        cg_jobs: dict[int, CgroupJob],
+        unreadable: Mapping[int, str] | None = None,
     ) -> RepairPlan:
         """Which running jobs are to be put back, to the CPUs Slurm reports, because their
         record is missing or cannot be trusted (``state.repair``), after comparing each
         record read from the state file with Slurm's allocation once. The pending repairs
         are on disk before anything is written; a job that is gone is taken off them. A
-        job Slurm has not answered for is left as it is, and nothing else is done to it,
-        until it does (``waiting`` says why). Reads only, but for the state file."""
+        job Slurm has not answered for, or whose cgroup could not be read (``unreadable``:
+        job -> why), is left as it is, and nothing else is done to it, until it does
+        (``waiting`` says why). Reads only, but for the state file."""
         if not layout.has_slurm:
             return RepairPlan(hold=frozenset(state.repair))
-        if REPAIR_ALL in state.repair:
-            why = state.repair.pop(REPAIR_ALL)
-            for job_id in cg_jobs:
-                state.repair.setdefault(job_id, why)
-            state.changes = {j: ch for j, ch in state.changes.items() if j not in state.repair}
-            self.state_file.save(state, view=False)
-        self._verify_records(state, cg_jobs)
-        gone = [j for j in state.repair if j not in cg_jobs]
-        for job_id in gone:
-            # Its cgroups went with it; coda's own cpu cgroup is removed by the enforcer.
-            del state.repair[job_id]
-            state.changes.pop(job_id, None)
-        if gone:
-            self.state_file.save(state, view=False)
-        self.waiting = {}
-        pending = sorted(state.repair)
-        plan = RepairPlan(hold=frozenset(pending))
+        unreadable = unreadable or {}
+        self._pending(state, cg_jobs, set(cg_jobs) | set(unreadable))
+        self.waiting = {
+            j: f"waiting: its cgroup cannot be read ({unreadable[j]})"
+            for j in state.repair
+            if j in unreadable
+        }
+        pending = sorted(j for j in state.repair if j not in unreadable)
+        plan = RepairPlan(hold=frozenset(state.repair) | frozenset(unreadable))
         if not pending:
             return plan
         try:
             allocated = self._slurm_allocation(pending)
         except SlurmQueryError as exc:
-            self.waiting = {j: f"waiting for Slurm ({exc})" for j in pending}
+            self.waiting.update({j: f"waiting for Slurm ({exc})" for j in pending})
             return plan
         for job_id in pending:
             if job_id not in allocated:
@@ -182,11 +180,34 @@ class Recovery:
                     "slurm.conf describe this node's sockets, cores and threads?)"
                 )
                 continue
-            cg = cgroups.read_job(layout, cg_jobs[job_id], detail="tasks")
+            try:
+                cg = cgroups.read_job(layout, cg_jobs[job_id], detail="tasks")
+            except CgroupReadError as exc:
+                self.waiting[job_id] = f"waiting: its cgroup cannot be read ({exc})"
+                continue
             if cg is None:
                 continue  # ended meanwhile: dropped at the next tick
             plan.jobs.append((job_id, cg, cpus))
         return plan
+
+    def _pending(self, state: NodeState, cg_jobs: dict[int, CgroupJob], running: set[int]) -> None:
+        """``state.repair`` brought up to date, on disk: a repair of every job made one
+        per running job (its record dropped), records checked against Slurm's allocation,
+        and jobs gone taken off."""
+        if REPAIR_ALL in state.repair:
+            why = state.repair.pop(REPAIR_ALL)
+            for job_id in running:
+                state.repair.setdefault(job_id, why)
+            state.changes = {j: ch for j, ch in state.changes.items() if j not in state.repair}
+            self.state_file.save(state, view=False)
+        self._verify_records(state, cg_jobs, running)
+        gone = [j for j in state.repair if j not in running]
+        for job_id in gone:
+            # Its cgroups went with it; coda's own cpu cgroup is removed by the enforcer.
+            del state.repair[job_id]
+            state.changes.pop(job_id, None)
+        if gone:
+            self.state_file.save(state, view=False)
 
     def apply(
         self,
@@ -248,12 +269,15 @@ class Recovery:
             for job_id, cpus in self.slurm.allocated_cpus(job_ids).items()
         }
 
-    def _verify_records(self, state: NodeState, cg_jobs: dict[int, CgroupJob]) -> None:
+    def _verify_records(
+        self, state: NodeState, cg_jobs: dict[int, CgroupJob], running: set[int]
+    ) -> None:
         """Compare the allocation each record read from the state file names with the one
         Slurm reports; a record that disagrees is dropped and its job repaired. Records
-        are trusted meanwhile: Slurm not answering is retried at the next tick."""
+        are trusted meanwhile: Slurm not answering, or a running job whose cgroup could
+        not be read (in ``running``, not in ``cg_jobs``), is retried at the next tick."""
         ids = sorted(j for j in self.unverified if j in cg_jobs and j in state.changes)
-        self.unverified &= set(cg_jobs) & set(state.changes)
+        self.unverified &= running & set(state.changes)
         if not ids:
             return
         try:

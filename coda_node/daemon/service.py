@@ -274,12 +274,12 @@ class Daemon:
         the tick's end)."""
         self.state_file.save(self.state, view=False)
 
-    def _cgroup_jobs(self) -> dict[int, CgroupJob]:
+    def _cgroup_scan(self) -> cgroups.JobScan:
         if not self.layout.has_slurm:
-            return {}
+            return cgroups.JobScan({})
         # SLUID-named jobs (Slurm 26.05) by what the ticks learnt from Slurm's record, so
         # that putting them back at stop needs no answer from slurmctld.
-        return cgroups.list_jobs(self.layout, resolve=self.slurm.job_ids_of_dirs)
+        return cgroups.scan_jobs(self.layout, resolve=self.slurm.job_ids_of_dirs)
 
     def _allocated(self, job_id: int, cg: CgroupJob) -> frozenset[int]:
         """Slurm's allocation: what the cgroup held before our first change."""
@@ -299,10 +299,10 @@ class Daemon:
         # Read: the node, and what Slurm says of the jobs to be put back to its allocation.
         snap = self._sample(limits)
         cg_sampled = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None}
-        repair = self.recovery.prepare(self.state, self.layout, cg_sampled)
+        repair = self.recovery.prepare(self.state, self.layout, cg_sampled, snap.unreadable)
         # Decide. A job still to be repaired, or repaired in this tick (the sample shows it
         # as it was before), is left alone until the next tick's sample shows it as Slurm
-        # set it.
+        # set it; so is a job whose cgroup could not be read, until it reads again.
         decision = decide(
             snap,
             limits,
@@ -359,8 +359,10 @@ class Daemon:
         self, snap: NodeSnapshot, decision: Decision, hold: frozenset[int]
     ) -> dict[int, JobResult]:
         """Every job but those held to its target (absent: as Slurm set it)."""
-        cg_jobs = cgroups_to_enforce(snap, hold, decision.targets, self.state.changes, self.layout)
-        results = self.enforcer.reconcile(cg_jobs, decision.targets)
+        changes, layout = self.state.changes, self.layout
+        cg_jobs, unread = cgroups_to_enforce(snap, hold, decision.targets, changes, layout)
+        results = self.enforcer.reconcile(cg_jobs, decision.targets, held=hold | frozenset(unread))
+        results.update(unread)
         for job_id, res in results.items():
             if res.applied and job_id in cg_jobs:
                 # What the sampler kept of the job (its steps' CPUs) is what we just changed.
@@ -385,19 +387,20 @@ class Daemon:
     def restore(self, only: frozenset[int] | None = None) -> dict[int, JobResult]:
         """Put every job (or the jobs ``only`` names) back as Slurm set it: from its
         record, or, where the record is missing or cannot be trusted, to the allocation
-        Slurm reports (a job Slurm does not answer for is left as it is and reported as
-        failed). coda's own cgroups and resctrl groups that no record covers go too."""
-        jobs = self._cgroup_jobs()
+        Slurm reports (a job Slurm does not answer for, or whose cgroup cannot be read, is
+        left as it is, its record kept, and reported as failed). coda's own cgroups and
+        resctrl groups that no record covers go too."""
+        scan = self._cgroup_scan()
+        jobs = scan.jobs
         # Every running job is prepared (the pending repairs of the others stay on record);
         # only the chosen ones are written.
-        plan = self.recovery.prepare(self.state, self.layout, jobs)
+        plan = self.recovery.prepare(self.state, self.layout, jobs, scan.unreadable)
         if only is not None:
             plan.jobs = [p for p in plan.jobs if p[0] in only]
             jobs = {j: cg for j, cg in jobs.items() if j in only}
         repaired = self._repair(plan)
-        results = self.enforcer.restore_all(
-            {j: cg for j, cg in jobs.items() if j not in self.state.repair}, only=only
-        )
+        kept = {j: cg for j, cg in jobs.items() if j not in self.state.repair}
+        results = self.enforcer.restore_all(kept, only=only, unreadable=scan.unreadable)
         self.recovery.fold_into(results, repaired, only)
         self.mem_bw.remove_groups()
         self.event_log.record_results(self.ticks_total, results, "restore")

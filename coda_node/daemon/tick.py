@@ -42,7 +42,8 @@ class TickReport:
     allocated: dict[int, frozenset[int]] = field(default_factory=dict)
     """Each job's Slurm allocation as known before this tick's writes."""
     held: frozenset[int] = frozenset()
-    """Jobs left alone this tick: to be repaired from Slurm's allocation, or repaired."""
+    """Jobs left alone this tick: to be repaired from Slurm's allocation, repaired, or
+    running with a cgroup that could not be read."""
 
 
 @dataclass(slots=True)
@@ -146,12 +147,15 @@ def cgroups_to_enforce(
     targets: Mapping[int, JobTarget],
     changes: Mapping[int, JobChanges],
     layout: CgroupLayout,
-) -> dict[int, CgroupJob]:
+) -> tuple[dict[int, CgroupJob], dict[int, JobResult]]:
     """The cgroups the enforcer is handed: every job's as sampled, but those held. A job
     this tick's policy changes for the first time (or in a new way) needs more of its
     tree than the sample read (:func:`detail_needed`): that much is read now, the one
-    read after the plan; a job that ended meanwhile is left out."""
+    read after the plan; a job that ended meanwhile is left out. A job that cannot be
+    read now is left out too, and returned with a failed result: it is to be held this
+    tick (its record kept), as one the sample could not read."""
     cg_jobs = {j: v.cgroup for j, v in snap.jobs.items() if v.cgroup is not None and j not in hold}
+    unreadable: dict[int, JobResult] = {}
     for job_id in set(targets) | set(changes):
         cg = cg_jobs.get(job_id)
         if cg is None or not layout.has_slurm:
@@ -162,12 +166,16 @@ def cgroups_to_enforce(
             key=DETAIL_RANK.__getitem__,
         )
         if DETAIL_RANK[cg.detail] < DETAIL_RANK[need]:
-            full = cgroups.read_job(layout, cg, detail=need)
+            try:
+                full = cgroups.read_job(layout, cg, detail=need)
+            except cgroups.CgroupReadError as exc:
+                unreadable[job_id] = JobResult(failed=[f"cannot read its cgroup ({exc})"])
+                full = None
             if full is None:
                 del cg_jobs[job_id]
             else:
                 cg_jobs[job_id] = full
-    return cg_jobs
+    return cg_jobs, unreadable
 
 
 def merge_repaired(results: dict[int, JobResult], repaired: Mapping[int, JobResult]) -> None:

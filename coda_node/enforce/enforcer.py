@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from coda_node.enforce import mechanisms
@@ -169,14 +169,21 @@ class Enforcer:
 
     # -- one tick -------------------------------------------------------------
     def reconcile(
-        self, jobs: Mapping[int, CgroupJob], targets: Mapping[int, JobTarget]
+        self,
+        jobs: Mapping[int, CgroupJob],
+        targets: Mapping[int, JobTarget],
+        held: Collection[int] = (),
     ) -> dict[int, JobResult]:
         """Bring every job in ``jobs`` to its target (absent = as Slurm set it), and
-        forget jobs that ended. ``jobs`` are the cgroups seen this tick."""
+        forget jobs that ended. ``jobs`` are the cgroups seen this tick; a job in ``held``
+        (still running, but left alone this tick) is neither written nor forgotten, and
+        its record stays as it is."""
         self._ticks += 1
         results: dict[int, JobResult] = {}
         with self._locked():
             for job_id in sorted(set(targets) | set(self.state.changes)):
+                if job_id in held:
+                    continue
                 cg = jobs.get(job_id)
                 if cg is None:
                     if job_id in self.state.changes:
@@ -188,17 +195,26 @@ class Enforcer:
         return results
 
     def restore_all(
-        self, jobs: Mapping[int, CgroupJob], only: frozenset[int] | None = None
+        self,
+        jobs: Mapping[int, CgroupJob],
+        only: frozenset[int] | None = None,
+        unreadable: Mapping[int, str] | None = None,
     ) -> dict[int, JobResult]:
         """Put every job coda-node changed (or those of them ``only`` names) back as Slurm
-        set it (SIGTERM, ``restore``, ``release`` without a daemon)."""
+        set it (SIGTERM, ``restore``, ``release`` without a daemon). A job in
+        ``unreadable`` (its cgroup is there but could not be read -> why) cannot be put
+        back: its record is kept and its result says why it failed."""
         results: dict[int, JobResult] = {}
+        unreadable = unreadable or {}
         with self._locked():
             for job_id in sorted(self.state.changes):
                 if only is not None and job_id not in only:
                     continue
                 cg = jobs.get(job_id)
-                if cg is None:
+                if job_id in unreadable:
+                    why = f"cannot read its cgroup ({unreadable[job_id]}); left as it is"
+                    results[job_id] = JobResult(failed=[why])
+                elif cg is None:
                     results[job_id] = self._ended(job_id)
                 else:
                     results[job_id] = self._job(cg, JobTarget(), restoring=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -57,6 +57,8 @@ class JobView:
     slurm: SlurmJob | None
     """None when slurmctld could not be asked (the job is still shown, from its cgroup)."""
     cgroup: CgroupJob | None
+    """None without Slurm's cgroup tree, or when the job's cgroup could not be read
+    (:attr:`NodeSnapshot.unreadable`)."""
     gpus: tuple[GpuRef, ...]
     cpu_usage_ns: int | None
     cpu_rate_cores: float | None
@@ -87,6 +89,10 @@ class NodeSnapshot:
     pcie_bw: tuple[PcieBwSample, ...] = ()
     """Per-socket PCIe traffic from the uncore IIO counters; empty when not measured or
     when reading them failed this tick."""
+    unreadable: Mapping[int, str] = field(default_factory=dict)
+    """Jobs whose cgroup is there but could not be read this tick -> why (the file named).
+    Such a job is in ``jobs`` without its cgroup where Slurm lists it; it has not ended,
+    and nothing of it is to be changed or put back until it reads again."""
 
 
 class Sampler:
@@ -176,8 +182,9 @@ class Sampler:
     def sample(self) -> NodeSnapshot:
         errors: list[str] = []
         now = self._clock()
-        cg_jobs = self._scan_cgroups(errors)
-        ids = set(cg_jobs)
+        scan = self._scan_cgroups(errors)
+        cg_jobs = scan.jobs
+        ids = set(cg_jobs) | set(scan.unreadable)
         if self.layout is None:
             try:
                 ids = self.slurm.on_node()
@@ -196,7 +203,7 @@ class Sampler:
             if cg is None and sj is None:
                 continue
             refs = _gpu_refs(sj, by_index, minor_to_nvml)
-            usage = cgroups.cpu_usage_ns(self.layout, cg) if (cg and self.layout) else None
+            usage = self._usage_ns(cg, errors)
             rate = self._cpu_rate(job_id, usage)
             jobs[job_id] = JobView(
                 job_id=job_id,
@@ -221,13 +228,14 @@ class Sampler:
             mem_bw=tuple(mem_bw),
             errors=tuple(errors),
             pcie_bw=tuple(pcie_bw),
+            unreadable=scan.unreadable,
         )
 
-    def _scan_cgroups(self, errors: list[str]) -> dict[int, CgroupJob]:
-        """The jobs in Slurm's cgroup tree by id (none without a cgroup layout); what keeps
-        jobs out of sight goes to ``errors``."""
+    def _scan_cgroups(self, errors: list[str]) -> cgroups.JobScan:
+        """The jobs in Slurm's cgroup tree (none without a cgroup layout); what keeps jobs
+        out of sight goes to ``errors``."""
         if self.layout is None:
-            return {}
+            return cgroups.JobScan({})
         # Without cgroup accounting CPU time comes from each thread in /proc: every job
         # is then read with its tasks.
         detail = self._detail if self._accounting_in_cgroups() else None
@@ -238,7 +246,19 @@ class Sampler:
             resolve=self.slurm.job_ids_of_dirs,
         )
         self._cgroup_problems(scan, errors)
-        return scan.jobs
+        return scan
+
+    def _usage_ns(self, cg: CgroupJob | None, errors: list[str]) -> int | None:
+        """The job's CPU time so far (cgroups.cpu_usage_ns); None, and a line in
+        ``errors``, when its accounting cannot be read: that job's rate is unknown this
+        tick, and the tick goes on."""
+        if cg is None or self.layout is None:
+            return None
+        try:
+            return cgroups.cpu_usage_ns(self.layout, cg)
+        except (cgroups.CgroupReadError, ValueError) as exc:
+            errors.append(f"job {cg.job_id}: cannot read its CPU time ({exc})")
+            return None
 
     def _cpu_rate(self, job_id: int, usage_ns: int | None) -> float | None:
         """The job's CPU use in cores since its last reading, None for its first; remembers
@@ -257,12 +277,18 @@ class Sampler:
 
     def _cgroup_problems(self, scan: cgroups.JobScan, errors: list[str]) -> None:
         """What keeps jobs out of sight: directories under Slurm's scope no job can be
-        named for, and jobs squeue runs here while the tree shows none. Each is in the
-        view's errors while it lasts, and logged once when it starts."""
+        named for, jobs whose cgroup cannot be read, and jobs squeue runs here while the
+        tree shows none. Each is in the view's errors while it lasts, and logged once when
+        it starts."""
         found = [f"{d.path} is no job coda-node can name ({d.why})" for d in scan.unattributed]
+        found += [
+            f"job {job_id}: cannot read its cgroup ({why}); it is left as it is, limits and "
+            "record kept, until it reads again"
+            for job_id, why in sorted(scan.unreadable.items())
+        ]
         if self.slurm.sluid_error:
             found.append(self.slurm.sluid_error)
-        unseen = self._unseen_jobs(bool(scan.jobs or scan.unattributed))
+        unseen = self._unseen_jobs(bool(scan.jobs or scan.unattributed or scan.unreadable))
         if unseen:
             assert self.layout is not None
             where = ", ".join(map(str, self.layout.slurm_dirs))

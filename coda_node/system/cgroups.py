@@ -39,7 +39,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -354,6 +354,9 @@ def _read_file(path: str | os.PathLike[str]) -> str:
             while more:
                 data += more
                 more = os.read(fd, _READ_CHUNK)
+    except OSError as exc:
+        exc.filename = os.fspath(path)  # read(2)'s errors name no file
+        raise
     finally:
         os.close(fd)
     return data.decode(errors="replace")
@@ -704,7 +707,8 @@ def _read_job(
     except OSError as exc:
         if exc.errno in _GONE_ERRNOS:
             return None
-        raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
+        where = Path(exc.filename) if exc.filename else job_dir
+        raise CgroupReadError(where, exc.errno or 0, exc.strerror or str(exc)) from exc
     tasks = detail == "tasks"
     steps = _read_steps(job_id, job_dir, subdirs, version, walk, tasks=tasks)
     if not os.path.isdir(job_str):
@@ -783,7 +787,8 @@ def _job_pids(
         pids.update(_read_pids(f"{job_str}/{pids_file}"))
     except OSError as exc:
         if exc.errno not in _GONE_ERRNOS:
-            raise CgroupReadError(job_dir, exc.errno or 0, exc.strerror or str(exc)) from exc
+            err = exc.strerror or str(exc)
+            raise CgroupReadError(job_dir / pids_file, exc.errno or 0, err) from exc
     for name in subdirs:
         if not name.startswith("step_"):
             pids.update(_subtree_pids(f"{job_str}/{name}", pids_file, walk))
@@ -792,11 +797,14 @@ def _job_pids(
 
 @dataclass(frozen=True, slots=True)
 class JobScan:
-    """What :func:`scan_jobs` found: the jobs by id, and the directories under Slurm's v2
-    scope that it could not attribute to one (each is to be reported, never skipped)."""
+    """What :func:`scan_jobs` found: the jobs by id, the directories under Slurm's v2
+    scope that it could not attribute to one (each is to be reported, never skipped), and
+    the jobs whose directory is there but could not be read, by id, each with one line
+    naming the file and why (a job's own processes can write some of its files)."""
 
     jobs: dict[int, CgroupJob]
     unattributed: tuple[UnattributedDir, ...] = ()
+    unreadable: dict[int, str] = field(default_factory=dict)
 
 
 def _v2_job_dirs(
@@ -841,7 +849,9 @@ def scan_jobs(
     resolve: SluidResolver | None = None,
 ) -> JobScan:
     """Every job in Slurm's tree, by job id, and the v2 job directories that could not be
-    attributed. Jobs that end while being read are left out.
+    attributed. Jobs that end while being read are left out. A job whose directory cannot
+    be read (a file that holds no list the kernel prints, an I/O error) is in
+    ``unreadable`` instead, and the other jobs are read as usual.
 
     ``resolve`` names the job of each SLUID-named v2 directory (Slurm 26.05 and later; see
     the module's docstring); without it such directories are reported as unattributed.
@@ -860,6 +870,7 @@ def scan_jobs(
     join = cache.path if cache is not None else None
     found, unattributed = _job_dirs(layout, resolve, join)
     jobs: dict[int, CgroupJob] = {}
+    unreadable: dict[int, str] = {}
     seen: dict[int, Path] = {}
     for job_id, uid, job_dir in found:
         if job_id in seen:
@@ -872,13 +883,28 @@ def scan_jobs(
             continue
         seen[job_id] = job_dir
         want: Detail = detail(job_id) if detail is not None else "tasks"
-        if cache is None or want == "cpus":
-            job = _read_job(layout, job_id, uid, job_dir, detail=want)
-        else:
-            job = _read_job_cached(layout, job_id, uid, job_dir, want, cache)
+        try:
+            if cache is None or want == "cpus":
+                job = _read_job(layout, job_id, uid, job_dir, detail=want)
+            else:
+                job = _read_job_cached(layout, job_id, uid, job_dir, want, cache)
+        except CgroupReadError as exc:
+            unreadable[job_id] = _one_line(str(exc))
+            continue
+        except OSError as exc:
+            if exc.errno not in _GONE_ERRNOS:
+                why = f"{exc.filename or job_dir}: {exc.strerror or exc}"
+                unreadable[job_id] = _one_line(why)
+            continue
         if job is not None:
             jobs[job_id] = job
-    return JobScan(jobs, tuple(unattributed))
+    return JobScan(jobs, tuple(unattributed), unreadable)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every character that is not printable escaped: a path below a job's
+    directory is named by the job's own processes, and a log line is one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _job_dirs(

@@ -109,9 +109,10 @@ def probe_slurm_jobs(root: SystemRoot, node_name: str, runner: Runner) -> Capabi
         return Capability(name, True, f"no job runs on {node_name}")
     scan = scan_jobs(layout, detail=lambda _job: "cpus", resolve=slurm.job_ids_of_dirs)
     problems = [f"{d.path} is no job coda-node can name ({d.why})" for d in scan.unattributed]
+    problems += [f"job {j}: cannot read its cgroup ({why})" for j, why in scan.unreadable.items()]
     if slurm.sluid_error:
         problems.append(slurm.sluid_error)
-    if running and not scan.jobs:
+    if running and not (scan.jobs or scan.unreadable):
         where = ", ".join(map(str, layout.slurm_dirs))
         problems.append(
             f"squeue lists running job(s) {_ids(running)} on {node_name}, but Slurm's cgroup "

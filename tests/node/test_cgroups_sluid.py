@@ -353,6 +353,17 @@ def test_check_fails_loudly_on_a_node_whose_jobs_it_cannot_see(
     assert "job(s) 1 (s1PDM89Q772300)" in capsys.readouterr().out
 
 
+def test_check_names_a_job_whose_cgroup_cannot_be_read_and_sees_the_others(
+    tmp_path: Path,
+) -> None:
+    node = build_v2_job_dirs(tmp_path, SLUID_DIRS)
+    cpus = node.cg(f"{V2_SCOPE}/{SLURM_26_SLUIDS[2]}/cpuset.cpus")
+    cpus.write_text("garbage\n")
+    row = probe_slurm_jobs(node.root, V2_NODE, CapturedSlurm("26.05"))
+    assert row.problem
+    assert row.detail == f"job 2: cannot read its cgroup ({cpus}: not a CPU list: 'garbage')"
+
+
 def test_check_says_an_idle_node_is_idle(tmp_path: Path) -> None:
     node = build_v2_job_dirs(tmp_path, {})
     row = probe_slurm_jobs(node.root, V2_NODE, CapturedSlurm("26.05", running=()))

@@ -18,7 +18,6 @@ import pytest
 
 from coda_node.enforce.enforcer import VERIFY_EVERY_TICKS
 from coda_node.enforce.state import FORMAT_VERSION, Limit, StateNewer
-from coda_node.system.cgroups import CgroupReadError
 from tests.node.node_fixtures import FakeNode, build_node
 
 # Job 5001 is a GPU job on CPUs 0-1,32 holding Slurm's GPUs 0 and 1; step 0's task_0 is
@@ -709,32 +708,3 @@ def test_restore_puts_jobs_back_and_says_so_when_the_view_cannot_be_written(
     assert node.cpuset_texts(GPU_JOB) == original
     assert _on_disk(node)["changes"] == {}
     assert f"cannot write the status view {node.view_file}" in caplog.text
-
-
-@pytest.mark.parametrize(
-    ("version", "name", "said"),
-    [
-        (1, "cpuset.cpus", "not a CPU list: 'garbage'"),
-        (2, "cpuset.cpus", "not a CPU list: 'garbage'"),
-        (1, "tasks", "not a list of task ids: 'garbage\\n'"),
-        (2, "cgroup.procs", "not a list of task ids: 'garbage\\n'"),
-    ],
-)
-def test_a_cgroup_file_of_garbage_is_named(
-    tmp_path: Path, version: int, name: str, said: str
-) -> None:
-    """A job's cgroup file that holds no list the kernel prints: the error names the file
-    and what it holds (a CgroupError, which `coda-node restore` shows in one line), not a
-    bare ValueError."""
-    node = build_node(tmp_path, version=version)  # type: ignore[arg-type]
-    daemon = node.daemon()
-    node.set_limits({CPU_JOB: Limit(cores=1)})
-    daemon.tick()
-    damaged = sorted(node.job_dir(CPU_JOB).rglob(name))
-    for path in damaged:
-        path.write_text("garbage\n")
-    with pytest.raises(CgroupReadError) as info:
-        daemon.tick()
-        daemon.restore()
-    assert info.value.path in damaged
-    assert str(info.value) == f"{info.value.path}: {said}"
