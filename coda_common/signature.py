@@ -32,6 +32,7 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 __all__ = [
@@ -123,6 +124,25 @@ def parse_coda_directives(comment: str | None) -> Directives:
     # Cheap pre-check: most comments hold no directive at all.
     if "coda:" not in comment and "coda:" not in comment.lower():
         return NO_DIRECTIVES
+    if len(comment) <= _CACHED_COMMENT_CHARS:
+        return _directives_cached(comment)
+    return _directives(comment)
+
+
+_CACHED_COMMENT_CHARS = 256
+"""Comments up to this long are parsed once each (the most recent 512): the same
+``coda:workload=NAME`` comes with job after job, and the submit hook then skips the
+regular expressions, which are slow while the CPU's caches are cold."""
+
+
+@lru_cache(maxsize=512)
+def _directives_cached(comment: str) -> Directives:
+    # Directives are frozen: one object may be handed to many jobs.  A DirectiveError is
+    # not cached; the comment is parsed again next time.
+    return _directives(comment)
+
+
+def _directives(comment: str) -> Directives:
     workload: str | None = None
     off = False
     for m in _DIRECTIVE.finditer(comment):
