@@ -85,6 +85,18 @@ def test_parse_coda_directives_errors(comment: str, fragment: str) -> None:
     assert message.isprintable()  # one clean line for sbatch's output
 
 
+@pytest.mark.parametrize("pad", [0, 300])  # a short comment is kept parsed, a long one not
+def test_a_comment_parses_alike_every_time(pad: int) -> None:
+    """The same comment, job after job: the same directives; a bad one refused each time."""
+    good = "x" * pad + " coda:workload=resnet50"
+    assert [parse_coda_directives(good) for _ in range(3)] == [Directives("resnet50")] * 3
+    bad = "x" * pad + " coda:workload=a/b"
+    for _ in range(3):
+        with pytest.raises(DirectiveError, match="invalid workload name"):
+            parse_coda_directives(bad)
+    assert parse_coda_directives(good.upper().replace("RESNET50", "r")) == Directives("r")
+
+
 def test_invalid_name_message_matches_documented_wording() -> None:
     with pytest.raises(DirectiveError) as info:
         parse_coda_directives('coda:workload="a b"')
