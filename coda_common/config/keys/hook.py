@@ -126,8 +126,7 @@ RELOAD_INTERVAL_S = key(
     "float",
     "5",
     interval_s,
-    "Seconds between checks for a changed profile store, coda.conf or slurm.conf (> 0, at "
-    "most 86400).",
+    "Seconds between checks for a changed profile store, coda.conf or slurm.conf (0.1 to 86400).",
 )
 
 PARTITIONS = key(

@@ -47,7 +47,7 @@ NODE_INTERVAL_S = key(
     "float",
     "1",
     interval_s,
-    "coda-node: seconds between two sample-plan-enforce passes (> 0, at most 86400).",
+    "coda-node: seconds between two sample-plan-enforce passes (0.1 to 86400).",
 )
 
 NODE_ROOT = key(

@@ -26,7 +26,7 @@ RESERVE_INTERVAL_S = key(
     "float",
     "60",
     interval_s,
-    "coda-slurm reserve: seconds between two passes of the loop (> 0, at most 86400).",
+    "coda-slurm reserve: seconds between two passes of the loop (0.1 to 86400).",
 )
 
 RESERVE_MIN_CPUS = key(
