@@ -54,6 +54,7 @@ SCAN_TAIL_CHARS = 16 * 1024
 MAX_PHRASE_CHECKS = 32
 """Several-word names checked per job, at most (their first word must be in the text)."""
 
+
 def _table(joiner: int) -> bytes:
     """A ``bytes.translate`` table: ASCII letters to lower case, digits kept, ``-`` ``_``
     ``.`` to ``joiner``, every other byte (non-ASCII ones included) to a blank."""
