@@ -710,14 +710,15 @@ def _prior(
     """The prior the job's text names (:mod:`slurm_plugin.decision.priors`) that gives it
     more CPUs per GPU than ``without`` (what it gets without one), or None.  Of several
     named, the one giving the most wins (ties: the longer name, then the first in order)."""
-    index = priors.index_for(profiles, cfg.prior_aliases)
-    if not len(index):
+    names, views = priors.named(
+        profiles, cfg.prior_aliases, req.job_name, req.script, directives.workload
+    )
+    if not names:
         return None
-    names = index.match(priors.scan_text(req.job_name, req.script, directives.workload))
     best: tuple[int, int, str] | None = None
     best_note = ""
     for name in names:
-        view = index.views[name]
+        view = views[name]
         value, note = _clamp(
             predict_cpus_per_gpu(view, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, cap
         )
@@ -727,7 +728,7 @@ def _prior(
     if best is None or (without is not None and best[0] <= without):
         return None
     value, _, name = best
-    view = index.views[name]
+    view = views[name]
     label = quote_label(name)
     without_text = "" if without is None else f"; {without} without it"
     basis = (

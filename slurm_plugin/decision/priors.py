@@ -41,6 +41,7 @@ __all__ = [
     "SCAN_TAIL_CHARS",
     "PriorIndex",
     "index_for",
+    "named",
     "scan_text",
 ]
 
@@ -179,3 +180,23 @@ def index_for(
     index = PriorIndex(views, aliases) if views else _EMPTY
     _index_memo = (profiles, aliases, index)
     return index
+
+
+def named(
+    profiles: Mapping[str, ProfileView],
+    aliases: tuple[tuple[str, str], ...],
+    job_name: str | None,
+    script: str | None,
+    workload: str | None,
+) -> tuple[tuple[str, ...], Mapping[str, ProfileView]]:
+    """``(NAMEs, their global profiles by NAME)`` of the priors a job's text names: what
+    :func:`index_for` and :func:`scan_text` give :meth:`PriorIndex.match`, in one call (the
+    submit hook runs it cold on every job without a profile, where each call costs)."""
+    memo = _index_memo
+    if memo is not None and memo[0] is profiles and memo[1] == aliases:
+        index = memo[2]
+    else:
+        index = index_for(profiles, aliases)
+    if not index._firsts:
+        return (), index.views
+    return index.match(scan_text(job_name, script, workload)), index.views
