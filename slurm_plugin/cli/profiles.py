@@ -29,6 +29,7 @@ from coda_common.model.starter import (
     STARTER_TABLE,
     StarterEntry,
     scaled_cores,
+    starter_profiles,
 )
 from coda_common.signature import name_problem
 from coda_common.store.profiles import (
@@ -567,7 +568,7 @@ def starter_cmd(scale: float, replace: bool, show: bool, as_json: bool) -> None:
         _show_starter(rows, scale, as_json)
         return
     store = _open_store()
-    parsed = [_starter_profile(entry, name, cores, scale, now) for entry, name, cores in rows]
+    parsed = starter_profiles(scale, now)
     kept: list[Profile] = []
     for p in parsed:
         try:
@@ -588,32 +589,6 @@ def starter_cmd(scale: float, replace: bool, show: bool, as_json: bool) -> None:
         f"Imported {len(kept)} starter profile(s) into {store.root} at confidence "
         f"{STARTER_CONFIDENCE:g}, scale {scale:g}{note}."
     )
-
-
-def _starter_profile(
-    entry: StarterEntry, name: str, cores: int, scale: float, now: float
-) -> Profile:
-    fit = {
-        "method": "starter",
-        "measured_cores_per_gpu": entry.cores_per_gpu,
-        "scale": scale,
-        "gpu": entry.gpu,
-        "host_cores": entry.host_cores,
-        "source": entry.source,
-    }
-    if entry.note:
-        fit["note"] = entry.note
-    return Profile(
-        signature=f"workload:*:{name}",
-        workload=name,
-        cpus_per_gpu=cores,
-        confidence=STARTER_CONFIDENCE,
-        n_samples=0,
-        updated_unix_s=now,
-        source=STARTER_SOURCE,
-        gpu_model=entry.gpu,
-        fit=fit,
-    ).validated(f"starter entry {name}")
 
 
 def _show_starter(rows: list[tuple[StarterEntry, str, int]], scale: float, as_json: bool) -> None:
