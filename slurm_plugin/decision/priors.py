@@ -140,7 +140,7 @@ class PriorIndex:
         found: set[str] = set()
         for word in self._single.keys() & present:
             found.update(self._single[word])
-        firsts = sorted(self._phrases.keys() & present)
+        firsts = sorted(self._phrases.keys() & present) if self._phrases else ()
         if firsts:
             # Every run of words joined by - _ ., as "-w1-w2-...-" with one dash between
             # words (a doubled joiner stays doubled), set apart by NULs, which no name
