@@ -6,9 +6,11 @@ a node-size cap, and returns a :class:`Decision` the job_submit hook applies ver
 Actions (:data:`ACTIONS`, a closed set)::
 
     set      no user value; cpus_per_tres set to the profile's prediction
-    default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu
+    default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu,
+             or to a prior's value where one the job names gives more (``src=prior:NAME``,
+             :mod:`slurm_plugin.decision.priors`)
     raise    UnprofiledUserValue=raise, no confident profile and the user's per-GPU value
-             is below DefaultCpusPerGpu: set to DefaultCpusPerGpu
+             is below DefaultCpusPerGpu (or the prior's value): set to that
     keep     the user's --cpus-per-gpu / --cpus-per-task left as is (UserValue=keep, or
              UserValue=lower and the prediction is not lower, or no confident profile and
              no raise)
