@@ -205,6 +205,8 @@ class _Sim:
             self.events,
             self.counters,
         )
+        if params.starter_table:
+            self.profiling.import_table(params.starter_table, 0.0)
         self.profiles = self.profiling.profiles
         self.views = self.profiling.views
         self.probe_memo = self.profiling.probe_memo

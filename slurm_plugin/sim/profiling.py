@@ -34,6 +34,10 @@ from slurm_plugin.sim.workloads import JobModel, Workloads
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""
 
+STARTER_CONFIDENCE = 0.5
+"""Confidence of a starter table's profiles: below MinConfidence (0.8 by default), so the
+hook takes one only as a prior, never as a job's profile."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeRun:
@@ -143,7 +147,24 @@ class OnlineProfiling:
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
 
     def _signature(self, wid: int) -> str:
-        return f"workload:{1000 + wid}:{self.wl.names[wid]}"
+        return f"workload:{1000 + wid}:{self.wl.label(wid)}"
+
+    def import_table(self, table: tuple[tuple[str, int], ...], now: float) -> None:
+        """An admin imported ``table`` (model, cores per GPU): one global profile
+        ``workload:*:MODEL`` per model, at :data:`STARTER_CONFIDENCE`."""
+        for name, cpus_per_gpu in table:
+            sig = f"workload:*:{name}"
+            prof = Profile(
+                signature=sig,
+                workload=name,
+                cpus_per_gpu=int(cpus_per_gpu),
+                confidence=STARTER_CONFIDENCE,
+                n_samples=0,
+                updated_unix_s=now,
+                source="starter table",
+            )
+            self.views[sig] = to_view(prof)
+        self.decided.clear()
 
     def coda_cores(self, j: int, gpn: int, k: int) -> int:
         """Cores per node the submit hook gives GPU job ``j`` from the profiles published."""
@@ -153,7 +174,7 @@ class OnlineProfiling:
         got = self.decided.get(key)
         if got is None:
             self.counters["decide_calls"] += 1
-            name = self.wl.names[wid]
+            name = self.wl.label(wid)
             req = JobRequest(
                 uid=1000 + wid,
                 job_name=name,
@@ -161,6 +182,7 @@ class OnlineProfiling:
                 cpus_per_tres=f"gres:gpu:{user_cpg}",
                 min_nodes=k,
                 comment=f"coda:workload={name}",
+                script=self.wl.script(wid),
             )
             d = decide(req, self.cfg, self.views, self.node_cap, node_share=self.node_share)
             cpg = user_cpg
@@ -276,7 +298,7 @@ class OnlineProfiling:
         if not samples:
             return
         wid = int(self.wl.workload[j])
-        name = self.wl.names[wid]
+        name = self.wl.label(wid)
         sig = self._signature(wid)
         cur = self.profiles.get(sig) or Profile(
             signature=sig,
