@@ -157,10 +157,10 @@ class JobModel:
     ``srun python train.py --arch MODEL`` line, as the common reference training scripts
     choose the network (pytorch/examples' ImageNet script: ``--arch``). A stable draw per
     workload. The SoCC'18 class a workload is given (Philly, Alibaba: the traces name no
-    model) is what its script names; a workload the trace names after its model (Muri)
-    names it in its job name too, and one that draws "no" there gets a name of its own
-    (``job-ID``) and a script that names nothing. An assumption: no public trace records
-    scripts."""
+    model; an sacct export names jobs, not models) is what its script names; a workload
+    the trace names after its model (Muri) names it in its job name too, and one that
+    draws "no" there gets a name of its own (``job-ID``) and a script that names nothing.
+    An assumption: no public trace records scripts."""
     # -- placement (slurm_plugin/sim/mechanisms.py has the per-model tables) ------
     pcie_heavy_bytes_per_s_per_gpu: float = 8e9
     """PCIe traffic per GPU of a PCIe-heavy model (CODA §II.C: AlexNet and ResNet50 average
@@ -303,8 +303,8 @@ class Workloads:
     cpu_bw_per_core: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """float64 per job: memory bandwidth per core of CPU jobs (0 for GPU jobs)."""
     models: list[str] = field(default_factory=list)
-    """Per workload id: the model it trains, lower-case, as a script would name it (its
-    class's name, or the trace's name for it)."""
+    """Per workload id: the model it trains, lower-case, as a script would name it: the
+    trace's name where the caller's classes say it is a model (Muri), else its class's."""
     names_model: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     """Per workload id: its job names its model (``JobModel.script_names_model``)."""
     model_cores_per_gpu: dict[str, float] = field(default_factory=dict)
@@ -455,20 +455,23 @@ class _WorkloadTable:
         for name in trace_names:
             ids.append(len(self.names))
             self.names.append(name)
-            self.models.append(name.lower())
             known = named_classes.get(name)
             if known is not None:
+                # The caller's classes are models (Muri's): the name is the model's.
                 self.klass.append(len(CLASSES) + len(self.extra_sens))
                 self.extra_sens.append(known[1])
                 theta = float(min(model.max_cores_per_gpu, max(1.0, known[0])))
                 self.theta.append(theta)
+                self.models.append(name.lower())
                 self.model_theta[name.lower()] = theta
             else:
+                # A job name (an sacct export's): it trains its class's model.
                 r = np.random.default_rng(_stable_seed(seed, "class", name))
                 k = int(r.choice(len(CLASSES), p=weights))
                 self.klass.append(k)
                 self.theta.append(_jittered(CLASSES[k].cores_per_gpu, name, model, seed))
-                self.model_theta[name.lower()] = CLASSES[k].cores_per_gpu
+                self.models.append(CLASSES[k].name.lower())
+                self.model_theta[CLASSES[k].name.lower()] = CLASSES[k].cores_per_gpu
         return np.array(ids, dtype=np.int32)
 
     def add_pool(
