@@ -47,6 +47,8 @@ __all__ = [
     "SignatureIgnoreError",
     "SignatureIgnoreTimeout",
     "global_key",
+    "name_problem",
+    "normalize_name",
     "parse_coda_directives",
     "parse_script_ignore",
     "quote_label",
@@ -413,6 +415,36 @@ def workload_signature(
         digest = _hash16(f"{job_name or ''}\0{ignore.apply(strip_sbatch_lines(script))}")
         return Signature(f"script:{uid}:{digest}", label, "script")
     return Signature(f"name:{uid}:{_hash16(job_name or '')}", label, "name")
+
+
+# -- workload names as priors (slurm_plugin.decision.priors) ---------------------------------
+
+_PRIOR_NAME_CHARS = re.compile(r"[a-z0-9._-]+")
+_PRIOR_JOINERS = re.compile(r"[-_.]")
+
+
+def normalize_name(name: str) -> tuple[str, ...] | None:
+    """NAME's words in lower case (``Bert-Base_uncased`` -> ``("bert", "base", "uncased")``),
+    or None when NAME can never be matched (:func:`name_problem`)."""
+    low = name.lower()
+    if name_problem(low) is not None:
+        return None
+    return tuple(_PRIOR_JOINERS.split(low))
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` can never be matched as a prior (a global profile's NAME or a
+    ``PriorAliases`` spelling), or None when it can."""
+    low = name.lower()
+    if len(low) < 2:
+        return "shorter than 2 characters"
+    if not low.isascii() or _PRIOR_NAME_CHARS.fullmatch(low) is None:
+        return "holds a character other than letters, digits, - _ ."
+    if not any(c.isalpha() for c in low):
+        return "has no letter"
+    if any(not part for part in _PRIOR_JOINERS.split(low)):
+        return "has an empty word (two of - _ . in a row, or one at an end)"
+    return None
 
 
 def global_key(signature: Signature) -> str | None:

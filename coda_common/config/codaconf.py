@@ -117,6 +117,9 @@ class CodaConfig:
     """``keep`` or ``raise``: a user's lower value is raised to the default without a profile."""
     min_confidence: float = _field(hook.MIN_CONFIDENCE)
     multi_node_gpu_cap: int = _field(hook.MULTI_NODE_GPU_CAP)
+    priors_from_names: bool = _field(hook.PRIORS_FROM_NAMES)
+    prior_aliases: tuple[tuple[str, str], ...] = _field(hook.PRIOR_ALIASES)
+    """``(alias, NAME)`` pairs, lower case (``PriorAliases``)."""
     hook_budget_ms: float = _field(hook.HOOK_BUDGET_MS)
     signature_ignore: ScriptIgnore = _field(hook.SIGNATURE_IGNORE)
     """What the workload signature leaves out of a script (``SignatureIgnore``)."""

@@ -9,7 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from coda_common.signature import ScriptIgnore, SignatureIgnoreError, parse_script_ignore
+from coda_common.signature import (
+    ScriptIgnore,
+    SignatureIgnoreError,
+    name_problem,
+    parse_script_ignore,
+)
 
 MAX_CPUS = 65533
 """Largest CPU count a key may hold (Slurm keeps cpus_per_task in a uint16 below NO_VAL16)."""
@@ -216,6 +221,24 @@ def gpu_features(key: str, value: str) -> tuple[tuple[str, str], ...]:
             )
         pairs[gpu_type] = feature
     return tuple(pairs.items())
+
+
+def prior_aliases(key: str, value: str) -> tuple[tuple[str, str], ...]:
+    """``NAME:ALIAS,NAME:ALIAS,...`` as ``((alias, name), ...)`` in lower case, each pair
+    once, in the order written."""
+    pairs: dict[tuple[str, str], None] = {}
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        name, sep, alias = (part.strip().lower() for part in item.partition(":"))
+        if not sep or not name or not alias:
+            raise ValueError(f"{key}: expected NAME:ALIAS, got {item!r}")
+        for what, text in (("NAME", name), ("ALIAS", alias)):
+            problem = name_problem(text)
+            if problem is not None:
+                raise ValueError(f"{key}: {what} {text!r} in {item!r} {problem}")
+        pairs[(alias, name)] = None
+    return tuple(pairs)
 
 
 def node_name(key: str, value: str) -> str | None:

@@ -357,10 +357,17 @@ _SOURCES = {
 }
 
 
+def _source_words(src: str) -> str:
+    """A record's ``src=`` in words."""
+    if src.startswith("prior:"):
+        return f'the prior "{src[len("prior:") :]}" the job names (no profile of its own yet)'
+    return _SOURCES.get(src, src)
+
+
 def _decided(coda: Mapping[str, Any]) -> str:
     """The hook's decision in words: what it wrote, or why it wrote nothing."""
     cpg, action = coda["cpus_per_gpu"], coda["action"]
-    source = _SOURCES.get(coda["source"], coda["source"])
+    source = _source_words(coda["source"])
     if coda["gpus_per_node"] == 0:  # a CPU-only job's record (MemBwSpreadGres)
         units = coda.get("mem_bw_units")
         if units:

@@ -171,6 +171,8 @@ def predict(conf_file: Path | None, uid: int | None, as_json: bool, args: tuple[
     click.echo(f"workload:   {result['workload']}  ({result['signature']})")
     click.echo(f"GPU job:    {result['gpu_job']}")
     click.echo(f"action:     {result['action']}")
+    if result["src"]:
+        click.echo(f"source:     {result['src']}")
     click.echo(
         f"cpus/tres:  {result['cpus_per_tres_before'] or '-'} -> "
         f"{result['cpus_per_tres_after'] or '(unchanged)'}"

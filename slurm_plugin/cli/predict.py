@@ -107,6 +107,7 @@ def _report(
         "workload": signature.workload,
         "gpu_job": _asks_for_gpus(req),
         "action": decision.action,
+        "src": record.get("src"),
         "cpus_per_tres_before": req.cpus_per_tres,
         "cpus_per_tres_after": decision.cpus_per_tres,
         "cpus_per_task_before": req.cpus_per_task if 0 < req.cpus_per_task < NO_VAL16 else None,

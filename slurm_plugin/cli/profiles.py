@@ -19,8 +19,15 @@ from typing import Any
 
 import click
 
-from coda_common.cli import CliError, conf_option, emit_json, store_option
+from coda_common.cli import CliError, FiniteFloatRange, conf_option, emit_json, store_option
 from coda_common.config.paths import default_conf_path
+from coda_common.model.starter import (
+    STARTER_CONFIDENCE,
+    STARTER_SOURCE,
+    STARTER_TABLE,
+    StarterEntry,
+    scaled_cores,
+)
 from coda_common.store.profiles import (
     Profile,
     ProfileFormatError,
@@ -522,6 +529,124 @@ def _write_all(store: ProfileStore, parsed: list[Profile]) -> None:
                 f"cannot write {store.path_for(p.signature)}",
                 f"{_why(exc)}; {written} of {len(parsed)} profiles were imported before this",
             ) from exc
+
+
+@profiles.command("starter")
+@click.option(
+    "--scale",
+    type=FiniteFloatRange(min=0.1, max=10.0),
+    default=1.0,
+    show_default=True,
+    help="Multiply every figure (rounded up): how much faster your GPUs drain a CPU-fed "
+    "pipeline than the GPU each figure was measured on.",
+)
+@click.option("--replace", is_flag=True, help="Also overwrite profiles that are not starter ones.")
+@click.option("--list", "show", is_flag=True, help="Print the table; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --list: machine-readable output.")
+def starter_cmd(scale: float, replace: bool, show: bool, as_json: bool) -> None:
+    """Import the starter table: per-model cores per GPU from published measurements, as
+    low-confidence global profiles (workload:*:NAME) that size a never-seen job naming the
+    model (PriorsFromNames).
+
+    Each figure is used as measured, on whatever GPU (see the admin guide). Existing
+    starter profiles are rewritten; any other profile of the same signature is kept unless
+    --replace.
+    """
+    now = time.time()
+    rows = [
+        (entry, name, scaled_cores(entry, scale))
+        for entry in STARTER_TABLE
+        for name in (entry.name, *entry.spellings)
+    ]
+    if show:
+        _show_starter(rows, scale, as_json)
+        return
+    store = _open_store()
+    parsed = [_starter_profile(entry, name, cores, scale, now) for entry, name, cores in rows]
+    kept: list[Profile] = []
+    for p in parsed:
+        try:
+            existing = store.read(p.signature)
+        except ProfileFormatError:
+            existing = None  # unusable: replaced by the starter one
+        if existing is not None and existing.source != STARTER_SOURCE and not replace:
+            click.echo(
+                f"  kept: {p.signature} ({existing.source}, {existing.cpus_per_gpu} per GPU)",
+                err=True,
+            )
+            continue
+        kept.append(p)
+    _write_all(store, kept)
+    skipped = len(parsed) - len(kept)
+    note = f"; {skipped} kept as they were (--replace overwrites them)" if skipped else ""
+    click.echo(
+        f"Imported {len(kept)} starter profile(s) into {store.root} at confidence "
+        f"{STARTER_CONFIDENCE:g}, scale {scale:g}{note}."
+    )
+
+
+def _starter_profile(
+    entry: StarterEntry, name: str, cores: int, scale: float, now: float
+) -> Profile:
+    fit = {
+        "method": "starter",
+        "measured_cores_per_gpu": entry.cores_per_gpu,
+        "scale": scale,
+        "gpu": entry.gpu,
+        "host_cores": entry.host_cores,
+        "source": entry.source,
+    }
+    if entry.note:
+        fit["note"] = entry.note
+    return Profile(
+        signature=f"workload:*:{name}",
+        workload=name,
+        cpus_per_gpu=cores,
+        confidence=STARTER_CONFIDENCE,
+        n_samples=0,
+        updated_unix_s=now,
+        source=STARTER_SOURCE,
+        gpu_model=entry.gpu,
+        fit=fit,
+    ).validated(f"starter entry {name}")
+
+
+def _show_starter(rows: list[tuple[StarterEntry, str, int]], scale: float, as_json: bool) -> None:
+    if as_json:
+        emit_json(
+            {
+                "scale": scale,
+                "profiles": [
+                    {
+                        "signature": f"workload:*:{name}",
+                        "cpus_per_gpu": cores,
+                        "measured_cores_per_gpu": e.cores_per_gpu,
+                        "gpu": e.gpu,
+                        "host_cores": e.host_cores,
+                        "source": e.source,
+                        "note": e.note,
+                    }
+                    for e, name, cores in rows
+                ],
+            }
+        )
+        return
+    table = format_table(
+        ["NAME", "CORES/GPU", "MEASURED", "GPU", "HOST CORES", "SOURCE"],
+        [
+            [name, str(cores), str(e.cores_per_gpu), e.gpu, str(e.host_cores), _short_source(e)]
+            for e, name, cores in rows
+        ],
+        right={1, 2, 4},
+    )
+    click.echo(table)
+    notes = {e.name: e.note for e, _, _ in rows if e.note}
+    for name, note in notes.items():
+        click.echo(f"{name}: {note}")
+
+
+def _short_source(entry: StarterEntry) -> str:
+    return entry.source.split(",")[0] if entry.source.startswith("W. Xiao") else "coda, H200"
 
 
 @profiles.command("export")

@@ -29,7 +29,7 @@ import re
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -1032,8 +1032,7 @@ def _decision_lines(doc: dict[str, Any]) -> list[str]:
     if rows:
         lines.append(format_table(["  ACTION", "", "JOBS", "GPUS"], rows, right={2, 3}))
         if dec["by_src"]:
-            srcs = ", ".join(f"{k} {v}" for k, v in dec["by_src"].items())
-            lines.append(f"  by source: {srcs}")
+            lines.append(f"  by source: {_sources_line(dec['by_src'])}")
         if dec["would"]:
             woulds = ", ".join(f"{k} {v}" for k, v in dec["would"].items())
             lines.append(f"  advise would have: {woulds}")
@@ -1185,3 +1184,18 @@ def status(conf_path: Path | None, since: str, as_json: bool) -> None:
         emit_json(doc)
         return
     click.echo(render(doc))
+
+
+def _sources_line(by_src: Mapping[str, int]) -> str:
+    """``by_src`` for a person: the priors (``prior:NAME``) summed into one item that names
+    the most used."""
+    priors = sorted(
+        ((n, k[len("prior:") :]) for k, n in by_src.items() if k.startswith("prior:")),
+        key=lambda item: (-item[0], item[1]),
+    )
+    items = [f"{k} {v}" for k, v in by_src.items() if not k.startswith("prior:")]
+    if priors:
+        named = ", ".join(f"{name} {n}" for n, name in priors[:5])
+        more = f", {len(priors) - 5} more" if len(priors) > 5 else ""
+        items.append(f"prior {sum(n for n, _ in priors)} ({named}{more})")
+    return ", ".join(items)

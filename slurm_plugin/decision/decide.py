@@ -94,7 +94,7 @@ from coda_common.store.request import (
     JobRequest,
     ProfileView,
 )
-from slurm_plugin.decision import placement
+from slurm_plugin.decision import placement, priors
 from slurm_plugin.decision.tres import (
     TresError,
     cpus_per_gpu,
@@ -356,6 +356,11 @@ def _gpu_job(
     place = _placement(req, cfg, sig, profiles, gpn, node_features, admitted.sep)
     cap = node_cap(gpn)
     pred, src, note = _prediction(profile, src, gpn, nodes, cfg, cap, node_share)
+    prior = None
+    if profile is None and cfg.priors_from_names:
+        prior = _prior(req, admitted.directives, profiles, cfg, gpn, nodes, cap, pred)
+        if prior is not None:
+            pred, src, note = prior.cpg, f"prior:{prior.name}", prior.note
     was, user_flag = _user_value(user_cpg, user_cpt)
 
     # A bound that changed the prediction is said in the log line too, not only to the user.
@@ -368,7 +373,8 @@ def _gpu_job(
         pred=pred,
         unknown=weak or "no profile for this workload yet",
         label=quote_label(sig.workload),
-        basis=_basis(profile, src, nodes) + note,
+        basis=(_basis(profile, src, nodes) if prior is None else prior.basis) + note,
+        prior=prior,
     )
     if not user_flag:
         return _without_user_value(job, choice)
@@ -526,6 +532,8 @@ class _Choice:
     """The workload's name, quoted for messages."""
     basis: str
     """Where the prediction comes from, for the user's line."""
+    prior: _Prior | None = None
+    """The prior from a name that raised the prediction, None when none did."""
 
     def rewrite_msg(self, verb: str, user_flag: str, written: str = "") -> str:
         """The user's line for a rewrite; ``written`` is the option as coda wrote it when it
@@ -540,6 +548,8 @@ def _without_user_value(job: _Job, c: _Choice) -> Decision:
         return _finish(job, "skip", None, c.unknown, None)
     if c.profile is not None:
         action, reason = "set", "confident profile"
+    elif c.prior is not None:
+        action, reason = "default", f"{c.unknown}; {c.prior.reason}"
     else:
         action, reason = "default", f"{c.unknown}; DefaultCpusPerGpu"
     msg = f"coda: --cpus-per-gpu={c.pred} for workload {c.label} ({c.basis})"
@@ -557,9 +567,10 @@ def _with_user_value(job: _Job, c: _Choice, user_cpg: int, user_flag: str) -> De
         and pred > user_cpg
     ):
         msg = c.rewrite_msg("raises", user_flag)
-        return _finish(job, "raise", pred, f"{c.unknown}; UnprofiledUserValue=raise", msg)
+        return _finish(job, "raise", pred, f"{c.unknown}; {_raise_reason(c)}", msg)
     if c.profile is None or pred is None:
-        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None)
+        msg = _prior_kept_msg(c, user_flag) if pred is not None and pred > user_cpg else None
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", msg)
     if cfg.user_value == "replace":
         msg = c.rewrite_msg("replaces", user_flag)
         return _finish(job, "replace", pred, "UserValue=replace", msg)
@@ -587,9 +598,10 @@ def _with_task_value(job: _Job, c: _Choice, user_cpt: int, user_flag: str) -> De
     if c.profile is None:
         if share is not None and cfg.unprofiled_user_value == "raise" and share > user_cpt:
             msg = c.rewrite_msg("raises", user_flag, f"--cpus-per-task={share}")
-            reason = f"{c.unknown}; UnprofiledUserValue=raise"
+            reason = f"{c.unknown}; {_raise_reason(c)}"
             return _finish(job, "raise", pred, reason, msg, share)
-        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None)
+        msg = _prior_kept_msg(c, user_flag) if share is not None and share > user_cpt else None
+        return _finish(job, "keep", pred, f"{c.unknown}; user value kept", msg)
     if pred is None or share is None:
         return _finish(job, "keep", pred, f"{c.unknown}; user value kept", None)
     if cfg.user_value == "replace":
@@ -605,6 +617,22 @@ def _with_task_value(job: _Job, c: _Choice, user_cpt: int, user_flag: str) -> De
         reason = "UserValue=keep"
     msg = None if share == user_cpt else _kept_msg(c, user_flag)
     return _finish(job, "keep", pred, reason, msg)
+
+
+def _raise_reason(c: _Choice) -> str:
+    reason = "UnprofiledUserValue=raise"
+    return reason if c.prior is None else f"{reason}; {c.prior.reason}"
+
+
+def _prior_kept_msg(c: _Choice, user_flag: str) -> str | None:
+    """The user's line for a kept value below what a prior names, else None: without a
+    profile coda keeps what the user asked (UnprofiledUserValue=keep), but says what
+    workloads of that name need."""
+    if c.prior is None:
+        return None
+    return (
+        f"coda: kept your {user_flag}; {c.prior.label} suggests --cpus-per-gpu={c.pred} ({c.basis})"
+    )
 
 
 def _kept_msg(c: _Choice, user_flag: str) -> str:
@@ -649,6 +677,64 @@ def _lookup(
                 f"< MinConfidence {min_confidence:g}"
             )
     return None, "none", weak
+
+
+@dataclass(slots=True)
+class _Prior:
+    """The prior from a name that sets a job's prediction (:func:`_prior`)."""
+
+    name: str
+    """The global profile's NAME (``src=prior:NAME``)."""
+    cpg: int
+    """Its CPUs per GPU for this job, clamped (above what the job had without it)."""
+    note: str
+    """The bound that applied, as :func:`_clamp`'s note ("" when none)."""
+    basis: str
+    """Where the value comes from, for the user's line."""
+    label: str
+    """The workload the job's text names, for the user's line."""
+    reason: str
+    """The reason's part that names the prior."""
+
+
+def _prior(
+    req: JobRequest,
+    directives: Directives,
+    profiles: Mapping[str, ProfileView],
+    cfg: CodaConfig,
+    gpn: int,
+    nodes: int,
+    cap: int | None,
+    without: int | None,
+) -> _Prior | None:
+    """The prior the job's text names (:mod:`slurm_plugin.decision.priors`) that gives it
+    more CPUs per GPU than ``without`` (what it gets without one), or None.  Of several
+    named, the one giving the most wins (ties: the longer name, then the first in order)."""
+    index = priors.index_for(profiles, cfg.prior_aliases)
+    if not len(index):
+        return None
+    names = index.match(priors.scan_text(req.job_name, req.script, directives.workload))
+    best: tuple[int, int, str] | None = None
+    best_note = ""
+    for name in names:
+        view = index.views[name]
+        value, note = _clamp(
+            predict_cpus_per_gpu(view, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, cap
+        )
+        rank = (value, len(name), name)
+        if best is None or (rank[0], rank[1]) > (best[0], best[1]):
+            best, best_note = rank, note
+    if best is None or (without is not None and best[0] <= without):
+        return None
+    value, _, name = best
+    view = index.views[name]
+    label = quote_label(name)
+    without_text = "" if without is None else f"; {without} without it"
+    basis = (
+        f"prior: the job names {label}, a shared profile of {view.cpus_per_gpu} per GPU, "
+        f"confidence {view.confidence:.2f}{without_text}"
+    )
+    return _Prior(name, value, best_note, basis, label, f"prior {label} named by the job")
 
 
 def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:

@@ -270,10 +270,13 @@ def _add_record(
 
 
 def _profile_of(src: str, sig: str) -> str | None:
-    """The signature of the profile that decided: the job's own, or its workload's global
-    one; None when no profile decided or the signature names no workload."""
+    """The signature of the profile that decided: the job's own, its workload's global
+    one, or the global one its text named (``prior:NAME``); None when no profile decided or
+    the signature names no workload."""
     if src == "profile":
         return sig
+    if src.startswith("prior:"):
+        return f"workload:*:{src[len('prior:') :]}"
     if src == "global":
         name = workload_of_signature(sig)
         return f"workload:*:{name}" if name else None

@@ -46,7 +46,7 @@ from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmconf import mtime_ns as file_mtime_ns
 from coda_common.store.profiles import ProfileCache, Reloader, StoreUnavailable
 from slurm_plugin.config.nodecap import NodeCap
-from slurm_plugin.decision import placement
+from slurm_plugin.decision import placement, priors
 from slurm_plugin.decision.decide import (
     ADMIN_PREFIX,
     Decision,
@@ -450,6 +450,7 @@ def plugin_init() -> int:
     state.journal = _start_journal(state.cfg)
     _state = state
     _renew_memo(state, state.cache.snapshot())
+    _prepare_snapshot(state)
     state.reloader = Reloader(
         state.cache, state.cfg.reload_interval_s, _log_named, on_tick=_on_reload_tick
     )
@@ -499,11 +500,19 @@ def _on_reload_tick() -> None:
         if changed is not None:
             _reload_config(state, mtime_ns, f"{changed} changed")
     state = _state or state
-    if state.cfg.prefer_gpu_types:
-        # Rank GPU types here, right after the refresh, so the first job after a profile
-        # change does not scan every profile under the job write lock.
-        placement.ranking_for(state.cache.snapshot())
+    _prepare_snapshot(state)
     _write_stats(state)
+
+
+def _prepare_snapshot(state: HookState) -> None:
+    """What the decision computes once per profile snapshot, computed here, on the reload
+    thread right after a refresh, so the first job after a profile change does not scan
+    every profile under the job write lock: the GPU ranking and the priors' index."""
+    snapshot = state.cache.snapshot()
+    if state.cfg.prefer_gpu_types:
+        placement.ranking_for(snapshot)
+    if state.cfg.priors_from_names:
+        priors.index_for(snapshot, state.cfg.prior_aliases)
 
 
 def _changed(stamp: tuple[tuple[Path, int | None], ...]) -> Path | None:

@@ -420,3 +420,65 @@ def test_collect_watch_an_interval_no_timer_holds_is_a_usage_error(seconds: str)
         said = err.getvalue().decode()
     assert rc == 2, said
     assert "Invalid value for '--watch'" in said
+
+
+# -------------------------------------------------------------------------------- starter
+
+
+def test_starter_imports_the_table_as_low_confidence_global_profiles(
+    store: ProfileStore,
+) -> None:
+    r = cli("--store", str(store.root), "starter")
+    assert r.rc == 0, r.err
+    alexnet = store.read("workload:*:alexnet")
+    assert alexnet is not None and (alexnet.cpus_per_gpu, alexnet.source) == (19, "starter")
+    assert alexnet.confidence < 0.8 and alexnet.n_samples == 0
+    assert alexnet.fit is not None and alexnet.fit["gpu"] == "P100"
+    assert "SoCC'18" in alexnet.fit["source"]
+    # Every spelling is its own global profile with the same figure.
+    bidaf = store.read("workload:*:bidaf")
+    assert bidaf is not None and bidaf.cpus_per_gpu == 8
+    # The site's own bert profile (not in the table) is untouched.
+    bert = store.read("workload:*:bert")
+    assert bert is not None and bert.cpus_per_gpu == 12
+
+
+def test_starter_keeps_a_sites_own_profile_unless_replace(store: ProfileStore) -> None:
+    store.write(profile("workload:*:alexnet", 6, source="import"))
+    r = cli("--store", str(store.root), "starter")
+    assert r.rc == 0 and "kept: workload:*:alexnet (import, 6 per GPU)" in r.err
+    assert "1 kept as they were" in r.out
+    kept = store.read("workload:*:alexnet")
+    assert kept is not None and kept.cpus_per_gpu == 6
+    r = cli("--store", str(store.root), "starter", "--replace")
+    replaced = store.read("workload:*:alexnet")
+    assert r.rc == 0 and replaced is not None and replaced.cpus_per_gpu == 19
+
+
+def test_starter_scale_rewrites_starter_profiles_rounding_up(store: ProfileStore) -> None:
+    assert cli("--store", str(store.root), "starter").rc == 0
+    r = cli("--store", str(store.root), "starter", "--scale", "1.5")
+    assert r.rc == 0, r.err
+    alexnet = store.read("workload:*:alexnet")
+    lm = store.read("workload:*:languagemodel")
+    assert alexnet is not None and alexnet.cpus_per_gpu == 29  # ceil(19 x 1.5)
+    assert lm is not None and lm.cpus_per_gpu == 2
+    assert alexnet.fit is not None and alexnet.fit["measured_cores_per_gpu"] == 19
+
+
+@pytest.mark.parametrize("scale", ["nan", "0", "-1", "11", "inf"])
+def test_starter_refuses_a_bad_scale(store: ProfileStore, scale: str) -> None:
+    r = cli("--store", str(store.root), "starter", "--scale", scale)
+    assert r.rc == 2 and "--scale" in r.err
+    assert store.read("workload:*:alexnet") is None
+
+
+def test_starter_list_writes_nothing_and_names_sources(store: ProfileStore) -> None:
+    r = cli("--store", str(store.root), "starter", "--list", "--json")
+    doc = json.loads(r.out)
+    rows = {p["signature"]: p for p in doc["profiles"]}
+    assert rows["workload:*:alexnet"]["cpus_per_gpu"] == 19
+    assert rows["workload:*:resnet50"]["gpu"] == "H200" and rows["workload:*:resnet50"]["note"]
+    assert store.read("workload:*:alexnet") is None
+    text = cli("--store", str(store.root), "starter", "--list").out
+    assert "alexnet" in text and "P100" in text and "resnet50: JPEG" in text

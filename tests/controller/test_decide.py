@@ -201,9 +201,20 @@ CASES: list[Case] = [
         None,
     ),
     (
-        "shared-weak",
+        # A weak shared profile is not used as the workload's profile, but its name is in
+        # the job's text: a prior (PriorsFromNames=yes, the default).
+        "shared-weak-prior",
         job(comment="coda:workload=shared-weak"),
         cfg(),
+        no_cap,
+        "default",
+        "gres:gpu:7",
+        None,
+    ),
+    (
+        "shared-weak",
+        job(comment="coda:workload=shared-weak"),
+        cfg(priors_from_names=False),
         no_cap,
         "skip",
         None,

@@ -177,3 +177,9 @@ def test_sacct_trace_reads_names_with_the_delimiter_and_line_breaks(
     assert trace.gpus.tolist() == [2, 1, 0]
     assert trace.duration_s.tolist() == [10.0, 60.0, 2.0]
     assert sorted(trace.workload_names) == ["alice/a|b", "alice/plain", "alice/x\ny|z"]
+
+
+def test_report_of_a_job_sized_by_a_prior_names_it() -> None:
+    record = RECORD.replace("src=default", "src=prior:alexnet").replace("cpg=4", "cpg=19")
+    text = render(_report(record))
+    assert 'from the prior "alexnet" the job names' in text

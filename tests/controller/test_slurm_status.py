@@ -857,3 +857,19 @@ def test_a_fifo_where_the_journal_belongs_is_unreadable_not_a_hang(site: Path) -
     ).stdout
     assert "not known: the decision journal is unreadable" in out
     assert "not a regular file" in out
+
+
+def test_the_priors_are_summed_into_one_source_naming_the_most_used() -> None:
+    from slurm_plugin.cli.status import _sources_line
+
+    by_src = {"default": 3, "prior:alexnet": 4, "prior:bert": 1, "profile": 9}
+    assert _sources_line(by_src) == "default 3, profile 9, prior 5 (alexnet 4, bert 1)"
+    many = {f"prior:m{i}": 1 for i in range(7)}
+    assert _sources_line(many).endswith("m4 1, 2 more)")
+
+
+def test_a_prior_is_counted_as_the_global_profile_it_names() -> None:
+    from slurm_plugin.hook.journal import _profile_of
+
+    assert _profile_of("prior:alexnet", "script:1000:0123456789abcdef") == "workload:*:alexnet"
+    assert _profile_of("default", "script:1000:0123456789abcdef") is None

@@ -548,3 +548,35 @@ def test_interactive_stderr_stays_the_programs_unless_the_site_says_all(
         stderr, record = srun()
         assert "srun: coda (if Slurm accepts the job): --cpus-per-gpu=3" in stderr, stderr
         assert record["cpg"] == "3"
+
+
+def test_a_never_seen_script_naming_a_model_gets_the_models_prior(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    """A starter-table profile (confidence far below MinConfidence) is never taken as the
+    workload's profile, but a script that names its model gets its cores per GPU."""
+    path = put_profile(cluster, "workload:*:priornet", 11, confidence=0.1, n_samples=0)
+    try:
+        wait_for_reload(cluster)
+        script = "#!/bin/sh\nsrun python train.py --arch PriorNet_v2\nsleep 300\n"
+        local = tmp_path / "train.sh"
+        local.write_text(script)
+        coda_slurm = str(Path(sys.executable).with_name("coda-slurm"))
+        predicted = json.loads(
+            cluster.run([coda_slurm, "predict", "--json", "--gpus-per-node=1", str(local)]).stdout
+        )
+        _, fields, said = submit(cluster, ["--gpus-per-node=1"], script)
+        assert cpus_per_tres(fields) == gres("gres:gpu:11")
+        assert predicted["cpus_per_tres_after"] == fields["CpusPerTres"]
+        assert predicted["src"] == "prior:priornet"
+        record = parse_admin_record(fields["AdminComment"])
+        assert (record["action"], record["src"]) == ("default", "prior:priornet")
+        assert record["cpg"] == "11"
+        assert record["sig"].startswith("script:")  # the job keeps its own identity
+        assert 'the job names "priornet"' in said
+        # Without the name, the same kind of job is left to Slurm's DefCpuPerGPU.
+        _, plain, _ = submit(cluster, ["--gpus-per-node=1"], "#!/bin/sh\nsleep 300\n")
+        assert cpus_per_tres(plain) is None
+    finally:
+        path.unlink()
+        wait_for_reload(cluster)

@@ -13,7 +13,9 @@ from coda_common.config.values import (
     partition_list,
     path_or_none,
     positive_float,
+    prior_aliases,
     signature_ignore,
+    yes_no,
 )
 from coda_common.signature import DEFAULT_SPEC
 
@@ -94,6 +96,28 @@ MULTI_NODE_GPU_CAP = key(
     ints(1),
     "Multi-node jobs: per-GPU CPU demand is scaled as if a node had at most this many "
     "GPUs (CODA: multi-node demand is at most the 1-node-2-GPU demand).",
+)
+
+PRIORS_FROM_NAMES = key(
+    "PriorsFromNames",
+    "yes|no",
+    "yes",
+    yes_no,
+    "A GPU job without a confident profile of its own gets at least the cores per GPU of "
+    "the global profile (workload:*:NAME) its coda:workload= name, job name or batch "
+    "script names as a whole word (case-insensitive; - _ . alike; the script's first 48 "
+    "KiB and last 16 KiB), within MinCpusPerGpu, MaxCpusPerGpu, the node cap and the "
+    "user-value rules; never fewer than without it. Its record says src=prior:NAME.",
+)
+
+PRIOR_ALIASES = key(
+    "PriorAliases",
+    "list of NAME:ALIAS",
+    "",
+    prior_aliases,
+    "Other spellings that name a global profile as a prior, e.g. "
+    "resnet50:resnet-50,resnet50:rn50 (letters, digits, - _ . ; at least 2 characters "
+    "and one letter each).",
 )
 
 HOOK_BUDGET_MS = key(

@@ -1,0 +1,165 @@
+"""Priors from names: a never-seen workload whose script names a model the site has a
+profile for starts from that profile's cores per GPU.  Pure and stdlib-only.
+
+Every global profile ``workload:*:NAME`` (``coda-slurm profiles import``, the starter
+table of ``coda-slurm profiles starter``) is a *prior* for a GPU job that has no confident
+profile of its own, when the job's text names NAME: the ``coda:workload=`` name, the job
+name, or the batch script (``srun python train.py --arch alexnet``, ``--model=bert-base``,
+``model_name: vit_b_16``, ``from_pretrained("gpt2")``).  coda.conf ``PriorAliases`` adds
+other spellings of a NAME; ``PriorsFromNames=no`` turns it off.
+
+Matching.  Text and names are compared in lower case, with ``-``, ``_`` and ``.``
+equivalent.  A *word* is a run of ASCII letters and digits; NAME's words (split at ``-``
+``_`` ``.``) must appear in the text as whole words in a row, joined by one of ``-`` ``_``
+``.``: ``resnet50`` matches ``--arch ResNet50`` and ``torchvision.models.resnet50`` but not
+``resnet50x4`` or ``resnet-50`` (an alias covers that), ``bert`` matches
+``bert-base-uncased``, ``vit-b-16`` matches ``vit_b_16``.  A NAME without a letter, with
+fewer than two characters, or with a character other than letters, digits, ``-``, ``_``
+and ``.`` is never matched.
+
+Bounded work on hostile text.  Job text is the user's: the scan reads at most
+:data:`SCAN_HEAD_CHARS` from the start of a script and :data:`SCAN_TAIL_CHARS` from its
+end (where a launcher's command line usually is), whatever the script's size.  Words are
+found by one linear pass of a character-class regular expression; one-word names are a
+set intersection; a several-word name is checked only when its first word is in the text,
+by a pattern of literals and one-character classes (no repeat to backtrack into), at most
+:data:`MAX_PHRASE_CHECKS` of them per job.  So a job costs at most a fixed amount however
+large or adversarial its script and however many profiles the site holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from coda_common.signature import normalize_name
+from coda_common.store.request import ProfileView
+
+__all__ = [
+    "GLOBAL_PREFIX",
+    "MAX_PHRASE_CHECKS",
+    "SCAN_HEAD_CHARS",
+    "SCAN_TAIL_CHARS",
+    "PriorIndex",
+    "index_for",
+    "scan_text",
+]
+
+GLOBAL_PREFIX = "workload:*:"
+"""Store keys of the profiles that serve as priors (``coda_common.signature.global_key``)."""
+
+SCAN_HEAD_CHARS = 48 * 1024
+"""Characters read from the start of a script."""
+SCAN_TAIL_CHARS = 16 * 1024
+"""Characters read from the end of a script longer than head and tail together."""
+MAX_PHRASE_CHECKS = 32
+"""Several-word names checked per job, at most (their first word must be in the text)."""
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def scan_text(job_name: str | None, script: str | None, workload: str | None) -> str:
+    """The job's text a prior may be named in, lower case and bounded: the ``coda:workload=``
+    name, the job name, and the script's first :data:`SCAN_HEAD_CHARS` and last
+    :data:`SCAN_TAIL_CHARS` characters, one per line."""
+    parts = [p for p in (workload, job_name) if p]
+    if script:
+        if len(script) > SCAN_HEAD_CHARS + SCAN_TAIL_CHARS:
+            parts += (script[:SCAN_HEAD_CHARS], script[-SCAN_TAIL_CHARS:])
+        else:
+            parts.append(script)
+    # A job name is at most a few hundred characters (Slurm truncates nothing, but sbatch
+    # sends what the user typed): bound it like the script's head.
+    return "\n".join(p[:SCAN_HEAD_CHARS] for p in parts).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class _Phrase:
+    pattern: re.Pattern[str]
+    names: tuple[str, ...]
+
+
+class PriorIndex:
+    """The priors of one profile snapshot: which profile NAMEs each spelling stands for."""
+
+    __slots__ = ("_firsts", "_phrases", "_single", "views")
+
+    def __init__(
+        self,
+        views: Mapping[str, ProfileView],
+        aliases: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        self.views: dict[str, ProfileView] = dict(views)
+        """Profile NAME -> its global profile."""
+        spellings: dict[tuple[str, ...], set[str]] = {}
+        for name in self.views:
+            words = normalize_name(name)
+            if words is not None:
+                spellings.setdefault(words, set()).add(name)
+        for alias, name in aliases:
+            words = normalize_name(alias)
+            if words is not None and name in self.views:
+                spellings.setdefault(words, set()).add(name)
+        single: dict[str, tuple[str, ...]] = {}
+        phrases: dict[str, list[_Phrase]] = {}
+        for words, names in spellings.items():
+            ordered = tuple(sorted(names))
+            if len(words) == 1:
+                single[words[0]] = ordered
+                continue
+            # Literals joined by a one-character class, bounded by look-arounds of one
+            # character: nothing a match can backtrack into.
+            body = "[-_.]".join(re.escape(w) for w in words)
+            pattern = re.compile(f"(?<![a-z0-9]){body}(?![a-z0-9])")
+            phrases.setdefault(words[0], []).append(_Phrase(pattern, ordered))
+        self._single = single
+        self._phrases = phrases
+        self._firsts = frozenset(single) | frozenset(phrases)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def match(self, text: str) -> tuple[str, ...]:
+        """The profile NAMEs ``text`` (from :func:`scan_text`) names, sorted."""
+        if not self._firsts:
+            return ()
+        words = _WORD.findall(text)
+        if self._firsts.isdisjoint(words):
+            return ()  # the common case: nothing in the text is the start of any name
+        found: set[str] = set()
+        for word in self._single.keys() & set(words):
+            found.update(self._single[word])
+        checks = 0
+        for first in sorted(self._phrases.keys() & set(words)):
+            for phrase in self._phrases[first]:
+                if checks >= MAX_PHRASE_CHECKS:
+                    return tuple(sorted(found))
+                checks += 1
+                if phrase.pattern.search(text) is not None:
+                    found.update(phrase.names)
+        return tuple(sorted(found))
+
+
+_EMPTY = PriorIndex({})
+_index_memo: tuple[Mapping[str, ProfileView], tuple[tuple[str, str], ...], PriorIndex] | None = None
+
+
+def index_for(
+    profiles: Mapping[str, ProfileView], aliases: tuple[tuple[str, str], ...] = ()
+) -> PriorIndex:
+    """The :class:`PriorIndex` of ``profiles``' global profiles with ``aliases``, built once
+    per snapshot object (the store's cache hands out the same immutable mapping until a
+    profile changes; the submit hook builds it on its reload thread, right after a refresh)."""
+    global _index_memo
+    memo = _index_memo
+    if memo is not None and memo[0] is profiles and memo[1] == aliases:
+        return memo[2]
+    views = {
+        key[len(GLOBAL_PREFIX) :]: view
+        for key, view in profiles.items()
+        if key.startswith(GLOBAL_PREFIX)
+    }
+    index = PriorIndex(views, aliases) if views else _EMPTY
+    _index_memo = (profiles, aliases, index)
+    return index
