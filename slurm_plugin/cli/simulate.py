@@ -12,10 +12,10 @@ import numpy as np
 
 from coda_common.cli import CliError, FiniteFloatRange, emit_json
 from coda_common.config.codaconf import parse_config
+from coda_common.model.starter import STARTER_CONFIDENCE
 from coda_common.slurm.conffile import ConfigError
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, RunResult, SimParams, simulate
-from slurm_plugin.sim.profiling import STARTER_CONFIDENCE
 from slurm_plugin.sim.report import (
     SCHEMA_VERSION,
     Summary,

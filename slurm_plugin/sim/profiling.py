@@ -22,6 +22,7 @@ import numpy as np
 from coda_common.config.codaconf import CodaConfig
 from coda_common.model.curves import throughput_at
 from coda_common.model.fit import is_censored, refit_profile
+from coda_common.model.starter import STARTER_CONFIDENCE, STARTER_SOURCE
 from coda_common.store.profiles import Profile, Sample, to_view
 from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
 from coda_node.policy.observe import Progress, SignalParams
@@ -33,10 +34,6 @@ from slurm_plugin.sim.workloads import JobModel, Workloads
 
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""
-
-STARTER_CONFIDENCE = 0.5
-"""Confidence of a starter table's profiles: below MinConfidence (0.8 by default), so the
-hook takes one only as a prior, never as a job's profile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +147,12 @@ class OnlineProfiling:
         return f"workload:{1000 + wid}:{self.wl.label(wid)}"
 
     def import_table(self, table: tuple[tuple[str, int], ...], now: float) -> None:
-        """An admin imported ``table`` (model, cores per GPU): one global profile
-        ``workload:*:MODEL`` per model, at :data:`STARTER_CONFIDENCE`."""
+        """An admin imported ``table`` (model, cores per GPU) as ``coda-slurm profiles
+        starter`` does: one global profile ``workload:*:MODEL`` per model, at the starter
+        table's confidence (below MinConfidence: a prior only). Before the first decision:
+        the hook's index of priors is built once per profile mapping
+        (:func:`slurm_plugin.decision.priors.index_for`), and the run adds only users'
+        profiles to it afterwards."""
         for name, cpus_per_gpu in table:
             sig = f"workload:*:{name}"
             prof = Profile(
@@ -161,7 +162,7 @@ class OnlineProfiling:
                 confidence=STARTER_CONFIDENCE,
                 n_samples=0,
                 updated_unix_s=now,
-                source="starter table",
+                source=STARTER_SOURCE,
             )
             self.views[sig] = to_view(prof)
         self.decided.clear()

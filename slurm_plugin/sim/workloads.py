@@ -412,7 +412,8 @@ def assign_workloads(
 def starter_table(wl: Workloads, error: float, seed: int) -> dict[str, int]:
     """A table of models' cores per GPU, as an admin would import it: each model of ``wl``
     at its :attr:`Workloads.model_cores_per_gpu`, times ``1 + error`` or ``1 - error`` by
-    a fair coin per model and seed (0: exact), rounded, at least 1."""
+    a fair coin per model and seed (0: exact), rounded up as ``coda-slurm profiles
+    starter --scale`` rounds (:func:`coda_common.model.starter.scaled_cores`)."""
     if not (math.isfinite(error) and 0.0 <= error < 1.0):
         raise ValueError(f"a starter table's error is a share from 0 to below 1, got {error!r}")
     table: dict[str, int] = {}
@@ -420,7 +421,7 @@ def starter_table(wl: Workloads, error: float, seed: int) -> dict[str, int]:
         if error:
             up = np.random.default_rng(_stable_seed(seed, "starter-error", name)).random() < 0.5
             cores *= (1.0 + error) if up else (1.0 - error)
-        table[name] = max(1, round(cores))
+        table[name] = max(1, math.ceil(cores - 1e-9))
     return table
 
 

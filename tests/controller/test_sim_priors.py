@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -136,11 +137,11 @@ def test_the_starter_table_has_each_classes_sweet_spot_and_its_error_is_up_or_do
     wl = assign_workloads(_philly_like(), MODEL, 1)
     exact = starter_table(wl, 0.0, 1)
     base = {c.name.lower(): c.cores_per_gpu for c in CLASSES}
-    assert exact == {m: max(1, round(base[m])) for m in exact}
+    assert exact == {m: max(1, math.ceil(base[m])) for m in exact}
     assert len(exact) == len(CLASSES)
     off = starter_table(wl, 0.3, 1)
     for m, cores in off.items():
-        assert cores in (max(1, round(base[m] * 1.3)), max(1, round(base[m] * 0.7)))
+        assert cores in (math.ceil(base[m] * 1.3 - 1e-9), max(1, math.ceil(base[m] * 0.7 - 1e-9)))
     assert off == starter_table(wl, 0.3, 1)  # the same seed, the same table
     assert any(
         starter_table(wl, 0.3, seed) != off for seed in range(2, 6)
@@ -167,7 +168,7 @@ def test_cli_json_has_the_second_half_and_the_starter_table() -> None:
     assert 0 < half["gpu_busy"] <= 1 and half["dnn_jct_mean_s"] > 0
     text = runner.invoke(cli, [*ARGS, "--second-half", "--starter-table"]).output
     assert "second half: GPU jobs from submission" in text
-    assert "coda policy's starter table (confidence 0.5): alexnet:19" in text
+    assert "coda policy's starter table (confidence 0.1): alexnet:19" in text
     plain = runner.invoke(cli, ARGS).output
     assert "second half" not in plain and "starter table" not in plain
 
@@ -188,3 +189,35 @@ def test_cli_refuses_bad_shares(extra: list[str], says: str) -> None:
     res = CliRunner().invoke(cli, [*ARGS, *extra])
     assert res.exit_code != 0
     assert says in res.output
+
+
+# --- the hook's prior in a run -------------------------------------------------------------
+
+
+def _first_run(klass: str, share_of: float, table: bool) -> tuple[int, int]:
+    """(cores, probed jobs) of a lone 1-GPU job of ``klass`` asking 2 cores, on a 24-core
+    4-GPU node (the node's share: 6 a GPU), with or without the starter table."""
+    weights = ",".join("1" if c.name == klass else "0" for c in CLASSES)
+    model = MODEL.with_params({"class_weights": weights, "script_names_model": str(share_of)})
+    trace = make_trace([(0.0, 20000.0, 1, 2, -1)], [])
+    wl = assign_workloads(trace, model, 1)
+    params = SimParams(check=True)
+    if table:
+        params = SimParams(check=True, starter_table=tuple(starter_table(wl, 0.0, 1).items()))
+    r = simulate(trace, uniform_nodes(1, 24, 4), wl, model, POLICIES["coda"], params)
+    return int(r.cores_per_node[0]), r.counters["probed_jobs"]
+
+
+def test_a_named_first_run_gets_the_priors_cores_and_is_still_profiled() -> None:
+    assert _first_run("Alexnet", 1.0, table=False) == (6, 1)  # the node's share
+    assert _first_run("Alexnet", 1.0, table=True) == (19, 1)  # AlexNet's 19, profiled all the same
+    assert _first_run("Alexnet", 0.0, table=True) == (6, 1)  # its script names no model
+
+
+def test_a_prior_below_the_default_never_lowers_it() -> None:
+    # LanguageModel's figure is 1 core a GPU: the first run keeps the node's share.
+    assert (
+        _first_run("LanguageModel", 1.0, table=True)[0]
+        == _first_run("LanguageModel", 1.0, table=False)[0]
+        == 6
+    )
