@@ -56,7 +56,9 @@ ERROR = 0.3
 """The starter table's error in ``coda+table±30%``."""
 
 
-def _child(trace_name: str, seed: int, conf: tuple[str, ...]) -> list[dict[str, Any]]:
+def _child(
+    trace_name: str, seed: int, conf: tuple[str, ...], param: tuple[str, ...]
+) -> list[dict[str, Any]]:
     """Every variant's summary for one trace and seed (run in its own process)."""
     from slurm_plugin.cli import simulate as cli
     from slurm_plugin.sim.engine import POLICIES, SimParams, _Sim
@@ -71,7 +73,7 @@ def _child(trace_name: str, seed: int, conf: tuple[str, ...]) -> list[dict[str, 
     cpu_load = float(opts.get("--cpu-load", 0.0))
     if cpu_load > 0:
         trace = cli._with_cpu_jobs(trace, nodes, cpu_load, seed)
-    model = cli._job_model(())
+    model = cli._job_model(param)
     named, stage_ms = cli._muri_inputs(trace, spec, model, [])
     wl = assign_workloads(trace, model, seed, named_classes=named)
     base: SimParams = cli._base_params(False, cli._checked_coda_conf(conf), stage_ms, None)
@@ -103,13 +105,19 @@ def _child(trace_name: str, seed: int, conf: tuple[str, ...]) -> list[dict[str, 
 
 
 def run(
-    traces: list[str], seeds: list[int], workers: int, conf: tuple[str, ...] = ()
+    traces: list[str],
+    seeds: list[int],
+    workers: int,
+    conf: tuple[str, ...] = (),
+    param: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     def one(job: tuple[str, int]) -> list[dict[str, Any]]:
         trace, seed = job
         argv = [sys.executable, __file__, "--child", trace, "--seeds", str(seed)]
         for item in conf:
             argv += ["--coda-conf", item]
+        for item in param:
+            argv += ["--param", item]
         proc = subprocess.run(argv, capture_output=True, text=True, check=True)
         return json.loads(proc.stdout)
 
@@ -249,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a coda.conf setting for every coda run (coda-slurm simulate --coda-conf)",
     )
+    ap.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a simulator assumption for every run (coda-slurm simulate --param)",
+    )
     ap.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     ap.add_argument("--from", dest="source", type=Path, help="runs from an earlier --json")
     ap.add_argument("--child", metavar="TRACE", help=argparse.SUPPRESS)
@@ -258,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
     if a.child:
-        print(json.dumps(_child(a.child, seeds[0], tuple(a.coda_conf)), default=str))
+        print(
+            json.dumps(_child(a.child, seeds[0], tuple(a.coda_conf), tuple(a.param)), default=str)
+        )
         return 0
     t0 = time.perf_counter()
     traces = a.trace or list(TRACES)
@@ -267,12 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         traces = list(dict.fromkeys(r["trace"] for r in rows))
         seeds = sorted({int(r["seed"]) for r in rows})
     else:
-        rows = run(traces, seeds, a.workers, tuple(a.coda_conf))
+        rows = run(traces, seeds, a.workers, tuple(a.coda_conf), tuple(a.param))
     if a.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
     sizes = "; ".join(f"{t}: {' '.join(TRACES[t])}" for t in traces)
     conf = "".join(f" --coda-conf {c}" for c in a.coda_conf)
+    conf += "".join(f" --param {p}" for p in a.param)
     print(f"coda-slurm simulate{conf}, seeds {','.join(map(str, seeds))} ({sizes})")
     print(table(rows))
     print()
