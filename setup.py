@@ -9,6 +9,10 @@ setup(
     name="coda-slurm",
     version="0.1.0",
     description="Make Slurm CPU-aware for GPU training jobs (after CODA, ICDCS 2020)",
+    license="GPL-2.0-or-later",
+    classifiers=[
+        "License :: OSI Approved :: GNU General Public License v2 or later (GPLv2+)",
+    ],
     long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",

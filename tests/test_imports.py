@@ -77,6 +77,7 @@ PURE = {
     },
     "slurm_plugin": {
         "decision.decide",
+        "decision.priors",
         "decision.placement",
         "decision.colocate",
         "decision.tres",

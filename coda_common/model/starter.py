@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 from coda_common.model.curves import REFERENCE_WORKLOADS
+from coda_common.store.profiles import Profile
 
 __all__ = [
     "STARTER_CONFIDENCE",
@@ -42,6 +43,7 @@ __all__ = [
     "STARTER_TABLE",
     "StarterEntry",
     "scaled_cores",
+    "starter_profiles",
 ]
 
 STARTER_SOURCE = "starter"
@@ -107,3 +109,36 @@ STARTER_TABLE: tuple[StarterEntry, ...] = (
 def scaled_cores(entry: StarterEntry, scale: float) -> int:
     """``entry``'s cores per GPU times ``scale``, rounded up, at least 1."""
     return max(1, math.ceil(entry.cores_per_gpu * scale - 1e-9))
+
+
+def starter_profiles(scale: float, now_unix_s: float) -> list[Profile]:
+    """One global profile ``workload:*:NAME`` per NAME and spelling of the table, its figure
+    times ``scale`` (:func:`scaled_cores`), at :data:`STARTER_CONFIDENCE` with source
+    :data:`STARTER_SOURCE`; ``fit`` says where the figure comes from."""
+    out = []
+    for entry in STARTER_TABLE:
+        fit = {
+            "method": "starter",
+            "measured_cores_per_gpu": entry.cores_per_gpu,
+            "scale": scale,
+            "gpu": entry.gpu,
+            "host_cores": entry.host_cores,
+            "source": entry.source,
+        }
+        if entry.note:
+            fit["note"] = entry.note
+        for name in (entry.name, *entry.spellings):
+            out.append(
+                Profile(
+                    signature=f"workload:*:{name}",
+                    workload=name,
+                    cpus_per_gpu=scaled_cores(entry, scale),
+                    confidence=STARTER_CONFIDENCE,
+                    n_samples=0,
+                    updated_unix_s=now_unix_s,
+                    source=STARTER_SOURCE,
+                    gpu_model=entry.gpu,
+                    fit=dict(fit),
+                ).validated(f"starter entry {name}")
+            )
+    return out

@@ -4,7 +4,7 @@ Pure and stdlib-only: the decision (:mod:`slurm_plugin.decision.decide`) writes 
 journal, ``coda-slurm status``/``job`` and the node daemon (:mod:`coda_node.system.slurmjobs`) read
 it back with :func:`parse_admin_record`.
 
-Admin record (``Decision.admin_comment``), one token without blanks, < 200 characters::
+Admin record (``Decision.admin_comment``), one token without blanks, < 300 characters::
 
     coda:sig=<KEY>;cpg=<N>;was=<WAS>;action=<ACTION>;src=<SRC>[;would=<ACTION>];gpn=<N>;nodes=<N>
 
@@ -15,8 +15,10 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 200 chara
     was     the user's explicit request before CODA: cpg:<N> (--cpus-per-gpu=N),
             cpt:<N> (--cpus-per-task=N), empty when none
     action  Decision.action
-    src     profile (the user's own key), global (workload:*:<NAME>), default
-            (DefaultCpusPerGpu), none (no confident profile)
+    src     profile (the user's own key), global (workload:*:<NAME> its directive
+            named), prior:<NAME> (workload:*:<NAME> its job name or script named, used as
+            a floor; slurm_plugin.decision.priors), default (DefaultCpusPerGpu), none (no
+            confident profile)
     would   only with action=advise: the action enforce mode would have taken
     gpn     GPUs per node as CODA computed it;  nodes: node count assumed
     cpt     only where the user asked ``--cpus-per-task`` and CODA rewrote it (or, with

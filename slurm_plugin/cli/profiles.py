@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as replace_fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,9 @@ from coda_common.model.starter import (
     STARTER_TABLE,
     StarterEntry,
     scaled_cores,
+    starter_profiles,
 )
+from coda_common.signature import name_problem
 from coda_common.store.profiles import (
     Profile,
     ProfileFormatError,
@@ -38,6 +42,8 @@ from coda_common.store.profiles import (
 )
 
 EXPORT_FORMAT = "coda-profiles-export"
+_WORKLOAD_NAME_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+"""What ``coda:workload=NAME`` accepts (coda_common.signature)."""
 EXPORT_FORMAT_VERSION = 1
 
 _META_KEY = "coda.profiles.options"
@@ -562,7 +568,7 @@ def starter_cmd(scale: float, replace: bool, show: bool, as_json: bool) -> None:
         _show_starter(rows, scale, as_json)
         return
     store = _open_store()
-    parsed = [_starter_profile(entry, name, cores, scale, now) for entry, name, cores in rows]
+    parsed = starter_profiles(scale, now)
     kept: list[Profile] = []
     for p in parsed:
         try:
@@ -583,32 +589,6 @@ def starter_cmd(scale: float, replace: bool, show: bool, as_json: bool) -> None:
         f"Imported {len(kept)} starter profile(s) into {store.root} at confidence "
         f"{STARTER_CONFIDENCE:g}, scale {scale:g}{note}."
     )
-
-
-def _starter_profile(
-    entry: StarterEntry, name: str, cores: int, scale: float, now: float
-) -> Profile:
-    fit = {
-        "method": "starter",
-        "measured_cores_per_gpu": entry.cores_per_gpu,
-        "scale": scale,
-        "gpu": entry.gpu,
-        "host_cores": entry.host_cores,
-        "source": entry.source,
-    }
-    if entry.note:
-        fit["note"] = entry.note
-    return Profile(
-        signature=f"workload:*:{name}",
-        workload=name,
-        cpus_per_gpu=cores,
-        confidence=STARTER_CONFIDENCE,
-        n_samples=0,
-        updated_unix_s=now,
-        source=STARTER_SOURCE,
-        gpu_model=entry.gpu,
-        fit=fit,
-    ).validated(f"starter entry {name}")
 
 
 def _show_starter(rows: list[tuple[StarterEntry, str, int]], scale: float, as_json: bool) -> None:
@@ -676,6 +656,56 @@ def export_cmd(file: str) -> None:
     except OSError as exc:
         raise CliError(f"cannot write {file}", _why(exc)) from exc
     click.echo(f"Exported {len(found)} profile(s) to {file}.", err=True)
+
+
+@profiles.command("share")
+@click.argument("key", metavar="SIGNATURE-OR-WORKLOAD")
+@click.option(
+    "--as",
+    "name",
+    metavar="NAME",
+    help="The shared profile's NAME (workload:*:NAME); default: the profile's workload.",
+)
+@click.option(
+    "--replace", is_flag=True, help="Overwrite a shared profile that is not a starter one."
+)
+def share_cmd(key: str, name: str | None, replace: bool) -> None:
+    """Copy one user's measured profile to the shared key workload:*:NAME, where every
+    user's jobs reach it: with --comment=coda:workload=NAME, and as a prior for scripts that
+    name NAME (PriorsFromNames). A starter profile of that NAME is replaced."""
+    store = _open_store()
+    p = _find(store, key)
+    if name is None:
+        if not p.signature.startswith("workload:"):
+            # A script's workload label is its job name (train.sh, run.sh): as a prior it
+            # would name every script that mentions it.  The model's name must be given.
+            raise CliError(
+                f"{p.signature} names no model", "pass --as NAME, the model its script trains"
+            )
+        name = p.workload
+    problem = name_problem(name)
+    if problem is None and _WORKLOAD_NAME_CHARS.fullmatch(name) is None:
+        problem = "must be at most 64 characters"
+    if problem is not None:
+        raise CliError(f"cannot share {p.signature} as {name!r}", f"NAME {problem}; pass --as NAME")
+    signature = f"workload:*:{name}"
+    if signature == p.signature:
+        raise CliError(f"{p.signature} is already shared")
+    try:
+        existing = store.read(signature)
+    except ProfileFormatError:
+        existing = None
+    if existing is not None and existing.source != STARTER_SOURCE and not replace:
+        raise CliError(
+            f"{signature} exists ({existing.source}, {existing.cpus_per_gpu} per GPU)",
+            "pass --replace to overwrite it",
+        )
+    shared = replace_fields(p, signature=signature, workload=name, source=f"shared:{p.signature}")
+    _write_all(store, [shared.validated(f"shared copy of {p.signature}")])
+    click.echo(
+        f"Shared {p.signature} as {signature}: {shared.cpus_per_gpu} cores per GPU, "
+        f"confidence {shared.confidence:.2f}, {shared.n_samples} samples."
+    )
 
 
 @profiles.command("delete")

@@ -40,6 +40,7 @@ import click
 from coda_common.cli import CliError, conf_option, emit_json
 from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
+from coda_common.model.starter import STARTER_SOURCE
 from coda_common.slurm.conffile import ConfigError
 from coda_common.store.profiles import ProfileFormatError, ProfileStore, StoreUnavailable
 from slurm_plugin.cli.profiles import format_age, format_table
@@ -310,6 +311,7 @@ def read_store(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         summary.update(readable=False, error=why)
         return summary, []
     summary["profiles"] = len(rows)
+    summary["starter"] = sum(1 for r in rows if r["source"] == STARTER_SOURCE)
     if rows:
         summary["newest_updated_unix_s"] = max(r["updated_unix_s"] for r in rows)
         summary["oldest_updated_unix_s"] = min(r["updated_unix_s"] for r in rows)
@@ -994,6 +996,8 @@ def _store_lines(doc: dict[str, Any]) -> list[str]:
             f", newest written {_ago(now, store['newest_updated_unix_s'])}, oldest "
             f"{_ago(now, store['oldest_updated_unix_s'])}"
         )
+    if store.get("starter"):
+        text += f", {store['starter']} of them the starter table's (priors, not measured)"
     if store["unusable"]:
         text += f", {store['unusable']} unusable"
     return [text]
@@ -1113,10 +1117,11 @@ def _profile_lines(doc: dict[str, Any]) -> list[str]:
             str(p["n_samples"]),
             format_age(now - p["updated_unix_s"]),
             str(p["jobs"]),
+            _source_cell(p["source"]),
         ]
         for p in profiles[:PROFILE_ROWS]
     ]
-    headers = ["  SIGNATURE", "CORES/GPU", "CONFIDENCE", "SAMPLES", "UPDATED", "JOBS"]
+    headers = ["  SIGNATURE", "CORES/GPU", "CONFIDENCE", "SAMPLES", "UPDATED", "JOBS", "SOURCE"]
     lines.append(format_table(headers, rows, right={1, 2, 3, 5}))
     if len(profiles) > PROFILE_ROWS:
         lines.append(f"  ... and {len(profiles) - PROFILE_ROWS} more (`coda-slurm profiles list`)")
@@ -1199,3 +1204,10 @@ def _sources_line(by_src: Mapping[str, int]) -> str:
         more = f", {len(priors) - 5} more" if len(priors) > 5 else ""
         items.append(f"prior {sum(n for n, _ in priors)} ({named}{more})")
     return ", ".join(items)
+
+
+def _source_cell(source: str) -> str:
+    """A profile's source for the table: ``starter (prior)`` for a table figure."""
+    if source == STARTER_SOURCE:
+        return "starter (prior)"
+    return source if len(source) <= 32 else source[:31] + "…"

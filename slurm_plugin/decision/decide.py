@@ -6,9 +6,11 @@ a node-size cap, and returns a :class:`Decision` the job_submit hook applies ver
 Actions (:data:`ACTIONS`, a closed set)::
 
     set      no user value; cpus_per_tres set to the profile's prediction
-    default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu
+    default  no user value, no confident profile; cpus_per_tres set to DefaultCpusPerGpu,
+             or to a prior's value where one the job names gives more (``src=prior:NAME``,
+             :mod:`slurm_plugin.decision.priors`)
     raise    UnprofiledUserValue=raise, no confident profile and the user's per-GPU value
-             is below DefaultCpusPerGpu: set to DefaultCpusPerGpu
+             is below DefaultCpusPerGpu (or the prior's value): set to that
     keep     the user's --cpus-per-gpu / --cpus-per-task left as is (UserValue=keep, or
              UserValue=lower and the prediction is not lower, or no confident profile and
              no raise)
@@ -710,14 +712,15 @@ def _prior(
     """The prior the job's text names (:mod:`slurm_plugin.decision.priors`) that gives it
     more CPUs per GPU than ``without`` (what it gets without one), or None.  Of several
     named, the one giving the most wins (ties: the longer name, then the first in order)."""
-    index = priors.index_for(profiles, cfg.prior_aliases)
-    if not len(index):
+    names, views = priors.named(
+        profiles, cfg.prior_aliases, req.job_name, req.script, directives.workload
+    )
+    if not names:
         return None
-    names = index.match(priors.scan_text(req.job_name, req.script, directives.workload))
     best: tuple[int, int, str] | None = None
     best_note = ""
     for name in names:
-        view = index.views[name]
+        view = views[name]
         value, note = _clamp(
             predict_cpus_per_gpu(view, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, cap
         )
@@ -727,7 +730,7 @@ def _prior(
     if best is None or (without is not None and best[0] <= without):
         return None
     value, _, name = best
-    view = index.views[name]
+    view = views[name]
     label = quote_label(name)
     without_text = "" if without is None else f"; {without} without it"
     basis = (

@@ -20,18 +20,16 @@ and ``.`` is never matched.
 Bounded work on hostile text.  Job text is the user's: the scan reads at most
 :data:`SCAN_HEAD_CHARS` from the start of a script and :data:`SCAN_TAIL_CHARS` from its
 end (where a launcher's command line usually is), whatever the script's size.  Words are
-found by one linear pass of a character-class regular expression; one-word names are a
-set intersection; a several-word name is checked only when its first word is in the text,
-by a pattern of literals and one-character classes (no repeat to backtrack into), at most
+found by one ``bytes.translate`` and one ``split`` (no regular expression); one-word names
+are a set intersection; a several-word name is checked only when its first word is in the
+text, as a substring of the text's distinct joined runs of words, at most
 :data:`MAX_PHRASE_CHECKS` of them per job.  So a job costs at most a fixed amount however
 large or adversarial its script and however many profiles the site holds.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from coda_common.signature import normalize_name
 from coda_common.store.request import ProfileView
@@ -43,6 +41,7 @@ __all__ = [
     "SCAN_TAIL_CHARS",
     "PriorIndex",
     "index_for",
+    "named",
     "scan_text",
 ]
 
@@ -56,28 +55,39 @@ SCAN_TAIL_CHARS = 16 * 1024
 MAX_PHRASE_CHECKS = 32
 """Several-word names checked per job, at most (their first word must be in the text)."""
 
-_WORD = re.compile(r"[a-z0-9]+")
+
+def _table(joiner: int) -> bytes:
+    """A ``bytes.translate`` table: ASCII letters to lower case, digits kept, ``-`` ``_``
+    ``.`` to ``joiner``, every other byte (non-ASCII ones included) to a blank."""
+    out = bytearray(b" " * 256)
+    for c in range(256):
+        if 48 <= c <= 57 or 97 <= c <= 122:
+            out[c] = c
+        elif 65 <= c <= 90:
+            out[c] = c + 32
+        elif c in b"-_.":
+            out[c] = joiner
+    return bytes(out)
 
 
-def scan_text(job_name: str | None, script: str | None, workload: str | None) -> str:
-    """The job's text a prior may be named in, lower case and bounded: the ``coda:workload=``
-    name, the job name, and the script's first :data:`SCAN_HEAD_CHARS` and last
-    :data:`SCAN_TAIL_CHARS` characters, one per line."""
-    parts = [p for p in (workload, job_name) if p]
-    if script:
-        if len(script) > SCAN_HEAD_CHARS + SCAN_TAIL_CHARS:
-            parts += (script[:SCAN_HEAD_CHARS], script[-SCAN_TAIL_CHARS:])
-        else:
-            parts.append(script)
-    # A job name is at most a few hundred characters (Slurm truncates nothing, but sbatch
-    # sends what the user typed): bound it like the script's head.
-    return "\n".join(p[:SCAN_HEAD_CHARS] for p in parts).lower()
+_WORDS = _table(ord(" "))
+"""Splits text into words."""
+_RUNS = _table(ord("-"))
+"""Splits text into runs of words joined by ``-`` (each of ``-`` ``_`` ``.`` as ``-``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Phrase:
-    pattern: re.Pattern[str]
-    names: tuple[str, ...]
+def scan_text(job_name: str | None, script: str | None, workload: str | None) -> bytes:
+    """The job's text a prior may be named in, bounded: the ``coda:workload=`` name, the job
+    name, and the script's first :data:`SCAN_HEAD_CHARS` and last :data:`SCAN_TAIL_CHARS`
+    characters, one per line, as UTF-8 (undecodable bytes as they came)."""
+    if script and len(script) > SCAN_HEAD_CHARS + SCAN_TAIL_CHARS:
+        script = f"{script[:SCAN_HEAD_CHARS]}\n{script[-SCAN_TAIL_CHARS:]}"
+    # The job name is what the user typed: bound it like the script's head.
+    text = f"{workload or ''}\n{(job_name or '')[:SCAN_HEAD_CHARS]}\n{script or ''}"
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # lone surrogates that did not come from bytes
+        return text.encode("utf-8", "surrogatepass")
 
 
 class PriorIndex:
@@ -101,18 +111,16 @@ class PriorIndex:
             words = normalize_name(alias)
             if words is not None and name in self.views:
                 spellings.setdefault(words, set()).add(name)
-        single: dict[str, tuple[str, ...]] = {}
-        phrases: dict[str, list[_Phrase]] = {}
+        single: dict[bytes, tuple[str, ...]] = {}
+        phrases: dict[bytes, list[tuple[bytes, tuple[str, ...]]]] = {}
         for words, names in spellings.items():
             ordered = tuple(sorted(names))
             if len(words) == 1:
-                single[words[0]] = ordered
-                continue
-            # Literals joined by a one-character class, bounded by look-arounds of one
-            # character: nothing a match can backtrack into.
-            body = "[-_.]".join(re.escape(w) for w in words)
-            pattern = re.compile(f"(?<![a-z0-9]){body}(?![a-z0-9])")
-            phrases.setdefault(words[0], []).append(_Phrase(pattern, ordered))
+                single[words[0].encode()] = ordered
+            else:
+                # Looked up as "-w1-w2-" in the text's runs of joined words (see match()).
+                needle = ("-" + "-".join(words) + "-").encode()
+                phrases.setdefault(words[0].encode(), []).append((needle, ordered))
         self._single = single
         self._phrases = phrases
         self._firsts = frozenset(single) | frozenset(phrases)
@@ -120,24 +128,33 @@ class PriorIndex:
     def __len__(self) -> int:
         return len(self.views)
 
-    def match(self, text: str) -> tuple[str, ...]:
+    def match(self, text: bytes) -> tuple[str, ...]:
         """The profile NAMEs ``text`` (from :func:`scan_text`) names, sorted."""
         if not self._firsts:
             return ()
-        words = _WORD.findall(text)
+        # translate() and split() are single passes in C, whatever the text holds.
+        words = text.translate(_WORDS).split()
         if self._firsts.isdisjoint(words):
             return ()  # the common case: nothing in the text is the start of any name
+        present = set(words)
         found: set[str] = set()
-        for word in self._single.keys() & set(words):
+        for word in self._single.keys() & present:
             found.update(self._single[word])
-        checks = 0
-        for first in sorted(self._phrases.keys() & set(words)):
-            for phrase in self._phrases[first]:
-                if checks >= MAX_PHRASE_CHECKS:
-                    return tuple(sorted(found))
-                checks += 1
-                if phrase.pattern.search(text) is not None:
-                    found.update(phrase.names)
+        firsts = sorted(self._phrases.keys() & present) if self._phrases else ()
+        if firsts:
+            # Every run of words joined by - _ ., as "-w1-w2-...-" with one dash between
+            # words (a doubled joiner stays doubled), set apart by NULs, which no name
+            # holds: a several-word name is named where "-its-words-" is a substring of
+            # "-run1-\0-run2-\0...".  join() and substring search are linear and run in C.
+            blob = b"-" + b"-\0-".join(text.translate(_RUNS).split()) + b"-"
+            checks = 0
+            for first in firsts:
+                for needle, names in self._phrases[first]:
+                    if checks >= MAX_PHRASE_CHECKS:
+                        return tuple(sorted(found))
+                    checks += 1
+                    if needle in blob:
+                        found.update(names)
         return tuple(sorted(found))
 
 
@@ -163,3 +180,23 @@ def index_for(
     index = PriorIndex(views, aliases) if views else _EMPTY
     _index_memo = (profiles, aliases, index)
     return index
+
+
+def named(
+    profiles: Mapping[str, ProfileView],
+    aliases: tuple[tuple[str, str], ...],
+    job_name: str | None,
+    script: str | None,
+    workload: str | None,
+) -> tuple[tuple[str, ...], Mapping[str, ProfileView]]:
+    """``(NAMEs, their global profiles by NAME)`` of the priors a job's text names: what
+    :func:`index_for` and :func:`scan_text` give :meth:`PriorIndex.match`, in one call (the
+    submit hook runs it cold on every job without a profile, where each call costs)."""
+    memo = _index_memo
+    if memo is not None and memo[0] is profiles and memo[1] == aliases:
+        index = memo[2]
+    else:
+        index = index_for(profiles, aliases)
+    if not index._firsts:
+        return (), index.views
+    return index.match(scan_text(job_name, script, workload)), index.views

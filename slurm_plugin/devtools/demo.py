@@ -22,6 +22,7 @@ import numpy as np
 
 from coda_common.model.curves import REFERENCE_WORKLOADS, noisy_samples
 from coda_common.model.fit import ModelError, fit_curve, next_probe
+from coda_common.model.starter import starter_profiles
 from coda_common.store.profiles import Profile, ProfileStore, Sample
 from slurm_plugin.devtools.cluster import DevCluster
 
@@ -35,12 +36,18 @@ JOBS: tuple[tuple[str, list[str]], ...] = (
     ("deepspeech, --gres", ["--gres=gpu:a100:2", "--comment=coda:workload=deepspeech"]),
     ("googlenet, 4 GPUs", ["--gpus-per-node=4", "--comment=coda:workload=googlenet"]),
     ("unprofiled script", ["--gpus=1", "--job-name=new-model"]),
+    ("script names overfeat", ["--gpus=1", "--job-name=first-run"]),
     (
         "user asked 8/GPU",
         ["--gpus-per-node=1", "--cpus-per-gpu=8", "--comment=coda:workload=languagemodel"],
     ),
     ("CPU-only job", ["--ntasks=4"]),
 )
+
+
+SCRIPTS = {
+    "script names overfeat": "#!/bin/sh\nsrun python train.py --arch overfeat /data\n",
+}
 
 
 def profile_workload(name: str, sweet_spot: int, host_cores: int, seed: int) -> Profile:
@@ -119,14 +126,25 @@ def _profile(cluster: DevCluster, out: Callable[[str], object]) -> None:
             f"  {prof.workload:14} {ref.sweet_spot_cores:>5} {prof.cpus_per_gpu:>7} "
             f"{prof.n_samples:>7} {prof.confidence:>11.2f}\n"
         )
+    measured = {
+        p.signature for p in (store.read(f"workload:*:{w.lower()}") for w in DEMO_WORKLOADS) if p
+    }
+    starter = [p for p in starter_profiles(1.0, time.time()) if p.signature not in measured]
+    for p in starter:
+        store.write(p)
+    out(
+        f"\nImported {len(starter)} starter-table profiles (coda-slurm profiles starter): "
+        "priors for\nnever-seen scripts that name those models.\n"
+    )
 
 
 def _submit(cluster: DevCluster, out: Callable[[str], object]) -> None:
     """Submit the demo's jobs held, show what the hook made of each, then cancel them."""
     out("\nSubmitting with plain sbatch (node: 32 CPUs, 4 GPUs; partition DefCpuPerGPU=4):\n")
     rows = []
-    script = "#!/bin/sh\nsleep 60\n"
     for label, opts in JOBS:
+        # One never-seen script names its model: it gets the starter table's figure.
+        script = SCRIPTS.get(label, "#!/bin/sh\nsleep 60\n")
         job_id, said = cluster.sbatch(["--hold", *opts], script)
         fields = cluster.show_job(job_id)
         gpus = fields.get("TresPerNode") or fields.get("TresPerJob") or "-"

@@ -482,3 +482,34 @@ def test_starter_list_writes_nothing_and_names_sources(store: ProfileStore) -> N
     assert store.read("workload:*:alexnet") is None
     text = cli("--store", str(store.root), "starter", "--list").out
     assert "alexnet" in text and "P100" in text and "resnet50: JPEG" in text
+
+
+def test_share_copies_a_measured_profile_to_the_shared_key(store: ProfileStore) -> None:
+    assert cli("--store", str(store.root), "starter").rc == 0
+    store.write(profile("workload:1000:alexnet", 9))
+    r = cli("--store", str(store.root), "share", "workload:1000:alexnet")
+    assert r.rc == 0, r.err
+    shared = store.read("workload:*:alexnet")
+    # The site's own measurement replaces the starter figure.
+    assert shared is not None and (shared.cpus_per_gpu, shared.confidence) == (9, 0.85)
+    assert shared.source == "shared:workload:1000:alexnet" and len(shared.samples) == 2
+    # A second share would overwrite a measured shared profile: only with --replace.
+    r = cli("--store", str(store.root), "share", "workload:1000:alexnet")
+    assert r.rc == 1 and "pass --replace" in r.err
+
+
+def test_share_of_a_script_profile_needs_the_models_name(store: ProfileStore) -> None:
+    r = cli("--store", str(store.root), "share", "script:1000:0123456789abcdef")
+    assert r.rc == 1 and "pass --as NAME" in r.err
+    assert store.read("workload:*:run.sh") is None
+    r = cli("--store", str(store.root), "share", "script:1000:0123456789abcdef", "--as", "vit_b_16")
+    shared = store.read("workload:*:vit_b_16")
+    assert r.rc == 0 and shared is not None and shared.cpus_per_gpu == 4
+
+
+@pytest.mark.parametrize("name", ["x", "c++", "7", "bert--base", "a" * 65])
+def test_share_refuses_a_name_no_script_can_name(store: ProfileStore, name: str) -> None:
+    before = files(store.root)
+    r = cli("--store", str(store.root), "share", "workload:1000:train", "--as", name)
+    assert r.rc == 1 and "NAME" in r.err
+    assert files(store.root) == before

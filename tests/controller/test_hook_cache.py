@@ -492,3 +492,23 @@ def _ticks_by_hand_only() -> None:
     reloader = hook.current_state().reloader
     if reloader is not None:
         reloader.stop()
+
+
+def test_a_profile_imported_as_a_prior_sizes_the_next_job_naming_it(
+    lib: FakeLib, spy: DecideSpy, tmp_path: Path
+) -> None:
+    """A never-seen script that names a model: nothing until the site imports that model's
+    profile, then the prior (the memo is renewed with the snapshot); the prior index is
+    built on the reload tick, not under the job lock."""
+    from slurm_plugin.decision import priors
+
+    _ticks_by_hand_only()
+    case = {"tres_per_node": GPU, "script": "#!/bin/sh\nsrun python train.py --arch AlexNet\n"}
+    assert _submit(lib, case)[1][0] is None
+    ProfileStore(tmp_path / "profiles").write(_profile("alexnet", 12, confidence=0.1))
+    _reload_tick()
+    memo = priors._index_memo
+    assert memo is not None and memo[0] is hook.current_state().cache.snapshot()
+    _rc, fields, _cpt, said, _lines = _submit(lib, case)
+    assert fields[0] == "gres:gpu:12" and "src=prior:alexnet" in (fields[4] or "")
+    assert said is not None and 'the job names "alexnet"' in said

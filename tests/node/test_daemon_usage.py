@@ -437,3 +437,25 @@ def test_a_munge_that_cannot_be_run_is_one_event_and_the_tick_goes_on(
     assert "Exec format error" in event["reason"]
     assert not list(drop_dir.iterdir())
     run_ticks(sim, 2)  # ticks go on (the DNN job still trains)
+
+
+@pytest.mark.parametrize(("src", "probed"), [("prior:alexnet", True), ("profile", False)])
+def test_a_job_sized_by_a_prior_is_still_profiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, src: str, probed: bool
+) -> None:
+    """The hook's record says where the job's cores came from: a prior from its name is no
+    profile of its own, so coda-node probes it (its record alone, while the store has no
+    profile of the job, counts as a profile only for src=profile or global)."""
+    sim = make_sim(tmp_path, monkeypatch)
+    sim.store.ensure_root()
+    job = sim.node.jobs[DNN]
+    assert job.admin_comment is not None
+    job.admin_comment = job.admin_comment.replace("src=profile", f"src={src}")
+    full = len(job.cpus)
+    probed_ticks = 0
+    for _ in range(60):
+        sim.advance()
+        sim.write_progress(DNN, RATE)
+        sim.tick()
+        probed_ticks += len(sim.cpuset(DNN)) < full
+    assert (probed_ticks > 0) is probed, sim.timeline
