@@ -23,7 +23,9 @@ such change re-solves that node and re-times its jobs' ends.
 jobs with coda-node's eliminator (:mod:`slurm_plugin.sim.shield`) and profiles unknown
 workloads with coda-node's allocator (:mod:`slurm_plugin.sim.profiling`), publishing to an
 in-memory profile store that the submit hook's own :func:`slurm_plugin.decision.decide.decide`
-reads for every later job.
+reads for every later job. ``SimParams.starter_table`` puts global profiles in that store
+before the run, which the hook takes as priors for the jobs that name their model
+(``JobModel.script_names_model``) until their own profile is confident.
 
 **Placement mechanisms** (:class:`SimParams`, all off by default) are decided by
 the product's own functions through :mod:`slurm_plugin.sim.mechanisms`: ``reserve`` caps the
