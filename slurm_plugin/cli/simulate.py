@@ -12,10 +12,18 @@ import numpy as np
 
 from coda_common.cli import CliError, FiniteFloatRange, emit_json
 from coda_common.config.codaconf import parse_config
+from coda_common.model.starter import STARTER_CONFIDENCE
 from coda_common.slurm.conffile import ConfigError
 from slurm_plugin.sim.cluster import add_cpu_jobs, busy_window, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, RunResult, SimParams, simulate
-from slurm_plugin.sim.report import SCHEMA_VERSION, Summary, plot, render_table, summarise
+from slurm_plugin.sim.report import (
+    SCHEMA_VERSION,
+    Summary,
+    plot,
+    render_second_half,
+    render_table,
+    summarise,
+)
 from slurm_plugin.sim.traces import (
     ALIBABA_PODS,
     MAX_SIM_NODES,
@@ -29,7 +37,13 @@ from slurm_plugin.sim.traces import (
     trace_file,
     uniform_nodes,
 )
-from slurm_plugin.sim.workloads import JobModel, Workloads, assign_workloads, muri_classes
+from slurm_plugin.sim.workloads import (
+    JobModel,
+    Workloads,
+    assign_workloads,
+    muri_classes,
+    starter_table,
+)
 
 _EPILOG = """
 \b
@@ -46,6 +60,13 @@ Examples:
   coda-slurm simulate philly --jobs 20000 --load 0.9 --cpu-load 0.3 --plot out/
   coda-slurm simulate sacct:last-month.txt --nodes trace -p slurm -p coda --json
   coda-slurm simulate alibaba --load 0.8 -p coda --placement reserve,pcie,prefer
+  coda-slurm simulate muri --load 0.8 --starter-table --starter-table-error 0.3 --second-half
+
+\b
+--starter-table puts a table of models' cores per GPU in the coda policy's store
+before the run (global profiles workload:*:MODEL below MinConfidence): the hook's
+prior for a job that names its model (--param script_names_model=SHARE: the share of
+workloads whose script names it) and has no confident profile of its own.
 
 \b
 --placement runs each policy once as the baseline and once more per mechanism with
@@ -268,9 +289,7 @@ def _run_policies(
     return results, baseline_of
 
 
-def _run_info(
-    trace: Trace, nodes: list[NodeSpec], seed: int, coda_conf: tuple[str, ...]
-) -> dict[str, Any]:
+def _run_info(trace: Trace, nodes: list[NodeSpec], seed: int, params: SimParams) -> dict[str, Any]:
     """What was replayed on what: the head of the report."""
     w0, w1 = busy_window(trace)
     return {
@@ -284,7 +303,8 @@ def _run_info(
         "cores": sum(n.cores for n in nodes),
         "window_s": [w0, w1],
         "seed": seed,
-        "coda_conf": list(coda_conf),
+        "coda_conf": list(params.coda_conf),
+        "starter_table": dict(params.starter_table),
         "notes": trace.notes,
     }
 
@@ -294,6 +314,7 @@ def _echo_results(
     chosen: list[str],
     rows: list[Summary],
     baseline_of: dict[str, str],
+    halves: bool,
 ) -> None:
     click.echo(
         f"{info['trace']}: {info['jobs']:,} jobs ({info['gpu_jobs']:,} GPU, "
@@ -302,7 +323,13 @@ def _echo_results(
     )
     if "coda" in chosen:
         click.echo(f"coda policy's coda.conf: {' '.join(info['coda_conf'])}")
+        if info["starter_table"]:
+            table = " ".join(f"{m}:{c}" for m, c in info["starter_table"].items())
+            click.echo(f"coda policy's starter table (confidence {STARTER_CONFIDENCE:g}): {table}")
     click.echo(render_table(rows, baseline_of=baseline_of or None))
+    if halves:
+        click.echo("")
+        click.echo(render_second_half(rows, info["gpu_jobs"]))
     events = sum(r.events for r in rows)
     wall = sum(r.wall_s for r in rows)
     if events:
@@ -317,6 +344,17 @@ def _check_membw_known(membw_known: float | None, mechanisms: list[str]) -> None
         raise CliError("--membw-known without --placement membw", "it only sizes that run")
     if not 0.0 <= membw_known <= 1.0:  # NaN too
         raise CliError(f"bad --membw-known {membw_known}", "a share from 0 to 1")
+
+
+def _check_starter_table(table: bool, error: float | None) -> float:
+    """--starter-table-error: a share from 0 to below 1, only with --starter-table."""
+    if error is None:
+        return 0.0
+    if not table:
+        raise CliError("--starter-table-error without --starter-table", "it sizes that table")
+    if not 0.0 <= error < 1.0:  # NaN too
+        raise CliError(f"bad --starter-table-error {error}", "a share from 0 to below 1")
+    return error
 
 
 def _job_model(param_items: tuple[str, ...]) -> JobModel:
@@ -434,6 +472,28 @@ def _write_plots(
     help="--placement membw: the share of CPU jobs whose memory bandwidth is known at "
     "submission, 0..1 (the others ask for nothing)  [default: 1]",
 )
+@click.option(
+    "--starter-table",
+    "with_table",
+    is_flag=True,
+    help="Import a starter table (each model's cores per GPU) into the coda policy's store "
+    "before the run.",
+)
+@click.option(
+    "--starter-table-error",
+    "table_error",
+    type=float,
+    metavar="SHARE",
+    help="Each starter-table figure off by this share, up or down by a fair coin per model "
+    "and seed, 0..1 (exclusive)  [default: 0]",
+)
+@click.option(
+    "--second-half",
+    "halves",
+    is_flag=True,
+    help="Also show the measures over the second half of the GPU submissions (--json has "
+    "them always).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--plot",
@@ -458,6 +518,9 @@ def simulate_cmd(
     coda_conf_items: tuple[str, ...],
     placement_spec: str | None,
     membw_known: float | None,
+    with_table: bool,
+    table_error: float | None,
+    halves: bool,
     as_json: bool,
     plot_dir: Path | None,
     plot_format: str,
@@ -471,6 +534,7 @@ def simulate_cmd(
     """
     mechanisms = _parse_placement(placement_spec)
     _check_membw_known(membw_known, mechanisms)
+    error = _check_starter_table(with_table, table_error)
     model = _job_model(param_items)
     trace = _loaded_trace(trace_spec, jobs)
     nodes = _cluster(trace, nodes_spec, load, shape)
@@ -480,13 +544,15 @@ def simulate_cmd(
     wl = assign_workloads(trace, model, seed, named_classes=named)
     coda_conf = _checked_coda_conf(coda_conf_items)
     base = _base_params(rdt, coda_conf, stage_ms, membw_known)
+    if with_table:
+        base = replace(base, starter_table=tuple(starter_table(wl, error, seed).items()))
     chosen = list(policies) or list(POLICIES)
     show_bar = sys.stderr.isatty() and not as_json
     results, baseline_of = _run_policies(
         trace, nodes, wl, model, chosen, placement_runs(base, mechanisms), show_bar
     )
     rows = [summarise(trace, r) for r in results]
-    info = _run_info(trace, nodes, seed, coda_conf)
+    info = _run_info(trace, nodes, seed, base)
     if as_json:
         emit_json(
             {
@@ -499,6 +565,6 @@ def simulate_cmd(
             }
         )
     else:
-        _echo_results(info, chosen, rows, baseline_of)
+        _echo_results(info, chosen, rows, baseline_of, halves)
     if plot_dir is not None:
         _write_plots(trace, results, plot_dir, plot_format, as_json)

@@ -23,7 +23,9 @@ such change re-solves that node and re-times its jobs' ends.
 jobs with coda-node's eliminator (:mod:`slurm_plugin.sim.shield`) and profiles unknown
 workloads with coda-node's allocator (:mod:`slurm_plugin.sim.profiling`), publishing to an
 in-memory profile store that the submit hook's own :func:`slurm_plugin.decision.decide.decide`
-reads for every later job.
+reads for every later job. ``SimParams.starter_table`` puts global profiles in that store
+before the run, which the hook takes as priors for the jobs that name their model
+(``JobModel.script_names_model``) until their own profile is confident.
 
 **Placement mechanisms** (:class:`SimParams`, all off by default) are decided by
 the product's own functions through :mod:`slurm_plugin.sim.mechanisms`: ``reserve`` caps the
@@ -98,6 +100,9 @@ class RunResult:
     nodes_used: np.ndarray
     asked_cores_per_node: np.ndarray
     """What the user asked per node (GPU jobs), for the cores-freed measure."""
+    work_s: np.ndarray
+    """Each GPU job's work as it started, in seconds at full speed (its run time in the
+    trace times its rate there); NaN for CPU jobs and jobs that never started."""
     horizon_s: float
     """Length of the utilisation window (the trace's busy window)."""
     bin_edges_s: np.ndarray
@@ -139,6 +144,7 @@ class _Sim:
         self.end_s = np.full(n, np.nan)
         self.cores_per_node = np.zeros(n, dtype=np.int32)
         self.asked = np.zeros(n, dtype=np.int32)
+        self.work_s = np.full(n, np.nan)
         self.nodes_used = np.zeros(n, dtype=np.int32)
         self.finished = 0
         self.events = EventQueue()
@@ -201,6 +207,8 @@ class _Sim:
             self.events,
             self.counters,
         )
+        if params.starter_table:
+            self.profiling.import_table(params.starter_table, 0.0)
         self.profiles = self.profiling.profiles
         self.views = self.profiling.views
         self.probe_memo = self.profiling.probe_memo
@@ -304,6 +312,7 @@ class _Sim:
             rate_trace = throughput_at(self._theta(j, gpn, k), asked, log_share=self.m.log_share)
             work = dur * rate_trace
             self.asked[j] = asked
+            self.work_s[j] = work
         else:
             work = dur
             self.asked[j] = c
@@ -425,6 +434,7 @@ class _Sim:
             cores_per_node=self.cores_per_node,
             nodes_used=self.nodes_used,
             asked_cores_per_node=self.asked,
+            work_s=self.work_s,
             horizon_s=self.use.horizon - self.use.w0,
             bin_edges_s=self.use.edges_s(),
             alloc_gpu_s=self.use.alloc_gpu_s,

@@ -79,6 +79,12 @@ class SimParams:
     coda_conf: tuple[str, ...] = CODA_CONF
     """coda.conf lines (``Key=Value``) the CODA policy's hook runs with; a key given again
     wins (``coda-slurm simulate --coda-conf``)."""
+    starter_table: tuple[tuple[str, int], ...] = ()
+    """``(model, cores per GPU)``: global profiles ``workload:*:MODEL`` in the CODA
+    policy's store before the run, at a confidence below MinConfidence, as an imported
+    starter table (:func:`slurm_plugin.sim.workloads.starter_table`; ``coda-slurm
+    simulate --starter-table``); the hook uses one as a prior for a job that names the
+    model and has no confident profile of its own. Empty: no table."""
     # -- placement mechanisms, all off by default; see sim/mechanisms.py -------
     reserve: bool = False
     """Spare CPU partitions over the GPU nodes, one per node shape, whose MaxCPUsPerNode

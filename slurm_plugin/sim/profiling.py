@@ -22,6 +22,7 @@ import numpy as np
 from coda_common.config.codaconf import CodaConfig
 from coda_common.model.curves import throughput_at
 from coda_common.model.fit import is_censored, refit_profile
+from coda_common.model.starter import STARTER_CONFIDENCE, STARTER_SOURCE
 from coda_common.store.profiles import Profile, Sample, to_view
 from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
 from coda_node.policy.observe import Progress, SignalParams
@@ -143,7 +144,28 @@ class OnlineProfiling:
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
 
     def _signature(self, wid: int) -> str:
-        return f"workload:{1000 + wid}:{self.wl.names[wid]}"
+        return f"workload:{1000 + wid}:{self.wl.label(wid)}"
+
+    def import_table(self, table: tuple[tuple[str, int], ...], now: float) -> None:
+        """An admin imported ``table`` (model, cores per GPU) as ``coda-slurm profiles
+        starter`` does: one global profile ``workload:*:MODEL`` per model, at the starter
+        table's confidence (below MinConfidence: a prior only). Before the first decision:
+        the hook's index of priors is built once per profile mapping
+        (:func:`slurm_plugin.decision.priors.index_for`), and the run adds only users'
+        profiles to it afterwards."""
+        for name, cpus_per_gpu in table:
+            sig = f"workload:*:{name}"
+            prof = Profile(
+                signature=sig,
+                workload=name,
+                cpus_per_gpu=int(cpus_per_gpu),
+                confidence=STARTER_CONFIDENCE,
+                n_samples=0,
+                updated_unix_s=now,
+                source=STARTER_SOURCE,
+            )
+            self.views[sig] = to_view(prof)
+        self.decided.clear()
 
     def coda_cores(self, j: int, gpn: int, k: int) -> int:
         """Cores per node the submit hook gives GPU job ``j`` from the profiles published."""
@@ -153,7 +175,7 @@ class OnlineProfiling:
         got = self.decided.get(key)
         if got is None:
             self.counters["decide_calls"] += 1
-            name = self.wl.names[wid]
+            name = self.wl.label(wid)
             req = JobRequest(
                 uid=1000 + wid,
                 job_name=name,
@@ -161,6 +183,7 @@ class OnlineProfiling:
                 cpus_per_tres=f"gres:gpu:{user_cpg}",
                 min_nodes=k,
                 comment=f"coda:workload={name}",
+                script=self.wl.script(wid),
             )
             d = decide(req, self.cfg, self.views, self.node_cap, node_share=self.node_share)
             cpg = user_cpg
@@ -276,7 +299,7 @@ class OnlineProfiling:
         if not samples:
             return
         wid = int(self.wl.workload[j])
-        name = self.wl.names[wid]
+        name = self.wl.label(wid)
         sig = self._signature(wid)
         cur = self.profiles.get(sig) or Profile(
             signature=sig,

@@ -3,13 +3,19 @@
 All measures are over the trace's submission window ``[0, last submission]`` for
 utilisation (so a policy that merely finishes the tail later is not rewarded), and over
 every finished job for times.
+
+The second half (:func:`second_half`) is what a cluster sees once its profile store is
+warm: the same measures over the GPU jobs from the middle GPU submission on (in
+submission order) and the CPU jobs submitted from that moment; its GPU busy is per job
+(:func:`jobs_summary`), since the utilisation bins mix in the jobs of the first half still
+running.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +59,8 @@ class Summary:
     events: int
     wall_s: float
     counters: dict[str, int]
+    second_half: dict[str, float] = field(default_factory=dict)
+    """:func:`jobs_summary` over :func:`second_half`'s jobs."""
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -64,6 +72,55 @@ def _mean(x: np.ndarray) -> float:
 
 def _p99(x: np.ndarray) -> float:
     return float(np.percentile(x, 99)) if len(x) else math.nan
+
+
+def second_half(trace: Trace) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(GPU jobs, CPU jobs, from_s)`` of the second half of the submissions: the GPU jobs
+    from the middle one on, in submission order (ties in trace order; the later half when
+    their number is odd), and the CPU jobs submitted at or after the first of them
+    (``from_s``). Boolean masks over the trace's jobs; none with fewer than two GPU jobs."""
+    n = len(trace)
+    gpu_idx = np.flatnonzero(trace.gpus > 0)
+    gpu = np.zeros(n, dtype=bool)
+    cpu = np.zeros(n, dtype=bool)
+    if len(gpu_idx) < 2:
+        return gpu, cpu, math.nan
+    order = gpu_idx[np.argsort(trace.submit_s[gpu_idx], kind="stable")]
+    later = order[len(order) // 2 :]
+    gpu[later] = True
+    from_s = float(trace.submit_s[later[0]])
+    cpu = (trace.gpus == 0) & (trace.submit_s >= from_s)
+    return gpu, cpu, from_s
+
+
+def jobs_summary(trace: Trace, r: RunResult, gpu: np.ndarray, cpu: np.ndarray) -> dict[str, float]:
+    """The job measures over the GPU jobs ``gpu`` and the CPU jobs ``cpu`` (boolean masks):
+    DNN JCT and wait, CPU wait and stretch, and GPU busy per job: Σ GPUs × the work each
+    job brought (seconds at full speed) over Σ GPUs × its run time, so the time it was
+    slowed, probed or given too few cores counts as idle."""
+    done = ~np.isnan(r.end_s)
+    started = ~np.isnan(r.start_s)
+    wait = r.start_s - trace.submit_s
+    run_s = r.end_s - r.start_s
+    gd = gpu & done
+    jct = (r.end_s - trace.submit_s)[gd]
+    held_gpu_s = float(np.sum(trace.gpus[gd] * run_s[gd]))
+    work_gpu_s = float(np.sum(trace.gpus[gd] * r.work_s[gd]))
+    cd = cpu & done
+    stretch = run_s[cd] / trace.duration_s[cd]
+    trace_run_s = float(trace.duration_s[cd].sum())
+    return {
+        "gpu_jobs": int(gpu.sum()),
+        "cpu_jobs": int(cpu.sum()),
+        "gpu_busy": work_gpu_s / held_gpu_s if held_gpu_s else math.nan,
+        "dnn_jct_mean_s": _mean(jct),
+        "dnn_jct_p99_s": _p99(jct),
+        "dnn_wait_mean_s": _mean(wait[gpu & started]),
+        "cpu_wait_mean_s": _mean(wait[cpu & started]),
+        "cpu_stretch_mean": _mean(stretch),
+        "cpu_work_stretch": float(run_s[cd].sum() / trace_run_s) if trace_run_s else math.nan,
+        "not_finished": int((gpu & ~done).sum() + (cpu & ~done).sum()),
+    }
 
 
 def summarise(trace: Trace, r: RunResult) -> Summary:
@@ -105,7 +162,13 @@ def summarise(trace: Trace, r: RunResult) -> Summary:
         events=r.events,
         wall_s=r.wall_s,
         counters=r.counters,
+        second_half=_second_half_summary(trace, r),
     )
+
+
+def _second_half_summary(trace: Trace, r: RunResult) -> dict[str, float]:
+    gpu, cpu, from_s = second_half(trace)
+    return {"from_submit_s": from_s, **jobs_summary(trace, r, gpu, cpu)}
 
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -179,6 +242,42 @@ def render_table(
         out.append("")
         out += [line(r) for r in ratio_rows]
     return "\n".join(out)
+
+
+_HALF_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("gpu_busy", "GPU busy", "pct"),
+    ("dnn_jct_mean_s", "JCT mean", "h"),
+    ("dnn_jct_p99_s", "JCT p99", "h"),
+    ("cpu_wait_mean_s", "CPU wait", "min"),
+    ("cpu_stretch_mean", "CPU stretch", "x"),
+)
+
+
+def render_second_half(rows: Sequence[Summary], gpu_jobs: int) -> str:
+    """The second half's measures (:func:`second_half`), one line per policy, under a
+    line that says which jobs they are over (``gpu_jobs``: the trace's GPU jobs)."""
+    if not rows or not rows[0].second_half:
+        return "second half: fewer than two GPU jobs"
+    half = rows[0].second_half
+    start = gpu_jobs - int(half["gpu_jobs"]) + 1
+    title = (
+        f"second half: GPU jobs from submission {start:,} of {gpu_jobs:,} "
+        f"(from {half['from_submit_s'] / 3600:.1f}h), CPU jobs submitted from then; "
+        "GPU busy per job"
+    )
+    head = ["policy"] + [c[1] for c in _HALF_COLUMNS]
+    body = [
+        [s.policy] + [_cell(s.second_half[k], kind) for k, _, kind in _HALF_COLUMNS] for s in rows
+    ]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in [head, *body]
+    ]
+    return "\n".join([title, *lines])
 
 
 def plot(trace: Trace, results: Sequence[RunResult], out_dir: Path, fmt: str = "png") -> list[Path]:

@@ -46,6 +46,7 @@ __all__ = [
     "Workloads",
     "assign_workloads",
     "muri_classes",
+    "starter_table",
 ]
 
 
@@ -151,6 +152,15 @@ class JobModel:
     that make the data stage keep up with the GPU."""
     time_limit_factor: float = 2.0
     """Users' time limits (what backfill plans with) are this times the real run time."""
+    script_names_model: float = 1.0
+    """Share of workloads whose job names the model it trains: its batch script's
+    ``srun python train.py --arch MODEL`` line, as the common reference training scripts
+    choose the network (pytorch/examples' ImageNet script: ``--arch``). A stable draw per
+    workload. The SoCC'18 class a workload is given (Philly, Alibaba: the traces name no
+    model; an sacct export names jobs, not models) is what its script names; a workload
+    the trace names after its model (Muri) names it in its job name too, and one that
+    draws "no" there gets a name of its own (``job-ID``) and a script that names nothing.
+    An assumption: no public trace records scripts."""
     # -- placement (slurm_plugin/sim/mechanisms.py has the per-model tables) ------
     pcie_heavy_bytes_per_s_per_gpu: float = 8e9
     """PCIe traffic per GPU of a PCIe-heavy model (CODA §II.C: AlexNet and ResNet50 average
@@ -292,6 +302,28 @@ class Workloads:
     """float64 per job: what the user asked per GPU (GPU jobs), sampled when unknown."""
     cpu_bw_per_core: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """float64 per job: memory bandwidth per core of CPU jobs (0 for GPU jobs)."""
+    models: list[str] = field(default_factory=list)
+    """Per workload id: the model it trains, lower-case, as a script would name it: the
+    trace's name where the caller's classes say it is a model (Muri), else its class's."""
+    names_model: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Per workload id: its job names its model (``JobModel.script_names_model``)."""
+    model_cores_per_gpu: dict[str, float] = field(default_factory=dict)
+    """Per model: the cores per GPU a table of models would give it: its class's sweet
+    spot (SoCC'18), not a workload's own jittered one; Muri's models their own θ."""
+
+    def label(self, wid: int) -> str:
+        """The name workload ``wid``'s jobs go by (job name and ``coda:workload=``): its
+        own name, unless that is its model's and its jobs do not name their model."""
+        name = self.names[wid]
+        if self.names_model.size and not self.names_model[wid] and name.lower() == self.models[wid]:
+            return f"job-{wid}"
+        return name
+
+    def script(self, wid: int) -> str:
+        """Workload ``wid``'s batch script as the hook reads it."""
+        if self.names_model.size and self.names_model[wid]:
+            return f"#!/bin/bash\nsrun python train.py --arch {self.models[wid]}\n"
+        return "#!/bin/bash\nsrun python train.py\n"
 
     def sweet_spot(self, job: int, gpus_on_node: int, nodes: int, model: JobModel) -> float:
         """θ in cores on one node for ``job`` holding ``gpus_on_node`` GPUs there."""
@@ -360,6 +392,9 @@ def assign_workloads(
         workload[unnamed] = base + picks.astype(np.int32)
     sens = np.array([c.sensitivity for c in CLASSES] + table.extra_sens, dtype=float)
     user = _user_cpus_per_gpu(rng, gpus, cpus, is_gpu, model)
+    draws = np.array(
+        [np.random.default_rng(_stable_seed(seed, "names-model", w)).random() for w in table.names]
+    )
     return Workloads(
         workload=workload,
         names=table.names,
@@ -368,7 +403,26 @@ def assign_workloads(
         sensitivity=sens.reshape(-1, 3),
         user_cpus_per_gpu=user,
         cpu_bw_per_core=_cpu_bw_per_core(rng, is_gpu, model),
+        models=table.models,
+        names_model=draws < model.script_names_model,
+        model_cores_per_gpu=table.model_theta,
     )
+
+
+def starter_table(wl: Workloads, error: float, seed: int) -> dict[str, int]:
+    """A table of models' cores per GPU, as an admin would import it: each model of ``wl``
+    at its :attr:`Workloads.model_cores_per_gpu`, times ``1 + error`` or ``1 - error`` by
+    a fair coin per model and seed (0: exact), rounded up as ``coda-slurm profiles
+    starter --scale`` rounds (:func:`coda_common.model.starter.scaled_cores`)."""
+    if not (math.isfinite(error) and 0.0 <= error < 1.0):
+        raise ValueError(f"a starter table's error is a share from 0 to below 1, got {error!r}")
+    table: dict[str, int] = {}
+    for name, cores in sorted(wl.model_cores_per_gpu.items()):
+        if error:
+            up = np.random.default_rng(_stable_seed(seed, "starter-error", name)).random() < 0.5
+            cores *= (1.0 + error) if up else (1.0 - error)
+        table[name] = max(1, math.ceil(cores - 1e-9))
+    return table
 
 
 @dataclass(slots=True)
@@ -381,6 +435,10 @@ class _WorkloadTable:
     theta: list[float] = field(default_factory=list)
     """True cores per GPU."""
     extra_sens: list[tuple[float, float, float]] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    """The model each workload trains, lower-case."""
+    model_theta: dict[str, float] = field(default_factory=dict)
+    """Cores per GPU of each model: its class's, or the caller's for a named class."""
 
     def add_named(
         self,
@@ -400,14 +458,21 @@ class _WorkloadTable:
             self.names.append(name)
             known = named_classes.get(name)
             if known is not None:
+                # The caller's classes are models (Muri's): the name is the model's.
                 self.klass.append(len(CLASSES) + len(self.extra_sens))
                 self.extra_sens.append(known[1])
-                self.theta.append(float(min(model.max_cores_per_gpu, max(1.0, known[0]))))
+                theta = float(min(model.max_cores_per_gpu, max(1.0, known[0])))
+                self.theta.append(theta)
+                self.models.append(name.lower())
+                self.model_theta[name.lower()] = theta
             else:
+                # A job name (an sacct export's): it trains its class's model.
                 r = np.random.default_rng(_stable_seed(seed, "class", name))
                 k = int(r.choice(len(CLASSES), p=weights))
                 self.klass.append(k)
                 self.theta.append(_jittered(CLASSES[k].cores_per_gpu, name, model, seed))
+                self.models.append(CLASSES[k].name.lower())
+                self.model_theta[CLASSES[k].name.lower()] = CLASSES[k].cores_per_gpu
         return np.array(ids, dtype=np.int32)
 
     def add_pool(
@@ -426,6 +491,8 @@ class _WorkloadTable:
             self.names.append(name)
             k = int(pool_classes[i])
             self.klass.append(k)
+            self.models.append(CLASSES[k].name.lower())
+            self.model_theta[CLASSES[k].name.lower()] = CLASSES[k].cores_per_gpu
             self.theta.append(_jittered(CLASSES[k].cores_per_gpu, name, model, seed))
         return picks
 
@@ -488,6 +555,7 @@ _FLOAT_PARAM_CHECKS: dict[str, tuple[Callable[[float], bool], str]] = {
     "share_switch_overhead": (_fraction, "within 0..1"),
     "share_gpu_busy": (lambda v: 0.0 < v <= 1.0, "more than 0 and at most 1"),
     "share_mem_weight_default": (_fraction, "within 0..1"),
+    "script_names_model": (_fraction, "a share within 0..1"),
 }
 """The float parameters with a narrower range than any finite number >= 0."""
 
