@@ -269,7 +269,11 @@ def _run_policies(
 
 
 def _run_info(
-    trace: Trace, nodes: list[NodeSpec], seed: int, coda_conf: tuple[str, ...]
+    trace: Trace,
+    nodes: list[NodeSpec],
+    seed: int,
+    coda_conf: tuple[str, ...],
+    multi_node_measured: bool,
 ) -> dict[str, Any]:
     """What was replayed on what: the head of the report."""
     w0, w1 = busy_window(trace)
@@ -285,6 +289,7 @@ def _run_info(
         "window_s": [w0, w1],
         "seed": seed,
         "coda_conf": list(coda_conf),
+        "multi_node_measured": multi_node_measured,
         "notes": trace.notes,
     }
 
@@ -302,6 +307,8 @@ def _echo_results(
     )
     if "coda" in chosen:
         click.echo(f"coda policy's coda.conf: {' '.join(info['coda_conf'])}")
+        if info["multi_node_measured"]:
+            click.echo("coda policy's coda-node: multi-node jobs' CPU use measured and published")
     click.echo(render_table(rows, baseline_of=baseline_of or None))
     events = sum(r.events for r in rows)
     wall = sum(r.wall_s for r in rows)
@@ -343,12 +350,14 @@ def _base_params(
     coda_conf: tuple[str, ...],
     stage_ms: list[tuple[str, int, float, float, float]],
     membw_known: float | None,
+    multi_node_measured: bool = False,
 ) -> SimParams:
     """The run parameters every placement run starts from; all CPU jobs' bandwidth is
     known unless --membw-known says otherwise."""
     return SimParams(
         rdt=rdt,
         coda_conf=coda_conf,
+        multi_node_measured=multi_node_measured,
         share_stage_ms=tuple(stage_ms),
         membw_known_fraction=1.0 if membw_known is None else membw_known,
     )
@@ -434,6 +443,12 @@ def _write_plots(
     help="--placement membw: the share of CPU jobs whose memory bandwidth is known at "
     "submission, 0..1 (the others ask for nothing)  [default: 1]",
 )
+@click.option(
+    "--multi-node-measured",
+    is_flag=True,
+    help="The coda policy's coda-node measures multi-node jobs' CPU use per node and "
+    "publishes it to their workload's profile (multi_node_cpus_per_gpu).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--plot",
@@ -458,6 +473,7 @@ def simulate_cmd(
     coda_conf_items: tuple[str, ...],
     placement_spec: str | None,
     membw_known: float | None,
+    multi_node_measured: bool,
     as_json: bool,
     plot_dir: Path | None,
     plot_format: str,
@@ -479,14 +495,14 @@ def simulate_cmd(
     named, stage_ms = _muri_inputs(trace, trace_spec, model, mechanisms)
     wl = assign_workloads(trace, model, seed, named_classes=named)
     coda_conf = _checked_coda_conf(coda_conf_items)
-    base = _base_params(rdt, coda_conf, stage_ms, membw_known)
+    base = _base_params(rdt, coda_conf, stage_ms, membw_known, multi_node_measured)
     chosen = list(policies) or list(POLICIES)
     show_bar = sys.stderr.isatty() and not as_json
     results, baseline_of = _run_policies(
         trace, nodes, wl, model, chosen, placement_runs(base, mechanisms), show_bar
     )
     rows = [summarise(trace, r) for r in results]
-    info = _run_info(trace, nodes, seed, coda_conf)
+    info = _run_info(trace, nodes, seed, coda_conf, multi_node_measured)
     if as_json:
         emit_json(
             {

@@ -66,7 +66,7 @@ from coda_node.policy.contention import params_from_config
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.sim.accounting import Utilisation
 from slurm_plugin.sim.booking import MechanismBooks
-from slurm_plugin.sim.events import END, PROBE_BEGIN, RESERVE, EventQueue
+from slurm_plugin.sim.events import END, MEASURE, PROBE_BEGIN, RESERVE, EventQueue
 from slurm_plugin.sim.nodes import Need, Nodes, Run
 from slurm_plugin.sim.params import CODA_CONF, POLICIES, Policy, SimParams
 from slurm_plugin.sim.profiling import WARMUP_S, OnlineProfiling, probe_run
@@ -150,6 +150,8 @@ class _Sim:
             "profiles_published_ended": 0,
             "probe_slot_busy": 0,
             "probe_slot_waited": 0,
+            "multi_node_measured": 0,
+            "multi_node_published": 0,
             "shield_lookups": 0,
             "decide_calls": 0,
             "capped_requests": 0,
@@ -200,6 +202,7 @@ class _Sim:
             nd.running,
             self.events,
             self.counters,
+            multi_node_measured=params.multi_node_measured,
         )
         self.profiles = self.profiling.profiles
         self.views = self.profiling.views
@@ -389,6 +392,8 @@ class _Sim:
                 self._reserve_tick(now)
             elif kind == PROBE_BEGIN:
                 self.profiling.probe_begin(j, now)
+            elif kind == MEASURE:
+                self.profiling.measure_multi_node(j, now)
             else:
                 self.profiling.publish(j, now)
         return freed
