@@ -796,3 +796,24 @@ def test_cli_multi_node_measured_is_said_in_the_report() -> None:
     assert "multi-node jobs' CPU use measured and published" in res.output
     data = json.loads(runner.invoke(cli, [*args, "--multi-node-measured", "--json"]).output)
     assert data["multi_node_measured"] is True
+
+
+def test_a_multi_node_demand_met_exactly_settles_there() -> None:
+    # θ = 4 per GPU: across nodes the job uses exactly 2 per GPU. The rule gives it 2 (the
+    # single-node fit is above 4 per GPU: ceil(cpg x 2 / 8) = 2), which it uses whole, so
+    # it reads as saturated once; the run after it is given more and measures 2 below its
+    # allocation, and from then on a run given 2 confirms that figure.
+    rows = [(0, 20_000, 1, 8)] + [(20_000.0 * k, 5_000, 16, 16) for k in range(1, 6)]
+    trace = make_trace(rows)
+    got = run(
+        trace,
+        uniform_nodes(3, 64, 8),
+        workloads_for(trace, theta=4),
+        "coda",
+        coda_conf=REPLACE_ONLY,
+        multi_node_measured=True,
+    )
+    cores = got.cores_per_node[1:].tolist()
+    assert cores[0] == 16 and cores[1] > 16
+    assert cores[2:] == [16, 16, 16]
+    assert got.counters["multi_node_published"] == 2
