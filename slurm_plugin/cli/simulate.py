@@ -305,6 +305,7 @@ def _run_info(trace: Trace, nodes: list[NodeSpec], seed: int, params: SimParams)
         "seed": seed,
         "coda_conf": list(params.coda_conf),
         "starter_table": dict(params.starter_table),
+        "multi_node_measured": params.multi_node_measured,
         "notes": trace.notes,
     }
 
@@ -326,6 +327,8 @@ def _echo_results(
         if info["starter_table"]:
             table = " ".join(f"{m}:{c}" for m, c in info["starter_table"].items())
             click.echo(f"coda policy's starter table (confidence {STARTER_CONFIDENCE:g}): {table}")
+        if info["multi_node_measured"]:
+            click.echo("coda policy's coda-node: multi-node jobs' CPU use measured and published")
     click.echo(render_table(rows, baseline_of=baseline_of or None))
     if halves:
         click.echo("")
@@ -381,12 +384,14 @@ def _base_params(
     coda_conf: tuple[str, ...],
     stage_ms: list[tuple[str, int, float, float, float]],
     membw_known: float | None,
+    multi_node_measured: bool = False,
 ) -> SimParams:
     """The run parameters every placement run starts from; all CPU jobs' bandwidth is
     known unless --membw-known says otherwise."""
     return SimParams(
         rdt=rdt,
         coda_conf=coda_conf,
+        multi_node_measured=multi_node_measured,
         share_stage_ms=tuple(stage_ms),
         membw_known_fraction=1.0 if membw_known is None else membw_known,
     )
@@ -494,6 +499,12 @@ def _write_plots(
     help="Also show the measures over the second half of the GPU submissions (--json has "
     "them always).",
 )
+@click.option(
+    "--multi-node-measured",
+    is_flag=True,
+    help="The coda policy's coda-node measures multi-node jobs' CPU use per node and "
+    "publishes it to their workload's profile (multi_node_cpus_per_gpu).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--plot",
@@ -521,6 +532,7 @@ def simulate_cmd(
     with_table: bool,
     table_error: float | None,
     halves: bool,
+    multi_node_measured: bool,
     as_json: bool,
     plot_dir: Path | None,
     plot_format: str,
@@ -543,7 +555,7 @@ def simulate_cmd(
     named, stage_ms = _muri_inputs(trace, trace_spec, model, mechanisms)
     wl = assign_workloads(trace, model, seed, named_classes=named)
     coda_conf = _checked_coda_conf(coda_conf_items)
-    base = _base_params(rdt, coda_conf, stage_ms, membw_known)
+    base = _base_params(rdt, coda_conf, stage_ms, membw_known, multi_node_measured)
     if with_table:
         base = replace(base, starter_table=tuple(starter_table(wl, error, seed).items()))
     chosen = list(policies) or list(POLICIES)

@@ -68,7 +68,7 @@ from coda_node.policy.contention import params_from_config
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.sim.accounting import Utilisation
 from slurm_plugin.sim.booking import MechanismBooks
-from slurm_plugin.sim.events import END, PROBE_BEGIN, RESERVE, EventQueue
+from slurm_plugin.sim.events import END, MEASURE, PROBE_BEGIN, RESERVE, EventQueue
 from slurm_plugin.sim.nodes import Need, Nodes, Run
 from slurm_plugin.sim.params import CODA_CONF, POLICIES, Policy, SimParams
 from slurm_plugin.sim.profiling import WARMUP_S, OnlineProfiling, probe_run
@@ -156,6 +156,8 @@ class _Sim:
             "profiles_published_ended": 0,
             "probe_slot_busy": 0,
             "probe_slot_waited": 0,
+            "multi_node_measured": 0,
+            "multi_node_published": 0,
             "shield_lookups": 0,
             "decide_calls": 0,
             "capped_requests": 0,
@@ -206,6 +208,7 @@ class _Sim:
             nd.running,
             self.events,
             self.counters,
+            multi_node_measured=params.multi_node_measured,
         )
         if params.starter_table:
             self.profiling.import_table(params.starter_table, 0.0)
@@ -398,6 +401,8 @@ class _Sim:
                 self._reserve_tick(now)
             elif kind == PROBE_BEGIN:
                 self.profiling.probe_begin(j, now)
+            elif kind == MEASURE:
+                self.profiling.measure_multi_node(j, now)
             else:
                 self.profiling.publish(j, now)
         return freed

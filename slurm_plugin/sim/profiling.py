@@ -9,12 +9,15 @@ moment (:func:`coda_node.policy.allocator.ended_publication`, asked after every 
 
 :class:`OnlineProfiling` is the cluster's side of it in a simulator run: each node's probe
 slot, the in-memory profile store the probed jobs publish to, and the submit hook's own
-:func:`slurm_plugin.decision.decide.decide` reading that store for every later GPU job.
+:func:`slurm_plugin.decision.decide.decide` reading that store for every later GPU job;
+with ``multi_node_measured``, also what coda-node would measure of a multi-node job's CPU
+use per node (:meth:`OnlineProfiling.measure_multi_node`).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -28,12 +31,43 @@ from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_p
 from coda_node.policy.observe import Progress, SignalParams
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision.decide import JobRequest, ProfileView, decide
-from slurm_plugin.sim.events import END, PROBE_BEGIN, PUBLISH, EventQueue
+from slurm_plugin.sim.events import END, MEASURE, PROBE_BEGIN, PUBLISH, EventQueue
 from slurm_plugin.sim.nodes import Run
 from slurm_plugin.sim.workloads import JobModel, Workloads
 
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""
+
+
+def multi_node_published(
+    given_cpus_per_gpu: int,
+    used_cpus_per_gpu: float,
+    single_node_cpus_per_gpu: int | None,
+    confirmed_cpus_per_gpu: int | None,
+) -> int | None:
+    """What a multi-node job's CPU-use measurement publishes as ``multi_node_cpus_per_gpu``.
+
+    ``used_cpus_per_gpu`` is the cores per GPU the job kept busy on a node, at most the
+    ``given_cpus_per_gpu`` it was allocated. Below that, the job had more than it needed and
+    the measurement is its demand: it is published, rounded up. A job that used everything
+    it was given (saturated) shows only a floor: publishing it would give the next run the
+    same cores and starve it the same way, so the next run is given more: twice the cores,
+    at least one more, but no more than the workload's single-node ``cpus_per_gpu`` when it
+    is known and above the given figure (CODA §I.C: a job's demand per GPU across nodes is at
+    most its demand on one node), which a run that is not saturated then replaces with its
+    measured demand. A saturated run given no more than an earlier run measured unsaturated
+    (``confirmed_cpus_per_gpu``) agrees with that measurement: None, nothing new to publish.
+    """
+    if given_cpus_per_gpu < 1:
+        raise ValueError(f"a GPU job has at least 1 core per GPU, got {given_cpus_per_gpu}")
+    if used_cpus_per_gpu < given_cpus_per_gpu:
+        return max(1, math.ceil(used_cpus_per_gpu - 1e-9))
+    if confirmed_cpus_per_gpu is not None and given_cpus_per_gpu <= confirmed_cpus_per_gpu:
+        return None
+    more = 2 * given_cpus_per_gpu
+    if single_node_cpus_per_gpu is not None and single_node_cpus_per_gpu > given_cpus_per_gpu:
+        more = min(more, single_node_cpus_per_gpu)
+    return max(given_cpus_per_gpu + 1, more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +158,8 @@ class OnlineProfiling:
         running: dict[int, Run],
         events: EventQueue,
         counters: dict[str, int],
+        *,
+        multi_node_measured: bool = False,
     ) -> None:
         self.wl = wl
         self.m = model
@@ -142,6 +178,9 @@ class OnlineProfiling:
         self.views: dict[str, ProfileView] = {}
         self.decided: dict[tuple[int, int, int, int], int] = {}
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
+        self.multi_node_measured = multi_node_measured
+        self.multi_node_confirmed: dict[int, int] = {}
+        """Per workload id, the last multi-node demand measured on a run that had more."""
 
     def _signature(self, wid: int) -> str:
         return f"workload:{1000 + wid}:{self.wl.label(wid)}"
@@ -195,6 +234,9 @@ class OnlineProfiling:
     def admit(self, run: Run, now: float) -> None:
         """GPU job ``run`` starts: coda-node profiles it if its workload has no confident
         profile yet."""
+        if self.multi_node_measured and len(run.nodes) > 1:
+            # coda-node reads a job's CPU use once its warm-up is over, as it probes one.
+            self.events.push(now + WARMUP_S, MEASURE, run.job, 0)
         wid = int(self.wl.workload[run.job])
         prof = self.profiles.get(self._signature(wid))
         if (
@@ -291,6 +333,40 @@ class OnlineProfiling:
             self.counters["profiles_published_ended"] += 1
         self._merge(j, run.gpn, samples, now)
 
+    def measure_multi_node(self, j: int, now: float) -> None:
+        """Multi-node job ``j`` is past its warm-up: the cores per GPU it keeps busy on a node
+        (its true demand, at most what it was given) go to its workload's profile as
+        :func:`multi_node_published` says."""
+        run = self.running.get(j)
+        if run is None:
+            return  # ended during its warm-up: coda-node saw too little to measure
+        self.counters["multi_node_measured"] += 1
+        wid = int(self.wl.workload[j])
+        demand = self.wl.sweet_spot(j, run.gpn, len(run.nodes), self.m)
+        given = run.cores // run.gpn
+        used = min(float(run.cores), demand) / run.gpn
+        sig = self._signature(wid)
+        cur = self.profiles.get(sig)
+        single = (
+            cur.cpus_per_gpu
+            if cur is not None and cur.confidence >= self.cfg.min_confidence
+            else None
+        )
+        value = multi_node_published(given, used, single, self.multi_node_confirmed.get(wid))
+        if used < given:
+            self.multi_node_confirmed[wid] = max(1, math.ceil(used - 1e-9))
+        if value is None:
+            return
+        if cur is None:
+            cur = self._empty_profile(wid, now)
+        if cur.multi_node_cpus_per_gpu == value:
+            return
+        prof = replace(cur, multi_node_cpus_per_gpu=value, updated_unix_s=now)
+        self.profiles[sig] = prof
+        self.views[sig] = to_view(prof)
+        self.decided = {k: v for k, v in self.decided.items() if k[0] != wid}
+        self.counters["multi_node_published"] += 1
+
     def ended(self, run: Run, now: float) -> None:
         """Probed job ``run`` has ended and left its node: the slot goes to a waiting job."""
         self._slot_freed(run.nodes[0], now)
@@ -299,17 +375,8 @@ class OnlineProfiling:
         if not samples:
             return
         wid = int(self.wl.workload[j])
-        name = self.wl.label(wid)
         sig = self._signature(wid)
-        cur = self.profiles.get(sig) or Profile(
-            signature=sig,
-            workload=name,
-            cpus_per_gpu=1,
-            confidence=0.0,
-            n_samples=0,
-            updated_unix_s=now,
-            source="coda-node",
-        )
+        cur = self.profiles.get(sig) or self._empty_profile(wid, now)
         added = tuple(Sample(float(c), float(y), gpn, 1, run=f"sim:{j}") for c, y in samples)
         merged = replace(
             cur,
@@ -322,3 +389,15 @@ class OnlineProfiling:
         self.views[sig] = to_view(prof)
         self.decided = {k: v for k, v in self.decided.items() if k[0] != wid}
         self.counters["profiles_published"] += 1
+
+    def _empty_profile(self, wid: int, now: float) -> Profile:
+        """Workload ``wid``'s profile before anything was measured (confidence 0)."""
+        return Profile(
+            signature=self._signature(wid),
+            workload=self.wl.label(wid),
+            cpus_per_gpu=1,
+            confidence=0.0,
+            n_samples=0,
+            updated_unix_s=now,
+            source="coda-node",
+        )

@@ -94,8 +94,10 @@ MULTI_NODE_GPU_CAP = key(
     "int",
     "2",
     ints(1),
-    "Multi-node jobs: per-GPU CPU demand is scaled as if a node had at most this many "
-    "GPUs (CODA: multi-node demand is at most the 1-node-2-GPU demand).",
+    "Multi-node jobs whose profile has no measured multi-node figure: per-GPU CPU demand is "
+    "scaled as if a node had at most this many GPUs (CODA: multi-node demand is at most the "
+    "1-node-2-GPU demand, read per node; a value of at least the GPUs per node reads it per "
+    "GPU and leaves the single-node figure unscaled).",
 )
 
 PRIORS_FROM_NAMES = key(
