@@ -310,6 +310,27 @@ def _run_info(trace: Trace, nodes: list[NodeSpec], seed: int, params: SimParams)
     }
 
 
+def _emit_results(
+    info: dict[str, Any],
+    model: JobModel,
+    chosen: list[str],
+    rows: list[Summary],
+    mechanisms: list[str],
+    baseline_of: dict[str, str],
+) -> None:
+    """The ``--json`` document."""
+    emit_json(
+        {
+            "schema_version": SCHEMA_VERSION,
+            **info,
+            "model": model.as_dict(),
+            "policies": {p: POLICIES[p].description for p in chosen},
+            "results": [r.as_dict() for r in rows],
+            "placement": {"mechanisms": mechanisms, "baseline_of": baseline_of},
+        }
+    )
+
+
 def _echo_results(
     info: dict[str, Any],
     chosen: list[str],
@@ -566,16 +587,7 @@ def simulate_cmd(
     rows = [summarise(trace, r) for r in results]
     info = _run_info(trace, nodes, seed, base)
     if as_json:
-        emit_json(
-            {
-                "schema_version": SCHEMA_VERSION,
-                **info,
-                "model": model.as_dict(),
-                "policies": {p: POLICIES[p].description for p in chosen},
-                "results": [r.as_dict() for r in rows],
-                "placement": {"mechanisms": mechanisms, "baseline_of": baseline_of},
-            }
-        )
+        _emit_results(info, model, chosen, rows, mechanisms, baseline_of)
     else:
         _echo_results(info, chosen, rows, baseline_of, halves)
     if plot_dir is not None:

@@ -118,6 +118,24 @@ class RunResult:
     counters: dict[str, int]
 
 
+COUNTERS = (
+    "events",
+    "rate_changes",
+    "probed_jobs",
+    "profiles_published",
+    "profiles_published_ended",
+    "probe_slot_busy",
+    "probe_slot_waited",
+    "multi_node_measured",
+    "multi_node_published",
+    "shield_lookups",
+    "decide_calls",
+    "capped_requests",
+    "rejected",
+)
+"""What a run counts (``--json``'s ``counters``), each from 0."""
+
+
 class _Sim:
     """One run: the event loop, each job's submission, start and end; the rest in its rooms."""
 
@@ -148,21 +166,7 @@ class _Sim:
         self.nodes_used = np.zeros(n, dtype=np.int32)
         self.finished = 0
         self.events = EventQueue()
-        self.counters: dict[str, int] = {
-            "events": 0,
-            "rate_changes": 0,
-            "probed_jobs": 0,
-            "profiles_published": 0,
-            "profiles_published_ended": 0,
-            "probe_slot_busy": 0,
-            "probe_slot_waited": 0,
-            "multi_node_measured": 0,
-            "multi_node_published": 0,
-            "shield_lookups": 0,
-            "decide_calls": 0,
-            "capped_requests": 0,
-            "rejected": 0,
-        }
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.use = Utilisation(trace, params.utilisation_bins)
         self._init_controller()
         self.books = MechanismBooks(self.nodes, nodes, wl, model, params, self.counters)
