@@ -167,7 +167,9 @@ def index_for(
 ) -> PriorIndex:
     """The :class:`PriorIndex` of ``profiles``' global profiles with ``aliases``, built once
     per snapshot object (the store's cache hands out the same immutable mapping until a
-    profile changes; the submit hook builds it on its reload thread, right after a refresh)."""
+    profile changes; the submit hook builds it on its reload thread, right after a refresh).
+    A caller whose mapping changes in place (the simulator's store) must not change its
+    global profiles after the first call."""
     global _index_memo
     memo = _index_memo
     if memo is not None and memo[0] is profiles and memo[1] == aliases:
