@@ -357,8 +357,9 @@ def _profiled(gpus: int) -> RestrictedRow:
 RESTRICTED_ROWS = (
     # coda caps the profile's 12 per GPU: 7, 5, 4 and 4 per GPU.
     *(_profiled(gpus) for gpus in (1, 2, 3, 4)),
-    # DefaultCpusPerGpu=share without a profile: the node's 16 / 4 per GPU.
-    RestrictedRow(("--gpus=2", "--comment=coda:workload=restricted-unprofiled"), 8),
+    # DefaultCpusPerGpu=share without a profile: the node's 16 / 4 per GPU (a workload
+    # whose name does not name "restricted", which would make that profile its prior).
+    RestrictedRow(("--gpus=2", "--comment=coda:workload=unprofiled"), 8),
     # Slurm's own bounds, coda off: the cap is exactly what Slurm gives, no core more.
     RestrictedRow(("--gpus=1", f"--cpus-per-gpu={restricted_cpus(1)}", "--comment=coda:off"), 7),
     RestrictedRow(("-c", "4"), 4),  # a CPU-only job: the 4 unrestricted cores at most
@@ -398,7 +399,7 @@ def restricted_outcomes(restricted_cluster: DevCluster) -> dict[RestrictedRow, O
     results: dict[RestrictedRow, Outcome] = {}
     try:
         for index, row in enumerate(RESTRICTED_ROWS):
-            results[row] = submit(cluster, f"restricted-{index}", row.args)
+            results[row] = submit(cluster, f"rcores-{index}", row.args)
         drain(cluster, results)
     finally:
         cluster.run(["scancel", "--user=root"], check=False)
