@@ -47,6 +47,7 @@ __all__ = [
     "SignatureIgnoreError",
     "SignatureIgnoreTimeout",
     "global_key",
+    "is_workload_name",
     "name_problem",
     "normalize_name",
     "parse_coda_directives",
@@ -158,7 +159,7 @@ def _directives(comment: str) -> Directives:
                 raise DirectiveError(
                     "coda: missing workload name in --comment (write coda:workload=NAME)"
                 )
-            if _WORKLOAD_NAME.fullmatch(value) is None:
+            if not is_workload_name(value):
                 raise DirectiveError(
                     f"coda: invalid workload name {quote_label(value)} in --comment "
                     "(use letters, digits, . _ + -, at most 64, starting with a letter or digit)"
@@ -445,6 +446,12 @@ def name_problem(name: str) -> str | None:
     if any(not part for part in _PRIOR_JOINERS.split(low)):
         return "has an empty word (two of - _ . in a row, or one at an end)"
     return None
+
+
+def is_workload_name(name: str) -> bool:
+    """Whether ``coda:workload=NAME`` accepts ``name`` (1-64 of ``[A-Za-z0-9._+-]``,
+    starting with a letter or digit)."""
+    return _WORKLOAD_NAME.fullmatch(name) is not None
 
 
 def global_key(signature: Signature) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,7 +30,7 @@ from coda_common.model.starter import (
     scaled_cores,
     starter_profiles,
 )
-from coda_common.signature import name_problem
+from coda_common.signature import is_workload_name, name_problem
 from coda_common.store.profiles import (
     Profile,
     ProfileFormatError,
@@ -42,8 +41,6 @@ from coda_common.store.profiles import (
 )
 
 EXPORT_FORMAT = "coda-profiles-export"
-_WORKLOAD_NAME_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-"""What ``coda:workload=NAME`` accepts (coda_common.signature)."""
 EXPORT_FORMAT_VERSION = 1
 
 _META_KEY = "coda.profiles.options"
@@ -684,7 +681,7 @@ def share_cmd(key: str, name: str | None, replace: bool) -> None:
             )
         name = p.workload
     problem = name_problem(name)
-    if problem is None and _WORKLOAD_NAME_CHARS.fullmatch(name) is None:
+    if problem is None and not is_workload_name(name):
         problem = "must be at most 64 characters"
     if problem is not None:
         raise CliError(f"cannot share {p.signature} as {name!r}", f"NAME {problem}; pass --as NAME")

@@ -125,9 +125,6 @@ class PriorIndex:
         self._phrases = phrases
         self._firsts = frozenset(single) | frozenset(phrases)
 
-    def __len__(self) -> int:
-        return len(self.views)
-
     def match(self, text: bytes) -> tuple[str, ...]:
         """The profile NAMEs ``text`` (from :func:`scan_text`) names, sorted."""
         if not self._firsts:

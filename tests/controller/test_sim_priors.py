@@ -15,29 +15,9 @@ from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
 from slurm_plugin.sim.report import jobs_summary, second_half, summarise
 from slurm_plugin.sim.traces import Trace, uniform_nodes
 from slurm_plugin.sim.workloads import CLASSES, JobModel, assign_workloads, starter_table
+from tests.controller.test_sim import make_trace
 
 MODEL = JobModel()
-
-
-def make_trace(rows: list[tuple[float, float, int, int, int]], names: list[str]) -> Trace:
-    """Jobs as (submit_s, duration_s, gpus, cpus, workload index or -1)."""
-    t = Trace(
-        name="hand",
-        submit_s=np.array([r[0] for r in rows], dtype=float),
-        duration_s=np.array([r[1] for r in rows], dtype=float),
-        gpus=np.array([r[2] for r in rows], dtype=np.int32),
-        cpus=np.array([r[3] for r in rows], dtype=np.int32),
-        nodes=np.ones(len(rows), dtype=np.int32),
-        workload=np.array([r[4] for r in rows], dtype=np.int32),
-        workload_names=names,
-        gpu_model=np.full(len(rows), -1, dtype=np.int16),
-        gpu_model_names=[],
-        node_specs=None,
-        source="test",
-        notes=[],
-    )
-    t.validate()
-    return t
 
 
 # --- the second half of the submissions --------------------------------------------------
