@@ -71,6 +71,7 @@ PURE = {
         "signature",
         "store.request",
         "store.usage",
+        "store.jobsummary",
         "slurm.adminrecord",
         "slurm.hostlist",
         "slurm.ranges",

@@ -103,6 +103,10 @@ class CodaConfig:
     profile_drop_hosts: tuple[str, ...] = _field(profiles.PROFILE_DROP_HOSTS)
     """Addresses, CIDR networks or host names; empty = the nodes scontrol lists."""
     profile_drop_ttl_s: int = _field(profiles.PROFILE_DROP_TTL_S)
+    job_summary_dir: Path | None = _field(profiles.JOB_SUMMARY_DIR)
+    """None = ``<ProfileStore>/jobs`` (:attr:`summary_dir`)."""
+    job_summary_retention_days: int = _field(profiles.JOB_SUMMARY_RETENTION_DAYS)
+    job_summary_max_mib: int = _field(profiles.JOB_SUMMARY_MAX_MIB)
     mode: str = _field(hook.MODE)
     """``enforce``, ``advise`` or ``off`` (lower case)."""
     user_value: str = _field(hook.USER_VALUE)
@@ -202,6 +206,11 @@ class CodaConfig:
     node_usage_flush_s: float = _field(node.NODE_USAGE_FLUSH_S)
     """0 = write usage records only when the job ends."""
     node_usage_min_ticks: int = _field(node.NODE_USAGE_MIN_TICKS)
+
+    @property
+    def summary_dir(self) -> Path:
+        """Where job summaries are kept: ``JobSummaryDir``, else ``<ProfileStore>/jobs``."""
+        return self.job_summary_dir or self.profile_store / "jobs"
 
 
 CONFIG_KEYS: dict[str, KeySpec] = {

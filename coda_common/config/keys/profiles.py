@@ -2,7 +2,15 @@
 records to it (``Profile*``, ``MungeSocket``)."""
 
 from coda_common.config.keys import key
-from coda_common.config.values import abs_path, ints, one_of, partition_list, profile_store, uids
+from coda_common.config.values import (
+    abs_path,
+    abs_path_or_none,
+    ints,
+    one_of,
+    partition_list,
+    profile_store,
+    uids,
+)
 
 PROFILE_STORE = key(
     "ProfileStore",
@@ -69,4 +77,31 @@ PROFILE_DROP_TTL_S = key(
     "ProfilePublish=munge: seconds a dropped credential stays valid; one not collected "
     "by then is refused as expired (1..86400; munged refuses more than its --max-ttl, "
     "3600 by default).",
+)
+
+JOB_SUMMARY_DIR = key(
+    "JobSummaryDir",
+    "path",
+    "",
+    abs_path_or_none,
+    "Directory of the job summaries coda-node writes when a job ends (absolute path; "
+    "empty = <ProfileStore>/jobs). ProfilePublish=store: the nodes write it as root, like "
+    "the profile store; munge: coda-slurm profiles collect writes it.",
+)
+
+JOB_SUMMARY_RETENTION_DAYS = key(
+    "JobSummaryRetentionDays",
+    "int",
+    "90",
+    ints(1, 3650),
+    "Days a job summary is kept (whole days are removed, oldest first; 1..3650).",
+)
+
+JOB_SUMMARY_MAX_MIB = key(
+    "JobSummaryMaxMiB",
+    "int",
+    "1024",
+    ints(1, 999_999),
+    "MiB the job summaries may take on disk; past it the oldest days are removed (the "
+    "current day is always kept; 1..999999). A summary is about 900 bytes.",
 )
