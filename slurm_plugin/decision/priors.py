@@ -130,14 +130,16 @@ class PriorIndex:
         if not self._firsts:
             return ()
         # translate() and split() are single passes in C, whatever the text holds.
-        words = text.translate(_WORDS).split()
-        if self._firsts.isdisjoint(words):
+        # One pass over the words in C; the result is the few words that start a name.
+        hits = self._firsts.intersection(text.translate(_WORDS).split())
+        if not hits:
             return ()  # the common case: nothing in the text is the start of any name
-        present = set(words)
         found: set[str] = set()
-        for word in self._single.keys() & present:
-            found.update(self._single[word])
-        firsts = sorted(self._phrases.keys() & present) if self._phrases else ()
+        single, phrases = self._single, self._phrases
+        for word in hits:
+            if word in single:
+                found.update(single[word])
+        firsts = sorted(w for w in hits if w in phrases)
         if firsts:
             # Every run of words joined by - _ ., as "-w1-w2-...-" with one dash between
             # words (a doubled joiner stays doubled), set apart by NULs, which no name
