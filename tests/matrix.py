@@ -262,7 +262,11 @@ def read_guard(report_dir: Path, status: int) -> Guard:
     if not path.exists():
         return Guard("FAILED", f"no {SUMMARY_FILE} (exit {status})", 0.0)
     summary = load_summary(path)
-    return Guard(summary.status, details(summary), summary.wall_s)
+    line = details(summary)
+    if summary.testsuite:
+        # Which testsuite ran: the version's own, or the one the mirror serves instead.
+        line += f" [testsuite: {summary.testsuite.split(';')[0]}]"
+    return Guard(summary.status, line, summary.wall_s)
 
 
 def exit_status(outcomes: Sequence[Outcome]) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import matrix
-from tests.schedmd import compare
+from tests.schedmd import compare, source
 from tests.schedmd.compare import (
     FAILED,
     PASSED,
@@ -332,3 +332,32 @@ def test_the_prefix_wrapper_answers_versions_as_schedmd_builds_and_passes_the_re
     # Anything else runs the real program; a shell script's $0 is its own path, so this
     # shows the arguments pass through unchanged.
     assert run("--json", "-u", "root").endswith("--json -u root\n")
+
+
+def test_a_version_whose_source_is_not_served_runs_the_served_testsuite(tmp_path: Path) -> None:
+    """24.11's source is listed but not served: the cache's bookworm ATF runs instead, and
+    the origin says both which ran and why; the version's own is not asked for again."""
+    served = tmp_path / "22.05.8"
+    (served / source.SOURCE / source.ATF).mkdir(parents=True)
+    (served / source.SOURCE / source.ATF / "conftest.py").write_text("")
+    (served / source.ORIGIN).write_text("Debian slurm-wlm=22.05.8-4+deb12u3 (bookworm)\n")
+    (served / source.SERVED_MARK).write_text("bookworm\n")
+    (tmp_path / f"24.11.5{source.UNSERVED_SUFFIX}").write_text("apt-get source: 404 Not Found\n")
+    installed = source.Installed("24.11.5", "slurm-wlm", "24.11.5-4+deb13u1")
+    suite = source.ensure(installed, cache_dir=tmp_path)
+    assert suite.source_dir == served / source.SOURCE
+    assert suite.origin.startswith("Debian slurm-wlm=22.05.8-4+deb12u3 (bookworm);")
+    assert "Slurm 24.11.5's own testsuite: apt-get source: 404 Not Found" in suite.origin
+
+
+def test_the_mirror_of_the_systems_sources(tmp_path: Path) -> None:
+    state = tmp_path / "apt"
+    (state / "sources.list.d").mkdir(parents=True)
+    (state / "sources.list").write_text("")
+    (state / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb-src\nURIs: http://security.debian.org/debian-security\n\n"
+        "Types: deb-src\nURIs: http://mirror.example/debian\nSuites: trixie\n"
+    )
+    assert source._mirror_uri(state) == "http://mirror.example/debian"
+    (state / "sources.list").write_text("deb-src [arch=amd64] http://m2.example/debian sid main\n")
+    assert source._mirror_uri(state) == "http://m2.example/debian"

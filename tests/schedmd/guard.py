@@ -141,7 +141,9 @@ def atf_env(
         env.pop(k, None)
     env.update(
         PATH=f"{prefix / 'bin'}:{prefix / 'sbin'}:{ATF_PATH}",
-        PYTHONPATH=str(HERE / "atf"),
+        PYTHONPATH=":".join(
+            [str(HERE / "atf"), *([str(HERE / "atf-compat")] if source.py_io_missing() else [])]
+        ),
         SLURM_CONF=str(cluster.slurm_conf),
         SLURM_TESTSUITE_CONF=str(testsuite_conf),
     )

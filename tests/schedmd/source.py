@@ -18,12 +18,14 @@ root: for it, sudo and a sudoers drop-in that keeps ``SLURM_CONF`` (:data:`SUDOE
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +118,9 @@ def ensure(
     tree or tarball), else fetched from Debian's mirror; raise Unavailable when none has it."""
     if given is None and (found := cached(installed.version, cache_dir)) is not None:
         return found
+    unserved = cache_dir / f"{installed.version}{UNSERVED_SUFFIX}"
+    if given is None and _fresh(unserved):
+        return served_instead(installed, unserved.read_text().strip(), cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Staged beside the cache entry and renamed into place: a run stopped half way leaves
     # no entry that looks complete.
@@ -127,8 +132,13 @@ def ensure(
         else:
             try:
                 origin = _fetch_debian(installed, staging, staged)
+                if not (staged / ATF / "conftest.py").is_file():
+                    raise Unavailable(f"Debian's {installed.source_version} source has no {ATF}")
             except Unavailable as exc:
-                raise Unavailable(f"{exc}{_release_hint(installed)}") from None
+                shutil.rmtree(staging, ignore_errors=True)
+                why = f"{exc}{_release_hint(installed)}"
+                unserved.write_text(why + "\n")
+                return served_instead(installed, why, cache_dir)
         if not (staged / ATF / "conftest.py").is_file():
             raise Unavailable(f"{origin} has no {ATF}{_release_hint(installed)}")
         # apt's state, the downloads, and the tarballs dpkg-source links beside its target.
@@ -147,6 +157,115 @@ def ensure(
     found = cached(installed.version, cache_dir)
     assert found is not None
     return found
+
+
+SERVED_SUITE = "bookworm"
+"""The Debian suite whose ``slurm-wlm`` source (22.05.8, with its ATF) the mirror serves.
+Debian's mirrors list the source packages of trixie and sid (24.11, 26.05) but the pool
+serves no files for them here (``.dsc`` 404), and Slurm 25.11 and later release no ATF."""
+
+
+def served_instead(installed: Installed, why: str, cache_dir: Path = CACHE_DIR) -> Testsuite:
+    """Where the installed Slurm's own testsuite cannot be had (``why``): the testsuite of
+    the source the mirror does serve (:data:`SERVED_SUITE`), from the cache or fetched once,
+    to run against the installed Slurm with coda and without it. Outcomes that differ from
+    its own release (tests of options or output that changed since) fail on both sides and
+    cancel out in the comparison; what remains is what coda changes. Raises Unavailable
+    when that source cannot be had either."""
+    note = f"; Slurm {installed.version}'s own testsuite: {why}"
+    for entry in sorted(cache_dir.glob("*")) if cache_dir.is_dir() else []:
+        found = cached(entry.name, cache_dir)
+        if found is not None and (entry / SERVED_MARK).is_file():
+            return Testsuite(found.source_dir, found.origin + note)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".served.", dir=cache_dir))
+    try:
+        staged = staging / SOURCE
+        origin, version = _fetch_served(staging, staged)
+        if not (staged / ATF / "conftest.py").is_file():
+            raise Unavailable(f"{origin} has no {ATF}")
+        for scratch in staging.iterdir():
+            if scratch.name != SOURCE:
+                shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
+        (staging / ORIGIN).write_text(origin + "\n")
+        (staging / SERVED_MARK).write_text(SERVED_SUITE + "\n")
+        staging.chmod(0o755)
+        final = cache_dir / version
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    except Unavailable as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise Unavailable(f"{why}; nor {SERVED_SUITE}'s source instead: {exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    found = cached(version, cache_dir)
+    assert found is not None
+    return Testsuite(found.source_dir, found.origin + note)
+
+
+UNSERVED_SUFFIX = ".unserved"
+"""``<cache>/<version>.unserved``: why that version's own testsuite could not be had; for
+:data:`UNSERVED_TTL_S` the served one is used without asking the mirror again."""
+UNSERVED_TTL_S = 7 * 86400.0
+
+
+def _fresh(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < UNSERVED_TTL_S
+    except OSError:
+        return False
+
+
+SERVED_MARK = "served"
+"""A file in a cache entry fetched as :func:`served_instead`'s testsuite."""
+
+
+def _fetch_served(tmp: Path, dest: Path) -> tuple[str, str]:
+    """``slurm-wlm``'s source from :data:`SERVED_SUITE` on the mirror this system uses:
+    (origin, upstream version)."""
+    ensure_tools(("dpkg-dev",), ("dpkg-source",))
+    options = _private_apt(tmp / "apt")
+    mirror = _mirror_uri(tmp / "apt")
+    (tmp / "apt" / "sources.list.d" / "coda-served.list").write_text(
+        f"deb-src {mirror} {SERVED_SUITE} main\n"
+    )
+    download = tmp / "download"
+    download.mkdir()
+    _run(["apt-get", "-q", *options, "update"], download, "apt-get update (deb-src)")
+    spec = f"slurm-wlm/{SERVED_SUITE}"
+    _run(
+        ["apt-get", "-q", *options, "source", "--download-only", spec],
+        download,
+        f"apt-get source {spec}",
+    )
+    dscs = sorted(download.glob("slurm-wlm_*.dsc"))
+    if not dscs:
+        raise Unavailable(f"apt-get source {spec} left no .dsc")
+    debian_version = dscs[0].stem.split("_", 1)[1]
+    _run(["dpkg-source", "-x", str(dscs[0]), str(dest)], download, f"dpkg-source -x {dscs[0]}")
+    shutil.rmtree(download)
+    upstream = debian_version.split("-", 1)[0].split(":")[-1]
+    return f"Debian slurm-wlm={debian_version} ({SERVED_SUITE})", upstream
+
+
+def _mirror_uri(state: Path) -> str:
+    """The first Debian archive URI of the private apt state's sources."""
+    files = [state / "sources.list", *sorted((state / "sources.list.d").glob("*"))]
+    for f in files:
+        for line in f.read_text().splitlines() if f.is_file() else []:
+            words = line.split()
+            if words[:1] == ["deb-src"]:
+                uris = [w for w in words[1:] if "://" in w]
+            elif words[:1] and words[0].lower() == "uris:":
+                uris = words[1:]
+            else:
+                continue
+            for uri in uris:
+                if "security" not in uri:
+                    return uri
+    raise Unavailable("no Debian archive in this system's apt sources")
 
 
 def _release_hint(installed: Installed) -> str:
@@ -279,6 +398,17 @@ def ensure_atf_python(python: Path = ATF_PYTHON) -> Path:
     if subprocess.run(check, capture_output=True).returncode != 0:
         raise Unavailable(f"{python} cannot import {', '.join(ATF_MODULES)}")
     return python
+
+
+@functools.cache
+def py_io_missing(python: Path = ATF_PYTHON) -> bool:
+    """Whether the ATF's Python lacks ``py.io`` (the py library, which Slurm 22.05's conftest
+    imports, is gone from Debian 13 on): the guard then puts tests/schedmd/atf-compat first."""
+    check = [str(python), "-c", "import py.io"]
+    try:
+        return subprocess.run(check, capture_output=True, timeout=60).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 WRAPPER = """\
