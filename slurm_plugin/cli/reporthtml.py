@@ -19,10 +19,10 @@ PLOT_W = 760
 LABEL_W = 170
 
 _CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:900px;color:#1a1a1a}
+body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1a1a1a}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
 .verdict{font-size:16px;font-weight:600;margin:12px 0}
-table{border-collapse:collapse;font-variant-numeric:tabular-nums}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums;font-size:13px}
 th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}
 th:first-child,td:first-child{text-align:left}
 #totals th{text-align:left;font-weight:normal;color:#444}
@@ -88,7 +88,7 @@ def groups_plot(rows: Sequence[Mapping[str, Any]]) -> str:
     """Horizontal bars: each group's GPU-hours and, below, its GPU-hours waiting."""
     shown = rows[:PLOT_ROWS]
     top = max((r["gpu_hours"] for r in shown), default=0.0) or 1.0
-    span = PLOT_W - LABEL_W - 70
+    span = PLOT_W - LABEL_W - 100
     row_h, height = 30, 30 * len(shown) + 10
     parts = []
     for i, r in enumerate(shown):
