@@ -164,6 +164,16 @@ def test_the_window_takes_jobs_that_ended_at_its_start_not_at_its_end(tmp_path: 
     assert doc["daily"][-1]["day"] == "2025-12-07" and len(doc["daily"]) == 7
 
 
+def test_a_summary_written_twice_counts_once(tmp_path: Path) -> None:
+    store = SummaryStore(tmp_path / "jobs")
+    store.append([summary(gpu_wait_s=600.0)], "gpu01")
+    store.append([summary(gpu_wait_s=1200.0)], "gpu01")  # the node restarted and wrote it again
+    store.append([summary(node="gpu02", num_nodes=2)], "gpu02")
+    t = run_json(tmp_path / "jobs")["totals"]
+    assert (t["jobs"], t["gpu_hours"]) == (1, 4.0)
+    assert t["gpu_hours_waiting"] == round(2 * (1200 + 1800) / 3600, 2)  # gpu01: its later copy
+
+
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str] | None = None) -> str:
     rc = main(args)
     assert rc == 0
