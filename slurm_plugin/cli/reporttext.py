@@ -4,6 +4,7 @@ number shown is one of the ``--json`` document's, printed by :func:`fmt`."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ IDLE_CORES_PER_GPU = 2.0
 MAIL_JOBS = 200
 """Jobs listed in one user's mail (the newest; all are counted)."""
 PROBLEMS_SHOWN = 5
+MAIL_COLUMNS = 78
+"""The mail's prose is wrapped at this width (its job table is as wide as it needs)."""
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("JOBS", "jobs"),
@@ -203,11 +206,14 @@ def user_mail(user: str, jobs: Sequence[JobFigures], window: Window) -> str:
         f"User: {user}",
         "",
         "In short:",
-        *suggestions(jobs),
+        *(textwrap.fill(s, MAIL_COLUMNS, subsequent_indent="  ") for s in suggestions(jobs)),
         "",
-        f"Jobs: {len(jobs)}; GPU-hours: {fmt(hours(gpu_h))}; GPUs waiting on CPUs: "
-        f"{fmt(hours(waiting))} GPU-hours ({share} of the time measured); cores held idle: "
-        f"{fmt(hours(sum(j.idle_core_hours for j in jobs)))} core-hours",
+        textwrap.fill(
+            f"Jobs: {len(jobs)}; GPU-hours: {fmt(hours(gpu_h))}; GPUs waiting on CPUs: "
+            f"{fmt(hours(waiting))} GPU-hours ({share} of the time measured); cores held "
+            f"idle: {fmt(hours(sum(j.idle_core_hours for j in jobs)))} core-hours",
+            MAIL_COLUMNS,
+        ),
         "",
         f"  {'JOB':>10}  {'ENDED (UTC)':<16}  {'PARTITION':<12}  {'GPUS':>4}  {'GPU-H':>8}"
         f"  {'WAIT%':>6}  {'IDLE-CORE-H':>11}  CORES",
