@@ -197,7 +197,7 @@ def report_cmd(
     try:
         window = window_from(since, until, days, now_s)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise CliError("cannot tell the window", str(exc)) from None
     cfg = _config(conf_path)
     store = _summary_store(store_dir, cfg)
     problems = ScanProblems()

@@ -19,7 +19,8 @@ PLOT_W = 760
 LABEL_W = 170
 
 _CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1a1a1a}
+body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;padding:0 16px;max-width:1100px}
+body{color:#1a1a1a}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
 .verdict{font-size:16px;font-weight:600;margin:12px 0}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums;font-size:13px}
@@ -137,6 +138,23 @@ def daily_plot(days: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+PROFILES_SHOWN = 50
+
+
+def _profiles(p: Mapping[str, Any]) -> str:
+    """The profiles updated in the window, newest first."""
+    rows = "".join(
+        f"<tr><td>{escape(x['workload'])}</td><td>{x['cpus_per_gpu']}</td>"
+        f"<td>{escape(x['updated'])}</td><td>{escape(x['signature'])}</td></tr>"
+        for x in p["profiles"][:PROFILES_SHOWN]
+    )
+    table = (
+        '<table id="profiles"><thead><tr><th>workload</th><th>cores per GPU</th>'
+        f"<th>updated</th><th>signature</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    return f"<p>{escape(profiles_words(p))}</p>" + (table if rows else "")
+
+
 def _problems(p: Mapping[str, Any]) -> str:
     items = "".join(f"<li><code>{escape(x)}</code></li>" for x in p["first"][:PROBLEMS_SHOWN])
     return (
@@ -167,7 +185,7 @@ def render_html(doc: Mapping[str, Any]) -> str:
         f"<h2>By {escape(by)}</h2>",
         groups_table(rows, by),
         "<h2>Profiles changed in the window</h2>",
-        f"<p>{escape(profiles_words(doc['profiles_changed']))}</p>",
+        _profiles(doc["profiles_changed"]),
         "<h2>Skipped</h2>",
         _problems(doc["problems"]),
     ]
