@@ -7,7 +7,8 @@ accounts and partitions drawn at random, each source of sizing), then runs
 separate process (start-up included) and prints the best wall time:
 
     .venv/bin/python bench/bench_report.py
-    .venv/bin/python bench/bench_report.py --summaries 1000 --keep /tmp/store   # docs' example
+    .venv/bin/python bench/bench_report.py --summaries 2000 --writers 8 --repeats 1 \
+        --keep /tmp/site/jobs      # the admin guide's example store
 
 The figure goes in docs/benchmarks.md ("Site report over 100,000 job summaries").
 """
