@@ -35,6 +35,23 @@ def require_slurm() -> None:
     pytest.skip(reason)
 
 
+def browser_missing_reason() -> str | None:
+    if shutil.which("chromium") is None:
+        return "chromium not installed; run scripts/setup"
+    return None
+
+
+def require_browser() -> str:
+    """The headless browser's path; skips (fails where CODA_REQUIRE_BROWSER=1) without it."""
+    reason = browser_missing_reason()
+    if reason is not None:
+        # scripts/test sets CODA_REQUIRE_BROWSER=1: there a missing chromium is a failure.
+        if os.environ.get("CODA_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return shutil.which("chromium") or "chromium"
+
+
 class LogWatch:
     """Follow a log file from the moment the watch was made."""
 

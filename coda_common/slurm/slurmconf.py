@@ -87,6 +87,9 @@ class PartitionShape:
     default: bool | None
     """The partition of jobs submitted without ``--partition`` (``Default=YES``; when
     several say so, the last). :func:`read_slurm_conf` gives True or False."""
+    def_cpu_per_gpu: int | None = None
+    """``DefCpuPerGPU=``: the CPUs per GPU Slurm gives a job of this partition that asks
+    for none; None when the line (and ``PartitionName=DEFAULT``) does not set it."""
 
 
 _NODENAME_LINE = re.compile(r"\s*nodename\s*=", re.IGNORECASE)
@@ -305,7 +308,16 @@ def _read_partition(line: str, source: str, lineno: int, partitions: list[Partit
         raise ConfigError(source, lineno, "PartitionName without a value")
     # PartitionName=DEFAULT is kept as a pseudo-partition that read_slurm_conf folds into
     # the later lines (its values are theirs unless they set their own, as in Slurm).
-    partitions.append(PartitionShape(name, params.get("nodes", ""), _default(params)))
+    partitions.append(
+        PartitionShape(name, params.get("nodes", ""), _default(params), _def_cpu_per_gpu(params))
+    )
+
+
+def _def_cpu_per_gpu(params: dict[str, str]) -> int | None:
+    """``DefCpuPerGPU=``, or None when unset or not a whole number (slurmctld refuses such a
+    line itself; the readers of node shapes do not stop on it)."""
+    value = params.get("defcpupergpu", "")
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def _default(params: dict[str, str]) -> bool | None:
@@ -317,16 +329,20 @@ def _default(params: dict[str, str]) -> bool | None:
 def _fold_partition_defaults(lines: list[PartitionShape]) -> tuple[PartitionShape, ...]:
     """The partitions of ``lines`` with ``PartitionName=DEFAULT`` values filled in, and
     ``default`` True only for the last partition that says so (Slurm takes the last)."""
-    nodes, default = "", None
+    nodes, default, cpg = "", None, None
     out: list[PartitionShape] = []
     for p in lines:
         if p.name.upper() == "DEFAULT":
             nodes = p.nodes or nodes
             default = p.default if p.default is not None else default
+            cpg = p.def_cpu_per_gpu if p.def_cpu_per_gpu is not None else cpg
             continue
         out.append(
             PartitionShape(
-                p.name, p.nodes or nodes, bool(p.default if p.default is not None else default)
+                p.name,
+                p.nodes or nodes,
+                bool(p.default if p.default is not None else default),
+                p.def_cpu_per_gpu if p.def_cpu_per_gpu is not None else cpg,
             )
         )
     last = max((i for i, p in enumerate(out) if p.default), default=-1)

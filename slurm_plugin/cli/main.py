@@ -16,6 +16,7 @@ from slurm_plugin.cli.colocate import colocate_cmd
 from slurm_plugin.cli.job import job_cmd
 from slurm_plugin.cli.model import model
 from slurm_plugin.cli.profiles import profiles
+from slurm_plugin.cli.report import report_cmd
 from slurm_plugin.cli.reserve import reserve_cmd
 from slurm_plugin.cli.simulate import simulate_cmd
 from slurm_plugin.cli.status import status
@@ -39,6 +40,7 @@ cli.add_command(simulate_cmd)
 cli.add_command(colocate_cmd)
 cli.add_command(reserve_cmd)
 cli.add_command(job_cmd)
+cli.add_command(report_cmd)
 
 
 @cli.group()
