@@ -112,7 +112,7 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     root_cred = _munge(cluster, _payload(good_sig, now).to_json_bytes(), [])
     (drop_dir / f"{'0' * 32}.munge").write_bytes(root_cred)
     out = _collect(cluster, conf)
-    assert "1 accepted (2 samples merged), 0 refused" in out.stdout, out
+    assert "1 accepted (2 samples merged, 0 job summaries appended), 0 refused" in out.stdout, out
     assert store.read(good_sig).n_samples == 2
     assert not any(drop_dir.iterdir())
 
@@ -137,7 +137,7 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     t0 = time.monotonic()
     out = _collect(cluster, conf)
     collect_s = time.monotonic() - t0
-    assert "0 accepted (0 samples merged), 7 refused" in out.stdout, out
+    assert "0 accepted (0 samples merged, 0 job summaries appended), 7 refused" in out.stdout, out
     assert "replayed munge credential" in _refusal(out.stderr, files["replayed"])
     assert "made by uid 65534, only uid 0 accepted" in _refusal(out.stderr, files["user"])
     assert "not a valid munge credential" in _refusal(out.stderr, files["forged"])
@@ -179,7 +179,7 @@ def test_usage_records_from_a_node_are_merged_through_munge(
     ):
         drop(payload, drop_dir, cluster.munge_socket, ttl_s=300)
     out = _collect(cluster, conf)
-    assert "2 accepted (0 samples merged), 0 refused" in out.stdout, out
+    assert "2 accepted (0 samples merged, 0 job summaries appended), 0 refused" in out.stdout, out
     assert store.read(gpu_sig).usage == (gpu,) and store.read(gpu_sig).n_samples == 2
     made = store.read(cpu_sig)
     assert made is not None and made.cpu_usage == cpu and made.source == "cpu-usage"
@@ -210,7 +210,10 @@ def test_the_drop_directory_cannot_be_used_against_other_files(
     link = drop_dir / f"{'e' * 32}.munge"
     assert _as_user(["ln", "-s", str(victim), str(link)]).returncode == 0
     out = _collect(cluster, conf)
-    assert "1 accepted (2 samples merged), 0 refused, 1 left alone" in out.stdout, out
+    assert (
+        "1 accepted (2 samples merged, 0 job summaries appended), 0 refused, 1 left alone"
+        in out.stdout
+    ), out
     assert f"drop {link}: a symbolic link; left alone, not read" in out.stderr
     assert victim.read_text() == "root's file\n" and link.is_symlink() and not mine.exists()
 
