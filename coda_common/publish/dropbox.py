@@ -3,9 +3,11 @@
 On NFS with ``root_squash`` a node daemon cannot write the root-owned profile store. Instead
 it encodes what it would merge (the samples of one probing run, or the usage records of one
 job: GPU usage per GPU model, a CPU job's memory bandwidth; with the signature and the node)
-as a munge credential and drops it into ``ProfileDropDir``, a spool anyone may write. On the
+as a munge credential and drops it into ``ProfileDropDir``, a spool anyone may write; the
+summaries of the jobs that ended there go the same way (:class:`SummaryDrop`). On the
 controller :class:`Collector` (``coda-slurm profiles collect``) decodes each file with
-unmunge and merges the samples into the store it owns, only when munge says the credential
+unmunge and merges the samples into the store it owns (a summary drop: appends its
+summaries to the summary store as writer ``collector``), only when munge says the credential
 was made by an accepted uid (``ProfileDropUids``, root) on a host that is a node of this
 cluster (``ProfileDropHosts``, else the addresses ``scontrol show node`` lists).
 
