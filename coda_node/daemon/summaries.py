@@ -18,7 +18,6 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.publish.dropbox import MAX_DROP_SUMMARIES, DropError, SummaryDrop, drop
 from coda_common.store.jobsummary import JobSummary, SummaryFormatError, summary_from_json_dict
 from coda_common.store.summaries import SummaryStoreError, day_of, store_for
-from coda_node.daemon.tick import gpu_model
 from coda_node.policy.summary import SummaryAccumulator, SummaryTick
 from coda_node.sampling.snapshot import JobView, NodeSnapshot
 from coda_node.system.nvml import GpuSample
@@ -70,19 +69,23 @@ class JobEndCounters:
         ]
 
 
-def job_gpu_util_pct(view: JobView, gpus: Mapping[int, GpuSample]) -> float | None:
-    """The mean NVML utilisation of the job's GPUs that read one; None where none did."""
-    util = [
-        gpus[r.nvml_index].util_pct
-        for r in view.gpus
-        if r.nvml_index is not None and r.nvml_index in gpus
+def job_gpus(view: JobView, gpus: Mapping[int, GpuSample]) -> tuple[float | None, str | None]:
+    """(the mean NVML utilisation of the job's GPUs that read one, their model where they
+    are all of one); None for what NVML did not say."""
+    mine = [
+        gpus[r.nvml_index] for r in view.gpus if r.nvml_index is not None and r.nvml_index in gpus
     ]
-    known = [u for u in util if u is not None]
-    return sum(known) / len(known) if known else None
+    known = [g.util_pct for g in mine if g.util_pct is not None]
+    models = {g.name for g in mine if g.name}
+    return (
+        sum(known) / len(known) if known else None,
+        models.pop() if len(models) == 1 else None,
+    )
 
 
 def summary_tick(
     snap: NodeSnapshot,
+    gpus_now: Mapping[int, GpuSample],
     view: JobView,
     allocated: frozenset[int] | None,
     changes: JobChanges | None,
@@ -102,6 +105,7 @@ def summary_tick(
     if changes is not None and changes.cpuset_applied is not None:
         in_force = len(changes.cpuset_applied)
     gpus = len(sj.gpu_indices) or sum(g.count for g in sj.gres if g.name == "gpu")
+    util_pct, model = job_gpus(view, gpus_now)
     return SummaryTick(
         job_id=view.job_id,
         monotonic_s=snap.monotonic_s,
@@ -113,13 +117,13 @@ def summary_tick(
         partition=sj.partition or None,
         num_nodes=sj.num_nodes,
         gpus=gpus,
-        gpu_model=gpu_model(snap, view.job_id),
+        gpu_model=model,
         record=sj.record_text,
         profile_state=profile_state,
         cores_allocated=len(cpus),
         cores_in_force=in_force,
         cpu_used_cores=view.cpu_rate_cores,
-        gpu_util_pct=job_gpu_util_pct(view, {g.index: g for g in snap.gpus}),
+        gpu_util_pct=util_pct,
         probe_cores=probe_cores,
         throttled=throttled,
         protected=protected,
@@ -161,10 +165,12 @@ class SummaryRecorder:
         out = decision.loop
         held = [loop.eliminator.throttled.get(j) for j in out.throttles]
         protected = {t.for_job for t in held if t is not None and t.for_job is not None}
+        gpus = {g.index: g for g in snap.gpus}
         for job_id, view in snap.jobs.items():
             facts = decision.facts.get(job_id)
             tick = summary_tick(
                 snap,
+                gpus,
                 view,
                 facts.allocated_cpus if facts is not None else None,
                 changes.get(job_id),
