@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.config.codaconf import load_config
 from coda_common.publish.dropbox import Drop, drop
 from coda_common.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
+from coda_common.store.summaries import store_for
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
 from tests.conftest import gres, require_slurm, started
 from tests.node.test_node_loop_slurm import LOOP_CONF, _events, _export, _train_script
@@ -307,6 +309,22 @@ def test_a_probing_run_reaches_the_next_sbatch_through_munge_with_the_store_unwr
         cpg = prof.cpus_per_gpu
         assert f"cpg={cpg};" in second["AdminComment"] and "src=profile" in second["AdminComment"]
         assert second.get("CpusPerTres") == gres(f"gres:gpu:{cpg}")
+
+        # The job ends: its summary goes the same way, and the collector appends it.
+        cluster.run(["scancel", str(job_id)], check=False)
+        summaries = store_for(load_config(cluster.coda_conf))
+
+        def summarised():
+            return [x for x in summaries.scan() if x.job_id == job_id] or None
+
+        (summary,) = _wait(summarised, "the collector to append the job's summary", 60)
+        assert (summary.node, summary.kind, summary.gpus) == (NODE_NAME, "dnn", 1)
+        assert summary.probes >= 1 and 0 < summary.probe_s <= summary.sampled_s
+        assert [p.name for p in summaries.root.glob("*/*.jsonl")] == ["collector.jsonl"]
+        appended = f"job summaries of job(s) {job_id} from node {NODE_NAME} appended"
+        assert appended in collect_log.read_text()
+        ended = [e["reason"] for e in _events(cluster, job_id) if e["action"] == "summary-publish"]
+        assert len(ended) == 1 and "handed to the controller as" in ended[0], ended
     finally:
         cluster.run(["scancel", "-u", "root"], check=False)
         for proc in (daemon, collector):
