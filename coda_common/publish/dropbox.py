@@ -3,9 +3,11 @@
 On NFS with ``root_squash`` a node daemon cannot write the root-owned profile store. Instead
 it encodes what it would merge (the samples of one probing run, or the usage records of one
 job: GPU usage per GPU model, a CPU job's memory bandwidth; with the signature and the node)
-as a munge credential and drops it into ``ProfileDropDir``, a spool anyone may write. On the
+as a munge credential and drops it into ``ProfileDropDir``, a spool anyone may write; the
+summaries of the jobs that ended there go the same way (:class:`SummaryDrop`). On the
 controller :class:`Collector` (``coda-slurm profiles collect``) decodes each file with
-unmunge and merges the samples into the store it owns, only when munge says the credential
+unmunge and merges the samples into the store it owns (a summary drop: appends its
+summaries to the summary store as writer ``collector``), only when munge says the credential
 was made by an accepted uid (``ProfileDropUids``, root) on a host that is a node of this
 cluster (``ProfileDropHosts``, else the addresses ``scontrol show node`` lists).
 
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from coda_common.publish import munge
+from coda_common.store.jobsummary import JobSummary, SummaryFormatError, summary_from_json_dict
 from coda_common.store.profiles import (
     CpuUsageRecord,
     LogFn,
@@ -65,6 +68,7 @@ from coda_common.store.profiles import (
     usage_from_json_dict,
     usage_to_json_dict,
 )
+from coda_common.store.summaries import SummaryStore, SummaryStoreError
 
 DROP_FORMAT = "coda-drop"
 DROP_FORMAT_VERSION = 2
@@ -184,11 +188,95 @@ class Drop:
         return cls(d["signature"], node, samples, float(made), usage, cpu_usage)
 
 
+SUMMARY_DROP_FORMAT = "coda-summary-drop"
+SUMMARY_DROP_FORMAT_VERSION = 1
+_SUMMARY_DROP_KEYS = frozenset({"format", "format_version", "node", "made_unix_s", "summaries"})
+MAX_DROP_SUMMARIES = 32
+"""Job summaries one drop may carry: a summary is at most about 2.5 KB of JSON (its names
+and record at their caps), so a full drop stays well under :data:`MAX_DROP_FILE_BYTES`
+once munge has armoured it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryDrop:
+    """What one credential carries of job summaries: those of jobs that ended on ``node``
+    (:mod:`coda_common.store.jobsummary`), for the collector to append to the summary
+    store."""
+
+    node: str
+    made_unix_s: float
+    summaries: tuple[JobSummary, ...]
+
+    def to_json_bytes(self) -> bytes:
+        d = {
+            "format": SUMMARY_DROP_FORMAT,
+            "format_version": SUMMARY_DROP_FORMAT_VERSION,
+            "node": self.node,
+            "made_unix_s": self.made_unix_s,
+            "summaries": [s.to_json_dict() for s in self.summaries],
+        }
+        return json.dumps(d, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any], where: str) -> SummaryDrop:
+        """Validate a decoded payload strictly; ProfileFormatError naming ``where``."""
+        version = d.get("format_version")
+        if type(version) is not int or version != SUMMARY_DROP_FORMAT_VERSION:
+            raise ProfileFormatError(
+                where,
+                f"summary payload format_version {str(version)[:20]!r} is not "
+                f"{SUMMARY_DROP_FORMAT_VERSION}: run the same coda version on nodes and "
+                "controller",
+            )
+        if set(d) != _SUMMARY_DROP_KEYS:
+            raise ProfileFormatError(
+                where, f"summary payload keys are not {sorted(_SUMMARY_DROP_KEYS)}"
+            )
+        node = d["node"]
+        if not isinstance(node, str) or not _NODE_RE.fullmatch(node):
+            raise ProfileFormatError(where, f"node {str(node)[:70]!r} is not a Slurm node name")
+        made = d["made_unix_s"]
+        if isinstance(made, bool) or not isinstance(made, int | float) or not made >= 0:
+            raise ProfileFormatError(where, f"made_unix_s {str(made)[:40]!r} is not a time")
+        raw = d["summaries"]
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_DROP_SUMMARIES:
+            raise ProfileFormatError(
+                where, f"summaries must be a list of 1 to {MAX_DROP_SUMMARIES}"
+            )
+        out = []
+        for i, item in enumerate(raw):
+            try:
+                summary = summary_from_json_dict(item)
+            except SummaryFormatError as exc:
+                raise ProfileFormatError(where, f"summaries[{i}]: {exc}") from None
+            if summary.node != node:
+                raise ProfileFormatError(
+                    where, f"summaries[{i}] is of node {summary.node!r}, not {node!r}"
+                )
+            out.append(summary)
+        return cls(node, float(made), tuple(out))
+
+
+def payload_from_json_bytes(raw: bytes, where: str) -> Drop | SummaryDrop:
+    """The drop a credential's payload is: profile samples and usage records
+    (:class:`Drop`) or job summaries (:class:`SummaryDrop`); ProfileFormatError when it
+    is neither, or not a valid one."""
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileFormatError(where, f"payload is not JSON: {exc}") from None
+    except RecursionError:
+        raise ProfileFormatError(where, "payload is not JSON: nested too deeply") from None
+    if isinstance(d, dict) and d.get("format") == SUMMARY_DROP_FORMAT:
+        return SummaryDrop.from_json_dict(d, where)
+    return Drop.from_json_bytes(raw, where)
+
+
 # --------------------------------------------------------------------------------------------
 # The node side
 
 
-def drop(payload: Drop, drop_dir: Path, munge_socket: Path, *, ttl_s: int) -> Path:
+def drop(payload: Drop | SummaryDrop, drop_dir: Path, munge_socket: Path, *, ttl_s: int) -> Path:
     """Encode ``payload`` as a credential only root can decode and put it into ``drop_dir``
     under a fresh unguessable name; the path written. Raises DropError.
 
@@ -319,6 +407,7 @@ class CollectStats:
     accepted: int = 0
     refused: int = 0
     samples: int = 0
+    summaries: int = 0
     left_alone: int = 0
     refusals: list[str] = field(default_factory=list)
 
@@ -350,6 +439,7 @@ class Collector:
         decode: Callable[[bytes, Path], munge.Decoded] = munge.decode,
         refit: Callable[[Any], Any] | None = None,
         clock: Callable[[], float] = _now_s,
+        summaries: SummaryStore | None = None,
     ) -> None:
         if refit is None:
             from coda_common.model.fit import refit_profile
@@ -364,6 +454,8 @@ class Collector:
         self._decode = decode
         self._refit = refit
         self._clock = clock
+        self.summaries = summaries
+        """Where job summaries go (JobSummaryDir); None: a summary drop is refused."""
         self._left_alone_logged: set[tuple[str, int, int]] = set()
 
     # -- the consumed-credential record ---------------------------------------------------
@@ -426,7 +518,21 @@ class Collector:
             os.close(dir_fd)
             if seen != seen_before:
                 self._save_seen(seen)
+        self._prune_summaries(now)
         return stats
+
+    def _prune_summaries(self, now_s: float) -> None:
+        """The summary store past its retention, at most hourly (SummaryStore.prune_if_due);
+        a failure is logged and collecting goes on."""
+        if self.summaries is None:
+            return
+        try:
+            removed = self.summaries.prune_if_due(now_s)
+        except OSError as exc:
+            self.log("error", f"cannot prune job summaries in {self.summaries.root}: {exc}")
+            return
+        if removed:
+            self.log("info", f"job summaries of {', '.join(removed)} removed (retention)")
 
     def _sweep_temp(self, dir_fd: int, name: str, now_s: float) -> None:
         try:
@@ -493,14 +599,19 @@ class Collector:
                 self.log("error", f"drop {where} refused: {exc}; removed, nothing merged")
             else:
                 stats.accepted += 1
-                stats.samples += len(drop_.samples)
+                if isinstance(drop_, SummaryDrop):
+                    stats.summaries += len(drop_.summaries)
+                else:
+                    stats.samples += len(drop_.samples)
                 self.log("info", f"drop {where}: {merged}")
             self._unlink_if_same(dir_fd, name, st)
         finally:
             os.close(fd)
 
-    def _merge(self, drop_: Drop, now_s: float) -> str:
+    def _merge(self, drop_: Drop | SummaryDrop, now_s: float) -> str:
         """Merge what ``drop_`` carries into the store; what was merged, for the log."""
+        if isinstance(drop_, SummaryDrop):
+            return self._append_summaries(drop_)
         said: list[str] = []
         if drop_.samples:
             profile = self.store.merge_samples(
@@ -531,6 +642,17 @@ class Collector:
             )
         return "; ".join(said)
 
+    def _append_summaries(self, drop_: SummaryDrop) -> str:
+        """Append a drop's job summaries to the summary store (writer ``collector``)."""
+        if self.summaries is None:
+            raise ValueError("this collector keeps no job summaries (no JobSummaryDir given)")
+        try:
+            self.summaries.append(drop_.summaries, writer="collector")
+        except SummaryStoreError as exc:
+            raise StoreError(f"cannot append job summaries: {exc}") from None
+        jobs = ", ".join(str(s.job_id) for s in drop_.summaries)
+        return f"job summaries of job(s) {jobs} from node {drop_.node} appended"
+
     def _read_capped(self, fd: int, st: os.stat_result) -> bytes:
         if st.st_size > MAX_DROP_FILE_BYTES:
             raise _Refused(f"{st.st_size} bytes, more than {MAX_DROP_FILE_BYTES} (not read)")
@@ -548,7 +670,7 @@ class Collector:
 
     def _check(
         self, credential: bytes, where: str, seen: dict[str, float], now_s: float
-    ) -> tuple[Drop, str]:
+    ) -> tuple[Drop | SummaryDrop, str]:
         """The drop ``credential`` carries and its key in the consumed record (already
         recorded); _Refused saying why it is not accepted."""
         try:
@@ -584,7 +706,7 @@ class Collector:
             raise _Refused(f"replayed munge credential ({who}; consumed before)")
         seen[key] = max(made + (decoded.ttl_s or 0) + SEEN_SLACK_S, now_s + SEEN_SLACK_S)
         try:
-            return Drop.from_json_bytes(decoded.payload, where), key
+            return payload_from_json_bytes(decoded.payload, where), key
         except ProfileFormatError as exc:
             raise _Refused(f"({who}) {exc.problem}") from None
 

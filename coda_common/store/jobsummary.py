@@ -58,6 +58,15 @@ MAX_SECONDS = 100 * 365 * 86400.0
 KINDS = ("dnn", "cpu")
 
 
+def clean_text(value: object, limit: int = MAX_TEXT_CHARS) -> str | None:
+    """``value`` where a summary can carry it (printable text of 1..``limit`` characters),
+    else None: a name Slurm or a user gave that a summary will not hold is left out, never
+    written in part."""
+    if not isinstance(value, str) or not value or len(value) > limit or not value.isprintable():
+        return None
+    return value
+
+
 class SummaryFormatError(ValueError):
     """A summary that cannot be used; the message says why, for a log line."""
 

@@ -44,6 +44,11 @@ READ_CHUNK_BYTES = 1 << 20
 MAX_PROBLEMS_KEPT = 100
 """Problems a scan keeps word for word (all are counted)."""
 
+PRUNE_EVERY_S = 3600.0
+"""A writer prunes the store at most this often (:meth:`SummaryStore.prune_if_due`)."""
+PRUNE_STAMP = ".pruned"
+"""The file whose mtime says when the store was last pruned, by any writer sharing it."""
+
 _DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _WRITER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\.jsonl")
@@ -150,6 +155,27 @@ class SummaryStore:
         for d in removed:
             shutil.rmtree(self.root / d, ignore_errors=True)
         return removed
+
+    def prune_if_due(self, now_s: float, every_s: float = PRUNE_EVERY_S) -> list[str] | None:
+        """:meth:`prune` where the store was last pruned ``every_s`` ago or more (or never),
+        by whichever writer: :data:`PRUNE_STAMP`'s mtime, set now, says when. None when
+        not due or the store does not exist yet; OSError when the stamp cannot be set."""
+        stamp = self.root / PRUNE_STAMP
+        try:
+            last_s = os.stat(stamp, follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            last_s = None
+        if last_s is not None and 0 <= now_s - last_s < every_s:
+            return None
+        if not self.root.is_dir():
+            return None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(stamp, flags, 0o644)
+        try:
+            os.utime(fd, (now_s, now_s))
+        finally:
+            os.close(fd)
+        return self.prune(now_s)
 
     def _day_bytes(self, day: str) -> int:
         total = 0

@@ -30,6 +30,7 @@ from coda_node.daemon.endpoint import MetricsEndpoint
 from coda_node.daemon.limits import AdminLimits
 from coda_node.daemon.membw import MemBwMonitoring
 from coda_node.daemon.recovery import Recovery, RepairPlan, adopt, allocated_cpus
+from coda_node.daemon.summaries import SummaryRecorder
 from coda_node.daemon.tick import (
     Decision,
     TickReport,
@@ -147,6 +148,7 @@ class Daemon:
         """What the daemon records and shows: events, usage, counters, the endpoint."""
         self.usage_records = UsageRecorder(self.cfg, self.node_name, self._event)
         self.usage = self.usage_records.usage
+        self.job_summaries = SummaryRecorder(self.cfg, self.node_name, self._event)
         self.event_log = EventLog()
         self.events = self.event_log.events
         self.events_total = self.event_log.events_total
@@ -230,11 +232,6 @@ class Daemon:
     def mem_bw_monitor(self) -> JobMonitor | None:
         """Per-job bandwidth from resctrl MON groups, when nothing else supplies it."""
         return self.mem_bw.monitor
-
-    @property
-    def mem_bw_monitor_off(self) -> str | None:
-        """Why there is no bandwidth monitor."""
-        return self.mem_bw.off
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self, *, put_back: bool = False) -> None:
@@ -373,7 +370,8 @@ class Daemon:
         return results
 
     def _publish(self, snap: NodeSnapshot, decision: Decision) -> None:
-        """The profiles the loop finished, and the GPU usage records due."""
+        """The profiles the loop finished, the GPU usage records due, and the summaries of
+        the jobs that ended."""
         for pub in decision.loop.publish:
             seen = snap if pub.job_id in snap.jobs or self._prev_snap is None else self._prev_snap
             line = self.loop.publish(pub, gpu_model(seen, pub.job_id))
@@ -383,6 +381,7 @@ class Daemon:
         )
         for flush in self.usage.step(snap.monotonic_s, time.time(), set(snap.jobs)):
             self.usage_records.publish(flush, self.loop.store)
+        self.job_summaries.step(snap, decision, self.loop, self.state.changes)
 
     def restore(self, only: frozenset[int] | None = None) -> dict[int, JobResult]:
         """Put every job (or the jobs ``only`` names) back as Slurm set it: from its
@@ -444,6 +443,7 @@ class Daemon:
                     log.exception("tick failed; retrying next interval")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
             self.usage_records.publish_remaining(self.loop.store)
+            self.job_summaries.publish_remaining()
             self.restore()
             self.nvml.shutdown()
         finally:
@@ -470,7 +470,7 @@ class Daemon:
         view = self.state.view
         daemon = dict(view.get("daemon") or {})
         daemon["counters"] = self.counters()
-        return {**view, "daemon": daemon}
+        return {**view, "daemon": daemon, "job_end": self.job_summaries.counters.rows()}
 
     # -- the view for `coda-node status` -----------------------------------------------
     def _event(

@@ -9,7 +9,11 @@ prefix, base units in the name (``_bytes_per_second``, ``_cores``, ``_ratio``,
 ``_seconds``), counters ending in ``_total``.
 
 Cardinality: per-job series carry ``job_id``, ``user`` and ``kind``; a node runs tens of
-jobs at most, and a job's series end with the job.
+jobs at most, and a job's series end with the job. The job-end counters (what the jobs that
+ended here added up to since the daemon started, from their summaries) carry ``user`` and
+``account`` only, at most 500 pairs (the daemon counts later pairs under ``other``).
+Label values are escaped by prometheus_client's exposition; a value longer than
+:data:`MAX_LABEL_CHARS` or not printable is shown as ``unknown``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from coda_node.status.document import build_status
 
 JOB_LABELS = ("job_id", "user", "kind")
+JOB_END_LABELS = ("user", "account")
+MAX_LABEL_CHARS = 128
 
 METRIC_NAMES = (
     # per node
@@ -60,6 +66,13 @@ METRIC_NAMES = (
     "coda_node_events_total",
     "coda_node_ticks_total",
     "coda_node_tick_errors_total",
+    # job-end counters, by user and account
+    "coda_node_jobs_ended_total",
+    "coda_node_jobs_ended_gpu_seconds_total",
+    "coda_node_jobs_ended_gpu_wait_seconds_total",
+    "coda_node_jobs_ended_idle_core_seconds_total",
+    "coda_node_jobs_ended_probe_seconds_total",
+    "coda_node_jobs_ended_throttled_seconds_total",
 )
 """Every metric family the exporter emits (the Grafana dashboard may use only these)."""
 
@@ -84,6 +97,7 @@ class StatusCollector(Collector):
         yield from _node_metrics(doc)
         yield from _job_metrics(doc)
         yield from _counters(doc)
+        yield from _job_end_counters(view.get("job_end"))
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -281,6 +295,67 @@ def _counters(doc: Mapping[str, Any]) -> Iterator[Metric]:
             "Ticks that failed (logged) since the daemon started.",
             value=daemon["tick_errors_total"],
         )
+
+
+_JOB_END_COUNTERS = (
+    # (metric, help, field of a job-end row)
+    (
+        "coda_node_jobs_ended_gpu_seconds",
+        "GPU-seconds of the GPU jobs that ended here (GPUs x time coda-node sampled them).",
+        "gpu_s",
+    ),
+    (
+        "coda_node_jobs_ended_gpu_wait_seconds",
+        "GPU-seconds the ended jobs' GPUs waited on their CPUs (under 80 % busy while the "
+        "job used 90 % or more of its cores).",
+        "gpu_wait_s",
+    ),
+    (
+        "coda_node_jobs_ended_idle_core_seconds",
+        "Core-seconds the ended GPU jobs held but did not use.",
+        "idle_core_s",
+    ),
+    ("coda_node_jobs_ended_probe_seconds", "Seconds the ended jobs were probed.", "probe_s"),
+    (
+        "coda_node_jobs_ended_throttled_seconds",
+        "Seconds the ended CPU jobs were throttled.",
+        "throttled_s",
+    ),
+)
+
+
+def _label(value: object) -> str:
+    """A label value from a name someone chose: printable, bounded, else ``unknown``."""
+    if isinstance(value, str) and value and len(value) <= MAX_LABEL_CHARS and value.isprintable():
+        return value
+    return "unknown"
+
+
+def _job_end_counters(rows: object) -> Iterator[Metric]:
+    """The job-end counters from the daemon's rows (SummaryRecorder's JobEndCounters)."""
+    rows = rows if isinstance(rows, list) else []
+    ended = CounterMetricFamily(
+        "coda_node_jobs_ended",
+        "Jobs that ended here and got a summary, since the daemon started.",
+        labels=[*JOB_END_LABELS, "kind"],
+    )
+    families = [
+        (CounterMetricFamily(name, help_text, labels=list(JOB_END_LABELS)), key)
+        for name, help_text, key in _JOB_END_COUNTERS
+    ]
+    for row in rows:
+        if not isinstance(row, Mapping):
+            continue
+        labels = [_label(row.get("user")), _label(row.get("account"))]
+        for kind, n in sorted((row.get("jobs") or {}).items()):
+            ended.add_metric([*labels, _label(kind)], float(n))
+        for family, key in families:
+            value = row.get(key)
+            if isinstance(value, int | float):
+                family.add_metric(labels, float(value))
+    yield ended
+    for family, _key in families:
+        yield family
 
 
 class _QuietHandler(WSGIRequestHandler):

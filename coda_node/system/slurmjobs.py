@@ -89,6 +89,7 @@ __all__ = [
     "parse_job",
     "parse_node_layout",
     "query_jobs",
+    "record_token",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,12 @@ class SlurmJob:
     """The base state and its flags (``COMPLETING``, ...)."""
     record_problem: str | None = None
     """Why an ``AdminComment`` record was not taken as the hook's, if one was refused."""
+    record_text: str | None = None
+    """The hook's record as it stands in ``AdminComment`` (``coda:sig=...``, one token),
+    where :attr:`admin_record` was taken from it."""
+    account: str | None = None
+    """Slurm's account of the job (as an admin or the user named it: text for people, never
+    decided on)."""
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -168,6 +175,16 @@ def hook_record(admin_comment: str, uid: int) -> tuple[dict[str, str] | None, st
     return record, None
 
 
+def record_token(admin_comment: str) -> str | None:
+    """The hook's record in ``admin_comment`` as it stands there: from its last
+    ``coda:sig=`` to the next blank (what :func:`hook_record` parses)."""
+    start = admin_comment.rfind(ADMIN_PREFIX)
+    if start < 0:
+        return None
+    token = admin_comment[start:].split(None, 1)
+    return token[0] if token else None
+
+
 def parse_job(record: Mapping[str, Any], node_name: str, layout: NodeLayout) -> SlurmJob | None:
     """One job record of ``squeue --json``; None when the job holds nothing on
     ``node_name``."""
@@ -192,9 +209,8 @@ def parse_job(record: Mapping[str, Any], node_name: str, layout: NodeLayout) -> 
     if uid is None:
         raise SlurmQueryError(f"{where}: no user_id")
     states = json_names(record.get("job_state"), f"{where} job_state")
-    admin_record, problem = hook_record(
-        json_text(record.get("admin_comment"), f"{where} admin_comment"), uid
-    )
+    comment = json_text(record.get("admin_comment"), f"{where} admin_comment")
+    admin_record, problem = hook_record(comment, uid)
     cpt = json_text(record.get("cpus_per_tres"), f"{where} cpus_per_tres")
     return SlurmJob(
         job_id=job_id,
@@ -210,6 +226,8 @@ def parse_job(record: Mapping[str, Any], node_name: str, layout: NodeLayout) -> 
         num_nodes=json_number(record.get("node_count"), f"{where} node_count") or 1,
         states=frozenset(states),
         record_problem=problem,
+        record_text=record_token(comment) if admin_record is not None else None,
+        account=json_text(record.get("account"), f"{where} account") or None,
     )
 
 

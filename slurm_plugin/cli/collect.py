@@ -1,5 +1,6 @@
 """``coda-slurm profiles collect``: merge the profiles node daemons dropped as munge
-credentials into the profile store (:mod:`coda_common.publish.dropbox`)."""
+credentials into the profile store, and append the job summaries they dropped to the
+summary store (:mod:`coda_common.publish.dropbox`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from coda_common.publish.dropbox import (
 )
 from coda_common.slurm.conffile import ConfigError
 from coda_common.store.profiles import ProfileStore, StoreError
+from coda_common.store.summaries import store_for
 
 
 def _log(level: str, message: str) -> None:
@@ -42,7 +44,8 @@ def _log(level: str, message: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="One pass: counts as JSON.")
 def collect_cmd(conf_path: Path | None, interval_s: float | None, as_json: bool) -> None:
-    """Merge the profiles node daemons dropped into ProfileDropDir (ProfilePublish=munge).
+    """Merge the profiles node daemons dropped into ProfileDropDir (ProfilePublish=munge),
+    and append the job summaries they dropped to JobSummaryDir.
 
     Each credential is decoded with unmunge and merged only when munge says root (or a uid
     of ProfileDropUids) made it on a node of this cluster; every file is removed once read,
@@ -64,6 +67,7 @@ def collect_cmd(conf_path: Path | None, interval_s: float | None, as_json: bool)
         accept_uids=cfg.profile_drop_uids,
         hosts=HostFilter(cfg.profile_drop_hosts, lambda: node_addresses_from_slurm(env)),
         log=_log,
+        summaries=store_for(cfg),
     )
     if interval_s is None:
         try:
@@ -96,11 +100,12 @@ def _report(stats: CollectStats, as_json: bool) -> None:
                 "accepted": stats.accepted,
                 "refused": stats.refused,
                 "samples": stats.samples,
+                "summaries": stats.summaries,
                 "left_alone": stats.left_alone,
             }
         )
         return
     click.echo(
-        f"{stats.accepted} accepted ({stats.samples} samples merged), {stats.refused} refused, "
-        f"{stats.left_alone} left alone"
+        f"{stats.accepted} accepted ({stats.samples} samples merged, {stats.summaries} job "
+        f"summaries appended), {stats.refused} refused, {stats.left_alone} left alone"
     )

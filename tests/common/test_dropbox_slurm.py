@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from coda_common.config.codaconf import load_config
 from coda_common.publish.dropbox import Drop, drop
 from coda_common.store.profiles import CpuUsageRecord, ProfileStore, Sample, UsageRecord
+from coda_common.store.summaries import store_for
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
 from tests.conftest import gres, require_slurm, started
 from tests.node.test_node_loop_slurm import LOOP_CONF, _events, _export, _train_script
@@ -112,7 +114,7 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     root_cred = _munge(cluster, _payload(good_sig, now).to_json_bytes(), [])
     (drop_dir / f"{'0' * 32}.munge").write_bytes(root_cred)
     out = _collect(cluster, conf)
-    assert "1 accepted (2 samples merged), 0 refused" in out.stdout, out
+    assert "1 accepted (2 samples merged, 0 job summaries appended), 0 refused" in out.stdout, out
     assert store.read(good_sig).n_samples == 2
     assert not any(drop_dir.iterdir())
 
@@ -137,7 +139,7 @@ def test_what_is_not_roots_from_a_node_is_refused_one_line_each(
     t0 = time.monotonic()
     out = _collect(cluster, conf)
     collect_s = time.monotonic() - t0
-    assert "0 accepted (0 samples merged), 7 refused" in out.stdout, out
+    assert "0 accepted (0 samples merged, 0 job summaries appended), 7 refused" in out.stdout, out
     assert "replayed munge credential" in _refusal(out.stderr, files["replayed"])
     assert "made by uid 65534, only uid 0 accepted" in _refusal(out.stderr, files["user"])
     assert "not a valid munge credential" in _refusal(out.stderr, files["forged"])
@@ -179,7 +181,7 @@ def test_usage_records_from_a_node_are_merged_through_munge(
     ):
         drop(payload, drop_dir, cluster.munge_socket, ttl_s=300)
     out = _collect(cluster, conf)
-    assert "2 accepted (0 samples merged), 0 refused" in out.stdout, out
+    assert "2 accepted (0 samples merged, 0 job summaries appended), 0 refused" in out.stdout, out
     assert store.read(gpu_sig).usage == (gpu,) and store.read(gpu_sig).n_samples == 2
     made = store.read(cpu_sig)
     assert made is not None and made.cpu_usage == cpu and made.source == "cpu-usage"
@@ -210,7 +212,10 @@ def test_the_drop_directory_cannot_be_used_against_other_files(
     link = drop_dir / f"{'e' * 32}.munge"
     assert _as_user(["ln", "-s", str(victim), str(link)]).returncode == 0
     out = _collect(cluster, conf)
-    assert "1 accepted (2 samples merged), 0 refused, 1 left alone" in out.stdout, out
+    assert (
+        "1 accepted (2 samples merged, 0 job summaries appended), 0 refused, 1 left alone"
+        in out.stdout
+    ), out
     assert f"drop {link}: a symbolic link; left alone, not read" in out.stderr
     assert victim.read_text() == "root's file\n" and link.is_symlink() and not mine.exists()
 
@@ -304,6 +309,22 @@ def test_a_probing_run_reaches_the_next_sbatch_through_munge_with_the_store_unwr
         cpg = prof.cpus_per_gpu
         assert f"cpg={cpg};" in second["AdminComment"] and "src=profile" in second["AdminComment"]
         assert second.get("CpusPerTres") == gres(f"gres:gpu:{cpg}")
+
+        # The job ends: its summary goes the same way, and the collector appends it.
+        cluster.run(["scancel", str(job_id)], check=False)
+        summaries = store_for(load_config(cluster.coda_conf))
+
+        def summarised():
+            return [x for x in summaries.scan() if x.job_id == job_id] or None
+
+        (summary,) = _wait(summarised, "the collector to append the job's summary", 60)
+        assert (summary.node, summary.kind, summary.gpus) == (NODE_NAME, "dnn", 1)
+        assert summary.probes >= 1 and 0 < summary.probe_s <= summary.sampled_s
+        assert [p.name for p in summaries.root.glob("*/*.jsonl")] == ["collector.jsonl"]
+        appended = f"job summaries of job(s) {job_id} from node {NODE_NAME} appended"
+        assert appended in collect_log.read_text()
+        ended = [e["reason"] for e in _events(cluster, job_id) if e["action"] == "summary-publish"]
+        assert len(ended) == 1 and "handed to the controller as" in ended[0], ended
     finally:
         cluster.run(["scancel", "-u", "root"], check=False)
         for proc in (daemon, collector):

@@ -14,11 +14,19 @@ from coda_common.config.codaconf import parse_config
 from coda_common.store.jobsummary import (
     JobSummary,
     SummaryFormatError,
+    clean_text,
     gpus_waiting,
     summary_from_json_line,
     wait_verdict,
 )
-from coda_common.store.summaries import MAX_LINE_BYTES, ScanProblems, SummaryStore, day_of
+from coda_common.store.summaries import (
+    MAX_LINE_BYTES,
+    PRUNE_EVERY_S,
+    PRUNE_STAMP,
+    ScanProblems,
+    SummaryStore,
+    day_of,
+)
 
 T0 = 1_765_100_000.0  # 2025-12-07 09:33 UTC
 
@@ -166,3 +174,34 @@ def test_config_keys_and_default_dir():
 def test_dataclass_fields_match_json():
     keys = set(summary().to_json_dict()) - {"format", "format_version"}
     assert keys == {f.name for f in dataclasses.fields(JobSummary)}
+
+
+def test_prune_if_due_runs_at_most_hourly_for_every_writer(tmp_path: Path):
+    root = tmp_path / "jobs"
+    assert SummaryStore(root).prune_if_due(T0) is None  # no store yet: nothing to prune
+    old = summary(end_unix_s=T0 - 200 * 86400, start_unix_s=T0 - 200 * 86400 - 10)
+    SummaryStore(root).append([old, summary()], writer="gpu01")
+    node, collector = SummaryStore(root, retention_days=90), SummaryStore(root, retention_days=90)
+    assert node.prune_if_due(T0) == [day_of(old.end_unix_s)]
+    assert (root / PRUNE_STAMP).stat().st_mtime == T0
+    # Another writer sharing the directory, within the hour: not due.
+    SummaryStore(root).append([old], writer="gpu02")
+    assert collector.prune_if_due(T0 + PRUNE_EVERY_S - 1) is None
+    assert collector.prune_if_due(T0 + PRUNE_EVERY_S) == [day_of(old.end_unix_s)]
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("alice", "alice"),
+        ("", None),
+        (None, None),
+        (7, None),
+        ("eve\nroot", None),
+        ("\x1b[31m", None),
+        ("x" * 256, "x" * 256),
+        ("x" * 257, None),
+    ],
+)
+def test_clean_text_keeps_only_what_a_summary_holds(value: object, want: str | None):
+    assert clean_text(value) == want

@@ -121,6 +121,8 @@ class FakeJob:
     """CPUs of step 0's tasks (task/affinity splits the allocation between them)."""
     later_steps: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Steps started after the job (:meth:`FakeNode.start_step`): step -> its threads."""
+    account: str = ""
+    """Slurm's account of the job (empty: none)."""
 
     @property
     def partition(self) -> str:
@@ -160,7 +162,7 @@ def squeue_record(job: FakeJob, cores_per_socket: int, node_name: str = NODE_NAM
         socket, core = divmod(cpu, cores_per_socket)
         sockets.setdefault(str(socket), {"cores": {}})["cores"][str(core)] = "allocated"
     return {
-        "account": "",
+        "account": job.account,
         "admin_comment": job.admin_comment or "",
         "comment": "",
         "command": f"/home/{job.user}/{job.name}.sh",

@@ -473,7 +473,7 @@ def test_without_mbm_the_daemon_makes_no_group_and_caps_with_cpu_quota(tmp_path:
     rdt = sim.rdt
     assert rdt is not None
     assert sim.daemon.mem_bw_monitor is None
-    assert "neither mbm_total_bytes nor mbm_local_bytes" in (sim.daemon.mem_bw_monitor_off or "")
+    assert "neither mbm_total_bytes nor mbm_local_bytes" in (sim.daemon.mem_bw.off or "")
     assert not sim.daemon.loop.eliminator.mba
     cpu_tids = _cpu_tids(sim)
     for _ in range(ONSET):

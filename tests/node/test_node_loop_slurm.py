@@ -25,8 +25,11 @@ from pathlib import Path
 import pytest
 
 import coda_node.progress_client
+from coda_common.config.codaconf import load_config
 from coda_common.store.profiles import ProfileStore
+from coda_common.store.summaries import ScanProblems, store_for
 from coda_node.enforce.state import StateFile
+from coda_node.system.slurmjobs import record_token
 from slurm_plugin.devtools.cluster import NODE_NAME, DevCluster
 from tests.conftest import cancel_all, gres, require_slurm, started
 from tests.node.test_node_slurm import _cgroup_v1_reason, _job_dir, _squeue, _wait
@@ -271,3 +274,40 @@ def test_a_cpu_job_crowding_a_dnn_job_is_throttled_then_released(
     assert evs.count("throttle") >= 1
     assert hog_id in _squeue(cluster)  # released while it still runs, not because it ended
     print(json.dumps(_events(cluster, hog_id), indent=1)[:3000])
+
+
+def test_a_finished_gpu_job_leaves_one_summary_in_the_store(
+    cluster: DevCluster, daemon: subprocess.Popen[str]
+) -> None:
+    script = _train_script(cluster, loaders=1, work=20000, gpu_ms=10)
+    args = ["--gpus=1", "--cpus-per-gpu=2", "--comment=coda:off", _export(cluster)]
+    job_id, _ = cluster.sbatch(args, script)
+    _wait(lambda: _job_view(cluster, job_id), f"coda-node to see job {job_id}", 30)
+    comment = cluster.show_job(job_id).get("AdminComment", "")
+    started_s = time.time()
+    time.sleep(6)  # several ticks of the job at work
+    cluster.run(["scancel", str(job_id)], check=False)
+    store = store_for(load_config(cluster.coda_conf))
+
+    def summary():
+        problems = ScanProblems()
+        found = [s for s in store.scan(problems=problems) if s.job_id == job_id]
+        assert problems.count == 0, problems.kept
+        return found or None
+
+    (s,) = _wait(summary, f"the summary of job {job_id}", 60)
+    assert (s.node, s.kind, s.gpus, s.cores_allocated, s.num_nodes) == (NODE_NAME, "dnn", 1, 2, 1)
+    assert (s.user, s.uid) == ("root", 0)
+    assert started_s - 60 < s.start_unix_s <= s.end_unix_s <= time.time()
+    assert 3 <= s.sampled_s <= s.end_unix_s - s.start_unix_s + 1
+    # No NVML on this machine: GPU utilisation unknown, so no waiting either way.
+    assert s.gpu_util_pct_mean is None and s.gpu_sampled_s == 0 and s.gpu_wait_s == 0
+    assert s.cpu_used_cores_mean is not None and 0 < s.cpu_used_cores_mean <= 2.5
+    assert s.probes == 0 and s.probe_s == 0 and s.throttled_s == 0
+    assert s.record == record_token(comment)
+    (path,) = store.root.glob(f"*/{NODE_NAME}.jsonl")
+    events = [e for e in _events(cluster, job_id) if e["what"] == "summary-publish"]
+    assert len(events) == 1 and str(path) in events[0]["reason"]
+    assert "job ended" in events[0]["reason"]
+    time.sleep(3)  # later ticks add nothing
+    assert len(summary() or []) == 1

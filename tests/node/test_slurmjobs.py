@@ -303,6 +303,19 @@ def test_a_refused_record_leaves_the_job_shown_but_without_a_signature() -> None
     assert job.record_problem is not None and "workload:*:resnet" in job.record_problem
 
 
+def test_the_raw_record_and_the_account_are_kept_for_the_jobs_summary() -> None:
+    job = parse_job(
+        _record(admin_comment="site note " + OWN + " more", account="vision\nteam"), NODE, LAYOUT
+    )
+    assert job is not None and job.admin_record is not None
+    assert job.record_text == OWN  # the token alone, as it stands in AdminComment
+    assert job.account == "vision\nteam"  # kept as text; a summary leaves it out (clean_text)
+    refused = parse_job(
+        _record(admin_comment=OWN.replace("workload:1001:", "workload:*:")), NODE, LAYOUT
+    )
+    assert refused is not None and refused.record_text is None and refused.account is None
+
+
 @pytest.mark.parametrize(
     ("text", "expect"),
     [
