@@ -9,7 +9,11 @@ Sources, each named in the report:
   ``TRESUsageInTot`` ``cpu=``; the hook's record from ``AdminComment``;
 - coda-node's view of this node (``NodeRuntimeDir/view.json``) while the job runs here: its
   GPUs' utilisation, the cores it uses and has, and whether coda-node throttled neighbours
-  for it.  coda-node keeps no per-job samples after a job ends.
+  for it;
+- once the job has ended, the job summaries coda-node wrote (``JobSummaryDir``; one per
+  node): the GPU-waiting verdict and, per node, what coda-node saw and did;
+- the hook's decision: the admin comment's record, else a summary's, else the decision
+  journal's entry (:mod:`slurm_plugin.cli.jobdecision` says which, and why).
 
 Job names are users' text: ``|``, line breaks and bytes that are not UTF-8 are all possible.
 The structured query therefore holds no free text, and the name and the admin comment are
@@ -18,24 +22,41 @@ read by queries of one field for one record, whose whole output is the value.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from slurm_plugin.decision.decide import parse_admin_record
+from coda_common.store.jobsummary import JobSummary
+from coda_common.store.summaries import SummaryStore
+from slurm_plugin.cli.jobdecision import (
+    SOURCE_WORDS,
+    choose_decision,
+    finished_verdict,
+    from_admin_text,
+    match_journal,
+    summary_json,
+)
+from slurm_plugin.hook.journal import read_journal
 
 SCHEMA_VERSION = 1
 """Version of the ``--json`` document; keys are only ever added."""
 
 SACCT_TIMEOUT_S = 30.0
+JOURNAL_LOOKBACK_S = 60.0
+"""Journal entries this far either side of a job's submit time are read for it."""
+JOURNAL_MAX_READ = 256 << 20
+"""Of a journal file larger than this only its end is read (as ``coda-slurm status``)."""
 
 SACCT_FIELDS = (
     "JobIDRaw",
     "JobID",
     "State",
     "User",
+    "UID",
     "Partition",
     "NNodes",
     "NodeList",
@@ -185,28 +206,7 @@ def cpu_used(record: SacctRecord) -> tuple[float | None, str]:
 
 def decision(admin_comment: str) -> dict[str, Any] | None:
     """The hook's record in the admin comment, or None when it holds none."""
-    try:
-        fields = parse_admin_record(admin_comment)
-    except ValueError:
-        return None
-    start = admin_comment.find("coda:sig=")
-    end = next(
-        (i for i in range(start, len(admin_comment)) if admin_comment[i].isspace()),
-        len(admin_comment),
-    )
-    return {
-        "record": admin_comment[start:end],
-        "message": (admin_comment[:start] + admin_comment[end:]).strip() or None,
-        "action": fields["action"],
-        "would": fields.get("would"),
-        "cpus_per_gpu": _int(fields["cpg"]),
-        "source": fields["src"],
-        "user_request": fields["was"] or None,
-        "signature": fields["sig"],
-        "gpus_per_node": _int(fields.get("gpn", "")),
-        "nodes": _int(fields.get("nodes", "")),
-        "mem_bw_units": _int(fields.get("membw", "")),
-    }
+    return from_admin_text(admin_comment)
 
 
 def node_samples(status: Mapping[str, Any] | None, job_id: int) -> dict[str, Any] | None:
@@ -260,24 +260,43 @@ def gpu_wait_verdict(samples: Mapping[str, Any] | None, state: str) -> dict[str,
     return {"verdict": "no", "why": f"GPUs {gpu:.0f}% busy{spare}: not waiting on the CPU"}
 
 
+def _used(record: SacctRecord, elapsed_s: int | None, cores: int | None) -> dict[str, Any]:
+    """The report's ``used``: CPU time, mean cores and the share of its cores it used."""
+    cpu_s, cpu_source = cpu_used(record)
+    mean_cores = cpu_s / elapsed_s if cpu_s is not None and elapsed_s else None
+    efficiency = 100.0 * mean_cores / cores if mean_cores is not None and cores else None
+    return {
+        "cpu_s": cpu_s,
+        "mean_cores": mean_cores,
+        "cpu_efficiency_pct": efficiency,
+        "source": cpu_source,
+    }
+
+
 def build_report(
     job_id: int,
     record: SacctRecord,
     name: str,
     admin_comment: str,
     status: Mapping[str, Any] | None = None,
+    summaries: Sequence[JobSummary] = (),
+    journal: tuple[Mapping[str, Any] | None, str] | None = None,
 ) -> dict[str, Any]:
-    """The report document (``--json``; schema_version :data:`SCHEMA_VERSION`)."""
+    """The report document (``--json``; schema_version :data:`SCHEMA_VERSION`).
+    ``summaries``: the job's summaries (one per node, ended jobs); ``journal``: the decision
+    journal's match (:func:`slurm_plugin.cli.jobdecision.match_journal`), None unread."""
     job = record.job
     req = parse_tres(job["ReqTRES"])
     alloc = parse_tres(job["AllocTRES"])
     state = job["State"].split()[0] if job["State"].strip() else "UNKNOWN"
     elapsed_s = _int(job["ElapsedRaw"])
     cores = _int(job["AllocCPUS"]) or tres_int(alloc, "cpu")
-    cpu_s, cpu_source = cpu_used(record)
-    mean_cores = cpu_s / elapsed_s if cpu_s is not None and elapsed_s else None
-    efficiency = 100.0 * mean_cores / cores if mean_cores is not None and cores else None
     samples = node_samples(status, job_id)
+    coda, coda_source = choose_decision(admin_comment, summaries, journal)
+    if samples is None and summaries and state not in ("RUNNING", "SUSPENDED"):
+        waiting = finished_verdict(summaries)
+    else:
+        waiting = gpu_wait_verdict(samples, state)
     return {
         "schema_version": SCHEMA_VERSION,
         "job_id": job_id,
@@ -293,7 +312,8 @@ def build_report(
         "start": _time(job["Start"]),
         "end": _time(job["End"]),
         "elapsed_s": elapsed_s,
-        "coda": decision(admin_comment),
+        "coda": coda,
+        "coda_source": coda_source,
         "admin_comment": admin_comment,
         "asked": {
             "gpus": tres_gpus(req),
@@ -306,15 +326,22 @@ def build_report(
             "cores": cores,
             "tres": job["AllocTRES"],
         },
-        "used": {
-            "cpu_s": cpu_s,
-            "mean_cores": mean_cores,
-            "cpu_efficiency_pct": efficiency,
-            "source": cpu_source,
-        },
+        "used": _used(record, elapsed_s, cores),
         "node_samples": samples,
-        "gpus_waiting_on_cpu": gpu_wait_verdict(samples, state),
+        "summaries": [summary_json(s) for s in sorted(summaries, key=lambda s: s.node)],
+        "gpus_waiting_on_cpu": waiting,
     }
+
+
+def sacct_time_s(text: str) -> float | None:
+    """sacct's ``2026-12-07T20:32:24`` (local time, as sacct prints it) as unix seconds."""
+    value = _time(text)
+    if value is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def fetch_report(
@@ -322,8 +349,12 @@ def fetch_report(
     *,
     status: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    summary_store: SummaryStore | None = None,
+    journal_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Query sacct for ``job_id`` and build its report (:func:`build_report`)."""
+    """Query sacct for ``job_id`` and build its report (:func:`build_report`), with the
+    job's summaries from ``summary_store`` and its entry in the journal at ``journal_path``
+    (each None: not read)."""
     fields = ",".join(SACCT_FIELDS)
     record = parse_structured(
         run_sacct(["-P", "-n", "-j", str(job_id), f"--format={fields}"], env), job_id
@@ -331,7 +362,39 @@ def fetch_report(
     one = ["-P", "-n", "-X", "-j", str(job_id)]
     name = one_value(run_sacct([*one, "--format=JobName"], env))
     admin_comment = one_value(run_sacct([*one, "--format=AdminComment"], env))
-    return build_report(job_id, record, name, admin_comment, status)
+    end_s = sacct_time_s(record.job["End"])
+    summaries: list[JobSummary] = []
+    if summary_store is not None and end_s is not None:
+        summaries = summary_store.find_job(job_id, around_s=end_s)
+    journal = None
+    if journal_path is not None and decision(admin_comment) is None:
+        journal = _journal_match(journal_path, record, name, summaries)
+    return build_report(job_id, record, name, admin_comment, status, summaries, journal)
+
+
+def _journal_match(
+    path: Path, record: SacctRecord, name: str, summaries: Sequence[JobSummary]
+) -> tuple[Mapping[str, Any] | None, str] | None:
+    """The job's entry in the decision journal (:func:`match_journal`); None when there is
+    no submit time to look from or the journal cannot be read."""
+    submit_s = sacct_time_s(record.job["Submit"])
+    if submit_s is None:
+        return None
+    try:
+        read = read_journal(path, submit_s - JOURNAL_LOOKBACK_S, max_file_bytes=JOURNAL_MAX_READ)
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+    if not read.files:
+        return None, f"no journal at {path}"
+    tokens = [from_admin_text(s.record or "") for s in summaries]
+    token = next((t["token"] for t in tokens if t and t.get("token")), None)
+    return match_journal(
+        (e for e in read.entries if float(e["t"]) <= submit_s + JOURNAL_LOOKBACK_S),
+        token=token,
+        uid=_int(record.job["UID"]),
+        job_name=name,
+        submit_unix_s=submit_s,
+    )
 
 
 _REQUEST_UNITS = {"cpg": "cores per GPU", "cpt": "cores per task"}
@@ -388,6 +451,27 @@ def _decided(coda: Mapping[str, Any]) -> str:
     return text
 
 
+def _summary_line(n: Mapping[str, Any]) -> str:
+    """One node's job summary in words: what coda-node saw, then what it did."""
+
+    def num(value: float | None, fmt: str = "{:.1f}") -> str:
+        return "?" if value is None else fmt.format(value)
+
+    util = n["gpu_util_pct_mean"]
+    gpus = f"GPUs {num(util, '{:.0f}')}% busy" if n["gpus"] else "no GPUs"
+    did = [
+        f"{n['probes']} probes ({n['probe_s']:.0f} s)",
+        f"slimmed {n['slim_s']:.0f} s",
+        f"throttled {n['throttled_s']:.0f} s",
+        f"protected {n['protected_s']:.0f} s",
+    ]
+    return (
+        f"{n['node']}: {gpus}, used {num(n['cpu_used_cores_mean'])} of "
+        f"{n['cores_mean']:.1f} cores it had ({n['cores_allocated']} allocated), "
+        f"{n['idle_core_s'] / 3600:.2f} idle core-hours; {', '.join(did)}"
+    )
+
+
 def render(report: Mapping[str, Any]) -> str:
     """The human table: one line per fact, the verdict last."""
 
@@ -396,12 +480,17 @@ def render(report: Mapping[str, Any]) -> str:
 
     width = len("GPUs waiting on CPU")
     coda = report["coda"]
+    source = report.get("coda_source") or {}
     if coda is None:
         decided = "no coda record (the hook left the job alone, or was not loaded)"
+        if source.get("why") and report["admin_comment"]:
+            decided += f"\n{'':{width}}  {source['why']}"
     else:
         decided = _decided(coda)
         if coda["message"]:
             decided += f"\n{'':{width}}  {coda['message']}"
+        if source.get("source") not in (None, "admin_comment"):
+            decided += f"\n{'':{width}}  from {SOURCE_WORDS[source['source']]}: {source['why']}"
     asked, alloc, used = report["asked"], report["allocated"], report["used"]
     samples = report["node_samples"]
     name = report["name"].encode("unicode_escape").decode("ascii")  # one line, printable
@@ -424,7 +513,9 @@ def render(report: Mapping[str, Any]) -> str:
             f"({used['source']})",
         ),
     ]
-    if samples is not None:
+    if report.get("summaries"):
+        rows.extend(("coda-node", _summary_line(n)) for n in report["summaries"])
+    elif samples is not None:
         rows.append(
             (
                 "coda-node",
