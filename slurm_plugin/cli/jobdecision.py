@@ -30,6 +30,9 @@ SUBMIT_MATCH_S = 2.0
 """A journal entry and a job match by name when the entry's time is this close to the job's
 submit time (sacct's Submit has whole seconds; the hook runs before slurmctld stamps it)."""
 
+MAX_NAMESAKE_CHECKS = 20
+"""Jobs submitted beside this one whose names are looked up; more count as namesakes."""
+
 JOB_NAME_MAX_CHARS = 128
 """The journal keeps this much of a job's name (slurm_plugin.hook.journal)."""
 
@@ -107,9 +110,13 @@ def match_journal(
     uid: int | None,
     job_name: str,
     submit_unix_s: float | None,
+    namesakes: int = 1,
 ) -> tuple[Mapping[str, Any] | None, str]:
     """The one journal entry of a job and how it was matched (``token``, ``name and
-    submit time``), or (None, why none was taken)."""
+    submit time``), or (None, why none was taken). ``namesakes``: the submissions of the
+    same user and name within :data:`SUBMIT_MATCH_S` that Slurm's accounting holds, this
+    one included; with more than one, an entry found by name could be another's (a job
+    the hook journaled nothing for, ``coda:off``, matches its namesake's entry)."""
     entries = list(entries)
     if token:
         by_token = [e for e in entries if e.get("tok") == token]
@@ -126,6 +133,11 @@ def match_journal(
         and isinstance(e.get("t"), int | float)
         and abs(float(e["t"]) - submit_unix_s) <= SUBMIT_MATCH_S
     ]
+    if len(near) == 1 and namesakes > 1:
+        return None, (
+            f"ambiguous: {namesakes} jobs of its user and name were submitted within "
+            f"{SUBMIT_MATCH_S:g} s of it"
+        )
     if len(near) == 1:
         return near[0], "name and submit time"
     if not near:

@@ -33,7 +33,9 @@ from typing import Any
 from coda_common.store.jobsummary import JobSummary
 from coda_common.store.summaries import SummaryStore
 from slurm_plugin.cli.jobdecision import (
+    MAX_NAMESAKE_CHECKS,
     SOURCE_WORDS,
+    SUBMIT_MATCH_S,
     choose_decision,
     finished_verdict,
     from_admin_text,
@@ -368,12 +370,16 @@ def fetch_report(
         summaries = summary_store.find_job(job_id, around_s=end_s)
     journal = None
     if journal_path is not None and decision(admin_comment) is None:
-        journal = _journal_match(journal_path, record, name, summaries)
+        journal = _journal_match(journal_path, record, name, summaries, env)
     return build_report(job_id, record, name, admin_comment, status, summaries, journal)
 
 
 def _journal_match(
-    path: Path, record: SacctRecord, name: str, summaries: Sequence[JobSummary]
+    path: Path,
+    record: SacctRecord,
+    name: str,
+    summaries: Sequence[JobSummary],
+    env: Mapping[str, str] | None,
 ) -> tuple[Mapping[str, Any] | None, str] | None:
     """The job's entry in the decision journal (:func:`match_journal`); None when there is
     no submit time to look from or the journal cannot be read."""
@@ -388,13 +394,43 @@ def _journal_match(
         return None, f"no journal at {path}"
     tokens = [from_admin_text(s.record or "") for s in summaries]
     token = next((t["token"] for t in tokens if t and t.get("token")), None)
+    uid = _int(record.job["UID"])
     return match_journal(
         (e for e in read.entries if float(e["t"]) <= submit_s + JOURNAL_LOOKBACK_S),
         token=token,
-        uid=_int(record.job["UID"]),
+        uid=uid,
         job_name=name,
         submit_unix_s=submit_s,
+        namesakes=1 if token or uid is None else namesakes(record, uid, name, submit_s, env),
     )
+
+
+def namesakes(
+    record: SacctRecord, uid: int, name: str, submit_s: float, env: Mapping[str, str] | None
+) -> int:
+    """The submissions of user ``uid`` named ``name`` within SUBMIT_MATCH_S of
+    ``submit_s`` in Slurm's accounting, this job's included (an array's tasks are one
+    submission). Names are read one job at a time: they are users' text."""
+    window = [
+        dt.datetime.fromtimestamp(submit_s + d).strftime("%Y-%m-%dT%H:%M:%S")
+        for d in (-SUBMIT_MATCH_S, SUBMIT_MATCH_S + 1)
+    ]
+    query = ["-P", "-n", "-X", "-u", str(uid), "-S", window[0], "-E", window[1]]
+    text = run_sacct([*query, "--format=JobIDRaw,JobID,Submit"], env)
+    own = record.job["JobID"].split("_")[0]
+    others: set[str] = set()
+    for line in text.splitlines():
+        raw, job_id, submit = [*line.split("|"), "", "", ""][:3]
+        when = sacct_time_s(submit)
+        if when is None or abs(when - submit_s) > SUBMIT_MATCH_S:
+            continue
+        if raw != record.job["JobIDRaw"] and job_id.split("_")[0] != own:
+            others.add(raw)
+    if len(others) > MAX_NAMESAKE_CHECKS:
+        return 1 + len(others)
+    one = ["-P", "-n", "-X", "--format=JobName", "-j"]
+    same = sum(one_value(run_sacct([*one, raw], env)) == name for raw in sorted(others))
+    return 1 + same
 
 
 _REQUEST_UNITS = {"cpg": "cores per GPU", "cpt": "cores per task"}

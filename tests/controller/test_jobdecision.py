@@ -95,6 +95,20 @@ def test_a_journal_entry_is_taken_only_when_exactly_one_matches(
     assert why.startswith(how)
 
 
+def test_a_name_match_is_refused_when_slurm_holds_a_namesake_submitted_beside_it() -> None:
+    # A job the hook journaled nothing for (coda:off) submitted beside one it decided.
+    got, why = match_journal(
+        [entry()], token=None, uid=1000, job_name="train", submit_unix_s=SUBMIT_S, namesakes=2
+    )
+    assert got is None and why.startswith("ambiguous: 2 jobs of its user and name")
+    assert (
+        match_journal(
+            [entry()], token=TOKEN, uid=1000, job_name="train", submit_unix_s=SUBMIT_S, namesakes=2
+        )[1]
+        == "token"
+    )
+
+
 def test_a_long_name_matches_the_journals_first_128_characters() -> None:
     name = "n" * 300
     e = entry(job=name[:128], tok=None)
