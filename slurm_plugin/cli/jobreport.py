@@ -496,7 +496,7 @@ def _summary_line(n: Mapping[str, Any]) -> str:
     util = n["gpu_util_pct_mean"]
     gpus = f"GPUs {num(util, '{:.0f}')}% busy" if n["gpus"] else "no GPUs"
     did = [
-        f"{n['probes']} probes ({n['probe_s']:.0f} s)",
+        f"probed {n['probes']}x ({n['probe_s']:.0f} s)",
         f"slimmed {n['slim_s']:.0f} s",
         f"throttled {n['throttled_s']:.0f} s",
         f"protected {n['protected_s']:.0f} s",

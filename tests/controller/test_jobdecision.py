@@ -179,7 +179,7 @@ def test_an_ended_jobs_report_gives_the_verdict_and_each_nodes_summary() -> None
     assert "from coda-node's job summary: the job's AdminComment holds no coda record" in text
     assert (
         "coda-node            gpu01: GPUs 61% busy, used 13.5 of 14.0 cores it had "
-        "(16 allocated), 2.50 idle core-hours; 1 probes (600 s), slimmed 900 s, "
+        "(16 allocated), 2.50 idle core-hours; probed 1x (600 s), slimmed 900 s, "
         "throttled 0 s, protected 240 s"
     ) in text
     assert "GPUs waiting on CPU  yes: GPUs 61% busy on average; for 50% of the run" in text
