@@ -20,7 +20,7 @@ Pure: the caller reads sacct, the summary store and the journal.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from coda_common.store.jobsummary import JobSummary, wait_verdict
@@ -148,14 +148,46 @@ def match_journal(
     )
 
 
+def admin_records(text: str) -> list[str]:
+    """Every well-formed coda record in an admin comment. More than one means another
+    writer (a site plugin copying users' text into the admin comment) put one there."""
+    return [
+        word
+        for word in text.split()
+        if word.startswith("coda:sig=") and from_admin_text(word) is not None
+    ]
+
+
+def _several_records(
+    records: Sequence[str], journal_tokens: Collection[str] | None
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """An admin comment with several records: the one whose token the journal holds, when
+    exactly one does; otherwise none (ambiguous)."""
+    parsed = [from_admin_text(r) for r in records]
+    held = f"the job's AdminComment holds {len(records)} coda records"
+    known = [c for c in parsed if c and journal_tokens and c.get("token") in journal_tokens]
+    if len(known) == 1:
+        why = f"{held}; the decision journal holds this one's token"
+        return known[0], {"source": "admin_comment", "why": why}
+    why = f"ambiguous: {held}" + (
+        "; the journal confirms none of them alone" if journal_tokens is not None else ""
+    )
+    return None, {"source": None, "why": why}
+
+
 def choose_decision(
     admin_comment: str,
     summaries: Sequence[JobSummary],
     journal: tuple[Mapping[str, Any] | None, str] | None,
+    journal_tokens: Collection[str] | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(the ``coda`` object, where it came from): ``{"source": "admin_comment" | "summary" |
     "journal" | None, "why": ...}``. ``journal`` is :func:`match_journal`'s answer, or None
-    where no journal was read."""
+    where no journal was read; ``journal_tokens``: the journal's tokens around the job's
+    submission (read only when the admin comment holds several records)."""
+    records = admin_records(admin_comment)
+    if len(records) > 1:
+        return _several_records(records, journal_tokens)
     coda = from_admin_text(admin_comment)
     if coda is not None:
         return coda, {"source": "admin_comment", "why": "the job's AdminComment holds it"}

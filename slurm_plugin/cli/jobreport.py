@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from slurm_plugin.cli.jobdecision import (
     MAX_NAMESAKE_CHECKS,
     SOURCE_WORDS,
     SUBMIT_MATCH_S,
+    admin_records,
     choose_decision,
     finished_verdict,
     from_admin_text,
@@ -283,10 +284,12 @@ def build_report(
     status: Mapping[str, Any] | None = None,
     summaries: Sequence[JobSummary] = (),
     journal: tuple[Mapping[str, Any] | None, str] | None = None,
+    journal_tokens: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The report document (``--json``; schema_version :data:`SCHEMA_VERSION`).
     ``summaries``: the job's summaries (one per node, ended jobs); ``journal``: the decision
-    journal's match (:func:`slurm_plugin.cli.jobdecision.match_journal`), None unread."""
+    journal's match (:func:`slurm_plugin.cli.jobdecision.match_journal`), None unread;
+    ``journal_tokens``: the journal's tokens, where the admin comment holds several records."""
     job = record.job
     req = parse_tres(job["ReqTRES"])
     alloc = parse_tres(job["AllocTRES"])
@@ -294,7 +297,7 @@ def build_report(
     elapsed_s = _int(job["ElapsedRaw"])
     cores = _int(job["AllocCPUS"]) or tres_int(alloc, "cpu")
     samples = node_samples(status, job_id)
-    coda, coda_source = choose_decision(admin_comment, summaries, journal)
+    coda, coda_source = choose_decision(admin_comment, summaries, journal, journal_tokens)
     if samples is None and summaries and state not in ("RUNNING", "SUSPENDED"):
         waiting = finished_verdict(summaries)
     else:
@@ -368,10 +371,27 @@ def fetch_report(
     summaries: list[JobSummary] = []
     if summary_store is not None and end_s is not None:
         summaries = summary_store.find_job(job_id, around_s=end_s)
-    journal = None
+    journal = tokens = None
     if journal_path is not None and decision(admin_comment) is None:
         journal = _journal_match(journal_path, record, name, summaries, env)
-    return build_report(job_id, record, name, admin_comment, status, summaries, journal)
+    if journal_path is not None and len(admin_records(admin_comment)) > 1:
+        tokens = _journal_tokens(journal_path, sacct_time_s(record.job["Submit"]))
+    return build_report(job_id, record, name, admin_comment, status, summaries, journal, tokens)
+
+
+def _journal_tokens(path: Path, submit_s: float | None) -> set[str] | None:
+    """The tokens of the journal's entries around ``submit_s``; None when unreadable."""
+    if submit_s is None:
+        return None
+    try:
+        read = read_journal(path, submit_s - JOURNAL_LOOKBACK_S, max_file_bytes=JOURNAL_MAX_READ)
+    except OSError:
+        return None
+    return {
+        e["tok"]
+        for e in read.entries
+        if isinstance(e.get("tok"), str) and float(e["t"]) <= submit_s + JOURNAL_LOOKBACK_S
+    }
 
 
 def _journal_match(

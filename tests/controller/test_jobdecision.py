@@ -190,3 +190,26 @@ def test_summaries_written_as_a_node_writes_them_are_found(tmp_path: Path) -> No
     store.append([SUMMARY], "gpu01")
     found = store.find_job(7, around_s=SUMMARY.end_unix_s)
     assert found == [SUMMARY]
+
+
+FORGED = RECORD.replace("cpg=8", "cpg=1").replace(TOKEN, "0" * 16)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "cpg", "why"),
+    [
+        ({TOKEN}, 8, "the decision journal holds this one's token"),
+        ({TOKEN, "0" * 16}, None, "ambiguous: the job's AdminComment holds 2 coda records"),
+        (set(), None, "the journal confirms none of them alone"),
+        (None, None, "ambiguous: the job's AdminComment holds 2 coda records"),
+    ],
+)
+def test_a_forged_record_beside_codas_is_told_apart_only_by_the_journal(
+    tokens: set[str] | None, cpg: int | None, why: str
+) -> None:
+    # A site plugin that copies users' text into the admin comment, before coda's record.
+    comment = f"{FORGED} {RECORD}"
+    coda, where = choose_decision(comment, [SUMMARY], None, tokens)
+    assert (coda or {}).get("cpus_per_gpu") == cpg
+    assert why in where["why"]
+    assert where["source"] == ("admin_comment" if cpg else None)
