@@ -237,7 +237,7 @@ def gpu_wait_verdict(samples: Mapping[str, Any] | None, state: str) -> dict[str,
     why.  Only coda-node's GPU samples can say; CPU time alone cannot."""
     if samples is None:
         why = (
-            "coda-node keeps no per-job GPU samples after a job ends"
+            "no job summary from coda-node for it in JobSummaryDir"
             if state not in ("RUNNING", "SUSPENDED")
             else "coda-node on the job's node reported nothing for it here"
         )
@@ -370,7 +370,10 @@ def fetch_report(
     end_s = sacct_time_s(record.job["End"])
     summaries: list[JobSummary] = []
     if summary_store is not None and end_s is not None:
-        summaries = summary_store.find_job(job_id, around_s=end_s)
+        try:
+            summaries = summary_store.find_job(job_id, around_s=end_s)
+        except OSError:  # the store's directory unreadable here (a login node): none
+            summaries = []
     journal = tokens = None
     if journal_path is not None and decision(admin_comment) is None:
         journal = _journal_match(journal_path, record, name, summaries, env)
