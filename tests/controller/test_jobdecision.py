@@ -14,6 +14,7 @@ from coda_common.store.jobsummary import JobSummary
 from coda_common.store.summaries import SummaryStore
 from slurm_plugin.cli.jobdecision import choose_decision, from_journal_entry, match_journal
 from slurm_plugin.cli.jobreport import SACCT_FIELDS, build_report, parse_structured, render
+from slurm_plugin.slurm.scontrol import parse_scontrol_line
 
 TOKEN = "18ef12c8290510a9"
 RECORD = f"coda:sig=workload:1000:r50;cpg=8;was=;action=set;src=profile;gpn=2;nodes=1;tok={TOKEN}"
@@ -213,3 +214,20 @@ def test_a_forged_record_beside_codas_is_told_apart_only_by_the_journal(
     assert (coda or {}).get("cpus_per_gpu") == cpg
     assert why in where["why"]
     assert where["source"] == ("admin_comment" if cpg else None)
+
+
+@pytest.mark.parametrize(
+    ("line", "admin"),
+    [
+        (f"JobId=1 AdminComment=site:lua {RECORD} OverSubscribe=OK", f"site:lua {RECORD}"),
+        (f"JobId=1 AdminComment={RECORD} coda: --cpus-per-gpu=8 Partition=gpu", None),
+        ("JobId=1 AdminComment=a b=c Partition=gpu", "a b=c"),
+    ],
+)
+def test_scontrol_reads_an_admin_comment_that_holds_several_words(
+    line: str, admin: str | None
+) -> None:
+    # What an admin sees with lua,coda: the site's comment, then coda's record after a blank.
+    fields = parse_scontrol_line(line)
+    assert fields["AdminComment"] == (admin or line.split("AdminComment=")[1].rsplit(" ", 1)[0])
+    assert fields["JobId"] == "1" and len(fields) == 3
