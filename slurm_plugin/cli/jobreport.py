@@ -418,13 +418,17 @@ def _journal_match(
     tokens = [from_admin_text(s.record or "") for s in summaries]
     token = next((t["token"] for t in tokens if t and t.get("token")), None)
     uid = _int(record.job["UID"])
+    try:
+        others = 1 if token or uid is None else namesakes(record, uid, name, submit_s, env)
+    except ReportError as exc:
+        return None, f"ambiguous: sacct did not say which jobs share its name ({exc.args[0]})"
     return match_journal(
         (e for e in read.entries if float(e["t"]) <= submit_s + JOURNAL_LOOKBACK_S),
         token=token,
         uid=uid,
         job_name=name,
         submit_unix_s=submit_s,
-        namesakes=1 if token or uid is None else namesakes(record, uid, name, submit_s, env),
+        namesakes=others,
     )
 
 

@@ -231,3 +231,59 @@ def test_scontrol_reads_an_admin_comment_that_holds_several_words(
     fields = parse_scontrol_line(line)
     assert fields["AdminComment"] == (admin or line.split("AdminComment=")[1].rsplit(" ", 1)[0])
     assert fields["JobId"] == "1" and len(fields) == 3
+
+
+def _fake_sacct(monkeypatch: pytest.MonkeyPatch, beside: str | Exception) -> None:
+    """sacct for job 7 (submitted at SUBMIT_S, named "train", its AdminComment replaced by
+    jobstats; job 9 is also "train", others are "other"); ``beside``: what the query for
+    jobs submitted beside it returns."""
+    import datetime as dt
+
+    from slurm_plugin.cli import jobreport
+
+    submit = dt.datetime.fromtimestamp(SUBMIT_S).strftime("%Y-%m-%dT%H:%M:%S")
+    values = dict.fromkeys(SACCT_FIELDS, "")
+    values.update(JobIDRaw="7", JobID="7", State="COMPLETED", UID="1000", Submit=submit)
+    values.update(End="Unknown", ElapsedRaw="10", AllocCPUS="4")
+
+    def run(args: list[str], env: Any = None) -> str:
+        fmt = next(a for a in args if a.startswith("--format="))
+        if fmt == "--format=JobName":
+            return "train\n" if args[args.index("-j") + 1] in ("7", "9") else "other\n"
+        if fmt == "--format=AdminComment":
+            return JS1 + "\n"
+        if fmt == "--format=JobIDRaw,JobID,Submit":
+            if isinstance(beside, Exception):
+                raise beside
+            return beside
+        return "|".join(values[f] for f in SACCT_FIELDS) + "\n"
+
+    monkeypatch.setattr(jobreport, "run_sacct", run)
+
+
+@pytest.mark.parametrize(
+    ("beside", "source", "why"),
+    [
+        ("7|7|{t}\n8|8|{t}\n", "journal", "matched by name and submit time"),  # 8 is "other"
+        ("7|7|{t}\n", "journal", "matched by name and submit time"),
+        ("7|7|{t}\n9|9|{t}\n", None, "ambiguous: 2 jobs of its user and name"),  # 9: "train"
+        (RuntimeError, None, "ambiguous: sacct did not say which jobs share its name"),
+    ],
+)
+def test_the_report_takes_the_journal_entry_only_after_asking_sacct_for_namesakes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, beside: Any, source: str | None, why: str
+) -> None:
+    import datetime as dt
+
+    from slurm_plugin.cli.jobreport import ReportError, fetch_report
+
+    t = dt.datetime.fromtimestamp(SUBMIT_S).strftime("%Y-%m-%dT%H:%M:%S")
+    _fake_sacct(
+        monkeypatch,
+        ReportError("sacct failed", "-S") if beside is RuntimeError else beside.format(t=t),
+    )
+    journal = tmp_path / "decisions.jsonl"
+    journal.write_text(json.dumps(entry()) + "\n")
+    report = fetch_report(7, journal_path=journal, summary_store=SummaryStore(tmp_path / "no"))
+    assert report["coda_source"]["source"] == source, report["coda_source"]
+    assert report["coda_source"]["why"].endswith(why) or why in report["coda_source"]["why"]
