@@ -11,25 +11,32 @@ from typing import Any
 import click
 
 from coda_common.cli import CliError, conf_option, emit_json
-from coda_common.config.codaconf import load_config
+from coda_common.config.codaconf import CodaConfig, load_config
 from coda_common.config.paths import default_conf_path
 from coda_common.slurm.conffile import ConfigError
+from coda_common.store.summaries import store_for
 from slurm_plugin.cli.jobreport import ReportError, fetch_report, render
 
 
-def _node_status(conf_path: Path | None) -> dict[str, Any] | None:
+def _config(conf_path: Path | None) -> CodaConfig | None:
+    """coda.conf, or None where there is none (a login node without coda)."""
+    path = conf_path or default_conf_path()
+    if not path.exists():
+        return None
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise CliError(f"cannot load {path}", exc.message) from exc
+
+
+def _node_status(cfg: CodaConfig | None) -> dict[str, Any] | None:
     """coda-node's status document of this node, or None where no daemon view is readable
     (a login node, a controller, a node without coda-node)."""
     from coda_node.enforce.state import STATE_FILE, VIEW_FILE
     from coda_node.status.document import load_status
 
-    path = conf_path or default_conf_path()
-    if not path.exists():
+    if cfg is None:
         return None
-    try:
-        cfg = load_config(path)
-    except ConfigError as exc:
-        raise CliError(f"cannot load {path}", exc.message) from exc
     view = cfg.node_runtime_dir / VIEW_FILE
     if not view.exists():
         return None
@@ -45,19 +52,27 @@ def _node_status(conf_path: Path | None) -> dict[str, Any] | None:
 
 
 @click.command("job")
-@conf_option("NodeRuntimeDir, NodeStateDir")
+@conf_option("NodeRuntimeDir, NodeStateDir, JobSummaryDir, DecisionJournal")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("job_id", type=click.IntRange(min=1))
 def job_cmd(conf_path: Path | None, as_json: bool, job_id: int) -> None:
     """What happened to one finished or running job: what CODA decided at submission
-    (the admin comment's record), what the job asked, the cores it had and used (sacct),
-    coda-node's samples where this node runs it, and whether its GPUs waited on the CPU.
+    (the admin comment's record, else coda-node's job summary's, else the decision
+    journal's entry; the report names which), what the job asked, the cores it had and
+    used (sacct), and whether its GPUs waited on the CPU: from coda-node's samples where
+    this node runs it, from its job summaries once it has ended.
 
     Needs Slurm accounting (slurmdbd): sacct must list the job.
     """
-    status = _node_status(conf_path)
+    cfg = _config(conf_path)
     try:
-        report = fetch_report(job_id, status=status, env=os.environ)
+        report = fetch_report(
+            job_id,
+            status=_node_status(cfg),
+            env=os.environ,
+            summary_store=store_for(cfg) if cfg is not None else None,
+            journal_path=cfg.decision_journal if cfg is not None else None,
+        )
     except ReportError as exc:
         raise CliError(*exc.args) from exc
     if as_json:

@@ -9,7 +9,11 @@ Sources, each named in the report:
   ``TRESUsageInTot`` ``cpu=``; the hook's record from ``AdminComment``;
 - coda-node's view of this node (``NodeRuntimeDir/view.json``) while the job runs here: its
   GPUs' utilisation, the cores it uses and has, and whether coda-node throttled neighbours
-  for it.  coda-node keeps no per-job samples after a job ends.
+  for it;
+- once the job has ended, the job summaries coda-node wrote (``JobSummaryDir``; one per
+  node): the GPU-waiting verdict and, per node, what coda-node saw and did;
+- the hook's decision: the admin comment's record, else a summary's, else the decision
+  journal's entry (:mod:`slurm_plugin.cli.jobdecision` says which, and why).
 
 Job names are users' text: ``|``, line breaks and bytes that are not UTF-8 are all possible.
 The structured query therefore holds no free text, and the name and the admin comment are
@@ -18,24 +22,44 @@ read by queries of one field for one record, whose whole output is the value.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from slurm_plugin.decision.decide import parse_admin_record
+from coda_common.store.jobsummary import JobSummary
+from coda_common.store.summaries import SummaryStore
+from slurm_plugin.cli.jobdecision import (
+    MAX_NAMESAKE_CHECKS,
+    SOURCE_WORDS,
+    SUBMIT_MATCH_S,
+    admin_records,
+    choose_decision,
+    finished_verdict,
+    from_admin_text,
+    match_journal,
+    summary_json,
+)
+from slurm_plugin.hook.journal import read_journal
 
 SCHEMA_VERSION = 1
 """Version of the ``--json`` document; keys are only ever added."""
 
 SACCT_TIMEOUT_S = 30.0
+JOURNAL_LOOKBACK_S = 60.0
+"""Journal entries this far either side of a job's submit time are read for it."""
+JOURNAL_MAX_READ = 256 << 20
+"""Of a journal file larger than this only its end is read (as ``coda-slurm status``)."""
 
 SACCT_FIELDS = (
     "JobIDRaw",
     "JobID",
     "State",
     "User",
+    "UID",
     "Partition",
     "NNodes",
     "NodeList",
@@ -185,28 +209,7 @@ def cpu_used(record: SacctRecord) -> tuple[float | None, str]:
 
 def decision(admin_comment: str) -> dict[str, Any] | None:
     """The hook's record in the admin comment, or None when it holds none."""
-    try:
-        fields = parse_admin_record(admin_comment)
-    except ValueError:
-        return None
-    start = admin_comment.find("coda:sig=")
-    end = next(
-        (i for i in range(start, len(admin_comment)) if admin_comment[i].isspace()),
-        len(admin_comment),
-    )
-    return {
-        "record": admin_comment[start:end],
-        "message": (admin_comment[:start] + admin_comment[end:]).strip() or None,
-        "action": fields["action"],
-        "would": fields.get("would"),
-        "cpus_per_gpu": _int(fields["cpg"]),
-        "source": fields["src"],
-        "user_request": fields["was"] or None,
-        "signature": fields["sig"],
-        "gpus_per_node": _int(fields.get("gpn", "")),
-        "nodes": _int(fields.get("nodes", "")),
-        "mem_bw_units": _int(fields.get("membw", "")),
-    }
+    return from_admin_text(admin_comment)
 
 
 def node_samples(status: Mapping[str, Any] | None, job_id: int) -> dict[str, Any] | None:
@@ -234,7 +237,7 @@ def gpu_wait_verdict(samples: Mapping[str, Any] | None, state: str) -> dict[str,
     why.  Only coda-node's GPU samples can say; CPU time alone cannot."""
     if samples is None:
         why = (
-            "coda-node keeps no per-job GPU samples after a job ends"
+            "no job summary from coda-node for it in JobSummaryDir"
             if state not in ("RUNNING", "SUSPENDED")
             else "coda-node on the job's node reported nothing for it here"
         )
@@ -260,24 +263,45 @@ def gpu_wait_verdict(samples: Mapping[str, Any] | None, state: str) -> dict[str,
     return {"verdict": "no", "why": f"GPUs {gpu:.0f}% busy{spare}: not waiting on the CPU"}
 
 
+def _used(record: SacctRecord, elapsed_s: int | None, cores: int | None) -> dict[str, Any]:
+    """The report's ``used``: CPU time, mean cores and the share of its cores it used."""
+    cpu_s, cpu_source = cpu_used(record)
+    mean_cores = cpu_s / elapsed_s if cpu_s is not None and elapsed_s else None
+    efficiency = 100.0 * mean_cores / cores if mean_cores is not None and cores else None
+    return {
+        "cpu_s": cpu_s,
+        "mean_cores": mean_cores,
+        "cpu_efficiency_pct": efficiency,
+        "source": cpu_source,
+    }
+
+
 def build_report(
     job_id: int,
     record: SacctRecord,
     name: str,
     admin_comment: str,
     status: Mapping[str, Any] | None = None,
+    summaries: Sequence[JobSummary] = (),
+    journal: tuple[Mapping[str, Any] | None, str] | None = None,
+    journal_tokens: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """The report document (``--json``; schema_version :data:`SCHEMA_VERSION`)."""
+    """The report document (``--json``; schema_version :data:`SCHEMA_VERSION`).
+    ``summaries``: the job's summaries (one per node, ended jobs); ``journal``: the decision
+    journal's match (:func:`slurm_plugin.cli.jobdecision.match_journal`), None unread;
+    ``journal_tokens``: the journal's tokens, where the admin comment holds several records."""
     job = record.job
     req = parse_tres(job["ReqTRES"])
     alloc = parse_tres(job["AllocTRES"])
     state = job["State"].split()[0] if job["State"].strip() else "UNKNOWN"
     elapsed_s = _int(job["ElapsedRaw"])
     cores = _int(job["AllocCPUS"]) or tres_int(alloc, "cpu")
-    cpu_s, cpu_source = cpu_used(record)
-    mean_cores = cpu_s / elapsed_s if cpu_s is not None and elapsed_s else None
-    efficiency = 100.0 * mean_cores / cores if mean_cores is not None and cores else None
     samples = node_samples(status, job_id)
+    coda, coda_source = choose_decision(admin_comment, summaries, journal, journal_tokens)
+    if samples is None and summaries and state not in ("RUNNING", "SUSPENDED"):
+        waiting = finished_verdict(summaries)
+    else:
+        waiting = gpu_wait_verdict(samples, state)
     return {
         "schema_version": SCHEMA_VERSION,
         "job_id": job_id,
@@ -293,7 +317,8 @@ def build_report(
         "start": _time(job["Start"]),
         "end": _time(job["End"]),
         "elapsed_s": elapsed_s,
-        "coda": decision(admin_comment),
+        "coda": coda,
+        "coda_source": coda_source,
         "admin_comment": admin_comment,
         "asked": {
             "gpus": tres_gpus(req),
@@ -306,15 +331,22 @@ def build_report(
             "cores": cores,
             "tres": job["AllocTRES"],
         },
-        "used": {
-            "cpu_s": cpu_s,
-            "mean_cores": mean_cores,
-            "cpu_efficiency_pct": efficiency,
-            "source": cpu_source,
-        },
+        "used": _used(record, elapsed_s, cores),
         "node_samples": samples,
-        "gpus_waiting_on_cpu": gpu_wait_verdict(samples, state),
+        "summaries": [summary_json(s) for s in sorted(summaries, key=lambda s: s.node)],
+        "gpus_waiting_on_cpu": waiting,
     }
+
+
+def sacct_time_s(text: str) -> float | None:
+    """sacct's ``2026-12-07T20:32:24`` (local time, as sacct prints it) as unix seconds."""
+    value = _time(text)
+    if value is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def fetch_report(
@@ -322,8 +354,12 @@ def fetch_report(
     *,
     status: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    summary_store: SummaryStore | None = None,
+    journal_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Query sacct for ``job_id`` and build its report (:func:`build_report`)."""
+    """Query sacct for ``job_id`` and build its report (:func:`build_report`), with the
+    job's summaries from ``summary_store`` and its entry in the journal at ``journal_path``
+    (each None: not read)."""
     fields = ",".join(SACCT_FIELDS)
     record = parse_structured(
         run_sacct(["-P", "-n", "-j", str(job_id), f"--format={fields}"], env), job_id
@@ -331,7 +367,97 @@ def fetch_report(
     one = ["-P", "-n", "-X", "-j", str(job_id)]
     name = one_value(run_sacct([*one, "--format=JobName"], env))
     admin_comment = one_value(run_sacct([*one, "--format=AdminComment"], env))
-    return build_report(job_id, record, name, admin_comment, status)
+    end_s = sacct_time_s(record.job["End"])
+    summaries: list[JobSummary] = []
+    if summary_store is not None and end_s is not None:
+        try:
+            summaries = summary_store.find_job(job_id, around_s=end_s)
+        except OSError:  # the store's directory unreadable here (a login node): none
+            summaries = []
+    journal = tokens = None
+    if journal_path is not None and decision(admin_comment) is None:
+        journal = _journal_match(journal_path, record, name, summaries, env)
+    if journal_path is not None and len(admin_records(admin_comment)) > 1:
+        tokens = _journal_tokens(journal_path, sacct_time_s(record.job["Submit"]))
+    return build_report(job_id, record, name, admin_comment, status, summaries, journal, tokens)
+
+
+def _journal_tokens(path: Path, submit_s: float | None) -> set[str] | None:
+    """The tokens of the journal's entries around ``submit_s``; None when unreadable."""
+    if submit_s is None:
+        return None
+    try:
+        read = read_journal(path, submit_s - JOURNAL_LOOKBACK_S, max_file_bytes=JOURNAL_MAX_READ)
+    except OSError:
+        return None
+    return {
+        e["tok"]
+        for e in read.entries
+        if isinstance(e.get("tok"), str) and float(e["t"]) <= submit_s + JOURNAL_LOOKBACK_S
+    }
+
+
+def _journal_match(
+    path: Path,
+    record: SacctRecord,
+    name: str,
+    summaries: Sequence[JobSummary],
+    env: Mapping[str, str] | None,
+) -> tuple[Mapping[str, Any] | None, str] | None:
+    """The job's entry in the decision journal (:func:`match_journal`); None when there is
+    no submit time to look from or the journal cannot be read."""
+    submit_s = sacct_time_s(record.job["Submit"])
+    if submit_s is None:
+        return None
+    try:
+        read = read_journal(path, submit_s - JOURNAL_LOOKBACK_S, max_file_bytes=JOURNAL_MAX_READ)
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+    if not read.files:
+        return None, f"no journal at {path}"
+    tokens = [from_admin_text(s.record or "") for s in summaries]
+    token = next((t["token"] for t in tokens if t and t.get("token")), None)
+    uid = _int(record.job["UID"])
+    try:
+        others = 1 if token or uid is None else namesakes(record, uid, name, submit_s, env)
+    except ReportError as exc:
+        return None, f"ambiguous: sacct did not say which jobs share its name ({exc.args[0]})"
+    return match_journal(
+        (e for e in read.entries if float(e["t"]) <= submit_s + JOURNAL_LOOKBACK_S),
+        token=token,
+        uid=uid,
+        job_name=name,
+        submit_unix_s=submit_s,
+        namesakes=others,
+    )
+
+
+def namesakes(
+    record: SacctRecord, uid: int, name: str, submit_s: float, env: Mapping[str, str] | None
+) -> int:
+    """The submissions of user ``uid`` named ``name`` within SUBMIT_MATCH_S of
+    ``submit_s`` in Slurm's accounting, this job's included (an array's tasks are one
+    submission). Names are read one job at a time: they are users' text."""
+    window = [
+        dt.datetime.fromtimestamp(submit_s + d).strftime("%Y-%m-%dT%H:%M:%S")
+        for d in (-SUBMIT_MATCH_S, SUBMIT_MATCH_S + 1)
+    ]
+    query = ["-P", "-n", "-X", "-u", str(uid), "-S", window[0], "-E", window[1]]
+    text = run_sacct([*query, "--format=JobIDRaw,JobID,Submit"], env)
+    own = record.job["JobID"].split("_")[0]
+    others: set[str] = set()
+    for line in text.splitlines():
+        raw, job_id, submit = [*line.split("|"), "", "", ""][:3]
+        when = sacct_time_s(submit)
+        if when is None or abs(when - submit_s) > SUBMIT_MATCH_S:
+            continue
+        if raw != record.job["JobIDRaw"] and job_id.split("_")[0] != own:
+            others.add(raw)
+    if len(others) > MAX_NAMESAKE_CHECKS:
+        return 1 + len(others)
+    one = ["-P", "-n", "-X", "--format=JobName", "-j"]
+    same = sum(one_value(run_sacct([*one, raw], env)) == name for raw in sorted(others))
+    return 1 + same
 
 
 _REQUEST_UNITS = {"cpg": "cores per GPU", "cpt": "cores per task"}
@@ -388,6 +514,27 @@ def _decided(coda: Mapping[str, Any]) -> str:
     return text
 
 
+def _summary_line(n: Mapping[str, Any]) -> str:
+    """One node's job summary in words: what coda-node saw, then what it did."""
+
+    def num(value: float | None, fmt: str = "{:.1f}") -> str:
+        return "?" if value is None else fmt.format(value)
+
+    util = n["gpu_util_pct_mean"]
+    gpus = f"GPUs {num(util, '{:.0f}')}% busy" if n["gpus"] else "no GPUs"
+    did = [
+        f"probed {n['probes']}x ({n['probe_s']:.0f} s)",
+        f"slimmed {n['slim_s']:.0f} s",
+        f"throttled {n['throttled_s']:.0f} s",
+        f"protected {n['protected_s']:.0f} s",
+    ]
+    return (
+        f"{n['node']}: {gpus}, used {num(n['cpu_used_cores_mean'])} of "
+        f"{n['cores_mean']:.1f} cores it had ({n['cores_allocated']} allocated), "
+        f"{n['idle_core_s'] / 3600:.2f} idle core-hours; {', '.join(did)}"
+    )
+
+
 def render(report: Mapping[str, Any]) -> str:
     """The human table: one line per fact, the verdict last."""
 
@@ -396,12 +543,17 @@ def render(report: Mapping[str, Any]) -> str:
 
     width = len("GPUs waiting on CPU")
     coda = report["coda"]
+    source = report.get("coda_source") or {}
     if coda is None:
         decided = "no coda record (the hook left the job alone, or was not loaded)"
+        if source.get("why") and report["admin_comment"]:
+            decided += f"\n{'':{width}}  {source['why']}"
     else:
         decided = _decided(coda)
         if coda["message"]:
             decided += f"\n{'':{width}}  {coda['message']}"
+        if source.get("source") not in (None, "admin_comment"):
+            decided += f"\n{'':{width}}  from {SOURCE_WORDS[source['source']]}: {source['why']}"
     asked, alloc, used = report["asked"], report["allocated"], report["used"]
     samples = report["node_samples"]
     name = report["name"].encode("unicode_escape").decode("ascii")  # one line, printable
@@ -424,7 +576,9 @@ def render(report: Mapping[str, Any]) -> str:
             f"({used['source']})",
         ),
     ]
-    if samples is not None:
+    if report.get("summaries"):
+        rows.extend(("coda-node", _summary_line(n)) for n in report["summaries"])
+    elif samples is not None:
         rows.append(
             (
                 "coda-node",

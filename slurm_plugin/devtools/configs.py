@@ -63,7 +63,7 @@ MailProg=/bin/true
 SlurmdParameters=config_overrides
 SlurmctldTimeout=30
 SlurmdTimeout=30
-MinJobAge=300
+MinJobAge=300{conf_extra}
 {node_lines}PartitionName=gpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP{def_cpg}
 {extra_partitions}"""
 
@@ -120,6 +120,9 @@ class ConfigWriter:
                 node_list=node_list,
                 def_cpg=f" DefCpuPerGPU={self.c.def_cpu_per_gpu}" if self.c.def_cpu_per_gpu else "",
                 extra_partitions=self.c.extra_partitions,
+                conf_extra="\n" + self.c.slurm_conf_extra.rstrip("\n")
+                if self.c.slurm_conf_extra
+                else "",
             )
         )
         (self.c.etc / "gres.conf").write_text(gres_conf(node, r / "dev", node_list))

@@ -69,6 +69,9 @@ class ClusterLayout:
     exit status is ignored, its output goes to ``log/slurmctld-pre.log``."""
     extra_partitions: str = ""
     """More ``PartitionName=`` lines over the node (e.g. one with ``OverSubscribe=FORCE``)."""
+    slurm_conf_extra: str = ""
+    """More slurm.conf lines, before the node and partition lines (e.g. a site's
+    ``EpilogSlurmctld=``)."""
     cgroups: bool = False
     """Real cgroup confinement (proctrack/cgroup, task/cgroup+affinity, ConstrainCores):
     the node then declares this host's real CPUs so Slurm's cpusets are not folded."""

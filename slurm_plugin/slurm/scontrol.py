@@ -8,12 +8,17 @@ be fooled by one takes Slurm's JSON instead (:mod:`coda_common.slurm.slurmjson`)
 
 from __future__ import annotations
 
+FREE_TEXT_KEYS = frozenset({"AdminComment", "Comment", "SystemComment", "Reason"})
+"""Fields whose values are people's text (blanks and ``word=...`` in them)."""
+
 
 def parse_scontrol_line(line: str) -> dict[str, str]:
     """Split ``scontrol -o`` output (``Key=Value`` separated by spaces) into a dict.
 
     Values may contain spaces only in a few fields (Reason, Comment...). A token
-    without ``=`` continues the previous value.
+    without ``=`` continues the previous value, and so does one whose key does not start
+    with a capital inside a free-text field (scontrol's keys all do): ``AdminComment=site:lua
+    coda:sig=...`` is one value.
     """
     fields: dict[str, str] = {}
     last: str | None = None
@@ -21,7 +26,9 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
         if not token:
             continue
         key, sep, value = token.partition("=")
-        if sep and key and key[0].isalpha():
+        if last in FREE_TEXT_KEYS and not key[:1].isupper():
+            fields[last] += " " + token
+        elif sep and key and key[0].isalpha():
             fields[key] = value
             last = key
         elif last is not None:

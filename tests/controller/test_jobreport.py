@@ -37,7 +37,7 @@ def test_slurm_cpu_times(text: str, seconds: float | None) -> None:
 @pytest.mark.parametrize(
     ("samples", "state", "verdict", "why"),
     [
-        (None, "COMPLETED", "unknown", "after a job ends"),
+        (None, "COMPLETED", "unknown", "no job summary"),
         (None, "RUNNING", "unknown", "reported nothing"),
         ({"gpu_util_pct": None}, "RUNNING", "unknown", "no GPU utilisation"),
         (
