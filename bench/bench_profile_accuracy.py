@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,9 @@ from coda_common.model.curves import throughput_at
 from coda_common.model.fit import is_censored
 from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
 from slurm_plugin.sim.engine import CODA_CONF, POLICIES, SimParams, _Sim
+from slurm_plugin.sim.nodes import Need
+from slurm_plugin.sim.profiling import OnlineProfiling
+from slurm_plugin.sim.rates import Rates
 from slurm_plugin.sim.traces import (
     ALIBABA_PODS,
     MURI_CSV,
@@ -53,12 +57,59 @@ from slurm_plugin.sim.workloads import CLASSES, JobModel, assign_workloads, muri
 _SLOW = 0.9
 """A job runs "slow" below this share of its plateau rate."""
 
+_SIM_OVERRIDES = ("_need", "_finish")
+"""The engine's methods :class:`_Recorder` overrides: a subclass method the engine no longer
+calls would record nothing, silently."""
+_SIM_READS = ("_theta", "_gpn_nodes", "_user_cores")
+"""The engine's methods the report reads."""
+_ROOM_HOOKS: tuple[tuple[type, str], ...] = (
+    (OnlineProfiling, "coda_cores"),
+    (OnlineProfiling, "probe_begin"),
+    (OnlineProfiling, "_start_probe"),
+    (OnlineProfiling, "_signature"),
+    (Rates, "resolve"),
+)
+"""The rooms' methods the recorder wraps on the engine's own instances (or reads)."""
+
+
+class HookMissing(RuntimeError):
+    """The simulator no longer has a method this bench hooks: it would record nothing."""
+
+
+def check_hooks() -> None:
+    """Raise :class:`HookMissing` naming every hooked method the simulator no longer has."""
+    wanted = [(_Sim, name) for name in (*_SIM_OVERRIDES, *_SIM_READS)] + list(_ROOM_HOOKS)
+    gone = [
+        f"{cls.__module__}.{cls.__qualname__}.{name}"
+        for cls, name in wanted
+        if not callable(getattr(cls, name, None))
+    ]
+    if gone:
+        raise HookMissing(
+            "bench_profile_accuracy hooks simulator methods that are gone: "
+            + ", ".join(gone)
+            + "; re-hook _Recorder to today's engine (unhooked, it would record nothing)"
+        )
+
+
+def _wrap(room: object, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``room.name`` on this instance by ``make(the bound original)``."""
+    if not callable(getattr(type(room), name, None)):
+        raise HookMissing(
+            f"{type(room).__module__}.{type(room).__qualname__}.{name} is gone: "
+            "re-hook _Recorder to today's engine (unhooked, it would record nothing)"
+        )
+    setattr(room, name, make(getattr(room, name)))
+
 
 class _Recorder(_Sim):
-    """The engine, recording what each GPU job saw and how fast it ran."""
+    """The engine, recording what each GPU job saw and how fast it ran. It wraps the
+    engine's rooms on its own instances (the hook's decision and probe slots in
+    ``self.profiling``, the progress rates in ``self.rates``) and decides nothing itself."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_hooks()
+        super().__init__(*args, **kwargs)
         self.seen: dict[int, tuple[str, float | None]] = {}
         """job -> (profile state at submission, published cores per GPU or None)."""
         self.slow_s: dict[int, float] = defaultdict(float)
@@ -67,12 +118,13 @@ class _Recorder(_Sim):
         """job -> (since, rate) of its current interval."""
         self.probed: set[int] = set()
         """Jobs coda-node's allocator probed."""
+        _wrap(self.profiling, "_start_probe", self._recording_probe)
+        _wrap(self.rates, "resolve", self._recording_resolve)
 
-    def _need(self, j: int) -> tuple[bool, int, int, int]:
+    def _need(self, j: int) -> Need:
         need = super()._need(j)
         if need[0] and self.pol.cores == "coda":
-            wid = int(self.wl.workload[j])
-            prof = self.profiles.get(f"workload:{1000 + wid}:{self.wl.names[wid]}")
+            prof = self.profiles.get(self.profiling._signature(int(self.wl.workload[j])))
             if prof is None:
                 self.seen[j] = ("none", None)
             elif prof.confidence < self.cfg.min_confidence:
@@ -83,32 +135,45 @@ class _Recorder(_Sim):
                 self.seen[j] = ("confident", float(prof.cpus_per_gpu))
         return need
 
-    def _maybe_probe(self, run: Any, now: float) -> None:
-        before = self.counters["probed_jobs"]
-        super()._maybe_probe(run, now)
-        if self.counters["probed_jobs"] > before:
-            self.probed.add(run.job)
+    def _recording_probe(self, start_probe: Callable[..., None]) -> Callable[..., None]:
+        def hooked(j: int, run: Any, now: float) -> None:
+            self.probed.add(j)
+            start_probe(j, run, now)
 
-    def _close(self, j: int, now: float) -> None:
+        return hooked
+
+    def _recording_resolve(self, resolve: Callable[[float], None]) -> Callable[[float], None]:
+        def hooked(now: float) -> None:
+            nd = self.nodes
+            touched = {j for i in self.rates.dirty for j in nd.on_node[i] if nd.running[j].gpu}
+            resolve(now)
+            for j in touched:
+                rate = nd.running[j].rate
+                old = self.mark.get(j)
+                if old is None or old[1] != rate:
+                    self._close_interval(j, now)
+                    self.mark[j] = (now, rate)
+
+        return hooked
+
+    def _close_interval(self, j: int, now: float) -> None:
         since, rate = self.mark.get(j, (now, 1.0))
         if rate < _SLOW:
             self.slow_s[j] += now - since
 
-    def _resolve(self, now: float) -> None:
-        touched = [j for i in self.dirty_nodes for j in self.on_node[i] if self.running[j].gpu]
-        super()._resolve(now)
-        for j in touched:
-            run = self.running[j]
-            old = self.mark.get(j)
-            if old is None or old[1] != run.rate:
-                self._close(j, now)
-                self.mark[j] = (now, run.rate)
-
     def _finish(self, j: int, now: float) -> None:
         if j in self.mark:
-            self._close(j, now)
+            self._close_interval(j, now)
             del self.mark[j]
         super()._finish(j, now)
+
+    def check_recorded(self) -> None:
+        """After :meth:`run`: every probe the engine counted was recorded."""
+        if len(self.probed) != self.counters["probed_jobs"]:
+            raise HookMissing(
+                f"the engine probed {self.counters['probed_jobs']} jobs, the recorder saw "
+                f"{len(self.probed)}: a probe path bypasses OnlineProfiling._start_probe"
+            )
 
 
 class _PerfectProfiles(_Recorder):
@@ -116,10 +181,16 @@ class _PerfectProfiles(_Recorder):
     probing: the eliminator and everything else as in ``coda``. The JCT it reaches is what
     perfect profiles could give; the rest of the gap to the oracle is not the profiles'."""
 
-    def _coda_cores(self, j: int, gpn: int, k: int) -> int:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _wrap(self.profiling, "coda_cores", lambda _: self._true_cores)
+        _wrap(self.profiling, "probe_begin", lambda _: self._no_probe)
+
+    def _true_cores(self, j: int, gpn: int, k: int) -> int:
         return max(1, math.ceil(self._theta(j, gpn, k)))
 
-    def _maybe_probe(self, run: Any, now: float) -> None:
+    def _no_probe(self, j: int, now: float) -> None:
+        """A job past its warm-up is not probed (nor waits for a probe slot)."""
         return
 
 
@@ -172,6 +243,7 @@ def main() -> None:
         pol = POLICIES["oracle" if name == "oracle" else "coda"]
         sim = cls(trace, nodes, wl, model, pol, params, None)
         sim.run()
+        sim.check_recorded()
         sims[name] = sim
     coda, oracle, perfect = sims["coda"], sims["oracle"], sims["perfect"]
     gpu = np.flatnonzero(trace.gpus > 0)
@@ -212,11 +284,11 @@ def main() -> None:
         theta = coda._theta(j, gpn, k)
         cores = int(coda.cores_per_node[j])
         base = throughput_at(theta, cores, log_share=model.log_share)
-        asked = min(coda._user_cores(j, gpn), coda.max_cores)
+        asked = min(coda._user_cores(j, gpn), coda.nodes.max_cores)
         work = float(trace.duration_s[j]) * throughput_at(theta, asked, log_share=model.log_share)
         state, cpg = coda.seen.get(j, ("none", None))
         if base < _SLOW:
-            if theta > coda.max_cores:
+            if theta > coda.nodes.max_cores:
                 cause = "node cap"
             elif k > 1:
                 cause = "multi-node"
@@ -276,7 +348,7 @@ def main() -> None:
     over: dict[str, float] = defaultdict(float)
     for j in done:
         gpn, k = coda._gpn_nodes(j)
-        want = min(coda.max_cores, max(1, math.ceil(coda._theta(j, gpn, k))))
+        want = min(coda.nodes.max_cores, max(1, math.ceil(coda._theta(j, gpn, k))))
         extra = max(0, int(coda.cores_per_node[j]) - want) * k
         state = "multi-node" if k > 1 else coda.seen.get(j, ("none", None))[0]
         over[state] += extra * float(coda.end_s[j] - coda.start_s[j]) / 3600
