@@ -46,13 +46,21 @@ from slurm_plugin.sim.rates import Rates
 from slurm_plugin.sim.traces import (
     ALIBABA_PODS,
     MURI_CSV,
+    NodeSpec,
+    Trace,
     TraceError,
     load_alibaba,
     load_trace,
     muri_stage_times,
     trace_file,
 )
-from slurm_plugin.sim.workloads import CLASSES, JobModel, assign_workloads, muri_classes
+from slurm_plugin.sim.workloads import (
+    CLASSES,
+    JobModel,
+    Workloads,
+    assign_workloads,
+    muri_classes,
+)
 
 _SLOW = 0.9
 """A job runs "slow" below this share of its plateau rate."""
@@ -194,7 +202,9 @@ class _PerfectProfiles(_Recorder):
         return
 
 
-def _setup(spec: str, jobs: int | None, load: float, cpu_load: float, seed: int):
+def _setup(
+    spec: str, jobs: int | None, load: float, cpu_load: float, seed: int
+) -> tuple[Trace, list[NodeSpec], Workloads, JobModel]:
     """The trace, nodes, workloads and model exactly as ``coda-slurm simulate`` builds them."""
     model = JobModel()
     trace = load_trace(spec)
@@ -226,39 +236,27 @@ def _pct(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace")
-    ap.add_argument("--jobs", type=int)
-    ap.add_argument("--load", type=float, default=0.8)
-    ap.add_argument("--cpu-load", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--coda-conf", action="append", default=[])
-    a = ap.parse_args()
-
-    trace, nodes, wl, model = _setup(a.trace, a.jobs, a.load, a.cpu_load, a.seed)
-    params = SimParams(coda_conf=tuple(CODA_CONF) + tuple(a.coda_conf))
-    sims = {}
+def run_all(
+    trace: Trace, nodes: list[NodeSpec], wl: Workloads, model: JobModel, params: SimParams
+) -> dict[str, _Recorder]:
+    """The ``coda``, ``oracle`` and ``perfect`` (coda with perfect profiles) runs, recorded."""
+    sims: dict[str, _Recorder] = {}
     for name, cls in (("coda", _Recorder), ("oracle", _Recorder), ("perfect", _PerfectProfiles)):
         pol = POLICIES["oracle" if name == "oracle" else "coda"]
         sim = cls(trace, nodes, wl, model, pol, params, None)
         sim.run()
         sim.check_recorded()
         sims[name] = sim
-    coda, oracle, perfect = sims["coda"], sims["oracle"], sims["perfect"]
-    gpu = np.flatnonzero(trace.gpus > 0)
-    done = [j for j in gpu if not math.isnan(coda.end_s[j]) and not math.isnan(oracle.end_s[j])]
-    print(
-        f"{trace.name}: {len(gpu):,} GPU jobs, {len(done):,} finished under both; "
-        f"{len(nodes)} nodes; probed {coda.counters['probed_jobs']:,}, "
-        f"published {coda.counters['profiles_published']:,}"
-        f" ({coda.counters['profiles_published_ended']:,} of them by jobs that ended first)"
-    )
+    if sims["perfect"].counters["probed_jobs"]:
+        raise HookMissing("the perfect-profiles run probed jobs: probe_begin is not hooked")
+    return sims
 
-    # -- published cores per GPU vs the true sweet spot, per class and GPU count -------------
+
+def _report_ratios(coda: _Recorder, wl: Workloads, done: list[int]) -> None:
+    """Published cores per GPU vs the true sweet spot, per class and GPU count."""
     ratios: dict[tuple[str, int], list[float]] = defaultdict(list)
     for j in done:
-        state, cpg = coda.seen.get(j, ("none", None))
+        cpg = coda.seen.get(j, ("none", None))[1]
         gpn, k = coda._gpn_nodes(j)
         if cpg is None or k > 1:
             continue
@@ -272,37 +270,41 @@ def main() -> None:
         low = _pct(float(np.mean(v < 0.9)))
         print(f"{cls:<14} {gpn:>4} {v.size:>6} {p10:6.2f} {p50:6.2f} {p90:6.2f} {low}")
 
-    # -- GPU-hours below 90 % of plateau, by cause ------------------------------------------
+
+def _slow_cause(coda: _Recorder, j: int, theta: float, k: int, base: float) -> str:
+    """Why job ``j`` ran below _SLOW of its plateau at ``base`` (its curve at its cores)."""
+    if base >= _SLOW:
+        return "throttled"
+    if theta > coda.nodes.max_cores:
+        return "node cap"
+    if k > 1:
+        return "multi-node"
+    state = coda.seen.get(j, ("none", None))[0]
+    return {"none": "first run", "unconfident": "unconfident", "censored": "censored"}.get(
+        state, "low fit"
+    )
+
+
+def _slow_and_gap(
+    sims: dict[str, _Recorder], wl: Workloads, model: JobModel, done: list[int]
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """GPU-seconds below _SLOW by cause, the running-time gap to the oracle by cause (job
+    seconds), and all GPU-job GPU-seconds, for the ``coda`` run."""
+    coda, oracle = sims["coda"], sims["oracle"]
     total_gpu_s = 0.0
     slow_by: dict[str, float] = defaultdict(float)
     gap_run: dict[str, float] = defaultdict(float)
     for j in done:
         gpn, k = coda._gpn_nodes(j)
-        g = gpn * k
         run_s = float(coda.end_s[j] - coda.start_s[j])
-        total_gpu_s += g * run_s
+        total_gpu_s += gpn * k * run_s
         theta = coda._theta(j, gpn, k)
         cores = int(coda.cores_per_node[j])
         base = throughput_at(theta, cores, log_share=model.log_share)
         asked = min(coda._user_cores(j, gpn), coda.nodes.max_cores)
-        work = float(trace.duration_s[j]) * throughput_at(theta, asked, log_share=model.log_share)
-        state, cpg = coda.seen.get(j, ("none", None))
-        if base < _SLOW:
-            if theta > coda.nodes.max_cores:
-                cause = "node cap"
-            elif k > 1:
-                cause = "multi-node"
-            elif state == "none":
-                cause = "first run"
-            elif state == "unconfident":
-                cause = "unconfident"
-            elif state == "censored":
-                cause = "censored"
-            else:
-                cause = "low fit"
-        else:
-            cause = "throttled"
-        slow_by[cause] += g * coda.slow_s.get(j, 0.0)
+        work = float(coda.t.duration_s[j]) * throughput_at(theta, asked, log_share=model.log_share)
+        cause = _slow_cause(coda, j, theta, k, base)
+        slow_by[cause] += gpn * k * coda.slow_s.get(j, 0.0)
         # Running-time gap to the oracle's run: cores, probes, contention (the rest).
         o_cores = int(oracle.cores_per_node[j])
         o_run = work / max(throughput_at(theta, o_cores, log_share=model.log_share), 1e-9)
@@ -315,15 +317,15 @@ def main() -> None:
         gap_run[f"cores: {core_cause}"] += by_cores
         gap_run["probing"] += by_probe
         gap_run["contention and rest"] += run_s - o_run - by_cores - by_probe
-    print(f"\nGPU-job run time below {_SLOW:.0%} of plateau (share of all GPU-job GPU-hours)")
-    for cause, s in sorted(slow_by.items(), key=lambda kv: -kv[1]):
-        print(f"  {cause:<14} {_pct(s / total_gpu_s)}")
-    print(f"  {'total':<14} {_pct(sum(slow_by.values()) / total_gpu_s)}")
+    return slow_by, gap_run, total_gpu_s
 
-    # -- mean JCT gap ---------------------------------------------------------------------
+
+def _report_jct(sims: dict[str, _Recorder], done: list[int], gap_run: dict[str, float]) -> None:
+    """Mean JCT of the three runs, waiting and running, the running gap by cause."""
+    coda, oracle, perfect = sims["coda"], sims["oracle"], sims["perfect"]
     n = len(done)
     idx = np.asarray(done)
-    sub = trace.submit_s[idx]
+    sub = coda.t.submit_s[idx]
     c_wait = float(np.mean(coda.start_s[idx] - sub))
     o_wait = float(np.mean(oracle.start_s[idx] - sub))
     c_run = float(np.mean(coda.end_s[idx] - coda.start_s[idx]))
@@ -344,23 +346,21 @@ def main() -> None:
         f"  perfect profiles: waiting {p_wait / 3600:6.2f} h, "
         f"running {(p_jct - p_wait) / 3600:6.2f} h"
     )
-    # Cores held above the sweet spot (they can keep other jobs waiting), by profile state.
+
+
+def _report_over(coda: _Recorder, done: list[int]) -> None:
+    """Core-hours held above the sweet spot (they can keep other jobs waiting), by profile
+    state, and the profile states seen at submission."""
     over: dict[str, float] = defaultdict(float)
+    total_core_h = 0.0
     for j in done:
         gpn, k = coda._gpn_nodes(j)
         want = min(coda.nodes.max_cores, max(1, math.ceil(coda._theta(j, gpn, k))))
+        held_h = float(coda.end_s[j] - coda.start_s[j]) / 3600
         extra = max(0, int(coda.cores_per_node[j]) - want) * k
         state = "multi-node" if k > 1 else coda.seen.get(j, ("none", None))[0]
-        over[state] += extra * float(coda.end_s[j] - coda.start_s[j]) / 3600
-    total_core_h = (
-        sum(
-            int(coda.cores_per_node[j])
-            * coda._gpn_nodes(j)[1]
-            * float(coda.end_s[j] - coda.start_s[j])
-            for j in done
-        )
-        / 3600
-    )
+        over[state] += extra * held_h
+        total_core_h += int(coda.cores_per_node[j]) * k * held_h
     print(f"\ncore-hours held above the sweet spot (of {total_core_h:,.0f} held by GPU jobs):")
     for state, h in sorted(over.items(), key=lambda kv: -kv[1]):
         print(f"  {state:<12} {h:12,.0f}")
@@ -370,6 +370,38 @@ def main() -> None:
     print(
         "\nprofile seen at submission: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--jobs", type=int)
+    ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--cpu-load", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--coda-conf", action="append", default=[])
+    a = ap.parse_args()
+
+    trace, nodes, wl, model = _setup(a.trace, a.jobs, a.load, a.cpu_load, a.seed)
+    params = SimParams(coda_conf=tuple(CODA_CONF) + tuple(a.coda_conf))
+    sims = run_all(trace, nodes, wl, model, params)
+    coda, oracle = sims["coda"], sims["oracle"]
+    gpu = np.flatnonzero(trace.gpus > 0)
+    done = [j for j in gpu if not math.isnan(coda.end_s[j]) and not math.isnan(oracle.end_s[j])]
+    print(
+        f"{trace.name}: {len(gpu):,} GPU jobs, {len(done):,} finished under both; "
+        f"{len(nodes)} nodes; probed {coda.counters['probed_jobs']:,}, "
+        f"published {coda.counters['profiles_published']:,}"
+        f" ({coda.counters['profiles_published_ended']:,} of them by jobs that ended first)"
+    )
+    _report_ratios(coda, wl, done)
+    slow_by, gap_run, total_gpu_s = _slow_and_gap(sims, wl, model, done)
+    print(f"\nGPU-job run time below {_SLOW:.0%} of plateau (share of all GPU-job GPU-hours)")
+    for cause, s in sorted(slow_by.items(), key=lambda kv: -kv[1]):
+        print(f"  {cause:<14} {_pct(s / total_gpu_s)}")
+    print(f"  {'total':<14} {_pct(sum(slow_by.values()) / total_gpu_s)}")
+    _report_jct(sims, done, gap_run)
+    _report_over(coda, done)
 
 
 if __name__ == "__main__":
