@@ -3,11 +3,15 @@
 Runs the simulator's own code (``slurm_plugin.sim.engine``: the submit hook's
 ``decide()``, coda-node's allocator through ``probe_run``, ``refit_profile``, the
 eliminator) on a trace prefix under the ``coda`` and ``oracle`` policies, with the same
-setup as ``coda-slurm simulate``. The engine is subclassed only to *record*: the profile
-each GPU job's decision saw at submission, which jobs were probed, and every interval of
-each DNN job's progress rate. Nothing it decides is changed. A third run, ``coda`` with
-perfect profiles (every GPU job given its true sweet spot, no probing, the eliminator as
-in ``coda``), bounds what better profiles could gain.
+setup as ``coda-slurm simulate``. The engine (``_Sim``) is subclassed, and the methods of
+the rooms it builds are wrapped on the run's own instances, only to *record*: the profile
+each GPU job's decision saw at submission (``_Sim._need``), which jobs were probed
+(``OnlineProfiling._start_probe``), and every interval of each DNN job's progress rate
+(``Rates.resolve``, ``_Sim._finish``). Nothing it decides is changed. A third run, ``coda``
+with perfect profiles (``OnlineProfiling.coda_cores`` gives every GPU job its true sweet
+spot, the oracle's cores; ``OnlineProfiling.probe_begin`` probes nothing; the eliminator as
+in ``coda``), bounds what better profiles could gain. When a hooked method is gone from the
+simulator the script stops with :class:`HookMissing` rather than record nothing.
 
 It reports, for the ``coda`` run:
 
