@@ -49,6 +49,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from coda_common.store.multinode import MAX_MULTI_NODE_FIGURES, MultiNodeMeasure, merge_figure
 from coda_common.store.request import ProfileView
 
 # UsageRecord is re-exported (``from coda_common.store.profiles import UsageRecord``); it lives
@@ -65,8 +66,11 @@ FORMAT = "coda-profile"
 #: share a scale, see coda_common.model.fit.run_labels). Version 1 and 2 samples are read with
 #: ``run=None``.
 #: Version 4 added ``cpu_usage`` (the memory bandwidth the workload drew as a CPU job, or null).
-#: Earlier files are read with ``cpu_usage=None``. Writers write 4.
-FORMAT_VERSION = 4
+#: Earlier files are read with ``cpu_usage=None``.
+#: Version 5 added ``multi_node`` (the measured per-node figures of multi-node runs, or
+#: null, see coda_common.store.multinode). Earlier files are read with ``multi_node=None``.
+#: Writers write 5.
+FORMAT_VERSION = 5
 
 #: Name of the lock file (dot-prefixed, so readers skip it).
 LOCK_FILE_NAME = ".lock"
@@ -304,6 +308,49 @@ def cpu_usage_from_json_dict(d: object, where: str) -> CpuUsageRecord | None:
     )
 
 
+_MULTI_NODE_KEYS = ("figures_cores_per_gpu", "n_figures", "updated_unix_s")
+
+
+def multi_node_to_json_dict(measure: MultiNodeMeasure | None) -> dict[str, Any] | None:
+    """The ``multi_node`` value of the on-disk format."""
+    if measure is None:
+        return None
+    return {
+        "figures_cores_per_gpu": list(measure.figures_cores_per_gpu),
+        "n_figures": measure.n_figures,
+        "updated_unix_s": measure.updated_unix_s,
+    }
+
+
+def multi_node_from_json_dict(d: object, where: str) -> MultiNodeMeasure | None:
+    """Validate the ``multi_node`` value strictly (null: no multi-node run measured)."""
+    if d is None:
+        return None
+    key = "multi_node"
+    if not isinstance(d, dict):
+        raise ProfileFormatError(where, f"{key} must be an object or null, got {_json_type(d)}")
+    _check_keys(d, _MULTI_NODE_KEYS, where, key)
+    raw = d["figures_cores_per_gpu"]
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MULTI_NODE_FIGURES:
+        raise ProfileFormatError(
+            where,
+            f"{key}.figures_cores_per_gpu must be a list of 1 to {MAX_MULTI_NODE_FIGURES} "
+            f"numbers, got {_json_type(raw)}",
+        )
+    figures = tuple(
+        _get_number(
+            {f"figures_cores_per_gpu[{i}]": f}, f"figures_cores_per_gpu[{i}]", where, key, lo=0.0
+        )
+        for i, f in enumerate(raw)
+    )
+    n_figures = _get_int(d, "n_figures", where, key, lo=len(figures))
+    return MultiNodeMeasure(
+        figures_cores_per_gpu=figures,
+        n_figures=n_figures,
+        updated_unix_s=_get_number(d, "updated_unix_s", where, key, lo=0.0),
+    )
+
+
 def _usage_tuple(raw: object, where: str) -> tuple[UsageRecord, ...]:
     if not isinstance(raw, list):
         raise ProfileFormatError(where, f"usage must be a list, got {_json_type(raw)}")
@@ -344,6 +391,7 @@ class Profile:
     fit: Mapping[str, Any] | None = None
     usage: tuple[UsageRecord, ...] = ()
     cpu_usage: CpuUsageRecord | None = None
+    multi_node: MultiNodeMeasure | None = None
 
     _KEYS_V1 = (
         "format",
@@ -361,7 +409,8 @@ class Profile:
         "fit",
     )
     _KEYS_V3 = (*_KEYS_V1, "usage")
-    _KEYS = (*_KEYS_V3, "cpu_usage")
+    _KEYS_V4 = (*_KEYS_V3, "cpu_usage")
+    _KEYS = (*_KEYS_V4, "multi_node")
 
     @property
     def stem(self) -> str:
@@ -385,6 +434,7 @@ class Profile:
             "fit": None if self.fit is None else _thaw(self.fit),
             "usage": [usage_to_json_dict(u) for u in self.usage],
             "cpu_usage": cpu_usage_to_json_dict(self.cpu_usage),
+            "multi_node": multi_node_to_json_dict(self.multi_node),
         }
 
     @classmethod
@@ -396,8 +446,8 @@ class Profile:
             raise ProfileFormatError(where, f"expected a JSON object, got {_json_type(d)}")
         version = _format_version(d, where)
         # Version 1 had no usage records; version 2 files must carry the key (maybe empty);
-        # version 4 files the cpu_usage key (maybe null).
-        keys = cls._KEYS_V1 if version == 1 else cls._KEYS_V3 if version < 4 else cls._KEYS
+        # version 4 files the cpu_usage key (maybe null), version 5 the multi_node key.
+        keys = (cls._KEYS_V1, cls._KEYS_V3, cls._KEYS_V3, cls._KEYS_V4, cls._KEYS)[version - 1]
         _check_keys(d, keys, where, None)
 
         problem = signature_problem(d["signature"])
@@ -424,6 +474,7 @@ class Profile:
             fit=fit,
             usage=() if version == 1 else _usage_tuple(d["usage"], where),
             cpu_usage=cpu_usage_from_json_dict(d["cpu_usage"], where) if version >= 4 else None,
+            multi_node=multi_node_from_json_dict(d["multi_node"], where) if version >= 5 else None,
         )
 
     def validated(self, where: str = "profile to write") -> Profile:
@@ -514,6 +565,10 @@ def to_view(profile: Profile) -> ProfileView:
         multi_node_cpus_per_gpu=profile.multi_node_cpus_per_gpu,
         usage=profile.usage,
         cpu_usage=profile.cpu_usage,
+        multi_node_measured_cores_per_gpu=(
+            None if profile.multi_node is None else profile.multi_node.cores_per_gpu
+        ),
+        multi_node_runs=0 if profile.multi_node is None else profile.multi_node.n_figures,
     )
 
 
@@ -996,6 +1051,33 @@ class ProfileStore:
                     source="cpu-usage",
                 )
             return replace(current, cpu_usage=merge_cpu_usage(current.cpu_usage, record))
+
+        result = self._update(signature, merged)
+        assert result is not None  # merged() always gives a profile
+        return result
+
+    def merge_multi_node(self, signature: str, cores_per_gpu: float, now_unix_s: float) -> Profile:
+        """Merge one per-node figure of a multi-node run (cores per GPU used,
+        :func:`coda_common.store.multinode.summary_figure`) into the profile of
+        ``signature``; returns the profile written.
+
+        Under the signature's lock, like :meth:`merge_usage`; the profile's ``multi_node``
+        keeps the last figures (:func:`coda_common.store.multinode.merge_figure`).
+        ``updated_unix_s`` of the profile is left alone (it dates the single-node
+        prediction). A workload with no profile yet gets one: the placeholder
+        :meth:`merge_samples` starts from (cpus_per_gpu 1, confidence 0, no samples), with
+        ``source`` ``multi-node``, so that workloads that only ever run on several nodes are
+        measured too; its confidence 0 keeps single-node jobs of the workload unprofiled,
+        and only a multi-node job reads the figure (``MultiNodeMinSamples``). Raises
+        ProfileFormatError for an unusable existing file (left alone), ValueError for a
+        figure that is not a number >= 0.
+        """
+
+        def merged(current: Profile | None) -> Profile:
+            if current is None:
+                current = _placeholder_profile(signature, None, "multi-node", now_unix_s)
+            measure = merge_figure(current.multi_node, cores_per_gpu, now_unix_s)
+            return replace(current, multi_node=measure)
 
         result = self._update(signature, merged)
         assert result is not None  # merged() always gives a profile

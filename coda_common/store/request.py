@@ -75,3 +75,8 @@ class ProfileView:
     """What the workload did with its GPUs, at most one record per GPU model."""
     cpu_usage: CpuUsageRecord | None = None
     """The memory bandwidth the workload drew as a CPU job; None = never measured."""
+    multi_node_measured_cores_per_gpu: float | None = None
+    """The cores per GPU multi-node runs used per node (the p90 of the last per-node
+    figures, :mod:`coda_common.store.multinode`); None = no multi-node run measured."""
+    multi_node_runs: int = 0
+    """How many per-node figures that is from (``MultiNodeMinSamples`` counts these)."""

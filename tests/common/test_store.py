@@ -909,7 +909,7 @@ def _usage(model: str | None = "A100", **kw: Any) -> store_mod.UsageRecord:
 def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
     d = make_profile().to_json_dict()
     d["format_version"] = 1
-    del d["usage"], d["cpu_usage"]
+    del d["usage"], d["cpu_usage"], d["multi_node"]
     for sample in d["samples"]:
         del sample["run"]  # version 3 added it
     path = store.path_for(SIG)
@@ -923,7 +923,7 @@ def test_version_1_file_reads_with_no_usage(store: ProfileStore) -> None:
     # Rewriting it (any merge) upgrades it to the current version.
     store.merge_usage(SIG, _usage())
     on_disk = json.loads(path.read_bytes())
-    assert on_disk["format_version"] == FORMAT_VERSION == 4
+    assert on_disk["format_version"] == FORMAT_VERSION == 5
     assert len(on_disk["usage"]) == 1 and on_disk["cpu_usage"] is None
 
 
@@ -934,7 +934,7 @@ def _cpu_usage(bw: float = 3e9, ticks: int = 10, at: float = 1_700_000_100.0) ->
 def test_version_3_file_reads_with_no_cpu_usage(store: ProfileStore) -> None:
     d = make_profile(usage=(_usage(),)).to_json_dict()
     d["format_version"] = 3
-    del d["cpu_usage"]
+    del d["cpu_usage"], d["multi_node"]
     path = store.path_for(SIG)
     path.write_text(json.dumps(d))
     p = read_profile_file(path, store.trusted_uids)
