@@ -121,6 +121,8 @@ class CodaConfig:
     """``keep`` or ``raise``: a user's lower value is raised to the default without a profile."""
     min_confidence: float = _field(hook.MIN_CONFIDENCE)
     multi_node_gpu_cap: int = _field(hook.MULTI_NODE_GPU_CAP)
+    multi_node_min_samples: int = _field(hook.MULTI_NODE_MIN_SAMPLES)
+    multi_node_margin: float = _field(hook.MULTI_NODE_MARGIN)
     priors_from_names: bool = _field(hook.PRIORS_FROM_NAMES)
     prior_aliases: tuple[tuple[str, str], ...] = _field(hook.PRIOR_ALIASES)
     """``(alias, NAME)`` pairs, lower case (``PriorAliases``)."""

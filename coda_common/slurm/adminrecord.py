@@ -21,6 +21,8 @@ Admin record (``Decision.admin_comment``), one token without blanks, < 300 chara
             confident profile)
     would   only with action=advise: the action enforce mode would have taken
     gpn     GPUs per node as CODA computed it;  nodes: node count assumed
+    mn      only for a multi-node job given its profile's measured multi-node figure
+            (MultiNodeMinSamples): how many per-node figures it is from
     cpt     only where the user asked ``--cpus-per-task`` and CODA rewrote it (or, with
             action=advise, would): the CPUs per task written (cpg x gpn over the tasks
             on a node)

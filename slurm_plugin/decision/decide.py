@@ -74,6 +74,7 @@ the default partition first).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
@@ -169,12 +170,19 @@ class Decision:
 
 
 def predict_cpus_per_gpu(
-    profile: ProfileView, gpus_per_node: int, nodes: int, multi_node_gpu_cap: int
+    profile: ProfileView,
+    gpus_per_node: int,
+    nodes: int,
+    multi_node_gpu_cap: int,
+    multi_node_min_samples: int | None = None,
+    multi_node_margin: float = 0.0,
 ) -> int:
     """The CODA model rule, before clamping.
 
-    One node: the profile's ``cpus_per_gpu``.  Several nodes: the measured
-    ``multi_node_cpus_per_gpu`` when the profile has one, else
+    One node: the profile's ``cpus_per_gpu``.  Several nodes: the profile's
+    ``multi_node_cpus_per_gpu`` when it has one (set by an admin or an import), else its
+    measured multi-node figure when that holds at least ``multi_node_min_samples`` per-node
+    figures (:func:`measured_multi_node_cpus_per_gpu`; None: never), else
     ``ceil(cpus_per_gpu * min(gpus_per_node, cap) / gpus_per_node)`` (multi-node demand per
     node is at most the demand of the same workload on one node with ``cap`` GPUs).
     """
@@ -182,8 +190,50 @@ def predict_cpus_per_gpu(
         return profile.cpus_per_gpu
     if profile.multi_node_cpus_per_gpu is not None:
         return profile.multi_node_cpus_per_gpu
+    measured = measured_multi_node_cpus_per_gpu(profile, multi_node_min_samples, multi_node_margin)
+    if measured is not None:
+        return measured
     gpn = max(gpus_per_node, 1)
     return -(-(profile.cpus_per_gpu * min(gpn, multi_node_gpu_cap)) // gpn)
+
+
+def measured_multi_node_cpus_per_gpu(
+    profile: ProfileView, min_samples: int | None, margin: float
+) -> int | None:
+    """``ceil(figure * (1 + margin))`` (at least 1) of the profile's measured multi-node
+    figure when it holds at least ``min_samples`` per-node figures, else None (also when
+    ``min_samples`` is None).  Two attribute reads for a profile without one."""
+    figure = profile.multi_node_measured_cores_per_gpu
+    if figure is None or min_samples is None or profile.multi_node_runs < min_samples:
+        return None
+    # The epsilon keeps a figure that is whole after the margin (5 x 1.2) from rounding up.
+    return max(math.ceil(figure * (1.0 + margin) - 1e-9), 1)
+
+
+def _uses_measured(profile: ProfileView | None, nodes: int, cfg: CodaConfig) -> bool:
+    """Whether a ``nodes``-node job's prediction from ``profile`` is its measured
+    multi-node figure (:func:`predict_cpus_per_gpu`)."""
+    return (
+        nodes > 1
+        and profile is not None
+        and profile.multi_node_cpus_per_gpu is None
+        and measured_multi_node_cpus_per_gpu(
+            profile, cfg.multi_node_min_samples, cfg.multi_node_margin
+        )
+        is not None
+    )
+
+
+def _predict(profile: ProfileView, gpn: int, nodes: int, cfg: CodaConfig) -> int:
+    """:func:`predict_cpus_per_gpu` with coda.conf's multi-node settings."""
+    return predict_cpus_per_gpu(
+        profile,
+        gpn,
+        nodes,
+        cfg.multi_node_gpu_cap,
+        cfg.multi_node_min_samples,
+        cfg.multi_node_margin,
+    )
 
 
 def job_tasks_per_node(req: JobRequest, nodes: int) -> int:
@@ -355,6 +405,9 @@ def _gpu_job(
         req.uid, req.job_name, req.script, admitted.directives, cfg.signature_ignore
     )
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
+    if profile is None and nodes > 1:
+        profile, src = _lookup_measured(sig, profiles, cfg, nodes, src)
+    measured = _uses_measured(profile, nodes, cfg)
     place = _placement(req, cfg, sig, profiles, gpn, node_features, admitted.sep)
     cap = node_cap(gpn)
     pred, src, note = _prediction(profile, src, gpn, nodes, cfg, cap, node_share)
@@ -370,12 +423,13 @@ def _gpu_job(
     job = _Job(
         req, cfg, sig, was, src, gpn, nodes, tasks_per_node, cap, place, admitted.sep, bound_note
     )
+    job.mn_samples = profile.multi_node_runs if measured and profile is not None else 0
     choice = _Choice(
         profile=profile,
         pred=pred,
         unknown=weak or "no profile for this workload yet",
         label=quote_label(sig.workload),
-        basis=(_basis(profile, src, nodes) if prior is None else prior.basis) + note,
+        basis=(_basis(profile, src, nodes, cfg) if prior is None else prior.basis) + note,
         prior=prior,
     )
     if not user_flag:
@@ -493,9 +547,7 @@ def _prediction(
     DefaultCpusPerGpu (``src`` becomes ``default``), clamped; the note says which bound or
     share applied ("" when none)."""
     if profile is not None:
-        pred, note = _clamp(
-            predict_cpus_per_gpu(profile, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, cap
-        )
+        pred, note = _clamp(_predict(profile, gpn, nodes, cfg), gpn, cfg, cap)
         return pred, src, note
     if cfg.default_cpus_per_gpu is None:
         return None, src, ""
@@ -721,9 +773,7 @@ def _prior(
     best_note = ""
     for name in names:
         view = views[name]
-        value, note = _clamp(
-            predict_cpus_per_gpu(view, gpn, nodes, cfg.multi_node_gpu_cap), gpn, cfg, cap
-        )
+        value, note = _clamp(_predict(view, gpn, nodes, cfg), gpn, cfg, cap)
         rank = (value, len(name), name)
         if best is None or (rank[0], rank[1]) > (best[0], best[1]):
             best, best_note = rank, note
@@ -740,12 +790,29 @@ def _prior(
     return _Prior(name, value, best_note, basis, label, f"prior {label} named by the job")
 
 
-def _basis(profile: ProfileView | None, src: str, nodes: int) -> str:
+def _lookup_measured(
+    sig: Signature, profiles: Mapping[str, ProfileView], cfg: CodaConfig, nodes: int, src: str
+) -> tuple[ProfileView | None, str]:
+    """``(profile, src)`` for a multi-node job without a confident profile: the user's (then
+    the shared) profile when its measured multi-node figure holds ``MultiNodeMinSamples``
+    figures, whatever its single-node confidence; else ``(None, src)``."""
+    for key, kind in ((sig.key, "profile"), (global_key(sig), "global")):
+        view = profiles.get(key) if key is not None else None
+        if view is not None and _uses_measured(view, nodes, cfg):
+            return view, kind
+    return None, src
+
+
+def _basis(profile: ProfileView | None, src: str, nodes: int, cfg: CodaConfig) -> str:
     if profile is None:
         return "site default, no confident profile yet"
     kind = "profile" if src == "profile" else "shared profile"
     text = f"{kind}, {profile.n_samples} samples, confidence {profile.confidence:.2f}"
-    return f"{text}, {nodes} nodes" if nodes > 1 else text
+    if nodes <= 1:
+        return text
+    if _uses_measured(profile, nodes, cfg):
+        return f"{text}, {nodes} nodes, measured on {profile.multi_node_runs} multi-node runs"
+    return f"{text}, {nodes} nodes"
 
 
 @dataclass(slots=True)
@@ -767,6 +834,9 @@ class _Job:
     """How the job's Slurm spells a GRES (:func:`~slurm_plugin.decision.tres.gres_separator`)."""
     bound_note: str
     """The bound that cut the prediction, for the log line; "" when none did."""
+    mn_samples: int = 0
+    """The per-node figures of the measured multi-node figure the prediction is; 0 when
+    it is not one (the admin record's ``mn=``)."""
 
 
 def _finish(
@@ -848,6 +918,8 @@ def _records(
         f"{ADMIN_PREFIX}{sig.key};cpg={cpg};was={was};action={action};src={src}{would}"
         f";gpn={gpn};nodes={nodes}"
     )
+    if job.mn_samples:
+        admin += f";mn={job.mn_samples}"
     cpt_log = ""
     if task_share is not None:
         admin += f";cpt={task_share}"
@@ -858,7 +930,8 @@ def _records(
         place_log = place.log
     log = (
         f"coda: {_job_label(req)} sig={sig.key} action={action}{would.replace(';', ' ')} "
-        f"cpg={cpg or '-'}{cpt_log} was={was or '-'} src={src} gpn={gpn} nodes={nodes}{place_log}: "
+        f"cpg={cpg or '-'}{cpt_log} was={was or '-'} src={src} gpn={gpn} nodes={nodes}"
+        f"{f' mn={job.mn_samples}' if job.mn_samples else ''}{place_log}: "
         f"{reason}{'; ' + bound_note if bound_note else ''}"
     )
     return admin, log

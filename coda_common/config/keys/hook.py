@@ -100,6 +100,28 @@ MULTI_NODE_GPU_CAP = key(
     "GPU and leaves the single-node figure unscaled).",
 )
 
+MULTI_NODE_MIN_SAMPLES = key(
+    "MultiNodeMinSamples",
+    "int",
+    "2",
+    ints(1),
+    "Multi-node jobs: a profile's measured multi-node figure (the cores per GPU the "
+    "workload's multi-node runs used per node, as coda-node saw them; the p90 of the last "
+    "16 per-node figures) replaces the MultiNodeGpuCap rule once it holds at least this many "
+    "per-node figures: ceil(figure x (1 + MultiNodeMargin)), within MinCpusPerGpu, "
+    "MaxCpusPerGpu and the node cap. It is used even when the profile's single-node "
+    "confidence is below MinConfidence.",
+)
+
+MULTI_NODE_MARGIN = key(
+    "MultiNodeMargin",
+    "float",
+    "0.1",
+    float_range(0, 1),
+    "Headroom on a measured multi-node figure (0..1): a multi-node job gets "
+    "ceil(figure x (1 + this)) cores per GPU (MultiNodeMinSamples).",
+)
+
 PRIORS_FROM_NAMES = key(
     "PriorsFromNames",
     "yes|no",
