@@ -54,6 +54,7 @@ from typing import Any
 
 from coda_common.publish import munge
 from coda_common.store.jobsummary import JobSummary, SummaryFormatError, summary_from_json_dict
+from coda_common.store.multinode_merge import merge_summary_figures
 from coda_common.store.profiles import (
     CpuUsageRecord,
     LogFn,
@@ -611,7 +612,7 @@ class Collector:
     def _merge(self, drop_: Drop | SummaryDrop, now_s: float) -> str:
         """Merge what ``drop_`` carries into the store; what was merged, for the log."""
         if isinstance(drop_, SummaryDrop):
-            return self._append_summaries(drop_)
+            return self._append_summaries(drop_, now_s)
         said: list[str] = []
         if drop_.samples:
             profile = self.store.merge_samples(
@@ -642,8 +643,11 @@ class Collector:
             )
         return "; ".join(said)
 
-    def _append_summaries(self, drop_: SummaryDrop) -> str:
-        """Append a drop's job summaries to the summary store (writer ``collector``)."""
+    def _append_summaries(self, drop_: SummaryDrop, now_s: float) -> str:
+        """Append a drop's job summaries to the summary store (writer ``collector``), then
+        merge the multi-node figures they give into their profiles
+        (:mod:`coda_common.store.multinode_merge`: a figure that cannot be merged is said in
+        the log line, the drop is still accepted, its summaries being in)."""
         if self.summaries is None:
             raise ValueError("this collector keeps no job summaries (no JobSummaryDir given)")
         try:
@@ -651,7 +655,9 @@ class Collector:
         except SummaryStoreError as exc:
             raise StoreError(f"cannot append job summaries: {exc}") from None
         jobs = ", ".join(str(s.job_id) for s in drop_.summaries)
-        return f"job summaries of job(s) {jobs} from node {drop_.node} appended"
+        said = [f"job summaries of job(s) {jobs} from node {drop_.node} appended"]
+        said += [line for _, line in merge_summary_figures(self.store, drop_.summaries, now_s)]
+        return "; ".join(said)
 
     def _read_capped(self, fd: int, st: os.stat_result) -> bytes:
         if st.st_size > MAX_DROP_FILE_BYTES:

@@ -443,7 +443,7 @@ class Daemon:
                     log.exception("tick failed; retrying next interval")
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
             self.usage_records.publish_remaining(self.loop.store)
-            self.job_summaries.publish_remaining()
+            self.job_summaries.publish_remaining(self.loop.store)
             self.restore()
             self.nvml.shutdown()
         finally:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from coda_common.config.codaconf import CodaConfig
 from coda_common.publish.dropbox import MAX_DROP_SUMMARIES, DropError, SummaryDrop, drop
 from coda_common.store.jobsummary import JobSummary, SummaryFormatError, summary_from_json_dict
+from coda_common.store.multinode_merge import merge_summary_figures
+from coda_common.store.profiles import ProfileStore
 from coda_common.store.summaries import SummaryStoreError, day_of, store_for
 from coda_node.policy.summary import SummaryAccumulator, SummaryTick
 from coda_node.sampling.snapshot import JobView, NodeSnapshot
@@ -183,19 +185,24 @@ class SummaryRecorder:
                 self.running.add(tick)
         ended = self.running.ended(set(snap.jobs))
         if ended:
-            self.publish(ended, "job ended")
+            self.publish(ended, "job ended", loop.store)
 
-    def publish_remaining(self) -> None:
+    def publish_remaining(self, profiles: ProfileStore | None = None) -> None:
         """At stop: the summary of every job running, handed on; never raises."""
         try:
-            self.publish(self.running.drain(), "daemon stopping")
+            self.publish(self.running.drain(), "daemon stopping", profiles)
         except Exception:
             # Nothing a summary can do may keep the jobs from being put back.
             log.exception("job summaries not written at stop")
 
-    def publish(self, summaries: Sequence[JobSummary], why: str) -> None:
+    def publish(
+        self, summaries: Sequence[JobSummary], why: str, profiles: ProfileStore | None = None
+    ) -> None:
         """Count each summary and hand it on: to the summary store, or (munge) to the
-        controller's collector; one event per job, on failure too."""
+        controller's collector; one event per job, on failure too.  Under
+        ``ProfilePublish=store`` a multi-node GPU job's figure also goes into its profile in
+        ``profiles`` (:mod:`coda_common.store.multinode_merge`; the collector does that
+        under munge), one more event for each."""
         good = []
         for s in summaries:
             try:
@@ -209,8 +216,11 @@ class SummaryRecorder:
             return
         if self.cfg.profile_publish == "munge":
             self._drop(good, why)
-        else:
-            self._append(good, why)
+            return
+        self._append(good, why)
+        if profiles is not None:
+            for job_id, line in merge_summary_figures(profiles, good, time.time()):
+                self._event(job_id, "multi-node-figure", line)
 
     def _append(self, summaries: list[JobSummary], why: str) -> None:
         """ProfilePublish=store: this node's file of the day in the summary store, then a

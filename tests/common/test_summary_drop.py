@@ -127,3 +127,52 @@ def test_a_collector_without_a_summary_store_refuses_summary_drops(setup, tmp_pa
     _put(drop_dir, _cred(_payload()))
     assert collector.collect().refused == 1
     assert "keeps no job summaries" in lines[0]
+
+
+MN_RECORD = "coda:sig=workload:1000:llm;cpg=4;was=;action=set;src=profile;gpn=4;nodes=2"
+
+
+def test_the_collector_merges_the_multi_node_figures_of_a_summary_drop(
+    setup, tmp_path: Path
+) -> None:
+    collector, drop_dir, lines, _store = setup
+    nodes = (
+        summary(job_id=7, num_nodes=2, gpus=4, cpu_used_cores_mean=10.0, record=MN_RECORD),
+        summary(job_id=8, num_nodes=2, gpus=4, cpu_used_cores_mean=22.0, record=MN_RECORD),
+        summary(job_id=9),  # one node: no figure
+        summary(job_id=10, num_nodes=2, gpus=4, cpu_used_cores_mean=None, record=MN_RECORD),
+        summary(  # another user's key: no figure
+            job_id=11,
+            num_nodes=2,
+            gpus=4,
+            record=MN_RECORD.replace("1000", "1001"),
+        ),
+    )
+    _put(drop_dir, _cred(SummaryDrop("gpu01", NOW_S, nodes).to_json_bytes()))
+    stats = collector.collect()
+    assert (stats.accepted, stats.refused, stats.summaries) == (1, 0, 5)
+    profile = ProfileStore(tmp_path / "store").read("workload:1000:llm")
+    assert profile is not None and profile.multi_node is not None
+    assert profile.multi_node.figures_cores_per_gpu == (2.5, 5.5)
+    assert profile.multi_node.n_figures == 2 and profile.multi_node.updated_unix_s == NOW_S
+    # Created for the figure: no single-node prediction comes of it.
+    assert (profile.confidence, profile.n_samples, profile.source) == (0.0, 0, "multi-node")
+    assert ProfileStore(tmp_path / "store").read("workload:1001:llm") is None
+    (line,) = lines
+    assert "multi-node figure 2.50 cores/GPU of workload:1000:llm from node gpu01 merged" in line
+    assert "5.50 cores/GPU (p90) from 2 per-node figures" in line
+
+
+def test_a_figure_that_cannot_be_merged_is_said_and_the_drop_accepted(
+    setup, tmp_path: Path
+) -> None:
+    collector, drop_dir, lines, store = setup
+    bad = ProfileStore(tmp_path / "store")
+    bad.ensure_root()
+    bad.path_for("workload:1000:llm").write_text("{not json")
+    s = summary(job_id=7, num_nodes=2, gpus=4, cpu_used_cores_mean=10.0, record=MN_RECORD)
+    _put(drop_dir, _cred(SummaryDrop("gpu01", NOW_S, (s,)).to_json_bytes()))
+    stats = collector.collect()
+    assert (stats.accepted, stats.refused) == (1, 0)
+    assert _stored(store) == [s]
+    assert "not merged" in lines[0] and "not valid JSON" in lines[0]

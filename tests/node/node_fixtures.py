@@ -123,6 +123,8 @@ class FakeJob:
     """Steps started after the job (:meth:`FakeNode.start_step`): step -> its threads."""
     account: str = ""
     """Slurm's account of the job (empty: none)."""
+    num_nodes: int = 1
+    """Nodes the job runs on (Slurm's ``node_count``); this node is one of them."""
 
     @property
     def partition(self) -> str:
@@ -187,7 +189,7 @@ def squeue_record(job: FakeJob, cores_per_socket: int, node_name: str = NODE_NAM
         "job_state": "RUNNING",
         "name": job.name,
         "nodes": node_name,
-        "node_count": 1,
+        "node_count": job.num_nodes,
         "partition": job.partition,
         "user_id": job.uid,
         "user_name": job.user,

@@ -268,3 +268,53 @@ def test_the_label_sets_are_bounded_and_hostile_names_escaped() -> None:
     # A name with a newline is no label value a person could read: shown as unknown.
     assert (("account", "acct"), ("kind", "dnn"), ("user", "unknown")) in ended
     assert len(ended) == 2
+
+
+def _dnn_sig(sim: Sim) -> str:
+    return (
+        record_token(sim.node.jobs[DNN].admin_comment or "").removeprefix("coda:sig=").split(";")[0]
+    )
+
+
+def test_a_multi_node_jobs_summary_merges_its_figure_into_the_profile(tmp_path: Path) -> None:
+    sim = make_sim(tmp_path)
+    sim.node.jobs[DNN].num_nodes = 2
+    sig = _dnn_sig(sim)
+    before = ProfileStore(sim.cfg.profile_store).read(sig)
+    run_ticks(sim, 6)
+    end(sim, DNN)
+    (s,) = scan(store_for(sim.cfg))
+    assert s.num_nodes == 2
+    profile = ProfileStore(sim.cfg.profile_store).read(sig)
+    assert profile is not None and profile.multi_node is not None
+    # 46 cores used over 2 GPUs on this node.
+    assert profile.multi_node.figures_cores_per_gpu == (pytest.approx(USED_CORES / 2),)
+    assert profile.multi_node.n_figures == 1
+    if before is not None:  # the single-node prediction is left as it was
+        assert (profile.cpus_per_gpu, profile.confidence) == (
+            before.cpus_per_gpu,
+            before.confidence,
+        )
+    ((_tick, event),) = sim.events("multi-node-figure", DNN)
+    assert f"multi-node figure 23.00 cores/GPU of {sig} from node gpu01 merged" in event["reason"]
+
+
+def test_a_single_node_jobs_summary_merges_no_figure(tmp_path: Path) -> None:
+    sim = make_sim(tmp_path)
+    sig = _dnn_sig(sim)
+    run_ticks(sim, 4)
+    end(sim, DNN)
+    profile = ProfileStore(sim.cfg.profile_store).read(sig)
+    assert profile is None or profile.multi_node is None
+    assert sim.events("multi-node-figure", DNN) == []
+
+
+def test_a_record_of_another_users_key_merges_no_figure(tmp_path: Path) -> None:
+    sim = make_sim(tmp_path)
+    job = sim.node.jobs[DNN]
+    job.num_nodes = 2
+    job.admin_comment = "coda:sig=workload:4242:resnet50;cpg=8;was=;action=set;src=profile"
+    run_ticks(sim, 4)
+    end(sim, DNN)
+    assert ProfileStore(sim.cfg.profile_store).read("workload:4242:resnet50") is None
+    assert sim.events("multi-node-figure", DNN) == []
