@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -158,3 +159,16 @@ def test_merge_multi_node_creates_a_profile_that_predicts_nothing_single_node(
     p = store.merge_multi_node("workload:1000:bigtrain", 6.5, T0)
     assert (p.confidence, p.n_samples, p.source, p.workload) == (0.0, 0, "multi-node", "bigtrain")
     assert p.multi_node == MultiNodeMeasure((6.5,), 1, T0)
+
+
+def test_a_later_single_node_merge_keeps_the_figures(store: ProfileStore) -> None:
+    store.merge_multi_node(SIG, 4.0, T0)
+    p = store.merge_samples(
+        SIG,
+        make_profile().samples,
+        refit=lambda c: dataclasses.replace(c, cpus_per_gpu=6, confidence=0.9),
+        source="coda-node:gpu01",
+        now_unix_s=T0 + 50,
+    )
+    assert p.multi_node == MultiNodeMeasure((4.0,), 1, T0)
+    assert (p.cpus_per_gpu, p.confidence) == (6, 0.9)
