@@ -192,6 +192,18 @@ def _cores_cell(p: Profile) -> str:
     return f"{p.cpus_per_gpu} ({p.multi_node_cpus_per_gpu} multi-node)"
 
 
+def _multi_node_cell(p: Profile) -> str:
+    """``profiles show``'s multi-node line: the value an admin set, the measured figure."""
+    parts = [] if p.multi_node_cpus_per_gpu is None else [f"{p.multi_node_cpus_per_gpu} per GPU"]
+    m = p.multi_node
+    if m is not None:
+        parts.append(
+            f"measured {m.cores_per_gpu:.2f} per GPU (p90 of {len(m.figures_cores_per_gpu)} "
+            f"per-node figures kept, {m.n_figures} merged)"
+        )
+    return "; ".join(parts) or "-"
+
+
 def _num(value: float) -> str:
     return f"{value:g}"
 
@@ -343,10 +355,7 @@ def _echo_fields(store: ProfileStore, p: Profile, now: float) -> None:
         ("Workload", p.workload),
         ("File", str(store.path_for(p.signature))),
         ("Cores per GPU", str(p.cpus_per_gpu)),
-        (
-            "Multi-node",
-            "-" if p.multi_node_cpus_per_gpu is None else f"{p.multi_node_cpus_per_gpu} per GPU",
-        ),
+        ("Multi-node", _multi_node_cell(p)),
         ("Confidence", f"{p.confidence:.2f}"),
         ("Samples", f"{p.n_samples} merged, {kept} kept"),
         ("GPU model", p.gpu_model or "-"),

@@ -513,3 +513,11 @@ def test_share_refuses_a_name_no_script_can_name(store: ProfileStore, name: str)
     r = cli("--store", str(store.root), "share", "workload:1000:train", "--as", name)
     assert r.rc == 1 and "NAME" in r.err
     assert files(store.root) == before
+
+
+def test_show_a_measured_multi_node_figure(store: ProfileStore) -> None:
+    store.merge_multi_node("workload:1000:train", 3.0, 1_700_000_000.0)
+    store.merge_multi_node("workload:1000:train", 5.25, 1_700_000_100.0)
+    r = cli("--store", str(store.root), "show", "workload:1000:train")
+    assert r.rc == 0, r.err
+    assert "measured 5.25 per GPU (p90 of 2 per-node figures kept, 2 merged)" in r.out
