@@ -65,7 +65,7 @@ def _v2_dict(profile: Profile) -> dict[str, Any]:
     """``profile`` as a coda before version 3 wrote it: no ``run`` in its samples."""
     d = profile.to_json_dict()
     d["format_version"] = 2
-    del d["cpu_usage"]  # version 4 added it
+    del d["cpu_usage"], d["multi_node"]  # versions 4 and 5 added them
     for s in d["samples"]:
         del s["run"]
     return d
