@@ -407,7 +407,7 @@ def _gpu_job(
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)
     if profile is None and nodes > 1:
         profile, src = _lookup_measured(sig, profiles, cfg, nodes, src)
-    measured = _uses_measured(profile, nodes, cfg)
+    measured = nodes > 1 and _uses_measured(profile, nodes, cfg)  # no call for one node
     place = _placement(req, cfg, sig, profiles, gpn, node_features, admitted.sep)
     cap = node_cap(gpn)
     pred, src, note = _prediction(profile, src, gpn, nodes, cfg, cap, node_share)
@@ -423,7 +423,8 @@ def _gpu_job(
     job = _Job(
         req, cfg, sig, was, src, gpn, nodes, tasks_per_node, cap, place, admitted.sep, bound_note
     )
-    job.mn_samples = profile.multi_node_runs if measured and profile is not None else 0
+    if measured and profile is not None:
+        job.mn_samples = profile.multi_node_runs
     choice = _Choice(
         profile=profile,
         pred=pred,
@@ -547,7 +548,12 @@ def _prediction(
     DefaultCpusPerGpu (``src`` becomes ``default``), clamped; the note says which bound or
     share applied ("" when none)."""
     if profile is not None:
-        pred, note = _clamp(_predict(profile, gpn, nodes, cfg), gpn, cfg, cap)
+        pred, note = _clamp(
+            profile.cpus_per_gpu if nodes <= 1 else _predict(profile, gpn, nodes, cfg),
+            gpn,
+            cfg,
+            cap,
+        )
         return pred, src, note
     if cfg.default_cpus_per_gpu is None:
         return None, src, ""
@@ -601,7 +607,8 @@ def _without_user_value(job: _Job, c: _Choice) -> Decision:
     if c.pred is None:
         return _finish(job, "skip", None, c.unknown, None)
     if c.profile is not None:
-        action, reason = "set", "confident profile"
+        action = "set"
+        reason = "measured multi-node figure" if job.mn_samples else "confident profile"
     elif c.prior is not None:
         action, reason = "default", f"{c.unknown}; {c.prior.reason}"
     else:

@@ -110,7 +110,7 @@ def test_multi_node_decision(
     assert record["src"] == src and record.get("mn") == mn
     measured = mn is not None
     assert (f"measured on {mn} multi-node runs" in (d.user_msg or "")) is measured
-    assert (f" mn={mn}:" in d.log_msg) is measured
+    assert (f" mn={mn}: measured multi-node figure" in d.log_msg) is measured
 
 
 @pytest.mark.parametrize("name", ["mnonly", "mnonly-few"])
