@@ -1067,7 +1067,8 @@ class ProfileStore:
         prediction). A workload with no profile yet gets one: the placeholder
         :meth:`merge_samples` starts from (cpus_per_gpu 1, confidence 0, no samples), with
         ``source`` ``multi-node``, so that workloads that only ever run on several nodes are
-        measured too; its confidence 0 keeps single-node jobs of the workload unprofiled,
+        measured too; its confidence 0 keeps single-node jobs of the workload unprofiled
+        (under any MinConfidence above 0),
         and only a multi-node job reads the figure (``MultiNodeMinSamples``). Raises
         ProfileFormatError for an unusable existing file (left alone), ValueError for a
         figure that is not a number >= 0.

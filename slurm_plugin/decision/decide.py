@@ -818,7 +818,8 @@ def _basis(profile: ProfileView | None, src: str, nodes: int, cfg: CodaConfig) -
     if nodes <= 1:
         return text
     if _uses_measured(profile, nodes, cfg):
-        return f"{text}, {nodes} nodes, measured on {profile.multi_node_runs} multi-node runs"
+        runs = profile.multi_node_runs
+        return f"{text}, {nodes} nodes, measured on {runs} nodes of multi-node runs"
     return f"{text}, {nodes} nodes"
 
 

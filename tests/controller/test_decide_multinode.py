@@ -109,7 +109,7 @@ def test_multi_node_decision(
     record = parse_admin_record(d.admin_comment)
     assert record["src"] == src and record.get("mn") == mn
     measured = mn is not None
-    assert (f"measured on {mn} multi-node runs" in (d.user_msg or "")) is measured
+    assert (f"measured on {mn} nodes of multi-node runs" in (d.user_msg or "")) is measured
     assert (f" mn={mn}: measured multi-node figure" in d.log_msg) is measured
 
 
