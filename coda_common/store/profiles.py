@@ -417,7 +417,17 @@ class Profile:
         return profile_stem(self.signature)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The on-disk JSON object (fresh plain dicts/lists, safe to mutate)."""
+        """The on-disk JSON object (fresh plain dicts/lists, safe to mutate). A profile
+        without a measured multi-node figure is written as version 4, which the coda before
+        that figure reads: a node upgraded before its controller does not make the
+        profiles it merges unreadable to the hook."""
+        d = self._json_v5()
+        if self.multi_node is None:
+            del d["multi_node"]
+            d["format_version"] = 4
+        return d
+
+    def _json_v5(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,

@@ -20,7 +20,6 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.model.curves import cores_for_fraction, throughput_at
 from coda_common.model.fit import _inferred_run_labels, is_censored, refit_profile, run_labels
 from coda_common.store.profiles import (
-    FORMAT_VERSION,
     Profile,
     ProfileFormatError,
     ProfileStore,
@@ -65,7 +64,7 @@ def _v2_dict(profile: Profile) -> dict[str, Any]:
     """``profile`` as a coda before version 3 wrote it: no ``run`` in its samples."""
     d = profile.to_json_dict()
     d["format_version"] = 2
-    del d["cpu_usage"], d["multi_node"]  # versions 4 and 5 added them
+    del d["cpu_usage"]  # version 4 added it
     for s in d["samples"]:
         del s["run"]
     return d
@@ -86,7 +85,7 @@ def test_v3_round_trip_keeps_run_ids_and_writes_the_key_in_every_sample(
     p = _profile(samples)
     path = store.write(p)
     on_disk = json.loads(path.read_bytes())
-    assert on_disk["format_version"] == FORMAT_VERSION >= 3
+    assert on_disk["format_version"] == 4  # no multi-node figure: version 4
     assert [s["run"] for s in on_disk["samples"]] == [
         "gpu01:41:1700000000",
         "gpu01:41:1700000000",
@@ -107,7 +106,7 @@ def test_v2_file_reads_with_no_run_and_the_next_merge_writes_v3(store: ProfileSt
     new = (_sample(16, "gpu02:7:1700000100", node="gpu02"), _sample(1, "gpu02:7:1700000100"))
     merged = store.merge_samples(SIG, new, now_unix_s=1_700_000_100.0)
     on_disk = json.loads(path.read_bytes())
-    assert on_disk["format_version"] == FORMAT_VERSION
+    assert on_disk["format_version"] == 4
     assert [s["run"] for s in on_disk["samples"]] == [None] * 3 + ["gpu02:7:1700000100"] * 2
     assert merged.samples == old.samples + new
     assert store.read(SIG) == merged
@@ -174,7 +173,7 @@ def test_export_of_v3_profiles_reimports_and_a_v2_export_still_imports(tmp_path:
     r = cli("--store", str(src.root), "export", str(export))
     assert r.rc == 0, r.err
     doc = json.loads(export.read_text())
-    assert doc["profiles"][0]["format_version"] == FORMAT_VERSION
+    assert doc["profiles"][0]["format_version"] == 4
 
     dst = ProfileStore(tmp_path / "b")
     r = cli("--store", str(dst.root), "import", str(export))
@@ -188,7 +187,7 @@ def test_export_of_v3_profiles_reimports_and_a_v2_export_still_imports(tmp_path:
     r = cli("--store", str(dst.root), "import", "--replace", str(export))
     assert r.rc == 0, r.err
     assert dst.read(SIG) == old
-    assert json.loads(dst.path_for(SIG).read_bytes())["format_version"] == FORMAT_VERSION
+    assert json.loads(dst.path_for(SIG).read_bytes())["format_version"] == 4
 
 
 # -------------------------------------------------------------------------------- run_labels
