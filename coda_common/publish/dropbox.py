@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coda_common.config.codaconf import CodaConfig
 from coda_common.publish import munge
 from coda_common.store.jobsummary import JobSummary, SummaryFormatError, summary_from_json_dict
 from coda_common.store.multinode_merge import merge_summary_figures
@@ -135,12 +136,11 @@ class Drop:
     @classmethod
     def from_json_bytes(cls, raw: bytes, where: str) -> Drop:
         """Validate a payload strictly; ProfileFormatError naming ``where`` and the problem."""
-        try:
-            d = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProfileFormatError(where, f"payload is not JSON: {exc}") from None
-        except RecursionError:
-            raise ProfileFormatError(where, "payload is not JSON: nested too deeply") from None
+        return cls.from_json_dict(_payload_json(raw, where), where)
+
+    @classmethod
+    def from_json_dict(cls, d: object, where: str) -> Drop:
+        """:meth:`from_json_bytes` of a payload already decoded."""
         if not isinstance(d, dict) or d.get("format") != DROP_FORMAT:
             raise ProfileFormatError(where, f'payload is not a "{DROP_FORMAT}" object')
         version = d.get("format_version")
@@ -262,15 +262,26 @@ def payload_from_json_bytes(raw: bytes, where: str) -> Drop | SummaryDrop:
     """The drop a credential's payload is: profile samples and usage records
     (:class:`Drop`) or job summaries (:class:`SummaryDrop`); ProfileFormatError when it
     is neither, or not a valid one."""
+    d = _payload_json(raw, where)
+    if isinstance(d, dict) and d.get("format") == SUMMARY_DROP_FORMAT:
+        return SummaryDrop.from_json_dict(d, where)
+    return Drop.from_json_dict(d, where)
+
+
+def _payload_json(raw: bytes, where: str) -> object:
+    """A credential's payload decoded from JSON (once); ProfileFormatError when it is not."""
     try:
-        d = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileFormatError(where, f"payload is not JSON: {exc}") from None
     except RecursionError:
         raise ProfileFormatError(where, "payload is not JSON: nested too deeply") from None
-    if isinstance(d, dict) and d.get("format") == SUMMARY_DROP_FORMAT:
-        return SummaryDrop.from_json_dict(d, where)
-    return Drop.from_json_bytes(raw, where)
+
+
+def drop_as_configured(payload: Drop | SummaryDrop, cfg: CodaConfig) -> Path:
+    """:func:`drop` into coda.conf's ``ProfileDropDir`` through its ``MungeSocket``, valid
+    for ``ProfileDropTtlS``: how coda-node hands each kind of record to the collector."""
+    return drop(payload, cfg.profile_drop_dir, cfg.munge_socket, ttl_s=cfg.profile_drop_ttl_s)
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from coda_common.config.codaconf import CodaConfig
 from coda_common.model.fit import is_censored, refit_profile
-from coda_common.publish.dropbox import Drop, DropError, drop
+from coda_common.publish.dropbox import Drop, DropError, drop_as_configured
 from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmconf import read_slurm_conf, spread_partitions
 from coda_common.store.profiles import ProfileStore, Sample, StoreError, run_id_problem
@@ -492,12 +492,7 @@ class AdaptiveLoop:
         """ProfilePublish=munge: hand the samples to the controller's collector."""
         payload = Drop(pub.signature, self.node_name, tuple(samples), now_unix_s)
         try:
-            path = drop(
-                payload,
-                self.cfg.profile_drop_dir,
-                self.cfg.munge_socket,
-                ttl_s=self.cfg.profile_drop_ttl_s,
-            )
+            path = drop_as_configured(payload, self.cfg)
         except DropError as exc:
             return f"cannot hand profile {pub.signature} to the controller: {exc}"
         return f"profile {pub.signature}: {len(samples)} samples handed to the controller as {path}"

@@ -15,7 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from coda_common.config.codaconf import CodaConfig
-from coda_common.publish.dropbox import MAX_DROP_SUMMARIES, DropError, SummaryDrop, drop
+from coda_common.publish.dropbox import (
+    MAX_DROP_SUMMARIES,
+    DropError,
+    SummaryDrop,
+    drop_as_configured,
+)
 from coda_common.store.jobsummary import JobSummary, SummaryFormatError, summary_from_json_dict
 from coda_common.store.multinode_merge import merge_summary_figures
 from coda_common.store.profiles import ProfileStore
@@ -250,12 +255,7 @@ class SummaryRecorder:
             chunk = summaries[start : start + MAX_DROP_SUMMARIES]
             payload = SummaryDrop(self.node_name, time.time(), tuple(chunk))
             try:
-                path = drop(
-                    payload,
-                    self.cfg.profile_drop_dir,
-                    self.cfg.munge_socket,
-                    ttl_s=self.cfg.profile_drop_ttl_s,
-                )
+                path = drop_as_configured(payload, self.cfg)
             except DropError as exc:
                 for s in chunk:
                     line = f"cannot hand its summary to the controller ({why}): {exc}"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from coda_common.config.codaconf import CodaConfig
-from coda_common.publish.dropbox import Drop, DropError, drop
+from coda_common.publish.dropbox import Drop, DropError, drop_as_configured
 from coda_common.store.profiles import CpuUsageRecord, ProfileStore, StoreError, UsageRecord
 from coda_node.daemon.adaptive import AdaptiveLoop, LoopOutput
 from coda_node.daemon.tick import gpu_model, usage_tick
@@ -134,12 +134,7 @@ class UsageRecorder:
         gpu = (r,) if isinstance(r, UsageRecord) else ()
         payload = Drop(flush.signature, self.node_name, (), time.time(), gpu, cpu)
         try:
-            path = drop(
-                payload,
-                self.cfg.profile_drop_dir,
-                self.cfg.munge_socket,
-                ttl_s=self.cfg.profile_drop_ttl_s,
-            )
+            path = drop_as_configured(payload, self.cfg)
         except DropError as exc:
             line = f"cannot hand {what} of {flush.signature} to the controller: {exc}"
         else:
