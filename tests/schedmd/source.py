@@ -141,16 +141,7 @@ def ensure(
                 return served_instead(installed, why, cache_dir)
         if not (staged / ATF / "conftest.py").is_file():
             raise Unavailable(f"{origin} has no {ATF}{_release_hint(installed)}")
-        # apt's state, the downloads, and the tarballs dpkg-source links beside its target.
-        for scratch in staging.iterdir():
-            if scratch.name != SOURCE:
-                shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
-        (staging / ORIGIN).write_text(origin + "\n")
-        staging.chmod(0o755)
-        final = cache_dir / installed.version
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
+        _install_staged(staging, origin, cache_dir / installed.version)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -184,16 +175,8 @@ def served_instead(installed: Installed, why: str, cache_dir: Path = CACHE_DIR) 
         origin, version = _fetch_served(staging, staged)
         if not (staged / ATF / "conftest.py").is_file():
             raise Unavailable(f"{origin} has no {ATF}")
-        for scratch in staging.iterdir():
-            if scratch.name != SOURCE:
-                shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
-        (staging / ORIGIN).write_text(origin + "\n")
         (staging / SERVED_MARK).write_text(SERVED_SUITE + "\n")
-        staging.chmod(0o755)
-        final = cache_dir / version
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
+        _install_staged(staging, origin, cache_dir / version)
     except Unavailable as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise Unavailable(f"{why}; nor {SERVED_SUITE}'s source instead: {exc}") from None
@@ -231,21 +214,8 @@ def _fetch_served(tmp: Path, dest: Path) -> tuple[str, str]:
     (tmp / "apt" / "sources.list.d" / "coda-served.list").write_text(
         f"deb-src {mirror} {SERVED_SUITE} main\n"
     )
-    download = tmp / "download"
-    download.mkdir()
-    _run(["apt-get", "-q", *options, "update"], download, "apt-get update (deb-src)")
-    spec = f"slurm-wlm/{SERVED_SUITE}"
-    _run(
-        ["apt-get", "-q", *options, "source", "--download-only", spec],
-        download,
-        f"apt-get source {spec}",
-    )
-    dscs = sorted(download.glob("slurm-wlm_*.dsc"))
-    if not dscs:
-        raise Unavailable(f"apt-get source {spec} left no .dsc")
-    debian_version = dscs[0].stem.split("_", 1)[1]
-    _run(["dpkg-source", "-x", str(dscs[0]), str(dest)], download, f"dpkg-source -x {dscs[0]}")
-    shutil.rmtree(download)
+    dsc = _apt_source(options, f"slurm-wlm/{SERVED_SUITE}", tmp / "download", dest)
+    debian_version = dsc.stem.split("_", 1)[1]
     upstream = debian_version.split("-", 1)[0].split(":")[-1]
     return f"Debian slurm-wlm={debian_version} ({SERVED_SUITE})", upstream
 
@@ -266,6 +236,20 @@ def _mirror_uri(state: Path) -> str:
                 if "security" not in uri:
                     return uri
     raise Unavailable("no Debian archive in this system's apt sources")
+
+
+def _install_staged(staging: Path, origin: str, final: Path) -> None:
+    """Make the staged cache entry ``final``: its scratch (apt's state, the downloads, the
+    tarballs dpkg-source links beside its target) removed, its origin written, renamed
+    into place (a run stopped half way leaves no entry that looks complete)."""
+    for scratch in staging.iterdir():
+        if scratch.name not in (SOURCE, SERVED_MARK):
+            shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
+    (staging / ORIGIN).write_text(origin + "\n")
+    staging.chmod(0o755)
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
 
 
 def _release_hint(installed: Installed) -> str:
@@ -365,8 +349,13 @@ def _fetch_debian(installed: Installed, tmp: Path, dest: Path) -> str:
         raise Unavailable("Slurm is not installed from Debian packages (no dpkg record)")
     ensure_tools(("dpkg-dev",), ("dpkg-source",))
     spec = f"{installed.source_package}={installed.source_version}"
-    options = _private_apt(tmp / "apt")
-    download = tmp / "download"
+    _apt_source(_private_apt(tmp / "apt"), spec, tmp / "download", dest)
+    return f"Debian {spec}"
+
+
+def _apt_source(options: list[str], spec: str, download: Path, dest: Path) -> Path:
+    """``apt-get source spec`` with the private apt ``options``, downloaded into
+    ``download`` and unpacked to ``dest``; returns the ``.dsc`` it unpacked."""
     download.mkdir()
     _run(["apt-get", "-q", *options, "update"], download, "apt-get update (deb-src)")
     _run(
@@ -374,12 +363,12 @@ def _fetch_debian(installed: Installed, tmp: Path, dest: Path) -> str:
         download,
         f"apt-get source {spec}",
     )
-    dscs = sorted(download.glob("*.dsc"))
+    dscs = sorted(download.glob("slurm-wlm_*.dsc")) or sorted(download.glob("*.dsc"))
     if not dscs:
         raise Unavailable(f"apt-get source {spec} left no .dsc")
     _run(["dpkg-source", "-x", str(dscs[0]), str(dest)], download, f"dpkg-source -x {dscs[0]}")
     shutil.rmtree(download)
-    return f"Debian {spec}"
+    return dscs[0]
 
 
 def ensure_tools(packages: tuple[str, ...], commands: tuple[str, ...]) -> None:
