@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -245,6 +246,65 @@ def test_a_two_node_gpu_job_gets_the_multi_node_rule_and_each_daemon_its_part(
         assert view["cpus_now"] == cpus, node
         assert len(view["gpus"]) == 1, node
         assert "multi-node job" in json.dumps(view), node
+
+
+def test_a_workload_measured_across_nodes_gets_its_measured_figure_next_time(
+    cluster: DevCluster,
+) -> None:
+    # One node's profile says 2 cores per GPU; the rule (MultiNodeGpuCap=2, one GPU a node)
+    # gives a 2-node job the same 2 on each node. The job only sleeps: each node's coda-node
+    # reads its part's CPU use when it ends and merges the figure (about 0 cores per GPU)
+    # into the profile; with MultiNodeMinSamples=2 figures the next multi-node job gets the
+    # measured figure with its margin, at least 1 core per GPU, and its record says so.
+    store = ProfileStore(cluster.profile_store)
+    store.write(
+        Profile(
+            signature="workload:0:mn-measured",
+            workload="mn-measured",
+            cpus_per_gpu=2,
+            confidence=0.95,
+            n_samples=8,
+            updated_unix_s=time.time(),
+            source="test",
+        )
+    )
+    comment = "--comment=coda:workload=mn-measured"
+    two_args = ["-N2", "--ntasks-per-node=1", "--gpus-per-node=1", comment]
+
+    def decided(want: str) -> dict[str, str] | None:
+        job_id, _ = cluster.sbatch(["--hold", *two_args], SLEEP)
+        job = cluster.show_job(job_id)
+        cluster.run(["scancel", str(job_id)], check=False)
+        return job if want in job["AdminComment"] else None
+
+    ruled = _wait(lambda: decided("src=profile"), "the hook to load the profile", 15)
+    assert "cpg=2;" in ruled["AdminComment"] and ";mn=" not in ruled["AdminComment"]
+    job_id, _ = cluster.sbatch(two_args, "#!/bin/sh\nsrun sleep 10\n")
+    job = _running_on(cluster, job_id)
+    assert job["CpusPerTres"] == gres("gres:gpu:2") and job["NumNodes"] == "2"
+
+    def measured() -> Profile | None:
+        prof = store.read("workload:0:mn-measured")
+        done = prof is not None and prof.multi_node is not None
+        return prof if done and prof.multi_node.n_figures >= 2 else None
+
+    prof = _wait(measured, "both nodes' figures of the 2-node job in the profile", 120)
+    assert prof.multi_node.n_figures == 2
+    assert all(0 <= f < 0.5 for f in prof.multi_node.figures_cores_per_gpu)
+    # The single-node figure is untouched: a one-GPU job still gets 2.
+    assert prof.cpus_per_gpu == 2
+    after = _wait(lambda: decided(";mn=2"), "the hook to give the measured figure", 30)
+    assert "cpg=1;" in after["AdminComment"]
+    assert after["CpusPerTres"] == gres("gres:gpu:1")
+    one = _wait(lambda: decided_one(cluster, comment), "a one-node job's decision", 15)
+    assert "cpg=2;" in one["AdminComment"]
+
+
+def decided_one(cluster: DevCluster, comment: str) -> dict[str, str] | None:
+    job_id, _ = cluster.sbatch(["--hold", "--gpus=1", comment], SLEEP)
+    job = cluster.show_job(job_id)
+    cluster.run(["scancel", str(job_id)], check=False)
+    return job if "src=profile" in job["AdminComment"] else None
 
 
 def test_the_job_dev_cluster_up_suggests_runs(cluster: DevCluster) -> None:
