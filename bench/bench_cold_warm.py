@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
@@ -82,7 +81,7 @@ def _child(
         """``coda`` with each GPU job's true sweet spot: what perfect profiles give."""
 
         def _cores(self, j: int, gpn: int, k: int) -> int:
-            return max(1, math.ceil(self._theta(j, gpn, k)))
+            return self._best_cores(j, gpn, k)
 
     out = []
     for variant in VARIANTS:

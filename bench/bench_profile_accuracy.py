@@ -199,7 +199,7 @@ class _PerfectProfiles(_Recorder):
         _wrap(self.profiling, "probe_begin", lambda _: self._no_probe)
 
     def _true_cores(self, j: int, gpn: int, k: int) -> int:
-        return max(1, math.ceil(self._theta(j, gpn, k)))
+        return self._best_cores(j, gpn, k)
 
     def _no_probe(self, j: int, now: float) -> None:
         """A job past its warm-up is not probed (nor waits for a probe slot)."""
@@ -359,7 +359,7 @@ def _report_over(coda: _Recorder, done: list[int]) -> None:
     total_core_h = 0.0
     for j in done:
         gpn, k = coda._gpn_nodes(j)
-        want = min(coda.nodes.max_cores, max(1, math.ceil(coda._theta(j, gpn, k))))
+        want = coda._best_cores(j, gpn, k)
         held_h = float(coda.end_s[j] - coda.start_s[j]) / 3600
         extra = max(0, int(coda.cores_per_node[j]) - want) * k
         state = "multi-node" if k > 1 else coda.seen.get(j, ("none", None))[0]

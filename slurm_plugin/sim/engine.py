@@ -246,8 +246,17 @@ class _Sim:
         if how == "fixed":
             return self.p.fixed_cpus_per_gpu * gpn
         if how == "oracle":
-            return max(1, math.ceil(self._theta(j, gpn, k)))
+            return self._best_cores(j, gpn, k)
         return self.profiling.coda_cores(j, gpn, k)
+
+    def _best_cores(self, j: int, gpn: int, k: int) -> int:
+        """Job ``j``'s sweet spot per node, or the most a node that could hold it has when
+        that is fewer: the oracle gives a job the best it can have, never a request Slurm
+        would refuse (an 8-GPU job whose sweet spot is beyond every 8-GPU node's cores
+        runs with all of a node's cores)."""
+        best = max(1, math.ceil(self._theta(j, gpn, k)))
+        most = self.nodes.most_cores(j, gpn, k)
+        return min(best, most) if most > 0 else best
 
     def _need(self, j: int) -> Need:
         """What job ``j`` asks, as the hook leaves it at submission."""

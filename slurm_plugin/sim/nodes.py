@@ -118,6 +118,18 @@ class Nodes:
             ok = self.feasible_memo[key] = int(mask.sum()) >= k
         return ok
 
+    def most_cores(self, j: int, gpn: int, k: int) -> int:
+        """The most cores per node job ``j`` (``gpn`` GPUs on each of ``k`` nodes) can be
+        given and still fit: the ``k``-th largest core count of the nodes with ``gpn`` GPUs
+        its GPU type allows; 0 when fewer than ``k`` such nodes exist."""
+        mask = self.node_gpus >= gpn
+        spec = int(self.t.gpu_model[j])
+        if spec >= 0:
+            allowed = self.allowed[spec]
+            mask &= allowed if allowed is not None else False
+        cores = np.sort(self.node_cores[mask])
+        return int(cores[-k]) if len(cores) >= k else 0
+
     def fits_node(self, i: int, gpn: int, c: int, allowed: np.ndarray | None) -> bool:
         if self.free_gpus[i] < gpn:
             return False

@@ -202,6 +202,19 @@ def test_a_job_no_node_can_hold_is_rejected_not_queued_forever() -> None:
     assert summarise(trace, r).rejected == 1
 
 
+def test_the_oracle_gives_a_job_beyond_every_node_it_fits_the_most_it_can_have() -> None:
+    # A 4-GPU job whose sweet spot is 48 cores: the 4-GPU node has 32, the node with 64 has
+    # one GPU. The oracle gives it the 32 it can have and it runs, never a request no node
+    # could hold, which Slurm would refuse and so take out of everyone's queue.
+    trace = make_trace([(0, 100, 4, 4), (1, 100, 1, 4)])
+    wl = workloads_for(trace, theta=12)
+    nodes = [NodeSpec("g4", 32, 4, None), NodeSpec("c64", 64, 1, None)]
+    r = run(trace, nodes, wl, "oracle")
+    assert r.counters["rejected"] == 0
+    assert r.cores_per_node.tolist() == [32, 12]
+    assert not np.isnan(r.end_s).any()
+
+
 def test_multi_node_job_spreads_gpus_evenly() -> None:
     trace = make_trace([(0, 100, 16, 32)])
     r = run(trace, uniform_nodes(2, 32, 8), workloads_for(trace, theta=2), "slurm")
