@@ -120,8 +120,8 @@ def test_the_rpms_are_the_debian_split_noarch_where_debian_is_arch_all(built: Bu
 
 
 def _slurm_headers_version() -> str:
-    include = os.environ.get("CODA_SLURM_INCLUDE", "/usr/include:/usr/local/include")
-    found = header_version([Path(d) for d in include.split(":") if d])
+    # The spec's slurm_include: %{_includedir}.
+    found = header_version([Path("/usr/include")])
     assert found is not None, "no slurm/slurm_version.h: scripts/setup installs libslurm-dev"
     return format_version(found[1])
 
@@ -295,10 +295,12 @@ def test_scriptlets_refuse_removal_restore_jobs_and_report_the_plugin(built: Bui
 
 
 def test_rpmlint_is_clean_and_every_filter_says_why(built: Built) -> None:
-    summary = re.search(r"(\d+) packages and (\d+) specfiles checked; (.*?);", built.log)
+    summary = re.search(
+        r"(\d+) packages and (\d+) specfiles checked; (\d+) errors, (\d+) warnings", built.log
+    )
     assert summary is not None, built.log[-3000:]
     assert summary.group(1, 2) == (str(len(built.rpms)), "1")
-    assert summary.group(3) == "0 errors, 0 warnings, 0 badness", built.log[-3000:]
+    assert summary.group(3, 4) == ("0", "0"), built.log[-3000:]
     lines = (REPO / "rpm" / "coda-slurm.rpmlintrc").read_text().splitlines()
     filters = [i for i, line in enumerate(lines) if line.startswith("addFilter(")]
     assert filters
