@@ -29,6 +29,7 @@ raise: each outcome is a :class:`GuardResult` with the lines the CLI prints.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -54,10 +55,15 @@ DEFAULT_INCLUDE = "/usr/include:/usr/local/include"
 """Where Slurm's headers are looked for unless ``CODA_SLURM_INCLUDE`` says (as
 csrc/build_plugin.py does)."""
 PACKAGE_SOURCE_DIR = Path("/usr/share/coda-slurm/plugin-src")
-"""Where the Debian package installs build_plugin.py and the plugin's C sources."""
+"""Where the Debian and RPM packages install build_plugin.py and the plugin's C sources."""
 PACKAGE_PASSTHROUGH = Path("/usr/lib/coda-slurm/job_submit_coda_passthrough.so")
-"""The passthrough the Debian package ships, built with the package."""
+"""The passthrough the Debian and RPM packages ship, built with the package."""
 PASSTHROUGH_FILE = "job_submit_coda_passthrough.so"
+RPM_PACKAGE_NAMES = {"libslurm-dev": "slurm-devel", "python3-dev": "python3-devel"}
+"""The RHEL family's names for the Debian packages a rebuild needs (SchedMD's slurm.spec,
+the distribution's Python; OpenHPC's is slurm-devel-ohpc); gcc, python3-cffi and coda-slurm
+are named alike."""
+OS_RELEASE = Path("/etc/os-release")
 BUILD_TIMEOUT_S = 300.0
 VERSION_TIMEOUT_S = 30.0
 FIX_STEP = "then run `coda-slurm plugin guard` and restart slurmctld"
@@ -110,6 +116,33 @@ def python_of(soname: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+def rpm_family(os_release: str) -> bool:
+    """Whether ``/etc/os-release`` (its text) is a RHEL-family or Fedora system's: ``ID`` or
+    ``ID_LIKE`` names rhel, centos or fedora (Rocky, Alma and RHEL itself do)."""
+    ids: set[str] = set()
+    for line in os_release.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("ID", "ID_LIKE"):
+            ids.update(value.strip().strip("\"'").lower().split())
+    return bool(ids & {"rhel", "centos", "fedora"})
+
+
+@functools.cache
+def _host_rpm_family() -> bool:
+    try:
+        return rpm_family(OS_RELEASE.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return False
+
+
+def package_name(debian: str, rpm: bool | None = None) -> str:
+    """What to install for ``debian`` (Debian's package name) on this host, or on an RPM
+    system when ``rpm`` says so: the RHEL family's name where it differs."""
+    if rpm is None:
+        rpm = _host_rpm_family()
+    return RPM_PACKAGE_NAMES.get(debian, debian) if rpm else debian
+
+
 def header_version(include_dirs: Sequence[Path]) -> tuple[Path, SlurmVersion] | None:
     """The first include directory with ``slurm/slurm_version.h`` and the version it
     says; None when none has one that says it."""
@@ -158,7 +191,8 @@ class Missing:
 
     what: str
     package: str | None
-    """The Debian package that brings it; None when no package does."""
+    """The package that brings it on this host (:func:`package_name`); None when no package
+    does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,14 +311,17 @@ def _build_missing(
     dirs = ", ".join(str(d) for d in include_dirs) or "(none)"
     if found is None:
         missing.append(
-            Missing(f"Slurm's headers (no slurm/slurm_version.h in {dirs})", "libslurm-dev")
+            Missing(
+                f"Slurm's headers (no slurm/slurm_version.h in {dirs})",
+                package_name("libslurm-dev"),
+            )
         )
     elif found[1] != running:
         missing.append(
             Missing(
                 f"Slurm {format_version(running)}'s headers ({found[0]} has "
                 f"{format_version(found[1])}'s)",
-                "libslurm-dev",
+                package_name("libslurm-dev"),
             )
         )
     cc = _compiler()
@@ -296,7 +333,10 @@ def _build_missing(
     )
     if not (include / "Python.h").is_file() or not libpython.exists():
         missing.append(
-            Missing(f"Python's headers and {libpython.name} ({include}/Python.h)", "python3-dev")
+            Missing(
+                f"Python's headers and {libpython.name} ({include}/Python.h)",
+                package_name("python3-dev"),
+            )
         )
     if importlib.util.find_spec("cffi") is None:
         missing.append(Missing(f"cffi for {sys.executable}", "python3-cffi"))

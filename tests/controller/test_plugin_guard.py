@@ -34,7 +34,9 @@ from slurm_plugin.hook.guard import (
     guard,
     header_version,
     names_coda,
+    package_name,
     parse_slurmctld_version,
+    rpm_family,
     version_number,
     version_of_number,
 )
@@ -542,3 +544,26 @@ def test_after_a_slurm_upgrade_slurmctld_starts_with_coda_rebuilt_or_bypassed(
         cluster.down()
         if packaged and aside and aside.exists():
             aside.rename(packaged)
+
+
+@pytest.mark.parametrize(
+    ("os_release", "rpm"),
+    [
+        ('ID=debian\nVERSION_ID="12"\n', False),
+        ("ID=ubuntu\nID_LIKE=debian\n", False),
+        ('ID="rocky"\nID_LIKE="rhel centos fedora"\n', True),
+        ('ID="almalinux"\nID_LIKE="rhel centos fedora"\n', True),
+        ('ID="rhel"\nID_LIKE="fedora"\n', True),
+        ("ID=fedora\n", True),
+        ('ID="opensuse-leap"\nID_LIKE="suse opensuse"\n', False),
+        ("", False),
+    ],
+)
+def test_the_fix_names_the_rhel_family_packages_on_an_rpm_system(
+    os_release: str, rpm: bool
+) -> None:
+    assert rpm_family(os_release) is rpm
+    headers = package_name("libslurm-dev", rpm_family(os_release))
+    assert headers == ("slurm-devel" if rpm else "libslurm-dev")
+    assert package_name("python3-dev", rpm) == ("python3-devel" if rpm else "python3-dev")
+    assert package_name("gcc", rpm) == "gcc" and package_name("python3-cffi", rpm) == "python3-cffi"
