@@ -57,13 +57,13 @@ class Controllers:
 
     def files(self, path: Path | None) -> dict[str, Path]:
         """Every controller's file of ``path`` by host: one per ``SlurmctldHost`` where
-        they are per host, else the one file (named by this host)."""
+        they are per host, else the one file (under the one controller's name)."""
         if path is None:
             return {}
+        hosts = self.hosts or (self.this,)
         if self.several or HOST_PLACEHOLDER in str(path):
-            hosts = self.hosts or (self.this,)
             return {h: host_file(path, h, several=self.several) for h in hosts}
-        return {self.this: path}
+        return {hosts[0]: path}
 
 
 def _safe(name: str) -> str:
