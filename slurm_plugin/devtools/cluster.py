@@ -284,7 +284,7 @@ class DevCluster(ClusterLayout):
     def is_running(self) -> bool:
         state = self._load_state()
         pid = state.get("pids", {}).get("slurmctld")
-        if self.controller_names and self.controller_pids():
+        if state.get("controllers") and self.controller_pids():
             return True
         return bool(pid) and pid_alive(int(pid))
 
@@ -392,6 +392,7 @@ class DevCluster(ClusterLayout):
             "pids": dict(pids),
             "cgroups": self.cgroups,
             "network": self.networked,
+            "controllers": self.controller_names,
             "nodes": self.node_names,
             "prometheus_port": self._prometheus_port,
         }
@@ -455,6 +456,11 @@ def _say_started(cluster: DevCluster) -> None:
         click.echo(
             f"# node {name} ({cluster.node_addr(name)}): {cpus} CPUs, "
             f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}",
+            err=True,
+        )
+    for name in cluster.controller_names:
+        click.echo(
+            f"# slurmctld {name} ({cluster.ctld_addr(name)}): log {cluster.ctld_log_of(name)}",
             err=True,
         )
     click.echo(f"# profiles in {cluster.profile_store}; logs in {cluster.root / 'log'}", err=True)
@@ -569,22 +575,40 @@ def _up_command(dir_option):
         help="Add slurmdbd on a private MariaDB server (sacct, GPU TRES, AdminComment).",
     )
     @click.option(
+        "--backup",
+        is_flag=True,
+        help="A primary and a backup slurmctld (SlurmctldHost ctl1, ctl2), each in its own "
+        "network and UTS namespace on 10.77.0.0/24; one such cluster per host.",
+    )
+    @click.option(
         "--prometheus",
         is_flag=True,
         help="With --nodes N > 1: each coda-node serves /metrics and Debian's prometheus "
         "scrapes them (web on 127.0.0.1, a free port; data under --dir).",
     )
     def up(
-        root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool, prometheus: bool
+        root: Path,
+        no_plugin: bool,
+        cgroups: bool,
+        nodes: int,
+        accounting: bool,
+        backup: bool,
+        prometheus: bool,
     ) -> None:
         """Start the cluster and print the SLURM_CONF (and CODA_CONF) to export."""
-        _cli_up(root, no_plugin, cgroups, nodes, accounting, prometheus)
+        _cli_up(root, no_plugin, cgroups, nodes, accounting, prometheus, backup)
 
     return up
 
 
 def _cli_up(
-    root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool, prometheus: bool
+    root: Path,
+    no_plugin: bool,
+    cgroups: bool,
+    nodes: int,
+    accounting: bool,
+    prometheus: bool,
+    backup: bool = False,
 ) -> None:
     """``dev-cluster up``'s work: start the cluster the options describe and say so."""
     from coda_common.cli import CliError
@@ -602,8 +626,9 @@ def _cli_up(
         nodes=nodes,
         coda_nodes=multi,
         prometheus=prometheus,
+        controllers=2 if backup else 1,
     )
-    if cgroups:
+    if cgroups or backup:
         _say_if_waiting_for_slot(root)
     try:
         cluster.up()
