@@ -2,15 +2,15 @@
 ``PartitionName=`` lines, and top-level keys, following ``Include`` lines as Slurm does;
 and what follows from them (the count-only GRES units each partition's nodes all have).
 
-Only :func:`read_slurm_nodes`, :func:`read_slurm_conf`, :func:`read_slurm_keys` and
-:func:`mtime_ns` touch files; everything else is pure.
+Only :func:`read_slurm_nodes`, :func:`read_slurm_conf`, :func:`read_slurm_keys`,
+:func:`read_slurmctld_hosts` and :func:`mtime_ns` touch files; everything else is pure.
 """
 
 from __future__ import annotations
 
 import glob
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +26,8 @@ __all__ = [
     "read_slurm_conf",
     "read_slurm_keys",
     "read_slurm_nodes",
+    "read_slurmctld_hosts",
+    "slurmctld_host_names",
     "spread_partitions",
 ]
 
@@ -409,14 +411,12 @@ _NESTED_LINES = frozenset({"nodename", "nodeset", "partitionname", "downnodes", 
 """slurm.conf lines whose other pairs belong to the line's object, not to slurm.conf."""
 
 
-def read_slurm_keys(path: Path, names: Iterable[str]) -> dict[str, str]:
-    """The values of the top-level keys ``names`` in slurm.conf at ``path``, by lower-case
-    name (the last one given wins, as in Slurm); ``Include`` lines are followed as by
-    :func:`read_slurm_conf`.  Raises :class:`ConfigError`."""
-    wanted = {n.lower() for n in names}
-    found: dict[str, str] = {}
+def _top_level_pairs(path: Path) -> Iterator[tuple[str, str]]:
+    """Every top-level ``Key=Value`` pair of slurm.conf at ``path`` in file order, the key
+    in lower case; ``Include`` lines are followed as by :func:`read_slurm_conf`.  Raises
+    :class:`ConfigError`."""
 
-    def read(file: Path, stack: tuple[Path, ...]) -> None:
+    def read(file: Path, stack: tuple[Path, ...]) -> Iterator[tuple[str, str]]:
         if len(stack) > _MAX_INCLUDE_DEPTH:
             raise ConfigError(str(file), None, "Include nested too deeply")
         resolved = file.resolve()
@@ -429,12 +429,39 @@ def read_slurm_keys(path: Path, names: Iterable[str]) -> dict[str, str]:
                 for target in _include_targets(
                     include.group(1).strip(), path.parent, source, lineno
                 ):
-                    read(target, (*stack, resolved))
+                    yield from read(target, (*stack, resolved))
                 continue
             pairs = tokenize(line, source, lineno)
             if pairs[0][0].lower() in _NESTED_LINES:
                 continue
-            found.update((k.lower(), v) for k, v in pairs if k.lower() in wanted)
+            yield from ((k.lower(), v) for k, v in pairs)
 
-    read(path, ())
-    return found
+    return read(path, ())
+
+
+def read_slurm_keys(path: Path, names: Iterable[str]) -> dict[str, str]:
+    """The values of the top-level keys ``names`` in slurm.conf at ``path``, by lower-case
+    name (the last one given wins, as in Slurm); ``Include`` lines are followed as by
+    :func:`read_slurm_conf`.  Raises :class:`ConfigError`."""
+    wanted = {n.lower() for n in names}
+    return {k: v for k, v in _top_level_pairs(path) if k in wanted}
+
+
+def slurmctld_host_names(values: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """The controllers' names, primary first, from slurm.conf's top-level pairs (lower-case
+    keys): each ``SlurmctldHost=NAME(ADDR)`` in order, else the older ``ControlMachine``
+    and ``BackupController``; pure."""
+    pairs = list(values)
+    hosts = [v.split("(", 1)[0].strip() for k, v in pairs if k == "slurmctldhost"]
+    if not hosts:
+        old = dict(pairs)
+        hosts = [old.get("controlmachine", ""), old.get("backupcontroller", "")]
+    return tuple(dict.fromkeys(h for h in hosts if h))
+
+
+def read_slurmctld_hosts(path: Path) -> tuple[str, ...]:
+    """The names slurm.conf at ``path`` gives its controllers, primary first (slurmctld is
+    the one whose host name, short or long, is listed: ``_controller_index`` in Slurm's
+    src/slurmctld/controller.c).  Raises :class:`ConfigError`."""
+    wanted = {"slurmctldhost", "controlmachine", "backupcontroller"}
+    return slurmctld_host_names([(k, v) for k, v in _top_level_pairs(path) if k in wanted])

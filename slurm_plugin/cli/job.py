@@ -12,10 +12,20 @@ import click
 
 from coda_common.cli import CliError, conf_option, emit_json
 from coda_common.config.codaconf import CodaConfig, load_config
-from coda_common.config.paths import default_conf_path
+from coda_common.config.paths import default_conf_path, slurm_conf_for
 from coda_common.slurm.conffile import ConfigError
 from coda_common.store.summaries import store_for
 from slurm_plugin.cli.jobreport import ReportError, fetch_report, render
+from slurm_plugin.config.controllers import read_controllers
+
+
+def _journal_paths(cfg: CodaConfig | None, conf_path: Path | None) -> list[Path]:
+    """Every controller's DecisionJournal (one per SlurmctldHost where there are several)."""
+    if cfg is None or cfg.decision_journal is None:
+        return []
+    path = conf_path or default_conf_path()
+    controllers, _ = read_controllers(slurm_conf_for(path, cfg.slurm_conf))
+    return list(controllers.files(cfg.decision_journal).values())
 
 
 def _config(conf_path: Path | None) -> CodaConfig | None:
@@ -71,7 +81,7 @@ def job_cmd(conf_path: Path | None, as_json: bool, job_id: int) -> None:
             status=_node_status(cfg),
             env=os.environ,
             summary_store=store_for(cfg) if cfg is not None else None,
-            journal_path=cfg.decision_journal if cfg is not None else None,
+            journal_path=_journal_paths(cfg, conf_path),
         )
     except ReportError as exc:
         raise CliError(*exc.args) from exc

@@ -43,7 +43,7 @@ from slurm_plugin.cli.jobdecision import (
     match_journal,
     summary_json,
 )
-from slurm_plugin.hook.journal import read_journal
+from slurm_plugin.hook.journal import JournalRead, read_journal
 
 SCHEMA_VERSION = 1
 """Version of the ``--json`` document; keys are only ever added."""
@@ -355,11 +355,11 @@ def fetch_report(
     status: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     summary_store: SummaryStore | None = None,
-    journal_path: Path | None = None,
+    journal_path: Path | Sequence[Path] | None = None,
 ) -> dict[str, Any]:
     """Query sacct for ``job_id`` and build its report (:func:`build_report`), with the
     job's summaries from ``summary_store`` and its entry in the journal at ``journal_path``
-    (each None: not read)."""
+    (each None: not read; several paths: each controller's journal)."""
     fields = ",".join(SACCT_FIELDS)
     record = parse_structured(
         run_sacct(["-P", "-n", "-j", str(job_id), f"--format={fields}"], env), job_id
@@ -375,19 +375,32 @@ def fetch_report(
         except OSError:  # the store's directory unreadable here (a login node): none
             summaries = []
     journal = tokens = None
-    if journal_path is not None and decision(admin_comment) is None:
-        journal = _journal_match(journal_path, record, name, summaries, env)
-    if journal_path is not None and len(admin_records(admin_comment)) > 1:
-        tokens = _journal_tokens(journal_path, sacct_time_s(record.job["Submit"]))
+    paths = [journal_path] if isinstance(journal_path, Path) else list(journal_path or ())
+    if paths and decision(admin_comment) is None:
+        journal = _journal_match(paths, record, name, summaries, env)
+    if paths and len(admin_records(admin_comment)) > 1:
+        tokens = _journal_tokens(paths, sacct_time_s(record.job["Submit"]))
     return build_report(job_id, record, name, admin_comment, status, summaries, journal, tokens)
 
 
-def _journal_tokens(path: Path, submit_s: float | None) -> set[str] | None:
-    """The tokens of the journal's entries around ``submit_s``; None when unreadable."""
+def _read_journals(paths: Sequence[Path], since_s: float) -> JournalRead:
+    """The entries since ``since_s`` of every controller's journal, oldest first, and the
+    files read; OSError from the first that cannot be read."""
+    out = JournalRead()
+    for path in paths:
+        read = read_journal(path, since_s, max_file_bytes=JOURNAL_MAX_READ)
+        out.entries += read.entries
+        out.files += read.files
+    out.entries.sort(key=lambda e: float(e["t"]))
+    return out
+
+
+def _journal_tokens(paths: Sequence[Path], submit_s: float | None) -> set[str] | None:
+    """The tokens of the journals' entries around ``submit_s``; None when unreadable."""
     if submit_s is None:
         return None
     try:
-        read = read_journal(path, submit_s - JOURNAL_LOOKBACK_S, max_file_bytes=JOURNAL_MAX_READ)
+        read = _read_journals(paths, submit_s - JOURNAL_LOOKBACK_S)
     except OSError:
         return None
     return {
@@ -398,7 +411,7 @@ def _journal_tokens(path: Path, submit_s: float | None) -> set[str] | None:
 
 
 def _journal_match(
-    path: Path,
+    paths: Sequence[Path],
     record: SacctRecord,
     name: str,
     summaries: Sequence[JobSummary],
@@ -410,11 +423,11 @@ def _journal_match(
     if submit_s is None:
         return None
     try:
-        read = read_journal(path, submit_s - JOURNAL_LOOKBACK_S, max_file_bytes=JOURNAL_MAX_READ)
+        read = _read_journals(paths, submit_s - JOURNAL_LOOKBACK_S)
     except OSError as exc:
-        return None, f"cannot read {path}: {exc.strerror or exc}"
+        return None, f"cannot read {exc.filename or paths[0]}: {exc.strerror or exc}"
     if not read.files:
-        return None, f"no journal at {path}"
+        return None, f"no journal at {', '.join(str(p) for p in paths)}"
     tokens = [from_admin_text(s.record or "") for s in summaries]
     token = next((t["token"] for t in tokens if t and t.get("token")), None)
     uid = _int(record.job["UID"])

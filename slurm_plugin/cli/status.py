@@ -7,6 +7,9 @@ decided:
   by slurmctld every ``ReloadIntervalS``;
 - ``DecisionJournal`` (and its rotated ``.1``): one line per decision
   (:mod:`slurm_plugin.hook.journal`), summed over ``--since``;
+- with several ``SlurmctldHost`` in slurm.conf, both of every controller, each in its own
+  files (:mod:`slurm_plugin.config.controllers`): shown per controller, the decisions of all
+  of them summed;
 - ``ProfileStore``: the workload profiles, their age;
 - ``squeue``, only when the hook looks idle or absent: were jobs submitted that it never saw?
 - ``squeue --json`` and ``scontrol show config`` when the window holds decisions: which of
@@ -39,11 +42,12 @@ import click
 
 from coda_common.cli import CliError, conf_option, emit_json
 from coda_common.config.codaconf import CodaConfig, load_config
-from coda_common.config.paths import default_conf_path
+from coda_common.config.paths import default_conf_path, slurm_conf_for
 from coda_common.model.starter import STARTER_SOURCE
 from coda_common.slurm.conffile import ConfigError
 from coda_common.store.profiles import ProfileFormatError, ProfileStore, StoreUnavailable
 from slurm_plugin.cli.profiles import format_age, format_table
+from slurm_plugin.config.controllers import Controllers, read_controllers
 from slurm_plugin.decision.decide import ADMIN_PREFIX, parse_admin_record
 from slurm_plugin.hook.journal import read_journal, reconcile, rotated_path, summarize_decisions
 
@@ -179,7 +183,7 @@ _STATS_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = 
         ),
     ),
     (_is_us, "microseconds", ("p50_us", "p99_us", "max_us")),
-    (_is_text, "text", ("store_error", "conf", "mode", "profile_store")),
+    (_is_text, "text", ("store_error", "conf", "mode", "profile_store", "host")),
 )
 """What each field of the hook stats document holds when present (null: unknown)."""
 _JOURNAL_FIELDS: tuple[tuple[Callable[[Any], bool], str, tuple[str, ...]], ...] = (
@@ -442,10 +446,11 @@ def collect_status(
     :func:`slurm_tokens`) is asked which decisions Slurm kept when the window holds any;
     None counts them all, unchecked."""
     since_unix_s = now_unix_s - since_s
-    hook = read_hook_stats(cfg.hook_stats_file, now_unix_s, cfg.reload_interval_s)
+    controllers, ctld_error = read_controllers(slurm_conf_for(conf_path, cfg.slurm_conf))
+    per_host, entries = _controllers_status(cfg, controllers, since_unix_s, now_unix_s)
+    hook = _active_hook(per_host)
+    journal = _merged_journal(cfg, per_host)
     store, profiles = read_store(Path(cfg.profile_store))
-
-    journal, entries = _journal_since(cfg, since_unix_s)
     slurm = _check_slurm(entries, now_unix_s, slurm_lookup)
     decisions = summarize_decisions(slurm.pop("_counted"))
     used = decisions["profiles_used"]
@@ -468,6 +473,8 @@ def collect_status(
             "slurmctld_log": slurmctld_log_hint(cfg.slurm_conf),
         },
         "hook": hook,
+        "controllers": per_host,
+        "controllers_error": ctld_error,
         "store": store,
         "profiles": profiles,
         "journal": journal,
@@ -479,13 +486,76 @@ def collect_status(
     return doc
 
 
-def _journal_since(
-    cfg: CodaConfig, since_unix_s: float
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(doc["journal"], entries)``: the decision journal's files and counts, and its
-    entries since ``since_unix_s`` (none when there is no journal or it cannot be read)."""
-    journal: dict[str, Any] = {
+def _controllers_status(
+    cfg: CodaConfig, controllers: Controllers, since_unix_s: float, now_unix_s: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(doc["controllers"], entries)``: each controller's hook stats and journal (one
+    when slurm.conf lists one controller and the paths name no host), and the journal
+    entries of all of them since ``since_unix_s``, oldest first."""
+    stats_files = controllers.files(cfg.hook_stats_file)
+    journal_files = controllers.files(cfg.decision_journal)
+    hosts = list(dict.fromkeys([*controllers.hosts, *stats_files, *journal_files]))
+    if not hosts:
+        hosts = [controllers.this]
+    per_host: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    for index, host in enumerate(hosts):
+        hook = read_hook_stats(stats_files.get(host), now_unix_s, cfg.reload_interval_s)
+        journal, found = _journal_since(journal_files.get(host), cfg, since_unix_s)
+        entries += found
+        per_host.append(
+            {
+                "host": host,
+                "role": "primary" if index == 0 else "backup",
+                "this_host": host == controllers.this,
+                "hook": hook,
+                "journal": journal,
+                "decisions": len(found),
+            }
+        )
+    entries.sort(key=lambda e: float(e["t"]))
+    return per_host, entries
+
+
+def _last_call_unix_s(hook: dict[str, Any]) -> float:
+    value = (hook["stats"] or {}).get("last_call_unix_s")
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _active_hook(per_host: list[dict[str, Any]]) -> dict[str, Any]:
+    """``doc["hook"]``: the hook of the controller in control, as far as the files tell:
+    of those whose stats are current, the one called last (the primary when none was)."""
+    current = [c for c in per_host if c["hook"]["state"] == "ok"] or per_host
+    return max(current, key=lambda c: _last_call_unix_s(c["hook"]))["hook"]
+
+
+def _merged_journal(cfg: CodaConfig, per_host: list[dict[str, Any]]) -> dict[str, Any]:
+    """``doc["journal"]``: the controllers' journals as one: every file read, the counts
+    summed, the oldest entry of any; the first error."""
+    journals = [c["journal"] for c in per_host]
+    if len(journals) == 1:
+        return journals[0]
+    oldest = [j["oldest_unix_s"] for j in journals if j["oldest_unix_s"] is not None]
+    errors = [j["error"] for j in journals if j["error"]]
+    return {
         "path": None if cfg.decision_journal is None else str(cfg.decision_journal),
+        "max_bytes": cfg.journal_max_bytes,
+        "files": [f for j in journals for f in j["files"]],
+        "malformed": sum(j["malformed"] for j in journals),
+        "newer_format": sum(j["newer_format"] for j in journals),
+        "oldest_unix_s": min(oldest) if oldest else None,
+        "unread_bytes": sum(j["unread_bytes"] for j in journals),
+        "error": errors[0] if errors else None,
+    }
+
+
+def _journal_since(
+    path: Path | None, cfg: CodaConfig, since_unix_s: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(journal, entries)``: one decision journal's files and counts, and its entries
+    since ``since_unix_s`` (none when there is no journal or it cannot be read)."""
+    journal: dict[str, Any] = {
+        "path": None if path is None else str(path),
         "max_bytes": cfg.journal_max_bytes,
         "files": [],
         "malformed": 0,
@@ -495,12 +565,10 @@ def _journal_since(
         "error": None,
     }
     entries: list[dict[str, Any]] = []
-    if cfg.decision_journal is not None:
+    if path is not None:
         try:
             # The hook rotates a file at JournalMaxBytes; one far longer is not its own.
-            read = read_journal(
-                cfg.decision_journal, since_unix_s, max_file_bytes=2 * cfg.journal_max_bytes
-            )
+            read = read_journal(path, since_unix_s, max_file_bytes=2 * cfg.journal_max_bytes)
         except OSError as exc:
             journal["error"] = exc.strerror or str(exc)
         else:
@@ -863,8 +931,9 @@ def _journal_rotated_away(f: _Facts) -> Verdict | None:
     if not f.journal_read:
         return None
     oldest = journal["oldest_unix_s"]
-    rotated = str(rotated_path(Path(journal["path"])))
-    if rotated not in journal["files"] or oldest is None or oldest <= f.doc["since_unix_s"]:
+    files = journal["files"]
+    rotated = any(str(rotated_path(Path(p))) in files for p in files)
+    if not rotated or oldest is None or oldest <= f.doc["since_unix_s"]:
         return None
     return Verdict(
         "warn",
@@ -873,6 +942,44 @@ def _journal_rotated_away(f: _Facts) -> Verdict | None:
         f"not {format_duration(f.doc['since_s'])}: older decisions were rotated "
         f"away; raise JournalMaxBytes (now {journal['max_bytes']})",
     )
+
+
+def _controller_files(f: _Facts) -> Verdict | None:
+    """A controller other than the one in control whose hook stats are not current: its
+    slurmctld is down, or its files are on a disk this host does not see."""
+    controllers = f.doc.get("controllers") or []
+    if len(controllers) < 2:
+        return None
+    quiet = [
+        c
+        for c in controllers
+        if c["hook"] is not f.hook and c["hook"]["state"] in ("missing", "stale", "unreadable")
+    ]
+    if not quiet:
+        return None
+    said = "; ".join(f"{c['host']} ({c['role']}): {_file_state(f.now, c['hook'])}" for c in quiet)
+    return Verdict(
+        "warn",
+        "hook",
+        f"{said}: is its slurmctld running (scontrol ping)? Every controller's HookStatsFile "
+        "and DecisionJournal must be on storage this host reads for status to show it",
+    )
+
+
+def _file_state(now: float, hook: dict[str, Any]) -> str:
+    if hook["state"] == "missing":
+        return f"no hook stats at {hook['path']}"
+    if hook["state"] == "stale":
+        written = (hook["stats"] or {}).get("written_unix_s")
+        return f"hook stats at {hook['path']} last written {_ago(now, written)}"
+    return f"cannot read {hook['path']}: {hook['error']}"
+
+
+def _controllers_unread(f: _Facts) -> Verdict | None:
+    error = f.doc.get("controllers_error")
+    if not error:
+        return None
+    return Verdict("info", "conf", f"{error}: only this host's files are shown")
 
 
 def _mode(f: _Facts) -> Verdict | None:
@@ -904,6 +1011,8 @@ RULES: tuple[Rule, ...] = (
     _journal_unread,
     _journal_newer_format,
     _journal_rotated_away,
+    _controller_files,
+    _controllers_unread,
     _mode,
 )
 """The health rules, in the order their verdicts are shown."""
@@ -963,15 +1072,34 @@ _ACTION_ROWS = (
 _LEVEL_COLOUR = {"ok": "green", "info": "blue", "warn": "yellow", "error": "red"}
 
 
+def _controller_label(c: dict[str, Any]) -> str:
+    """``ctl1 (primary, this host): `` as the lines of one controller start."""
+    return f"{c['host']} ({c['role']}{', this host' if c['this_host'] else ''}): "
+
+
+def _several(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The controllers shown one by one: all of them when there are several, else none."""
+    controllers = doc.get("controllers") or []
+    return controllers if len(controllers) > 1 else []
+
+
 def _hook_lines(doc: dict[str, Any]) -> list[str]:
-    now, conf, hook = doc["generated_unix_s"], doc["conf"], doc["hook"]
+    several = _several(doc)
+    if not several:
+        return _hook_lines_of(doc, doc["hook"], "")
+    return [line for c in several for line in _hook_lines_of(doc, c["hook"], _controller_label(c))]
+
+
+def _hook_lines_of(doc: dict[str, Any], hook: dict[str, Any], label: str) -> list[str]:
+    now, conf = doc["generated_unix_s"], doc["conf"]
     stats = hook["stats"] or {}
     if not stats:
         if hook["state"] == "disabled":
-            return ["Hook     no stats (HookStatsFile is empty)"]
-        return [f"Hook     no stats at {hook['path']} ({hook['error'] or hook['state']})"]
+            return [f"Hook     {label}no stats (HookStatsFile is empty)"]
+        return [f"Hook     {label}no stats at {hook['path']} ({hook['error'] or hook['state']})"]
     return [
-        f"Hook     {stats.get('calls', 0)} calls since {_when(stats.get('started_unix_s'))}: "
+        f"Hook     {label}{stats.get('calls', 0)} calls since "
+        f"{_when(stats.get('started_unix_s'))}: "
         f"{stats.get('gpu_jobs', 0)} GPU jobs, {stats.get('changed', 0)} changed, "
         f"{stats.get('rejected', 0)} rejected"
         + (f", {stats['cpu_jobs']} CPU jobs recorded" if stats.get("cpu_jobs") else "")
@@ -1004,18 +1132,28 @@ def _store_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _journal_lines(doc: dict[str, Any]) -> list[str]:
-    now, journal = doc["generated_unix_s"], doc["journal"]
+    several = _several(doc)
+    if not several:
+        return _journal_lines_of(doc, doc["journal"], doc["decisions"]["decisions"], "")
+    return [
+        line
+        for c in several
+        for line in _journal_lines_of(doc, c["journal"], c["decisions"], _controller_label(c))
+    ]
+
+
+def _journal_lines_of(
+    doc: dict[str, Any], journal: dict[str, Any], decisions: int, label: str
+) -> list[str]:
+    now = doc["generated_unix_s"]
     if journal["path"] is None:
-        return ["Journal  off (DecisionJournal is empty)"]
+        return [f"Journal  {label}off (DecisionJournal is empty)"]
     if journal["error"]:
-        return [f"Journal  {journal['path']}: unreadable ({journal['error']})"]
+        return [f"Journal  {label}{journal['path']}: unreadable ({journal['error']})"]
     if not journal["files"]:
-        return [f"Journal  {journal['path']}: not written yet"]
+        return [f"Journal  {label}{journal['path']}: not written yet"]
     window = format_duration(doc["since_s"])
-    text = (
-        f"Journal  {journal['path']}: {doc['decisions']['decisions']} decisions in the last "
-        f"{window}"
-    )
+    text = f"Journal  {label}{journal['path']}: {decisions} decisions in the last {window}"
     if journal["oldest_unix_s"] is not None:
         text += f" (oldest entry {_ago(now, journal['oldest_unix_s'])})"
     return [text]

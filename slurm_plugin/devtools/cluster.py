@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +40,7 @@ from slurm_plugin.devtools.hostslot import (
     CGROUP_SLOT_WAIT_S,
     cgroup_slot_holder,
     cgroup_tasks,
+    controller_pids,
     job_processes,
     kill_cgroup_jobs,
     kill_job_processes,
@@ -54,7 +57,7 @@ from slurm_plugin.devtools.layout import (
     NodeSpec,
 )
 from slurm_plugin.devtools.network import make_network, remove_network
-from slurm_plugin.devtools.procs import free_ports, pid_alive, stop_pid
+from slurm_plugin.devtools.procs import free_ports, pid_alive, reap, stop_pid
 from slurm_plugin.hook.install import install_plugin, plugin_dir_candidates
 from slurm_plugin.slurm.scontrol import parse_scontrol_line
 
@@ -99,7 +102,7 @@ class DevCluster(ClusterLayout):
         daemons = Daemons(self, self._prometheus_port)
         pids: dict[str, int] = {}
         self._save_state(pids)  # so down() undoes the network even if munged fails
-        if self.nodes > 1:
+        if self.networked:
             make_network(self)
         pids["munged"] = daemons.start_munged()
         self._save_state(pids)  # so down() stops munged even if slurmctld fails to start
@@ -117,13 +120,10 @@ class DevCluster(ClusterLayout):
                     timeout=600,
                     check=False,
                 )
-        pids["slurmctld"] = ctld = daemons.spawn(
-            ["slurmctld", "-D", "-f", str(self.slurm_conf)],
-            self.ctld_stderr,
-            extra_env=self.ctld_env,
-        )
+        pids.update(self._start_controllers(daemons))
+        ctld = pids["slurmctld"]
         self._save_state(pids)
-        if self.cgroups or self.nodes > 1:  # the slot lives as long as this slurmctld
+        if self.cgroups or self.networked:  # the slot lives as long as this slurmctld
             CGROUP_SLOT.write_text(f"{pids['slurmctld']} {self.root}")
         daemons.wait_for(lambda: self._ctld_answers(ctld), "slurmctld to answer")
         pids.update(daemons.start_slurmds())
@@ -139,12 +139,64 @@ class DevCluster(ClusterLayout):
             pids["prometheus"] = daemons.start_prometheus(metrics_ports)
             self._save_state(pids)
 
+    def _start_controllers(self, daemons: Daemons) -> dict[str, int]:
+        """slurmctld, or each controller of a high-availability cluster, the primary first
+        (answering before a backup starts); their pids by the name the state file keeps
+        (``slurmctld``: the primary's)."""
+        if not self.controller_names:
+            pid = daemons.spawn(
+                ["slurmctld", "-D", "-f", str(self.slurm_conf)],
+                self.ctld_stderr,
+                extra_env=self.ctld_env,
+            )
+            return {"slurmctld": pid}
+        pids: dict[str, int] = {}
+        for name in self.controller_names:
+            pids[f"slurmctld-{name}"] = pid = daemons.start_slurmctld(name)
+            pids.setdefault("slurmctld", pid)
+            daemons.wait_for(lambda n=name: self.controller_states().get(n) == "UP", f"{name}")
+        return pids
+
+    # -- a high-availability cluster's controllers ----------------------------
+    def controller_pids(self) -> dict[str, int]:
+        """The running slurmctld of each controller, by name (after ``scontrol
+        reconfigure`` from Slurm 23.11 on, the process it started)."""
+        return controller_pids(self.slurm_conf)
+
+    def controller_states(self) -> dict[str, str]:
+        """``scontrol ping``'s word (UP, DOWN) for each SlurmctldHost, by name."""
+        proc = self.run(["scontrol", "ping"], check=False, timeout_s=30)
+        return dict(re.findall(r"^Slurmctld\(\S+\) at (\S+) is (\w+)", proc.stdout, re.M))
+
+    def kill_controller(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to controller ``name``'s slurmctld and wait until it is gone."""
+        pid = self.controller_pids().get(name)
+        if pid is None:
+            raise DevClusterError(f"controller {name} is not running")
+        os.kill(pid, sig)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while pid_alive(pid):
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"controller {name} (pid {pid}) did not stop")
+            time.sleep(0.1)
+        reap(pid)
+
+    def start_controller(self, name: str) -> int:
+        """Start controller ``name`` again (as ``up`` did); returns its pid."""
+        if name not in self.controller_names:
+            raise DevClusterError(f"no controller {name}", ", ".join(self.controller_names))
+        pid = Daemons(self).start_slurmctld(name)
+        state = self._load_state()
+        pids = {**state.get("pids", {}), f"slurmctld-{name}": pid}
+        self._save_state(pids)
+        return pid
+
     def _check_can_start(self) -> None:
         """Raise DevClusterError unless the tools are installed, the node count is one
         ``up`` starts and no cluster runs in the root."""
         tools = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol"]
-        if self.nodes > 1:
-            tools += ["ip", "nsenter"]
+        if self.networked:
+            tools += ["ip", "nsenter", "unshare"]
         if self.prometheus:
             if not self.coda_nodes:
                 raise DevClusterError("prometheus scrapes the nodes' coda-node", "none runs")
@@ -168,7 +220,7 @@ class DevCluster(ClusterLayout):
         for sub in ("etc", "munge", "log", "state", "spool", "dev", "run", "plugins", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.profile_store.mkdir(mode=0o755, exist_ok=True)
-        if self.cgroups or self.nodes > 1:
+        if self.cgroups or self.networked:
             # One confined or multi-node dev cluster per host: its trees are
             # /sys/fs/cgroup/*/slurm_gpuNN and its bridge and namespaces have fixed names,
             # shared with clusters in the test roots (tests/slurm-root).  Wait for the
@@ -207,10 +259,14 @@ class DevCluster(ClusterLayout):
             # Whatever failed above, the daemons stop and the host's slot is given back.
             try:
                 slurmds = [n for n in pids if n == "slurmd" or n.startswith("slurmd-")]
-                for name in ("prometheus", *slurmds, "slurmctld", "munged"):
+                for name in ("prometheus", *slurmds, "slurmctld"):
                     pid = pids.get(name)
                     if pid:
                         stop_pid(int(pid))
+                for pid in self.controller_pids().values():
+                    stop_pid(pid)
+                if pids.get("munged"):
+                    stop_pid(int(pids["munged"]))
                 self._accounting().stop()
                 # What scancel did not end (another user's job, a job Slurm lost track of).
                 kill_job_processes(self.slurm_conf)
@@ -228,6 +284,8 @@ class DevCluster(ClusterLayout):
     def is_running(self) -> bool:
         state = self._load_state()
         pid = state.get("pids", {}).get("slurmctld")
+        if state.get("controllers") and self.controller_pids():
+            return True
         return bool(pid) and pid_alive(int(pid))
 
     def status(self) -> dict[str, object]:
@@ -333,7 +391,8 @@ class DevCluster(ClusterLayout):
         state = {
             "pids": dict(pids),
             "cgroups": self.cgroups,
-            "network": self.nodes > 1,
+            "network": self.networked,
+            "controllers": self.controller_names,
             "nodes": self.node_names,
             "prometheus_port": self._prometheus_port,
         }
@@ -397,6 +456,11 @@ def _say_started(cluster: DevCluster) -> None:
         click.echo(
             f"# node {name} ({cluster.node_addr(name)}): {cpus} CPUs, "
             f"{cluster.node.gpus} x gpu:{cluster.node.gpu_type}",
+            err=True,
+        )
+    for name in cluster.controller_names:
+        click.echo(
+            f"# slurmctld {name} ({cluster.ctld_addr(name)}): log {cluster.ctld_log_of(name)}",
             err=True,
         )
     click.echo(f"# profiles in {cluster.profile_store}; logs in {cluster.root / 'log'}", err=True)
@@ -511,22 +575,40 @@ def _up_command(dir_option):
         help="Add slurmdbd on a private MariaDB server (sacct, GPU TRES, AdminComment).",
     )
     @click.option(
+        "--backup",
+        is_flag=True,
+        help="A primary and a backup slurmctld (SlurmctldHost ctl1, ctl2), each in its own "
+        "network and UTS namespace on 10.77.0.0/24; one such cluster per host.",
+    )
+    @click.option(
         "--prometheus",
         is_flag=True,
         help="With --nodes N > 1: each coda-node serves /metrics and Debian's prometheus "
         "scrapes them (web on 127.0.0.1, a free port; data under --dir).",
     )
     def up(
-        root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool, prometheus: bool
+        root: Path,
+        no_plugin: bool,
+        cgroups: bool,
+        nodes: int,
+        accounting: bool,
+        backup: bool,
+        prometheus: bool,
     ) -> None:
         """Start the cluster and print the SLURM_CONF (and CODA_CONF) to export."""
-        _cli_up(root, no_plugin, cgroups, nodes, accounting, prometheus)
+        _cli_up(root, no_plugin, cgroups, nodes, accounting, prometheus, backup)
 
     return up
 
 
 def _cli_up(
-    root: Path, no_plugin: bool, cgroups: bool, nodes: int, accounting: bool, prometheus: bool
+    root: Path,
+    no_plugin: bool,
+    cgroups: bool,
+    nodes: int,
+    accounting: bool,
+    prometheus: bool,
+    backup: bool = False,
 ) -> None:
     """``dev-cluster up``'s work: start the cluster the options describe and say so."""
     from coda_common.cli import CliError
@@ -544,8 +626,9 @@ def _cli_up(
         nodes=nodes,
         coda_nodes=multi,
         prometheus=prometheus,
+        controllers=2 if backup else 1,
     )
-    if cgroups:
+    if cgroups or backup:
         _say_if_waiting_for_slot(root)
     try:
         cluster.up()

@@ -4,6 +4,7 @@ multi-node cluster's TaskProlog, and each node's coda.conf."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sysconfig
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,7 @@ past the production default (20 ms) without the hook being at fault."""
 # slurm.conf of the dev cluster; ConfigWriter.write fills in the fields.
 SLURM_CONF_TEMPLATE = """# Written by coda dev-cluster; a private {shape} cluster.
 ClusterName=coda-dev
-SlurmctldHost={host}({ctld_addr})
+{ctld_hosts}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -61,7 +62,7 @@ JobAcctGatherType={acct}
 ReturnToService=2
 MailProg=/bin/true
 SlurmdParameters=config_overrides
-SlurmctldTimeout=30
+SlurmctldTimeout={ctld_timeout_s}
 SlurmdTimeout=30
 MinJobAge=300{conf_extra}
 {node_lines}PartitionName=gpu Nodes={node_list} Default=YES MaxTime=INFINITE State=UP{def_cpg}
@@ -79,7 +80,7 @@ class ConfigWriter:
         node = self._declared_node()
         proctrack, task, acct, accounting = self._plugin_types()
         r = self.c.root
-        if self.c.nodes == 1:
+        if not self.c.networked:
             ctld_addr = "127.0.0.1"
             spool, slurmd_pid, slurmd_log = f"{r}/spool", f"{r}/run/slurmd.pid", self.c.slurmd_log()
         else:
@@ -97,8 +98,8 @@ class ConfigWriter:
         self.c.slurm_conf.write_text(
             SLURM_CONF_TEMPLATE.format(
                 shape="one-node" if self.c.nodes == 1 else f"{self.c.nodes}-node",
-                host=host,
-                ctld_addr=ctld_addr,
+                ctld_hosts=self._ctld_hosts(host, ctld_addr),
+                ctld_timeout_s=self.c.ctld_timeout_s,
                 ctld_port=ctld_port,
                 slurmd_port=slurmd_port,
                 munge_socket=self.c.munge_socket,
@@ -125,12 +126,40 @@ class ConfigWriter:
                 else "",
             )
         )
+        self._write_controller_confs()
         (self.c.etc / "gres.conf").write_text(gres_conf(node, r / "dev", node_list))
         cgroup_conf = "CgroupPlugin=cgroup/v1\n"
         if self.c.cgroups:
             cgroup_conf += "CgroupMountpoint=/sys/fs/cgroup\nConstrainCores=yes\n"
         (self.c.etc / "cgroup.conf").write_text(cgroup_conf)
         self._write_node_coda_confs(metrics_ports)
+
+    def _write_controller_confs(self) -> None:
+        """Each controller's copy of slurm.conf, with its own SlurmctldPidFile and
+        SlurmctldLogFile (:meth:`ClusterLayout.ctld_conf_of`)."""
+        text = self.c.slurm_conf.read_text()
+        for name in self.c.controller_names:
+            own = re.sub(
+                r"^SlurmctldPidFile=.*$",
+                f"SlurmctldPidFile={self.c.root}/run/slurmctld-{name}.pid",
+                text,
+                flags=re.M,
+            )
+            own = re.sub(
+                r"^SlurmctldLogFile=.*$",
+                f"SlurmctldLogFile={self.c.ctld_log_of(name)}",
+                own,
+                flags=re.M,
+            )
+            self.c.ctld_conf_of(name).write_text(own)
+
+    def _ctld_hosts(self, host: str, ctld_addr: str) -> str:
+        """slurm.conf's ``SlurmctldHost`` lines: this host, or each controller of a
+        high-availability cluster by its own name and address, primary first."""
+        names = self.c.controller_names
+        if not names:
+            return f"SlurmctldHost={host}({ctld_addr})"
+        return "\n".join(f"SlurmctldHost={n}({self.c.ctld_addr(n)})" for n in names)
 
     def _declared_node(self) -> NodeSpec:
         """The node shape slurm.conf declares: ``node``, or with cgroups this host's CPUs

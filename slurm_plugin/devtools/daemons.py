@@ -12,11 +12,21 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from slurm_plugin.devtools.layout import NODE_NAME, START_TIMEOUT_S, ClusterLayout, DevClusterError
+from slurm_plugin.devtools.layout import (
+    CTLD_ENV,
+    NODE_NAME,
+    START_TIMEOUT_S,
+    ClusterLayout,
+    DevClusterError,
+)
 from slurm_plugin.devtools.network import NETNS_PREFIX
 from slurm_plugin.devtools.procs import pid_alive
 
 __all__ = ["Daemons"]
+
+_SET_HOSTNAME_AND_EXEC = (
+    "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
+)
 
 
 class Daemons:
@@ -28,7 +38,7 @@ class Daemons:
 
     def start_slurmds(self) -> dict[str, int]:
         """One slurmd per node; their pids by the name the state file keeps."""
-        if self.c.nodes == 1:
+        if not self.c.networked:
             pid = self.spawn(
                 ["slurmd", "-D", "-f", str(self.c.slurm_conf), "-N", NODE_NAME],
                 self.c.root / "log" / "slurmd.stderr",
@@ -53,6 +63,32 @@ class Daemons:
                 self.c.root / "log" / f"slurmd-{name}.stderr",
             )
         return pids
+
+    def start_slurmctld(self, name: str) -> int:
+        """Controller ``name`` of a high-availability cluster: in its own network namespace
+        and UTS namespace, whose host name is ``name`` (slurmctld knows which SlurmctldHost
+        it is by its host name alone: ``_controller_index`` in src/slurmctld/controller.c),
+        with its own slurm.conf (pid and log file); ``CTLD_ENV`` names it in its
+        environment, which the process ``scontrol reconfigure`` starts from Slurm 23.11 on
+        inherits."""
+        return self.spawn(
+            [
+                "nsenter",
+                f"--net=/run/netns/{NETNS_PREFIX}{name}",
+                "unshare",
+                "--uts",
+                sys.executable,
+                "-c",
+                _SET_HOSTNAME_AND_EXEC,
+                name,
+                "slurmctld",
+                "-D",
+                "-f",
+                str(self.c.ctld_conf_of(name)),
+            ],
+            self.c.root / "log" / f"slurmctld-{name}.stderr",
+            extra_env={**self.c.ctld_env, CTLD_ENV: name},
+        )
 
     def start_coda_nodes(self) -> dict[str, int]:
         """One ``coda-node run`` per node with its node's coda.conf; pids by name."""

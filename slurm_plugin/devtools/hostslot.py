@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from slurm_plugin.devtools.layout import STATE_FILE, DevClusterError
+from slurm_plugin.devtools.layout import CTLD_ENV, STATE_FILE, DevClusterError
 from slurm_plugin.devtools.procs import pid_alive, reap, stop_pid
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "CGROUP_SLOT_WAIT_S",
     "cgroup_slot_holder",
     "cgroup_tasks",
+    "controller_pids",
     "job_processes",
     "kill_cgroup_jobs",
     "kill_job_processes",
@@ -121,6 +122,28 @@ def job_processes(slurm_conf: Path) -> set[int]:
     return found
 
 
+def controller_pids(slurm_conf: Path, env_key: str = CTLD_ENV) -> dict[str, int]:
+    """The slurmctlds of a high-availability cluster (``slurm_conf``) by controller name:
+    the processes whose environment names one (``env_key``, set when the dev cluster started
+    it and inherited by the process ``scontrol reconfigure`` starts in its place) and whose
+    command line reads a slurm.conf beside ``slurm_conf``."""
+    etc = os.fsencode(str(slurm_conf.parent) + "/")
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdecimal():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if not cmdline.startswith(b"slurmctld") or etc not in cmdline:
+            continue
+        env = _environ(int(entry.name))
+        if env.get(env_key) and pid_alive(int(entry.name)):
+            found[env[env_key]] = int(entry.name)
+    return found
+
+
 def kill_job_processes(slurm_conf: Path) -> None:
     """SIGKILL every process of this cluster's jobs (:func:`job_processes`)."""
     deadline = time.monotonic() + 10
@@ -185,6 +208,8 @@ def stop_leftovers(root: Path) -> None:
             continue
         if os.fsencode(str(root)) in cmdline:
             stop_pid(int(pid))
+    for pid in controller_pids(root / "etc" / "slurm.conf").values():
+        stop_pid(pid)
     kill_job_processes(root / "etc" / "slurm.conf")
 
 

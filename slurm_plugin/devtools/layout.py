@@ -17,6 +17,10 @@ NODE_NAME = "gpu01"
 NETWORK_PREFIX = "10.77.0"
 CTLD_ADDR = f"{NETWORK_PREFIX}.1"
 """The bridge's address in the host's namespace: slurmctld as the nodes reach it."""
+CTLD_ADDR_OFFSET = 2
+"""A high-availability cluster's controller i (from 0) has 10.77.0.(2+i); nodes start at .11."""
+CTLD_ENV = "CODA_DEV_SLURMCTLD"
+"""In a high-availability cluster's slurmctld environment: the controller's name."""
 STATE_FILE = "cluster.json"
 # Slurm's daemons keep their own idea of time-outs; these bound our waiting only.
 START_TIMEOUT_S = 30.0
@@ -49,6 +53,11 @@ class NodeSpec:
 def node_names(nodes: int) -> list[str]:
     """The dev cluster's node names: gpu01, gpu02, ..."""
     return [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+
+
+def controller_names(controllers: int) -> list[str]:
+    """A high-availability dev cluster's controller names, primary first: ctl1, ctl2, ..."""
+    return [f"ctl{i}" for i in range(1, controllers + 1)]
 
 
 @dataclass(slots=True)
@@ -85,6 +94,12 @@ class ClusterLayout:
     """Each coda-node serves ``/metrics`` (``NodeMetricsPort``, a free port on 127.0.0.1:
     the daemons run in the host's namespace) and Debian's ``prometheus`` scrapes them every
     second (``prometheus/`` under the root: its config and data; web on 127.0.0.1)."""
+    controllers: int = 1
+    """slurmctlds: 1 in the host's namespaces, or a primary and backups (``SlurmctldHost``
+    listed once each), each in its own network and UTS namespace with its own host name
+    (ctl1, ctl2, ...) and address, sharing StateSaveLocation, coda.conf and the store."""
+    ctld_timeout_s: int = 30
+    """slurm.conf's ``SlurmctldTimeout``: how long a backup waits for a silent primary."""
 
     @property
     def etc(self) -> Path:
@@ -142,6 +157,30 @@ class ClusterLayout:
     def node_names(self) -> list[str]:
         return node_names(self.nodes)
 
+    @property
+    def controller_names(self) -> list[str]:
+        """The controllers of a high-availability cluster, primary first; none else."""
+        return controller_names(self.controllers) if self.controllers > 1 else []
+
+    @property
+    def networked(self) -> bool:
+        """Whether the daemons live in network namespaces on the bridge (10.77.0.0/24)."""
+        return self.nodes > 1 or self.controllers > 1
+
+    def ctld_addr(self, name: str) -> str:
+        """The address controller ``name`` of a high-availability cluster listens on."""
+        return f"{NETWORK_PREFIX}.{CTLD_ADDR_OFFSET + self.controller_names.index(name)}"
+
+    def ctld_log_of(self, name: str) -> Path:
+        """Controller ``name``'s own log."""
+        return self.root / "log" / f"slurmctld-{name}.log"
+
+    def ctld_conf_of(self, name: str) -> Path:
+        """The slurm.conf controller ``name`` runs with: the cluster's, but for its own pid
+        and log files, which on real hosts are the same paths on two disks (a slurmctld
+        kills the process its SlurmctldPidFile names when it starts)."""
+        return self.etc / f"slurm-{name}.conf"
+
     def node_coda_conf(self, name: str) -> Path:
         """The coda.conf of node ``name``'s coda-node: the cluster's own for the first node."""
         return self.coda_conf if name == NODE_NAME else self.etc / f"coda-{name}.conf"
@@ -174,12 +213,12 @@ class ClusterLayout:
 
     def node_addr(self, name: str) -> str:
         """The address slurmctld reaches node ``name`` at."""
-        if self.nodes == 1:
+        if not self.networked:
             return "127.0.0.1"
         return f"{NETWORK_PREFIX}.{10 + self.node_names.index(name) + 1}"
 
     def slurmd_log(self, name: str = NODE_NAME) -> Path:
-        if self.nodes == 1:
+        if not self.networked:
             return self.root / "log" / "slurmd.log"
         return self.root / "log" / f"slurmd-{name}.log"
 

@@ -1,5 +1,6 @@
-"""A multi-node dev cluster's network: one namespace per node, joined by veth pairs to a
-bridge in the host's namespace where slurmctld listens; the names are host-wide."""
+"""A multi-node or high-availability dev cluster's network: one namespace per node (and per
+controller of a high-availability cluster), joined by veth pairs to a bridge in the host's
+namespace where a lone slurmctld listens; the names are host-wide."""
 
 from __future__ import annotations
 
@@ -13,21 +14,25 @@ __all__ = ["BRIDGE", "NETNS_PREFIX", "NETWORK_BITS", "make_network", "remove_net
 
 BRIDGE = "coda-br0"
 NETNS_PREFIX = "coda-"
-"""A node's network namespace, and the host end of its veth pair, is ``coda-<node>``."""
+"""A node's (or controller's) network namespace, and the host end of its veth pair, is
+``coda-<name>``."""
 NETWORK_BITS = 24
 
 
 def make_network(c: ClusterLayout) -> None:
-    """The bridge (slurmctld's address) and one namespace with a veth pair per node."""
+    """The bridge (a lone slurmctld's address) and one namespace with a veth pair per
+    node and per controller of a high-availability cluster."""
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{CTLD_ADDR}/{NETWORK_BITS}", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
-    for name in c.node_names:
+    addrs = {n: c.ctld_addr(n) for n in c.controller_names}
+    addrs.update((n, c.node_addr(n)) for n in c.node_names)
+    for name, addr in addrs.items():
         ns = f"{NETNS_PREFIX}{name}"
         _ip("netns", "add", ns)
         _ip("link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("link", "set", ns, "master", BRIDGE, "up")
-        _ip("addr", "add", f"{c.node_addr(name)}/{NETWORK_BITS}", "dev", "eth0", netns=ns)
+        _ip("addr", "add", f"{addr}/{NETWORK_BITS}", "dev", "eth0", netns=ns)
         _ip("link", "set", "eth0", "up", netns=ns)
         _ip("link", "set", "lo", "up", netns=ns)
 
@@ -54,7 +59,7 @@ def remove_network() -> None:
     )
     for line in listing.stdout.splitlines():
         ns = line.split(" ", 1)[0]
-        if ns.startswith(f"{NETNS_PREFIX}gpu"):
+        if ns.startswith((f"{NETNS_PREFIX}gpu", f"{NETNS_PREFIX}ctl")):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)

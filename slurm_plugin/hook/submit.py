@@ -45,6 +45,7 @@ from coda_common.signature import DirectiveError, parse_coda_directives, quote_l
 from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmconf import mtime_ns as file_mtime_ns
 from coda_common.store.profiles import ProfileCache, Reloader, StoreUnavailable
+from slurm_plugin.config.controllers import Controllers, read_controllers
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision import placement, priors
 from slurm_plugin.decision.decide import (
@@ -297,6 +298,13 @@ class HookState:
     in, when the node shapes were read (None: it could not be stat'ed); a change reloads them
     (``scontrol reconfigure`` does not restart job_submit plugins)."""
     reloader: Reloader | None = None
+    controllers: Controllers = field(default_factory=lambda: Controllers((), ""))
+    """slurm.conf's controllers and this one: its files are named by it
+    (:mod:`slurm_plugin.config.controllers`)."""
+    journal_path: Path | None = None
+    """This controller's DecisionJournal file; None: no journal."""
+    stats_path: Path | None = None
+    """This controller's HookStatsFile; None: no stats."""
     journal: DecisionJournal | None = None
     stats: HookStats = field(default_factory=HookStats)
     stats_error: str | None = None
@@ -399,6 +407,10 @@ def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
     slurm_conf = slurm_conf_for(path, cfg.slurm_conf)
     node_cap = NodeCap.from_slurm_conf(slurm_conf, _log_named)
     node_cap.ceiling = started
+    controllers, ctld_error = read_controllers(slurm_conf)
+    if ctld_error is not None and ctld_error not in _warned:
+        _warned.add(ctld_error)
+        _log_named("error", f"{ctld_error}; the hook names its files as if it were alone")
     if cfg.mem_bw_spread_gres is not None:
         # Every partition's GRES count now, not under slurmctld's job write lock: expanding
         # the host lists of 10,000 nodes takes ~20 ms.
@@ -424,6 +436,9 @@ def _load_state(path: Path, started: NodeCap | None = None) -> HookState:
         node_features=features,
         started_node_cap=started or node_cap,
         slurm_conf_stamp=node_cap.read_stamp,
+        controllers=controllers,
+        journal_path=controllers.file_of(cfg.decision_journal),
+        stats_path=controllers.file_of(cfg.hook_stats_file),
         log_level=log_level,
         cpu_jobs_silent=not cfg.cpu_job_partitions
         and cfg.mem_bw_spread_gres is None
@@ -447,7 +462,7 @@ def plugin_init() -> int:
         # workloads get the default until it appears.
         _lib.coda_log(LOG_ERROR, f"profile store unavailable: {exc}".encode())
         stats = None
-    state.journal = _start_journal(state.cfg)
+    state.journal = _start_journal(state)
     _state = state
     _renew_memo(state, state.cache.snapshot())
     _prepare_snapshot(state)
@@ -460,6 +475,7 @@ def plugin_init() -> int:
         LOG_INFO,
         f"active: mode={state.cfg.mode} user_value={state.cfg.user_value} "
         f"store={state.cfg.profile_store} profiles={n} conf={path}"
+        + (f" controller={state.controllers.this}" if state.controllers.several else "")
         + (f" load_ms={stats.duration_s * 1000:.1f}" if stats else ""),
     )
     return 1
@@ -476,10 +492,10 @@ def plugin_fini() -> None:
     _state = None
 
 
-def _start_journal(cfg: CodaConfig) -> DecisionJournal | None:
-    if cfg.decision_journal is None:
+def _start_journal(state: HookState) -> DecisionJournal | None:
+    if state.journal_path is None:
         return None
-    return DecisionJournal(cfg.decision_journal, cfg.journal_max_bytes, _log_named).start()
+    return DecisionJournal(state.journal_path, state.cfg.journal_max_bytes, _log_named).start()
 
 
 def _on_reload_tick() -> None:
@@ -544,12 +560,12 @@ def _reload_config(state: HookState, mtime_ns: int, why: str = "") -> None:
     fresh.started_unix_s = state.started_unix_s
     fresh.reloader = state.reloader
     old_journal = state.journal
-    if old_journal is not None and old_journal.path == fresh.cfg.decision_journal:
+    if old_journal is not None and old_journal.path == fresh.journal_path:
         old_journal.max_bytes = fresh.cfg.journal_max_bytes
         fresh.journal = old_journal
         old_journal = None
     else:
-        fresh.journal = _start_journal(fresh.cfg)
+        fresh.journal = _start_journal(fresh)
     if fresh.reloader is not None:
         fresh.reloader.retarget(fresh.cache, fresh.cfg.reload_interval_s)
     _state = fresh
@@ -570,14 +586,13 @@ _stats_lock = threading.Lock()
 
 
 def _write_stats(state: HookState) -> None:
-    if not state.cfg.hook_stats_file:
+    if state.stats_path is None:
         return
     with _stats_lock:
-        _write_stats_locked(state)
+        _write_stats_locked(state, state.stats_path)
 
 
-def _write_stats_locked(state: HookState) -> None:
-    path = Path(state.cfg.hook_stats_file)
+def _write_stats_locked(state: HookState, path: Path) -> None:
     reloader = state.reloader
     journal = state.journal
     # format_version 1; keys are only ever added (coda-slurm status reads missing ones as
@@ -586,6 +601,8 @@ def _write_stats_locked(state: HookState) -> None:
         "format": "coda-hook-stats",
         "format_version": 1,
         "pid": os.getpid(),
+        "host": state.controllers.this,
+        "controllers": list(state.controllers.hosts),
         "started_unix_s": state.started_unix_s,
         "written_unix_s": time.time(),
         "conf": str(state.cfg_path),

@@ -287,3 +287,24 @@ def test_the_report_takes_the_journal_entry_only_after_asking_sacct_for_namesake
     report = fetch_report(7, journal_path=journal, summary_store=SummaryStore(tmp_path / "no"))
     assert report["coda_source"]["source"] == source, report["coda_source"]
     assert report["coda_source"]["why"].endswith(why) or why in report["coda_source"]["why"]
+
+
+def test_the_report_reads_every_controllers_journal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a backup controller the job's entry is in the journal of the one in control."""
+    import datetime as dt
+
+    from slurm_plugin.cli.jobreport import fetch_report
+
+    t = dt.datetime.fromtimestamp(SUBMIT_S).strftime("%Y-%m-%dT%H:%M:%S")
+    _fake_sacct(monkeypatch, f"7|7|{t}\n")
+    primary, backup = tmp_path / "decisions.ctl1.jsonl", tmp_path / "decisions.ctl2.jsonl"
+    backup.write_text(json.dumps(entry()) + "\n")
+    report = fetch_report(
+        7, journal_path=[primary, backup], summary_store=SummaryStore(tmp_path / "no")
+    )
+    assert report["coda_source"]["source"] == "journal", report["coda_source"]
+    report = fetch_report(7, journal_path=[primary], summary_store=SummaryStore(tmp_path / "no"))
+    assert report["coda_source"]["source"] is None
+    assert f"no journal at {primary}" in report["coda_source"]["why"]

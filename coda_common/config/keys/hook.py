@@ -207,7 +207,9 @@ HOOK_STATS_FILE = key(
     "/var/lib/coda/hook-stats.json",
     abs_path_or_none,
     "Where the hook writes its counters (calls, p50/p99 time, fail-open count) every "
-    "ReloadIntervalS, for coda-slurm status; empty = do not write them.",
+    "ReloadIntervalS, for coda-slurm status; empty = do not write them. %h is the "
+    "controller's SlurmctldHost name; with several SlurmctldHost each controller writes "
+    "its own file, a path without %h getting .NAME before its extension.",
 )
 
 DECISION_JOURNAL = key(
@@ -216,7 +218,8 @@ DECISION_JOURNAL = key(
     "/var/lib/coda/decisions.jsonl",
     abs_path_or_none,
     "Where the hook appends one JSON line per decision (for coda-slurm status), flushed "
-    "at least once a second; empty = keep no journal.",
+    "at least once a second; empty = keep no journal. %h and several SlurmctldHost as "
+    "for HookStatsFile.",
 )
 
 JOURNAL_MAX_BYTES = key(
