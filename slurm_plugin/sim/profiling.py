@@ -26,7 +26,7 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.model.curves import throughput_at
 from coda_common.model.fit import is_censored, refit_profile
 from coda_common.model.starter import STARTER_CONFIDENCE, STARTER_SOURCE
-from coda_common.store.jobsummary import JobSummary
+from coda_common.store.jobsummary import JobSummary, gpus_waiting
 from coda_common.store.multinode import merge_figure
 from coda_common.store.multinode_merge import multi_node_figure
 from coda_common.store.profiles import Profile, Sample, to_view
@@ -329,9 +329,10 @@ class OnlineProfiling:
             found = multi_node_figure(summary)
             if found is None:
                 continue
-            sig, figure = found
+            sig, figure, starved = found
             cur = self.profiles.get(sig) or self._empty_profile(wid, now, sig)
-            prof = replace(cur, multi_node=merge_figure(cur.multi_node, figure, now))
+            measure = merge_figure(cur.multi_node, figure, now, starved)
+            prof = replace(cur, multi_node=measure)
             self.profiles[sig] = prof
             self.views[sig] = to_view(prof)
             self.counters["multi_node_figures"] += 1
@@ -347,8 +348,13 @@ class OnlineProfiling:
         now: float,
     ) -> JobSummary:
         """The job summary coda-node writes for ``run`` on ``node``: the job ran there on
-        all its cores and kept ``used_cores`` of them busy."""
+        all its cores and kept ``used_cores`` of them busy, and its GPUs as busy as its
+        throughput curve at those cores is high (below its sweet spot they wait on the
+        CPUs; :func:`coda_common.store.jobsummary.gpus_waiting` says whether they did)."""
         wid = int(self.wl.workload[run.job])
+        demand = self.wl.sweet_spot(run.job, run.gpn, len(run.nodes), self.m)
+        util_pct = 100.0 * throughput_at(demand, run.cores, log_share=self.m.log_share)
+        waited = gpus_waiting(util_pct, used_cores, run.cores)
         return JobSummary(
             job_id=run.job + 1,
             node=f"node{node}",
@@ -366,9 +372,9 @@ class OnlineProfiling:
             cores_allocated=run.cores,
             cores_mean=float(run.cores),
             cpu_used_cores_mean=used_cores,
-            gpu_util_pct_mean=None,
-            gpu_sampled_s=0.0,
-            gpu_wait_s=0.0,
+            gpu_util_pct_mean=util_pct,
+            gpu_sampled_s=ran_s,
+            gpu_wait_s=ran_s if waited else 0.0,
             idle_core_s=max(0.0, run.cores - used_cores) * ran_s,
             probe_s=0.0,
             probes=0,

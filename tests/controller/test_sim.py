@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -756,10 +757,12 @@ def test_a_starved_multi_node_run_gets_the_next_run_more_cores() -> None:
     assert rule.cores_per_node[1:].tolist() == [8, 8, 8]  # the rule alone: starved each time
     assert rule.counters["multi_node_measured"] == 0
     got = _multi_node_runs(measured=True)
-    # The first run used all 8 of its cores on both nodes: two per-node figures of 1 core
-    # per GPU, MultiNodeMinSamples=2, so the hook gives ceil(1 x 1.1) = 2 per GPU (16 a
-    # node); there the job uses 12, and the p90 of 1, 1, 1.5, 1.5 keeps it at 2.
-    assert got.cores_per_node[1:].tolist() == [8, 16, 16]
+    # The first run used all 8 of its cores on both nodes and its GPUs waited on them: two
+    # starved per-node figures of 1 core per GPU (MultiNodeMinSamples=2), a floor, so the
+    # hook gives twice it (within the single-node figure) plus the margin: ceil(2 x 1.1) =
+    # 3 per GPU (24 a node). There the job uses 12 with its GPUs busy: its demand, 1.5,
+    # gives ceil(1.65) = 2 (16 a node).
+    assert got.cores_per_node[1:].tolist() == [8, 24, 16]
     assert got.counters["multi_node_measured"] == 3
     assert got.counters["multi_node_figures"] == 6
     assert got.end_s[3] - got.start_s[3] < rule.end_s[3] - rule.start_s[3]
@@ -778,7 +781,7 @@ def test_multi_node_figures_count_only_with_min_samples() -> None:
         coda_conf=(*REPLACE_ONLY, "MultiNodeMinSamples=3"),
         multi_node_measured=True,
     )
-    assert got.cores_per_node[1:].tolist() == [8, 8, 16]
+    assert got.cores_per_node[1:].tolist() == [8, 8, 24]
 
 
 def test_a_multi_node_job_shorter_than_a_tick_gives_no_figure() -> None:
@@ -811,9 +814,9 @@ def test_cli_multi_node_measured_is_said_in_the_report() -> None:
 
 def test_a_multi_node_demand_met_exactly_settles_above_it() -> None:
     # θ = 4 per GPU: across nodes the job uses exactly 2 per GPU. The rule gives it 2 (the
-    # single-node fit is above 4 per GPU: ceil(cpg x 2 / 8) = 2), which it uses whole; the
-    # hook then gives ceil(2 x 1.1) = 3 per GPU, where the job measures 2 again: it stays
-    # at 3, the margin's one core over its demand.
+    # single-node fit is above 4 per GPU: ceil(cpg x 2 / 8) = 2), which it uses whole with
+    # its GPUs busy: its demand, not a floor. The hook then gives ceil(2 x 1.1) = 3 per
+    # GPU, where the job measures 2 again: it stays at 3, the margin's one core over it.
     rows = [(0, 20_000, 1, 8)] + [(20_000.0 * k, 5_000, 16, 16) for k in range(1, 6)]
     trace = make_trace(rows)
     got = run(
@@ -826,3 +829,24 @@ def test_a_multi_node_demand_met_exactly_settles_above_it() -> None:
     )
     assert got.cores_per_node[1:].tolist() == [16, 24, 24, 24, 24]
     assert got.counters["multi_node_figures"] == 10
+
+
+def test_a_starved_floor_reaches_the_demand_in_runs_not_cores() -> None:
+    # Across nodes this workload needs what it needs on one node, 10 cores per GPU (80 a
+    # node of 8 GPUs). The rule gives ceil(10 x 2 / 8) = 3 per GPU; each starved run's
+    # figure is a floor, so the next run is given twice it plus the margin, at most the
+    # single-node figure plus the margin: 3 -> ceil(6 x 1.1) = 7 -> 12 (what the 96-core
+    # node holds), where its GPUs are busy and it measures its demand, 10: ceil(11) = 11
+    # from then on. The margin alone would take a run per core.
+    rows = [(0, 20_000, 1, 8)] + [(20_000.0 * k, 5_000, 16, 16) for k in range(1, 6)]
+    trace = make_trace(rows)
+    model = dataclasses.replace(MODEL, multi_node_cores_per_gpu=64.0)
+    got = simulate(
+        trace,
+        uniform_nodes(3, 96, 8),
+        workloads_for(trace, theta=10),
+        model,
+        POLICIES["coda"],
+        SimParams(check=True, coda_conf=REPLACE_ONLY, multi_node_measured=True),
+    )
+    assert (got.cores_per_node[1:] // 8).tolist() == [3, 7, 12, 11, 11]
