@@ -2,24 +2,25 @@
 
 A job spread over several nodes gets, without a measured figure, ``ceil(cpus_per_gpu *
 min(gpus_per_node, MultiNodeGpuCap) / gpus_per_node)`` cores per GPU from its workload's
-single-node profile; with ``--multi-node-measured`` the simulated coda-node measures each
-multi-node job's CPU use per node after its warm-up and publishes it to the workload's
-profile (``multi_node_cpus_per_gpu``), which the hook gives the workload's later multi-node
-jobs instead (a run that used all it had publishes more than it had:
-:func:`slurm_plugin.sim.profiling.multi_node_published`). Each row is one ``coda-slurm
-simulate TRACE -p coda --json`` run per seed, with ``--coda-conf MultiNodeGpuCap=N`` and
-with or without ``--multi-node-measured``, against one ``-p oracle`` run of the same trace
-and seed:
+single-node profile; with ``--multi-node-measured`` each node of a multi-node job writes
+its job summary when the job ends and its per-node figure is merged into the job's profile
+as coda-node merges it (p90 of the last 16, a starved p90 a floor), which the hook gives
+the workload's later multi-node jobs with ``MultiNodeMinSamples`` and ``MultiNodeMargin``
+(:meth:`slurm_plugin.sim.profiling.OnlineProfiling.multi_node_ended`). Each row is one
+``coda-slurm simulate TRACE -p coda --json`` run per seed: ``cap 2`` (coda.conf's
+default), ``cap 8`` (``--coda-conf MultiNodeGpuCap=8``) and ``cap 2, measured`` (with
+``--multi-node-measured``), against one ``-p oracle`` run of the same trace and seed:
 
     .venv/bin/python bench/bench_multinode.py                    # seeds 1,2,3, all traces
     .venv/bin/python bench/bench_multinode.py --trace muri --seeds 1
+    .venv/bin/python bench/bench_multinode.py --trace muri --param multi_node_cores_per_gpu=64
 
 The table gives per trace and variant: mean DNN JCT over the oracle's (the mean over the
-seeds, each seed's figure in brackets), the same against today's default (cap 2, nothing
+seeds, each seed's figure in brackets), the same against the default (cap 2, nothing
 measured) seed by seed, p99 JCT over the oracle's, GPU busy, mean CPU-job wait and mean
-CPU-job stretch (means over the seeds), and how many multi-node runs published a measured
-figure. The simulations run in this checkout's Python (``python -m
-slurm_plugin.cli.main``), ``--workers`` at a time (default 2).
+CPU-job stretch (means over the seeds), and how many per-node figures were merged. The
+simulations run in this checkout's Python (``python -m slurm_plugin.cli.main``),
+``--workers`` at a time (default 2); ``--param`` is a job-model assumption for every run.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def run(
             {
                 "trace": trace,
                 "seed": seed,
+                "params": list(params),
                 "variant": "oracle" if v is None else v.label,
                 "jct_mean_h": r["dnn_jct_mean_s"] / 3600.0,
                 "jct_p99_h": r["dnn_jct_p99_s"] / 3600.0,
@@ -178,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     sizes = "; ".join(f"{t}: {' '.join(TRACES[t])}" for t in traces)
-    print(f"coda-slurm simulate, seeds {','.join(map(str, seeds))} ({sizes})")
+    params = "".join(f" --param {p}" for p in rows[0].get("params", ())) if rows else ""
+    print(f"coda-slurm simulate{params}, seeds {','.join(map(str, seeds))} ({sizes})")
     print(table(rows))
     return 0
 
