@@ -56,7 +56,11 @@ ERROR = 0.3
 
 
 def _child(
-    trace_name: str, seed: int, conf: tuple[str, ...], param: tuple[str, ...]
+    trace_name: str,
+    seed: int,
+    conf: tuple[str, ...],
+    param: tuple[str, ...],
+    multi_node_measured: bool = False,
 ) -> list[dict[str, Any]]:
     """Every variant's summary for one trace and seed (run in its own process)."""
     from slurm_plugin.cli import simulate as cli
@@ -75,7 +79,9 @@ def _child(
     model = cli._job_model(param)
     named, stage_ms = cli._muri_inputs(trace, spec, model, [])
     wl = assign_workloads(trace, model, seed, named_classes=named)
-    base: SimParams = cli._base_params(False, cli._checked_coda_conf(conf), stage_ms, None)
+    base: SimParams = cli._base_params(
+        False, cli._checked_coda_conf(conf), stage_ms, None, multi_node_measured
+    )
 
     class Perfect(_Sim):
         """``coda`` with each GPU job's true sweet spot: what perfect profiles give."""
@@ -109,10 +115,13 @@ def run(
     workers: int,
     conf: tuple[str, ...] = (),
     param: tuple[str, ...] = (),
+    multi_node_measured: bool = False,
 ) -> list[dict[str, Any]]:
     def one(job: tuple[str, int]) -> list[dict[str, Any]]:
         trace, seed = job
         argv = [sys.executable, __file__, "--child", trace, "--seeds", str(seed)]
+        if multi_node_measured:
+            argv.append("--multi-node-measured")
         for item in conf:
             argv += ["--coda-conf", item]
         for item in param:
@@ -263,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a simulator assumption for every run (coda-slurm simulate --param)",
     )
+    ap.add_argument(
+        "--multi-node-measured",
+        action="store_true",
+        help="multi-node jobs' per-node figures merged into their profiles in every coda run "
+        "(coda-slurm simulate --multi-node-measured)",
+    )
     ap.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     ap.add_argument("--from", dest="source", type=Path, help="runs from an earlier --json")
     ap.add_argument("--child", metavar="TRACE", help=argparse.SUPPRESS)
@@ -272,9 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
     if a.child:
-        print(
-            json.dumps(_child(a.child, seeds[0], tuple(a.coda_conf), tuple(a.param)), default=str)
-        )
+        got = _child(a.child, seeds[0], tuple(a.coda_conf), tuple(a.param), a.multi_node_measured)
+        print(json.dumps(got, default=str))
         return 0
     t0 = time.perf_counter()
     traces = a.trace or list(TRACES)
@@ -283,13 +297,16 @@ def main(argv: list[str] | None = None) -> int:
         traces = list(dict.fromkeys(r["trace"] for r in rows))
         seeds = sorted({int(r["seed"]) for r in rows})
     else:
-        rows = run(traces, seeds, a.workers, tuple(a.coda_conf), tuple(a.param))
+        rows = run(
+            traces, seeds, a.workers, tuple(a.coda_conf), tuple(a.param), a.multi_node_measured
+        )
     if a.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
     sizes = "; ".join(f"{t}: {' '.join(TRACES[t])}" for t in traces)
     conf = "".join(f" --coda-conf {c}" for c in a.coda_conf)
     conf += "".join(f" --param {p}" for p in a.param)
+    conf += " --multi-node-measured" if a.multi_node_measured else ""
     print(f"coda-slurm simulate{conf}, seeds {','.join(map(str, seeds))} ({sizes})")
     print(table(rows))
     print()

@@ -2,24 +2,25 @@
 
 A job spread over several nodes gets, without a measured figure, ``ceil(cpus_per_gpu *
 min(gpus_per_node, MultiNodeGpuCap) / gpus_per_node)`` cores per GPU from its workload's
-single-node profile; with ``--multi-node-measured`` the simulated coda-node measures each
-multi-node job's CPU use per node after its warm-up and publishes it to the workload's
-profile (``multi_node_cpus_per_gpu``), which the hook gives the workload's later multi-node
-jobs instead (a run that used all it had publishes more than it had:
-:func:`slurm_plugin.sim.profiling.multi_node_published`). Each row is one ``coda-slurm
-simulate TRACE -p coda --json`` run per seed, with ``--coda-conf MultiNodeGpuCap=N`` and
-with or without ``--multi-node-measured``, against one ``-p oracle`` run of the same trace
-and seed:
+single-node profile; with ``--multi-node-measured`` each node of a multi-node job writes
+its job summary when the job ends and its per-node figure is merged into the job's profile
+as coda-node merges it (p90 of the last 16, a starved p90 a floor), which the hook gives
+the workload's later multi-node jobs with ``MultiNodeMinSamples`` and ``MultiNodeMargin``
+(:meth:`slurm_plugin.sim.profiling.OnlineProfiling.multi_node_ended`). Each row is one
+``coda-slurm simulate TRACE -p coda --json`` run per seed: ``cap 2`` (coda.conf's
+default), ``cap 8`` (``--coda-conf MultiNodeGpuCap=8``) and ``cap 2, measured`` (with
+``--multi-node-measured``), against one ``-p oracle`` run of the same trace and seed:
 
     .venv/bin/python bench/bench_multinode.py                    # seeds 1,2,3, all traces
     .venv/bin/python bench/bench_multinode.py --trace muri --seeds 1
+    .venv/bin/python bench/bench_multinode.py --trace muri --param multi_node_cores_per_gpu=64
 
 The table gives per trace and variant: mean DNN JCT over the oracle's (the mean over the
-seeds, each seed's figure in brackets), the same against today's default (cap 2, nothing
+seeds, each seed's figure in brackets), the same against the default (cap 2, nothing
 measured) seed by seed, p99 JCT over the oracle's, GPU busy, mean CPU-job wait and mean
-CPU-job stretch (means over the seeds), and how many multi-node runs published a measured
-figure. The simulations run in this checkout's Python (``python -m
-slurm_plugin.cli.main``), ``--workers`` at a time (default 2).
+CPU-job stretch (means over the seeds), and how many per-node figures were merged. The
+simulations run in this checkout's Python (``python -m slurm_plugin.cli.main``),
+``--workers`` at a time (default 2); ``--param`` is a job-model assumption for every run.
 """
 
 from __future__ import annotations
@@ -49,19 +50,22 @@ class Variant:
     measured: bool
 
 
-CAPS = (2, 4, 8)
-VARIANTS = tuple(
-    Variant(f"cap {cap}{', measured' if measured else ''}", cap, measured)
-    for measured in (False, True)
-    for cap in CAPS
+VARIANTS = (
+    Variant("cap 2", 2, False),
+    Variant("cap 8", 8, False),
+    Variant("cap 2, measured", 2, True),
 )
 TODAY = "cap 2"
 """The reference row: coda.conf's MultiNodeGpuCap=2, nothing measured."""
 
 
-def simulate(args: tuple[str, ...], policy: str, seed: int, v: Variant | None) -> dict[str, float]:
+def simulate(
+    args: tuple[str, ...], policy: str, seed: int, v: Variant | None, params: tuple[str, ...]
+) -> dict[str, float]:
     argv = [sys.executable, "-m", "slurm_plugin.cli.main", "simulate", *args]
     argv += ["--seed", str(seed), "-p", policy, "--json"]
+    for item in params:
+        argv += ["--param", item]
     if v is not None:
         argv += ["--coda-conf", f"MultiNodeGpuCap={v.cap}"]
         if v.measured:
@@ -70,7 +74,9 @@ def simulate(args: tuple[str, ...], policy: str, seed: int, v: Variant | None) -
     return json.loads(proc.stdout)["results"][-1]
 
 
-def run(traces: list[str], seeds: list[int], workers: int) -> list[dict[str, object]]:
+def run(
+    traces: list[str], seeds: list[int], workers: int, params: tuple[str, ...] = ()
+) -> list[dict[str, object]]:
     jobs: list[tuple[str, int, Variant | None]] = []
     for trace in traces:
         for seed in seeds:
@@ -79,7 +85,7 @@ def run(traces: list[str], seeds: list[int], workers: int) -> list[dict[str, obj
 
     def one(job: tuple[str, int, Variant | None]) -> dict[str, float]:
         trace, seed, v = job
-        return simulate(TRACES[trace], "oracle" if v is None else "coda", seed, v)
+        return simulate(TRACES[trace], "oracle" if v is None else "coda", seed, v, params)
 
     with ThreadPoolExecutor(workers) as pool:
         got = list(pool.map(one, jobs))
@@ -90,13 +96,14 @@ def run(traces: list[str], seeds: list[int], workers: int) -> list[dict[str, obj
             {
                 "trace": trace,
                 "seed": seed,
+                "params": list(params),
                 "variant": "oracle" if v is None else v.label,
                 "jct_mean_h": r["dnn_jct_mean_s"] / 3600.0,
                 "jct_p99_h": r["dnn_jct_p99_s"] / 3600.0,
                 "gpu_busy": r["gpu_busy"],
                 "cpu_wait_min": r["cpu_wait_mean_s"] / 60.0,
                 "cpu_stretch": r["cpu_stretch_mean"],
-                "multi_node_published": counters.get("multi_node_published", 0),  # type: ignore[union-attr]
+                "multi_node_figures": counters.get("multi_node_figures", 0),  # type: ignore[union-attr]
             }
         )
     return rows
@@ -113,7 +120,7 @@ def _ratios(xs: list[float]) -> str:
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| trace | variant | mean JCT / oracle | mean JCT / cap 2 | p99 JCT / oracle "
-        "| GPU busy | CPU wait | CPU stretch | published |",
+        "| GPU busy | CPU wait | CPU stretch | figures |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     traces = list(dict.fromkeys(str(r["trace"]) for r in rows))
@@ -142,7 +149,7 @@ def table(rows: list[dict[str, object]]) -> str:
                 f"| {sum(_f(r, 'gpu_busy') for r in per) / n:.1%} "
                 f"| {sum(_f(r, 'cpu_wait_min') for r in per) / n:.1f} min "
                 f"| {sum(_f(r, 'cpu_stretch') for r in per) / n:.3f} "
-                f"| {sum(int(_f(r, 'multi_node_published')) for r in per)} |"
+                f"| {sum(int(_f(r, 'multi_node_figures')) for r in per)} |"
             )
     return "\n".join(lines)
 
@@ -152,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="append", choices=sorted(TRACES), default=[])
     ap.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--param", action="append", default=[], help="a job-model NAME=VALUE for every run"
+    )
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--from", dest="source", type=Path, help="rows from an earlier --json")
     a = ap.parse_args(argv)
@@ -165,12 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         traces = list(dict.fromkeys(str(r["trace"]) for r in rows))
         seeds = list(dict.fromkeys(int(r["seed"]) for r in rows))
     else:
-        rows = run(traces, seeds, a.workers)
+        rows = run(traces, seeds, a.workers, tuple(a.param))
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
     sizes = "; ".join(f"{t}: {' '.join(TRACES[t])}" for t in traces)
-    print(f"coda-slurm simulate, seeds {','.join(map(str, seeds))} ({sizes})")
+    params = "".join(f" --param {p}" for p in rows[0].get("params", ())) if rows else ""
+    print(f"coda-slurm simulate{params}, seeds {','.join(map(str, seeds))} ({sizes})")
     print(table(rows))
     return 0
 

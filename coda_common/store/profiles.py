@@ -69,8 +69,10 @@ FORMAT = "coda-profile"
 #: Earlier files are read with ``cpu_usage=None``.
 #: Version 5 added ``multi_node`` (the measured per-node figures of multi-node runs, or
 #: null, see coda_common.store.multinode). Earlier files are read with ``multi_node=None``.
-#: Writers write 5.
-FORMAT_VERSION = 5
+#: Version 6 added ``starved`` to ``multi_node`` (per kept figure, whether it was
+#: starved); version 5 figures are read as not starved.
+#: Writers write 6, or the oldest version that holds the profile (Profile.to_json_dict).
+FORMAT_VERSION = 6
 
 #: Name of the lock file (dot-prefixed, so readers skip it).
 LOCK_FILE_NAME = ".lock"
@@ -308,28 +310,34 @@ def cpu_usage_from_json_dict(d: object, where: str) -> CpuUsageRecord | None:
     )
 
 
-_MULTI_NODE_KEYS = ("figures_cores_per_gpu", "n_figures", "updated_unix_s")
+_MULTI_NODE_KEYS_V5 = ("figures_cores_per_gpu", "n_figures", "updated_unix_s")
+_MULTI_NODE_KEYS = (*_MULTI_NODE_KEYS_V5, "starved")
 
 
 def multi_node_to_json_dict(measure: MultiNodeMeasure | None) -> dict[str, Any] | None:
-    """The ``multi_node`` value of the on-disk format."""
+    """The ``multi_node`` value of the on-disk format (version 6: with ``starved``)."""
     if measure is None:
         return None
     return {
         "figures_cores_per_gpu": list(measure.figures_cores_per_gpu),
         "n_figures": measure.n_figures,
         "updated_unix_s": measure.updated_unix_s,
+        "starved": [
+            bool(measure.starved and measure.starved[i])
+            for i in range(len(measure.figures_cores_per_gpu))
+        ],
     }
 
 
-def multi_node_from_json_dict(d: object, where: str) -> MultiNodeMeasure | None:
-    """Validate the ``multi_node`` value strictly (null: no multi-node run measured)."""
+def multi_node_from_json_dict(d: object, where: str, version: int) -> MultiNodeMeasure | None:
+    """Validate the ``multi_node`` value of a version ``version`` file strictly (null: no
+    multi-node run measured)."""
     if d is None:
         return None
     key = "multi_node"
     if not isinstance(d, dict):
         raise ProfileFormatError(where, f"{key} must be an object or null, got {_json_type(d)}")
-    _check_keys(d, _MULTI_NODE_KEYS, where, key)
+    _check_keys(d, _MULTI_NODE_KEYS if version >= 6 else _MULTI_NODE_KEYS_V5, where, key)
     raw = d["figures_cores_per_gpu"]
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MULTI_NODE_FIGURES:
         raise ProfileFormatError(
@@ -344,10 +352,24 @@ def multi_node_from_json_dict(d: object, where: str) -> MultiNodeMeasure | None:
         for i, f in enumerate(raw)
     )
     n_figures = _get_int(d, "n_figures", where, key, lo=len(figures))
+    starved: tuple[bool, ...] = ()
+    if version >= 6:
+        flags = d["starved"]
+        if (
+            not isinstance(flags, list)
+            or len(flags) != len(figures)
+            or not all(type(f) is bool for f in flags)
+        ):
+            raise ProfileFormatError(
+                where,
+                f"{key}.starved must be a list of {len(figures)} booleans, one per figure",
+            )
+        starved = tuple(flags) if any(flags) else ()
     return MultiNodeMeasure(
         figures_cores_per_gpu=figures,
         n_figures=n_figures,
         updated_unix_s=_get_number(d, "updated_unix_s", where, key, lo=0.0),
+        starved=starved,
     )
 
 
@@ -417,17 +439,21 @@ class Profile:
         return profile_stem(self.signature)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The on-disk JSON object (fresh plain dicts/lists, safe to mutate). A profile
-        without a measured multi-node figure is written as version 4, which the coda before
-        that figure reads: a node upgraded before its controller does not make the
-        profiles it merges unreadable to the hook."""
-        d = self._json_v5()
+        """The on-disk JSON object (fresh plain dicts/lists, safe to mutate), in the oldest
+        version that holds the profile: without a measured multi-node figure version 4, with
+        one but no starved figure kept version 5, which the coda before each reads. A
+        node upgraded before its controller does not make the profiles it merges unreadable
+        to the hook until it merges what only the newer format holds."""
+        d = self._json_latest()
         if self.multi_node is None:
             del d["multi_node"]
             d["format_version"] = 4
+        elif not self.multi_node.starved:
+            del d["multi_node"]["starved"]
+            d["format_version"] = 5
         return d
 
-    def _json_v5(self) -> dict[str, Any]:
+    def _json_latest(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -456,8 +482,11 @@ class Profile:
             raise ProfileFormatError(where, f"expected a JSON object, got {_json_type(d)}")
         version = _format_version(d, where)
         # Version 1 had no usage records; version 2 files must carry the key (maybe empty);
-        # version 4 files the cpu_usage key (maybe null), version 5 the multi_node key.
-        keys = (cls._KEYS_V1, cls._KEYS_V3, cls._KEYS_V3, cls._KEYS_V4, cls._KEYS)[version - 1]
+        # version 4 files the cpu_usage key (maybe null), version 5 the multi_node key
+        # (version 6: the same keys, multi_node with starved).
+        keys = (cls._KEYS_V1, cls._KEYS_V3, cls._KEYS_V3, cls._KEYS_V4, cls._KEYS, cls._KEYS)[
+            version - 1
+        ]
         _check_keys(d, keys, where, None)
 
         problem = signature_problem(d["signature"])
@@ -484,7 +513,9 @@ class Profile:
             fit=fit,
             usage=() if version == 1 else _usage_tuple(d["usage"], where),
             cpu_usage=cpu_usage_from_json_dict(d["cpu_usage"], where) if version >= 4 else None,
-            multi_node=multi_node_from_json_dict(d["multi_node"], where) if version >= 5 else None,
+            multi_node=(
+                multi_node_from_json_dict(d["multi_node"], where, version) if version >= 5 else None
+            ),
         )
 
     def validated(self, where: str = "profile to write") -> Profile:
@@ -576,7 +607,12 @@ def to_view(profile: Profile) -> ProfileView:
         usage=profile.usage,
         cpu_usage=profile.cpu_usage,
         multi_node_measured_cores_per_gpu=(
-            None if profile.multi_node is None else profile.multi_node.cores_per_gpu
+            None
+            if profile.multi_node is None
+            else profile.multi_node.published_cores_per_gpu(
+                # A placeholder (confidence 0, no single-node fit) bounds nothing.
+                profile.cpus_per_gpu if profile.confidence > 0 else None
+            )
         ),
         multi_node_runs=0 if profile.multi_node is None else profile.multi_node.n_figures,
     )
@@ -1066,9 +1102,12 @@ class ProfileStore:
         assert result is not None  # merged() always gives a profile
         return result
 
-    def merge_multi_node(self, signature: str, cores_per_gpu: float, now_unix_s: float) -> Profile:
+    def merge_multi_node(
+        self, signature: str, cores_per_gpu: float, now_unix_s: float, starved: bool = False
+    ) -> Profile:
         """Merge one per-node figure of a multi-node run (cores per GPU used,
-        :func:`coda_common.store.multinode.summary_figure`) into the profile of
+        :func:`coda_common.store.multinode.summary_figure`; ``starved``:
+        :func:`coda_common.store.multinode_merge.summary_starved`) into the profile of
         ``signature``; returns the profile written.
 
         Under the signature's lock, like :meth:`merge_usage`; the profile's ``multi_node``
@@ -1087,7 +1126,7 @@ class ProfileStore:
         def merged(current: Profile | None) -> Profile:
             if current is None:
                 current = _placeholder_profile(signature, None, "multi-node", now_unix_s)
-            measure = merge_figure(current.multi_node, cores_per_gpu, now_unix_s)
+            measure = merge_figure(current.multi_node, cores_per_gpu, now_unix_s, starved)
             return replace(current, multi_node=measure)
 
         result = self._update(signature, merged)

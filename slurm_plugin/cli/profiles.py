@@ -37,6 +37,7 @@ from coda_common.store.profiles import (
     ProfileStore,
     StoreUnavailable,
     signature_problem,
+    to_view,
     workload_of_signature,
 )
 
@@ -197,9 +198,13 @@ def _multi_node_cell(p: Profile) -> str:
     parts = [] if p.multi_node_cpus_per_gpu is None else [f"{p.multi_node_cpus_per_gpu} per GPU"]
     m = p.multi_node
     if m is not None:
+        floor = ""
+        if m.is_floor:
+            published = to_view(p).multi_node_measured_cores_per_gpu or 0.0
+            floor = f"; starved, a floor: the hook looks at {published:.2f}"
         parts.append(
             f"measured {m.cores_per_gpu:.2f} per GPU (p90 of {len(m.figures_cores_per_gpu)} "
-            f"per-node figures kept, {m.n_figures} merged)"
+            f"per-node figures kept, {m.n_figures} merged{floor})"
         )
     return "; ".join(parts) or "-"
 

@@ -349,7 +349,10 @@ def _echo_results(
             table = " ".join(f"{m}:{c}" for m, c in info["starter_table"].items())
             click.echo(f"coda policy's starter table (confidence {STARTER_CONFIDENCE:g}): {table}")
         if info["multi_node_measured"]:
-            click.echo("coda policy's coda-node: multi-node jobs' CPU use measured and published")
+            click.echo(
+                "coda policy's coda-node: multi-node jobs' per-node figures merged into "
+                "their profiles"
+            )
     click.echo(render_table(rows, baseline_of=baseline_of or None))
     if halves:
         click.echo("")
@@ -523,8 +526,9 @@ def _write_plots(
 @click.option(
     "--multi-node-measured",
     is_flag=True,
-    help="The coda policy's coda-node measures multi-node jobs' CPU use per node and "
-    "publishes it to their workload's profile (multi_node_cpus_per_gpu).",
+    help="The coda policy's coda-node writes a job summary on each node a multi-node job "
+    "leaves and merges its per-node figure (cores per GPU used) into the job's profile, "
+    "which the hook gives later multi-node jobs (MultiNodeMinSamples, MultiNodeMargin).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(

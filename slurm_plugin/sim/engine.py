@@ -68,7 +68,7 @@ from coda_node.policy.contention import params_from_config
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.sim.accounting import Utilisation
 from slurm_plugin.sim.booking import MechanismBooks
-from slurm_plugin.sim.events import END, MEASURE, PROBE_BEGIN, RESERVE, EventQueue
+from slurm_plugin.sim.events import END, PROBE_BEGIN, RESERVE, EventQueue
 from slurm_plugin.sim.nodes import Need, Nodes, Run
 from slurm_plugin.sim.params import CODA_CONF, POLICIES, Policy, SimParams
 from slurm_plugin.sim.profiling import WARMUP_S, OnlineProfiling, probe_run
@@ -127,7 +127,7 @@ COUNTERS = (
     "probe_slot_busy",
     "probe_slot_waited",
     "multi_node_measured",
-    "multi_node_published",
+    "multi_node_figures",
     "shield_lookups",
     "decide_calls",
     "capped_requests",
@@ -348,6 +348,8 @@ class _Sim:
         run = self.running.pop(j)
         if run.probing:
             self.profiling.publish_ended(j, run, now)
+        if run.gpu and len(run.nodes) > 1 and self.pol.profile:
+            self.profiling.multi_node_ended(run, now - float(self.start_s[j]), now)
         # Shared GPUs stay with the partner: they are freed when both jobs have ended.
         gpus_back = run.gpn
         if self.sharing.on and run.gpu and len(run.nodes) == 1:
@@ -414,8 +416,6 @@ class _Sim:
                 self._reserve_tick(now)
             elif kind == PROBE_BEGIN:
                 self.profiling.probe_begin(j, now)
-            elif kind == MEASURE:
-                self.profiling.measure_multi_node(j, now)
             else:
                 self.profiling.publish(j, now)
         return freed

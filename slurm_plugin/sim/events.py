@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["END", "MEASURE", "PROBE_BEGIN", "PUBLISH", "RESERVE", "EventQueue"]
+__all__ = ["END", "PROBE_BEGIN", "PUBLISH", "RESERVE", "EventQueue"]
 
 END = 0
 """A job's end (its ``version`` must still be the job's: a rate change re-times it)."""
@@ -15,8 +15,6 @@ RESERVE = 3
 """``coda-slurm reserve`` runs."""
 PROBE_BEGIN = 4
 """A job's warm-up is over: it may take its node's probe slot."""
-MEASURE = 5
-"""A multi-node job's warm-up is over: its CPU use per node is measured."""
 
 
 class EventQueue:

@@ -86,12 +86,13 @@ class SimParams:
     simulate --starter-table``); the hook uses one as a prior for a job that names the
     model and has no confident profile of its own. Empty: no table."""
     multi_node_measured: bool = False
-    """coda-node measures each multi-node GPU job's CPU use on its nodes after the job's
-    warm-up and publishes it as the workload's ``multi_node_cpus_per_gpu``, which the hook
-    then gives the workload's later multi-node jobs instead of its ``MultiNodeGpuCap`` rule
-    (:meth:`slurm_plugin.sim.profiling.OnlineProfiling.measure_multi_node`; ``coda-slurm
-    simulate --multi-node-measured``). Off: only the rule, as coda-node publishes no such
-    measurement."""
+    """coda-node writes a job summary on each node a multi-node GPU job leaves, and its
+    per-node figure (cores per GPU used) is merged into the profile the hook's record names,
+    as coda-node's publisher merges it; the hook gives the workload's later multi-node jobs
+    the measured figure once ``MultiNodeMinSamples`` figures are in, with
+    ``MultiNodeMargin`` (:meth:`slurm_plugin.sim.profiling.OnlineProfiling.multi_node_ended`;
+    ``coda-slurm simulate --multi-node-measured``). Off: only the ``MultiNodeGpuCap`` rule,
+    as with no job summaries merged."""
     # -- placement mechanisms, all off by default; see sim/mechanisms.py -------
     reserve: bool = False
     """Spare CPU partitions over the GPU nodes, one per node shape, whose MaxCPUsPerNode

@@ -10,14 +10,14 @@ moment (:func:`coda_node.policy.allocator.ended_publication`, asked after every 
 :class:`OnlineProfiling` is the cluster's side of it in a simulator run: each node's probe
 slot, the in-memory profile store the probed jobs publish to, and the submit hook's own
 :func:`slurm_plugin.decision.decide.decide` reading that store for every later GPU job;
-with ``multi_node_measured``, also what coda-node would measure of a multi-node job's CPU
-use per node (:meth:`OnlineProfiling.measure_multi_node`).
+with ``multi_node_measured``, also the job summaries each node of a multi-node job writes
+when the job leaves it and the per-node figures they give the job's profile
+(:meth:`OnlineProfiling.multi_node_ended`).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,48 +26,20 @@ from coda_common.config.codaconf import CodaConfig
 from coda_common.model.curves import throughput_at
 from coda_common.model.fit import is_censored, refit_profile
 from coda_common.model.starter import STARTER_CONFIDENCE, STARTER_SOURCE
+from coda_common.store.jobsummary import JobSummary, gpus_waiting
+from coda_common.store.multinode import merge_figure
+from coda_common.store.multinode_merge import multi_node_figure
 from coda_common.store.profiles import Profile, Sample, to_view
 from coda_node.policy.allocator import Allocator, ProbeJob, ProbeParams, ended_publication
 from coda_node.policy.observe import Progress, SignalParams
 from slurm_plugin.config.nodecap import NodeCap
 from slurm_plugin.decision.decide import JobRequest, ProfileView, decide
-from slurm_plugin.sim.events import END, MEASURE, PROBE_BEGIN, PUBLISH, EventQueue
+from slurm_plugin.sim.events import END, PROBE_BEGIN, PUBLISH, EventQueue
 from slurm_plugin.sim.nodes import Run
 from slurm_plugin.sim.workloads import JobModel, Workloads
 
 WARMUP_S = SignalParams().warmup_s
 """coda-node probes a job only after its warm-up: the probe slot is taken from then."""
-
-
-def multi_node_published(
-    given_cpus_per_gpu: int,
-    used_cpus_per_gpu: float,
-    single_node_cpus_per_gpu: int | None,
-    confirmed_cpus_per_gpu: int | None,
-) -> int | None:
-    """What a multi-node job's CPU-use measurement publishes as ``multi_node_cpus_per_gpu``.
-
-    ``used_cpus_per_gpu`` is the cores per GPU the job kept busy on a node, at most the
-    ``given_cpus_per_gpu`` it was allocated. Below that, the job had more than it needed and
-    the measurement is its demand: it is published, rounded up. A job that used everything
-    it was given (saturated) shows only a floor: publishing it would give the next run the
-    same cores and starve it the same way, so the next run is given more: twice the cores,
-    at least one more, but no more than the workload's single-node ``cpus_per_gpu`` when it
-    is known and above the given figure (CODA §I.C: a job's demand per GPU across nodes is at
-    most its demand on one node), which a run that is not saturated then replaces with its
-    measured demand. A saturated run given no more than an earlier run measured unsaturated
-    (``confirmed_cpus_per_gpu``) agrees with that measurement: None, nothing new to publish.
-    """
-    if given_cpus_per_gpu < 1:
-        raise ValueError(f"a GPU job has at least 1 core per GPU, got {given_cpus_per_gpu}")
-    if used_cpus_per_gpu < given_cpus_per_gpu:
-        return max(1, math.ceil(used_cpus_per_gpu - 1e-9))
-    if confirmed_cpus_per_gpu is not None and given_cpus_per_gpu <= confirmed_cpus_per_gpu:
-        return None
-    more = 2 * given_cpus_per_gpu
-    if single_node_cpus_per_gpu is not None and single_node_cpus_per_gpu > given_cpus_per_gpu:
-        more = min(more, single_node_cpus_per_gpu)
-    return max(given_cpus_per_gpu + 1, more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +148,13 @@ class OnlineProfiling:
         """Per node, a heap of the jobs past their warm-up that wait for its probe slot."""
         self.profiles: dict[str, Profile] = {}
         self.views: dict[str, ProfileView] = {}
-        self.decided: dict[tuple[int, int, int, int], int] = {}
+        self.decided: dict[tuple[int, int, int, int], tuple[int, str | None]] = {}
+        """Per (workload, GPUs per node, nodes, user's cores per GPU): the hook's cores per
+        node and its admin record."""
         self.probe_memo: dict[tuple[int, int, int], ProbeRun] = {}
         self.multi_node_measured = multi_node_measured
-        self.multi_node_confirmed: dict[int, int] = {}
-        """Per workload id, the last multi-node demand measured on a run that had more."""
+        self.job_record: dict[int, str | None] = {}
+        """Per multi-node job (with ``multi_node_measured``), the hook's admin record."""
 
     def _signature(self, wid: int) -> str:
         return f"workload:{1000 + wid}:{self.wl.label(wid)}"
@@ -213,30 +187,33 @@ class OnlineProfiling:
         key = (wid, gpn, k, user_cpg)
         got = self.decided.get(key)
         if got is None:
-            self.counters["decide_calls"] += 1
-            name = self.wl.label(wid)
-            req = JobRequest(
-                uid=1000 + wid,
-                job_name=name,
-                tres_per_node=f"gres:gpu:{gpn}",
-                cpus_per_tres=f"gres:gpu:{user_cpg}",
-                min_nodes=k,
-                comment=f"coda:workload={name}",
-                script=self.wl.script(wid),
-            )
-            d = decide(req, self.cfg, self.views, self.node_cap, node_share=self.node_share)
-            cpg = user_cpg
-            if d.cpus_per_tres is not None:
-                cpg = int(d.cpus_per_tres.rsplit(":", 1)[1])
-            got = self.decided[key] = cpg * gpn
-        return got
+            got = self.decided[key] = self._decide(wid, gpn, k, user_cpg)
+        if k > 1 and self.multi_node_measured:
+            self.job_record[j] = got[1]
+        return got[0]
+
+    def _decide(self, wid: int, gpn: int, k: int, user_cpg: int) -> tuple[int, str | None]:
+        """The hook's decision for such a job: (cores per node, admin record)."""
+        self.counters["decide_calls"] += 1
+        name = self.wl.label(wid)
+        req = JobRequest(
+            uid=1000 + wid,
+            job_name=name,
+            tres_per_node=f"gres:gpu:{gpn}",
+            cpus_per_tres=f"gres:gpu:{user_cpg}",
+            min_nodes=k,
+            comment=f"coda:workload={name}",
+            script=self.wl.script(wid),
+        )
+        d = decide(req, self.cfg, self.views, self.node_cap, node_share=self.node_share)
+        cpg = user_cpg
+        if d.cpus_per_tres is not None:
+            cpg = int(d.cpus_per_tres.rsplit(":", 1)[1])
+        return cpg * gpn, d.admin_comment
 
     def admit(self, run: Run, now: float) -> None:
         """GPU job ``run`` starts: coda-node profiles it if its workload has no confident
         profile yet."""
-        if self.multi_node_measured and len(run.nodes) > 1:
-            # coda-node reads a job's CPU use once its warm-up is over, as it probes one.
-            self.events.push(now + WARMUP_S, MEASURE, run.job, 0)
         wid = int(self.wl.workload[run.job])
         prof = self.profiles.get(self._signature(wid))
         if (
@@ -333,39 +310,80 @@ class OnlineProfiling:
             self.counters["profiles_published_ended"] += 1
         self._merge(j, run.gpn, samples, now)
 
-    def measure_multi_node(self, j: int, now: float) -> None:
-        """Multi-node job ``j`` is past its warm-up: the cores per GPU it keeps busy on a node
-        (its true demand, at most what it was given) go to its workload's profile as
-        :func:`multi_node_published` says."""
-        run = self.running.get(j)
-        if run is None:
-            return  # ended during its warm-up: coda-node saw too little to measure
+    def multi_node_ended(self, run: Run, ran_s: float, now: float) -> None:
+        """Multi-node GPU job ``run`` has left its nodes after ``ran_s`` seconds: each node's
+        coda-node writes its job summary (:meth:`_node_summary`), and each summary's figure
+        goes into the profile the hook's record names, as coda-node's publisher merges it
+        (:func:`coda_common.store.multinode_merge.multi_node_figure`,
+        :func:`coda_common.store.multinode.merge_figure`). The hook reads the profile as it
+        does a real store's: its ``MultiNodeMinSamples`` and ``MultiNodeMargin`` apply."""
+        record = self.job_record.pop(run.job, None)
+        if not self.multi_node_measured or ran_s < self.cfg.node_interval_s:
+            return  # coda-node saw the job in one tick at most: no summary
         self.counters["multi_node_measured"] += 1
-        wid = int(self.wl.workload[j])
-        demand = self.wl.sweet_spot(j, run.gpn, len(run.nodes), self.m)
-        given = run.cores // run.gpn
-        used = min(float(run.cores), demand) / run.gpn
-        sig = self._signature(wid)
-        cur = self.profiles.get(sig)
-        single = (
-            cur.cpus_per_gpu
-            if cur is not None and cur.confidence >= self.cfg.min_confidence
-            else None
-        )
-        value = multi_node_published(given, used, single, self.multi_node_confirmed.get(wid))
-        if used < given:
-            self.multi_node_confirmed[wid] = max(1, math.ceil(used - 1e-9))
-        if value is None:
-            return
-        if cur is None:
-            cur = self._empty_profile(wid, now)
-        if cur.multi_node_cpus_per_gpu == value:
-            return
-        prof = replace(cur, multi_node_cpus_per_gpu=value, updated_unix_s=now)
-        self.profiles[sig] = prof
-        self.views[sig] = to_view(prof)
+        wid = int(self.wl.workload[run.job])
+        demand_cores = self.wl.sweet_spot(run.job, run.gpn, len(run.nodes), self.m)
+        used_cores = min(float(run.cores), demand_cores)
+        for node in run.nodes:
+            summary = self._node_summary(run, node, record, used_cores, ran_s, now)
+            found = multi_node_figure(summary)
+            if found is None:
+                continue
+            sig, figure, starved = found
+            cur = self.profiles.get(sig) or self._empty_profile(wid, now, sig)
+            measure = merge_figure(cur.multi_node, figure, now, starved)
+            prof = replace(cur, multi_node=measure)
+            self.profiles[sig] = prof
+            self.views[sig] = to_view(prof)
+            self.counters["multi_node_figures"] += 1
         self.decided = {k: v for k, v in self.decided.items() if k[0] != wid}
-        self.counters["multi_node_published"] += 1
+
+    def _node_summary(
+        self,
+        run: Run,
+        node: int,
+        record: str | None,
+        used_cores: float,
+        ran_s: float,
+        now: float,
+    ) -> JobSummary:
+        """The job summary coda-node writes for ``run`` on ``node``: the job ran there on
+        all its cores and kept ``used_cores`` of them busy, and its GPUs as busy as its
+        throughput curve at those cores is high (below its sweet spot they wait on the
+        CPUs; :func:`coda_common.store.jobsummary.gpus_waiting` says whether they did)."""
+        wid = int(self.wl.workload[run.job])
+        demand = self.wl.sweet_spot(run.job, run.gpn, len(run.nodes), self.m)
+        util_pct = 100.0 * throughput_at(demand, run.cores, log_share=self.m.log_share)
+        waited = gpus_waiting(util_pct, used_cores, run.cores)
+        return JobSummary(
+            job_id=run.job + 1,
+            node=f"node{node}",
+            user=None,
+            uid=1000 + wid,
+            account=None,
+            partition=None,
+            kind="dnn",
+            num_nodes=len(run.nodes),
+            start_unix_s=now - ran_s,
+            end_unix_s=now,
+            sampled_s=ran_s,
+            gpus=run.gpn,
+            gpu_model=None,
+            cores_allocated=run.cores,
+            cores_mean=float(run.cores),
+            cpu_used_cores_mean=used_cores,
+            gpu_util_pct_mean=util_pct,
+            gpu_sampled_s=ran_s,
+            gpu_wait_s=ran_s if waited else 0.0,
+            idle_core_s=max(0.0, run.cores - used_cores) * ran_s,
+            probe_s=0.0,
+            probes=0,
+            slim_s=0.0,
+            throttled_s=0.0,
+            protected_s=0.0,
+            profile_state=None,
+            record=record,
+        )
 
     def ended(self, run: Run, now: float) -> None:
         """Probed job ``run`` has ended and left its node: the slot goes to a waiting job."""
@@ -390,10 +408,11 @@ class OnlineProfiling:
         self.decided = {k: v for k, v in self.decided.items() if k[0] != wid}
         self.counters["profiles_published"] += 1
 
-    def _empty_profile(self, wid: int, now: float) -> Profile:
-        """Workload ``wid``'s profile before anything was measured (confidence 0)."""
+    def _empty_profile(self, wid: int, now: float, signature: str | None = None) -> Profile:
+        """Workload ``wid``'s profile (under ``signature``, else the workload's own) before
+        anything was measured (confidence 0)."""
         return Profile(
-            signature=self._signature(wid),
+            signature=signature or self._signature(wid),
             workload=self.wl.label(wid),
             cpus_per_gpu=1,
             confidence=0.0,

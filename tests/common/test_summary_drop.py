@@ -137,7 +137,14 @@ def test_the_collector_merges_the_multi_node_figures_of_a_summary_drop(
 ) -> None:
     collector, drop_dir, lines, _store = setup
     nodes = (
-        summary(job_id=7, num_nodes=2, gpus=4, cpu_used_cores_mean=10.0, record=MN_RECORD),
+        summary(
+            job_id=7,
+            num_nodes=2,
+            gpus=4,
+            cpu_used_cores_mean=10.0,
+            gpu_wait_s=0.0,
+            record=MN_RECORD,
+        ),
         summary(job_id=8, num_nodes=2, gpus=4, cpu_used_cores_mean=22.0, record=MN_RECORD),
         summary(job_id=9),  # one node: no figure
         summary(job_id=10, num_nodes=2, gpus=4, cpu_used_cores_mean=None, record=MN_RECORD),
@@ -154,13 +161,16 @@ def test_the_collector_merges_the_multi_node_figures_of_a_summary_drop(
     profile = ProfileStore(tmp_path / "store").read("workload:1000:llm")
     assert profile is not None and profile.multi_node is not None
     assert profile.multi_node.figures_cores_per_gpu == (2.5, 5.5)
+    # Job 8's GPUs waited on its CPUs half the time: starved, a floor of its demand.
+    assert profile.multi_node.starved == (False, True) and profile.multi_node.is_floor
     assert profile.multi_node.n_figures == 2 and profile.multi_node.updated_unix_s == NOW_S
     # Created for the figure: no single-node prediction comes of it.
     assert (profile.confidence, profile.n_samples, profile.source) == (0.0, 0, "multi-node")
     assert ProfileStore(tmp_path / "store").read("workload:1001:llm") is None
     (line,) = lines
     assert "multi-node figure 2.50 cores/GPU of workload:1000:llm from node gpu01 merged" in line
-    assert "5.50 cores/GPU (p90) from 2 per-node figures" in line
+    assert "figure 5.50 cores/GPU (starved) of workload:1000:llm" in line
+    assert "5.50 cores/GPU (p90, a floor) from 2 per-node figures" in line
 
 
 def test_a_figure_that_cannot_be_merged_is_said_and_the_drop_accepted(

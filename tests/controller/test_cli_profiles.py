@@ -521,3 +521,14 @@ def test_show_a_measured_multi_node_figure(store: ProfileStore) -> None:
     r = cli("--store", str(store.root), "show", "workload:1000:train")
     assert r.rc == 0, r.err
     assert "measured 5.25 per GPU (p90 of 2 per-node figures kept, 2 merged)" in r.out
+    # A job that used all the cores it had on a node shows only a floor of its demand.
+    store.merge_multi_node("workload:1000:train", 5.25, 1_700_000_200.0, starved=True)
+    r = cli("--store", str(store.root), "show", "workload:1000:train")
+    assert "measured 5.25 per GPU (p90 of 3 per-node figures kept, 3 merged)" in r.out
+    store.merge_multi_node("workload:1000:train", 6.0, 1_700_000_300.0, starved=True)
+    r = cli("--store", str(store.root), "show", "workload:1000:train")
+    # Starved at the top: twice it, at most the profile's single-node 8.
+    assert (
+        "measured 6.00 per GPU (p90 of 4 per-node figures kept, 4 merged; "
+        "starved, a floor: the hook looks at 8.00)"
+    ) in r.out

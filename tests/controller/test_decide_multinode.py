@@ -11,6 +11,8 @@ import pytest
 
 from coda_common.config.codaconf import CodaConfig
 from coda_common.slurm.adminrecord import parse_admin_record
+from coda_common.store.multinode import MultiNodeMeasure
+from coda_common.store.profiles import to_view
 from slurm_plugin.decision.decide import (
     JobRequest,
     ProfileView,
@@ -18,6 +20,7 @@ from slurm_plugin.decision.decide import (
     measured_multi_node_cpus_per_gpu,
     predict_cpus_per_gpu,
 )
+from tests.common.test_store import make_profile
 
 UID = 1000
 
@@ -150,3 +153,24 @@ def test_predict_cpus_per_gpu_without_the_new_arguments_keeps_the_cap_rule() -> 
     assert predict_cpus_per_gpu(view, 4, 2, 2) == 3
     assert predict_cpus_per_gpu(view, 4, 2, 2, 2, 0.1) == 3  # ceil(2.2)
     assert predict_cpus_per_gpu(view, 4, 1, 2, 2, 0.1) == 6
+
+
+@pytest.mark.parametrize(
+    ("figures", "starved", "cpg"),
+    [
+        ((3.0, 3.0), (False, False), 4),  # used 3 with cores to spare: ceil(3 x 1.1)
+        ((3.0, 3.0), (True, True), 7),  # used all 3 it had: ceil(min(2 x 3, 10) x 1.1)
+        ((6.0, 6.0), (True, True), 11),  # ... at most the single-node 10: ceil(10 x 1.1)
+        ((3.0, 3.0, 8.0, 8.0), (True, True, False, False), 9),  # then its demand: ceil(8.8)
+    ],
+)
+def test_a_starved_figure_asks_the_next_run_to_look_higher(
+    figures: tuple[float, ...], starved: tuple[bool, ...], cpg: int
+) -> None:
+    # The profile a store would hand the hook: a single-node figure of 10 cores per GPU and
+    # per-node figures merged from job summaries, starved or not.
+    measure = MultiNodeMeasure(figures, len(figures), 1_700_000_000.0, starved)
+    profile = make_profile("workload:1000:wide", cpus_per_gpu=10, multi_node=measure)
+    views = {profile.signature: to_view(profile)}
+    d = decide(_job("wide", 2), _cfg(), views, _cap16)
+    assert d.cpus_per_tres == f"gres:gpu:{cpg}", d.log_msg

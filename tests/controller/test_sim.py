@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -26,7 +27,6 @@ from slurm_plugin.decision.decide import JobRequest, decide
 from slurm_plugin.sim import engine
 from slurm_plugin.sim.cluster import add_cpu_jobs, size_for_load
 from slurm_plugin.sim.engine import POLICIES, SimParams, simulate
-from slurm_plugin.sim.profiling import multi_node_published
 from slurm_plugin.sim.report import render_table, summarise
 from slurm_plugin.sim.shield import NodeMix, settle, slowdowns
 from slurm_plugin.sim.traces import NodeSpec, Trace, synthetic, uniform_nodes
@@ -741,28 +741,6 @@ def test_an_option_value_out_of_range_is_a_usage_error(option: str, value: str) 
 # --- multi-node jobs' CPU use, measured ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("given", "used", "single", "confirmed", "published"),
-    [
-        (4, 1.5, 6, None, 2),  # had more than it used: its demand, rounded up
-        (4, 3.0, None, None, 3),
-        (1, 1.0, 6, None, 2),  # saturated: twice as many
-        (2, 2.0, 6, None, 4),
-        (3, 3.0, 4, None, 4),  # ... no more than on one node
-        (3, 3.0, 3, None, 6),  # ... a bound it already had does not hold: twice as many
-        (1, 1.0, 1, None, 2),
-        (3, 3.0, None, None, 6),  # no single-node profile: twice as many
-        (2, 2.0, 6, 2, None),  # as much as a run that was not saturated measured: agrees
-        (1, 1.0, 6, 2, None),  # less than that: says nothing new
-        (3, 3.0, 6, 2, 6),  # more than that and still saturated: twice as many
-    ],
-)
-def test_a_multi_node_measurement_publishes_its_demand_or_more_when_saturated(
-    given: int, used: float, single: int | None, confirmed: int | None, published: int | None
-) -> None:
-    assert multi_node_published(given, used, single, confirmed) == published
-
-
 def _multi_node_runs(measured: bool) -> engine.RunResult:
     # A one-GPU run of workload "w" is probed (a confident single-node profile, about 2
     # cores per GPU), then three 16-GPU runs of it on 8-GPU nodes, one after the other.
@@ -787,17 +765,53 @@ def _multi_node_runs(measured: bool) -> engine.RunResult:
     )
 
 
-def test_a_saturated_multi_node_run_gets_the_next_run_more_cores() -> None:
+def test_a_starved_multi_node_run_gets_the_next_run_more_cores() -> None:
     rule = _multi_node_runs(measured=False)
     assert rule.cores_per_node[1:].tolist() == [8, 8, 8]  # the rule alone: starved each time
     assert rule.counters["multi_node_measured"] == 0
     got = _multi_node_runs(measured=True)
-    # The first run used all 8 of its cores: the next is given 2 per GPU (16 a node), where
-    # it uses 12, which it publishes again as 2 per GPU.
-    assert got.cores_per_node[1:].tolist() == [8, 16, 16]
+    # The first run used all 8 of its cores on both nodes and its GPUs waited on them: two
+    # starved per-node figures of 1 core per GPU (MultiNodeMinSamples=2), a floor, so the
+    # hook gives twice it (within the single-node figure) plus the margin: ceil(2 x 1.1) =
+    # 3 per GPU (24 a node). There the job uses 12 with its GPUs busy: its demand, 1.5,
+    # gives ceil(1.65) = 2 (16 a node).
+    assert got.cores_per_node[1:].tolist() == [8, 24, 16]
     assert got.counters["multi_node_measured"] == 3
-    assert got.counters["multi_node_published"] == 1
+    assert got.counters["multi_node_figures"] == 6
     assert got.end_s[3] - got.start_s[3] < rule.end_s[3] - rule.start_s[3]
+
+
+def test_multi_node_figures_count_only_with_min_samples() -> None:
+    # MultiNodeMinSamples=3: the first run's two per-node figures are not enough, the
+    # second run still gets the rule's cores.
+    rows = [(0, 20_000, 1, 8)] + [(20_000.0 * k, 5_000, 16, 16) for k in range(1, 4)]
+    trace = make_trace(rows)
+    got = run(
+        trace,
+        uniform_nodes(3, 32, 8),
+        workloads_for(trace, theta=1.5),
+        "coda",
+        coda_conf=(*REPLACE_ONLY, "MultiNodeMinSamples=3"),
+        multi_node_measured=True,
+    )
+    assert got.cores_per_node[1:].tolist() == [8, 8, 24]
+
+
+def test_a_multi_node_job_shorter_than_a_tick_gives_no_figure() -> None:
+    # NodeIntervalS=1: coda-node sees a job of half a second in one tick at most.
+    trace = make_trace([(0, 20_000, 1, 8), (20_000, 0.5, 16, 16), (40_000, 5_000, 16, 16)])
+    got = run(
+        trace,
+        uniform_nodes(3, 32, 8),
+        workloads_for(trace, theta=1.5),
+        "coda",
+        coda_conf=REPLACE_ONLY,
+        multi_node_measured=True,
+    )
+    # Only the second run gives figures (two, when it ends): the third job would get them.
+    assert got.counters["multi_node_measured"] == 1
+    assert got.counters["multi_node_figures"] == 2
+    assert got.cores_per_node[1:].tolist() == [8, 8]
 
 
 def test_cli_multi_node_measured_is_said_in_the_report() -> None:
@@ -806,16 +820,16 @@ def test_cli_multi_node_measured_is_said_in_the_report() -> None:
     assert json.loads(runner.invoke(cli, [*args, "--json"]).output)["multi_node_measured"] is False
     res = runner.invoke(cli, [*args, "--multi-node-measured"])
     assert res.exit_code == 0, res.output
-    assert "multi-node jobs' CPU use measured and published" in res.output
+    assert "multi-node jobs' per-node figures merged into their profiles" in res.output
     data = json.loads(runner.invoke(cli, [*args, "--multi-node-measured", "--json"]).output)
     assert data["multi_node_measured"] is True
 
 
-def test_a_multi_node_demand_met_exactly_settles_there() -> None:
+def test_a_multi_node_demand_met_exactly_settles_above_it() -> None:
     # θ = 4 per GPU: across nodes the job uses exactly 2 per GPU. The rule gives it 2 (the
-    # single-node fit is above 4 per GPU: ceil(cpg x 2 / 8) = 2), which it uses whole, so
-    # it reads as saturated once; the run after it is given more and measures 2 below its
-    # allocation, and from then on a run given 2 confirms that figure.
+    # single-node fit is above 4 per GPU: ceil(cpg x 2 / 8) = 2), which it uses whole with
+    # its GPUs busy: its demand, not a floor. The hook then gives ceil(2 x 1.1) = 3 per
+    # GPU, where the job measures 2 again: it stays at 3, the margin's one core over it.
     rows = [(0, 20_000, 1, 8)] + [(20_000.0 * k, 5_000, 16, 16) for k in range(1, 6)]
     trace = make_trace(rows)
     got = run(
@@ -826,7 +840,26 @@ def test_a_multi_node_demand_met_exactly_settles_there() -> None:
         coda_conf=REPLACE_ONLY,
         multi_node_measured=True,
     )
-    cores = got.cores_per_node[1:].tolist()
-    assert cores[0] == 16 and cores[1] > 16
-    assert cores[2:] == [16, 16, 16]
-    assert got.counters["multi_node_published"] == 2
+    assert got.cores_per_node[1:].tolist() == [16, 24, 24, 24, 24]
+    assert got.counters["multi_node_figures"] == 10
+
+
+def test_a_starved_floor_reaches_the_demand_in_runs_not_cores() -> None:
+    # Across nodes this workload needs what it needs on one node, 10 cores per GPU (80 a
+    # node of 8 GPUs). The rule gives ceil(10 x 2 / 8) = 3 per GPU; each starved run's
+    # figure is a floor, so the next run is given twice it plus the margin, at most the
+    # single-node figure plus the margin: 3 -> ceil(6 x 1.1) = 7 -> 12 (what the 96-core
+    # node holds), where its GPUs are busy and it measures its demand, 10: ceil(11) = 11
+    # from then on. The margin alone would take a run per core.
+    rows = [(0, 20_000, 1, 8)] + [(20_000.0 * k, 5_000, 16, 16) for k in range(1, 6)]
+    trace = make_trace(rows)
+    model = dataclasses.replace(MODEL, multi_node_cores_per_gpu=64.0)
+    got = simulate(
+        trace,
+        uniform_nodes(3, 96, 8),
+        workloads_for(trace, theta=10),
+        model,
+        POLICIES["coda"],
+        SimParams(check=True, coda_conf=REPLACE_ONLY, multi_node_measured=True),
+    )
+    assert (got.cores_per_node[1:] // 8).tolist() == [3, 7, 12, 11, 11]

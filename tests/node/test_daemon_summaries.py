@@ -290,13 +290,18 @@ def test_a_multi_node_jobs_summary_merges_its_figure_into_the_profile(tmp_path: 
     # 46 cores used over 2 GPUs on this node.
     assert profile.multi_node.figures_cores_per_gpu == (pytest.approx(USED_CORES / 2),)
     assert profile.multi_node.n_figures == 1
+    # 46 of its 48 cores busy with its GPUs at 70 %: they waited on the CPUs, a floor.
+    assert profile.multi_node.starved == (True,)
     if before is not None:  # the single-node prediction is left as it was
         assert (profile.cpus_per_gpu, profile.confidence) == (
             before.cpus_per_gpu,
             before.confidence,
         )
     ((_tick, event),) = sim.events("multi-node-figure", DNN)
-    assert f"multi-node figure 23.00 cores/GPU of {sig} from node gpu01 merged" in event["reason"]
+    assert (
+        f"multi-node figure 23.00 cores/GPU (starved) of {sig} from node gpu01 merged"
+        in event["reason"]
+    )
 
 
 def test_a_single_node_jobs_summary_merges_no_figure(tmp_path: Path) -> None:
