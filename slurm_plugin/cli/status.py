@@ -1016,6 +1016,9 @@ def _journal_lines(doc: dict[str, Any]) -> list[str]:
         f"Journal  {journal['path']}: {doc['decisions']['decisions']} decisions in the last "
         f"{window}"
     )
+    updates = doc["decisions"].get("updates") or 0
+    if updates:
+        text += f", {updates} pending job(s) decided again after an update"
     if journal["oldest_unix_s"] is not None:
         text += f" (oldest entry {_ago(now, journal['oldest_unix_s'])})"
     return [text]
