@@ -142,6 +142,7 @@ typedef struct job_info {
     char *admin_comment;
     uint32_t array_job_id;
     char *comment;
+    uint16_t cpus_per_task;
     char *cpus_per_tres;
     uint32_t het_job_id;
     uint32_t job_state;
@@ -174,7 +175,7 @@ static uint64_t coda_next_token(void);
 static int coda_job_load(uint32_t job_id, job_info_msg_t **out);
 static void coda_job_free(job_info_msg_t *msg);
 static int coda_job_update(uint32_t job_id, const char *cpus_per_tres,
-                           const char *admin_comment);
+                           const char *admin_comment, uint32_t min_cpus);
 static const char *coda_strerror(int rc);
 
 /* The plugin's own entry points, as slurmctld calls them (for in-process tests and

@@ -225,9 +225,10 @@ static void coda_job_free(job_info_msg_t *msg)
 		release(msg);
 }
 
-/* Set job JOB_ID's cpus_per_tres ("" clears it) and admin comment. */
+/* Set job JOB_ID's cpus_per_tres ("" clears it), admin comment and, unless it is
+ * NO_VAL, its minimum CPU count. */
 static int coda_job_update(uint32_t job_id, const char *cpus_per_tres,
-			   const char *admin_comment)
+			   const char *admin_comment, uint32_t min_cpus)
 {
 	__typeof__(&slurm_init_job_desc_msg) init_desc =
 		CODA_API(slurm_init_job_desc_msg);
@@ -240,6 +241,7 @@ static int coda_job_update(uint32_t job_id, const char *cpus_per_tres,
 	CODA_JOB_ID(&desc) = job_id;
 	desc.cpus_per_tres = (char *) cpus_per_tres;
 	desc.admin_comment = (char *) admin_comment;
+	desc.min_cpus = min_cpus;
 	errno = 0;
 	if (update(&desc) == SLURM_SUCCESS)
 		return 0;

@@ -45,6 +45,7 @@ from slurm_plugin.decision.decide import (
 from slurm_plugin.decision.tres import TresError, cpus_per_gpu
 
 __all__ = [
+    "NO_VAL",
     "REDECIDED_ACTIONS",
     "Kept",
     "PendingJob",
@@ -142,6 +143,7 @@ class PendingJob:
     num_nodes: int = NO_VAL
     num_tasks: int = NO_VAL
     ntasks_per_node: int = NO_VAL16
+    cpus_per_task: int = NO_VAL16
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,9 @@ class Redecision:
 
     cpus_per_tres: str
     admin_comment: str
+    min_cpus: int | None
+    """The job's minimum CPU count when cleared cores take it back to the tasks' own
+    (Slurm 23.11 and later keep the one coda's cores raised it to); None: left to Slurm."""
     record: str
     """The new record alone (for the journal)."""
     was_record: str
@@ -272,6 +277,7 @@ def redecide(
     return Redecision(
         cpus_per_tres=cpus_per_tres,
         admin_comment=text[:start] + new_record + _note_after(text[end:], decision),
+        min_cpus=None if cpus_per_tres else _tasks_cpus(job),
         record=new_record,
         was_record=was_record,
         decision=decision,
@@ -288,6 +294,16 @@ def _written(job: PendingJob, record: dict[str, str], decision: Decision) -> tup
     gpn, nodes = (record.get("gpn", ""), record.get("nodes", "")) if shape is None else shape
     base = f"{ADMIN_PREFIX}{record['sig']};cpg=;was=;action=skip;src=none;gpn={gpn};nodes={nodes}"
     return base, ""
+
+
+def _tasks_cpus(job: PendingJob) -> int:
+    """The CPUs the job's tasks ask without coda's cores: tasks (else nodes) times
+    ``--cpus-per-task`` (else 1), as sbatch sends ``min_cpus``."""
+    tasks = job.num_tasks if 0 < job.num_tasks < NO_VAL else max(job.num_nodes, 1)
+    if not 0 < tasks < NO_VAL:
+        tasks = 1
+    per_task = job.cpus_per_task if 0 < job.cpus_per_task < NO_VAL16 else 1
+    return min(tasks * per_task, NO_VAL - 1)
 
 
 def _note_after(rest: str, decision: Decision) -> str:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from slurm_plugin.decision.redecide import PendingJob, Redecision
+from slurm_plugin.decision.redecide import NO_VAL, PendingJob, Redecision
 
 __all__ = ["MAX_QUEUED", "ModifyWorker", "load_job", "update_job"]
 
@@ -70,6 +70,7 @@ def load_job(ffi: Any, lib: Any, job_id: int) -> PendingJob | str:
             num_nodes=j.num_nodes,
             num_tasks=j.num_tasks,
             ntasks_per_node=j.ntasks_per_node,
+            cpus_per_task=j.cpus_per_task,
         )
     finally:
         lib.coda_job_free(msg)
@@ -81,6 +82,7 @@ def update_job(ffi: Any, lib: Any, job_id: int, redecision: Redecision) -> str |
         job_id,
         redecision.cpus_per_tres.encode("utf-8", "surrogateescape"),
         redecision.admin_comment.encode("utf-8", "surrogateescape"),
+        NO_VAL if redecision.min_cpus is None else redecision.min_cpus,
     )
     return None if rc == 0 else ffi.string(lib.coda_strerror(rc)).decode()
 

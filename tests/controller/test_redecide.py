@@ -105,6 +105,7 @@ def test_four_gpus_get_what_the_node_gives() -> None:
     out = run(pending())
     assert isinstance(out, Redecision)
     assert out.cpus_per_tres == "gres:gpu:8"
+    assert out.min_cpus is None  # Slurm derives it from the new cores
     rec = parse_admin_record(out.admin_comment)
     assert (rec["cpg"], rec["action"], rec["gpn"], rec["was"], rec["tok"]) == (
         "8",
@@ -166,6 +167,7 @@ def test_partition_coda_does_not_manage_gives_slurms_default() -> None:
     out = run(pending(partition="other"), cfg(exclude_partitions=("other",)))
     assert isinstance(out, Redecision)
     assert out.cpus_per_tres == ""  # cleared: DefCpuPerGPU applies, as without coda
+    assert out.min_cpus == 1  # the task's own, not what coda's 16 per GPU made it
     rec = parse_admin_record(out.record)
     assert (rec["cpg"], rec["action"], rec["gpn"], rec["nodes"]) == ("", "skip", "4", "1")
 
