@@ -17,7 +17,9 @@ interpreter (the Python this script runs on, e.g. Debian's libpython3.11) inside
 and runs ``slurm_plugin.hook.submit``.  Only the fields of ``job_desc_msg_t`` the hook reads or
 writes are declared; the ``...;`` lets cffi take their offsets from Slurm's own
 ``slurm/slurm.h`` at compile time, so the build follows the Slurm headers installed, and
-a field that moved is a compile error, never a wrong offset.
+a field that moved is a compile error, never a wrong offset.  The same holds for the fields
+of ``slurm_job_info_t`` the re-decision of an updated pending job reads
+(``slurm_plugin/hook/modify.py``), loaded with libslurm's ``slurm_load_job``.
 
 The Slurm release is read from ``slurm/slurm_version.h`` (:data:`TESTED_RELEASES` are the
 ones the test suite runs against); the declaration follows it: Slurm 25.11 moved the job
@@ -116,6 +118,7 @@ typedef struct job_descriptor {
     char *cpus_per_tres;
     uint16_t cpus_per_task;
     @JOB_ID@
+    char *job_id_str;
     uint32_t max_nodes;
     uint32_t min_cpus;
     uint32_t min_nodes;
@@ -135,6 +138,33 @@ typedef struct job_descriptor {
     ...;
 } job_desc_msg_t;
 
+typedef struct job_info {
+    char *admin_comment;
+    uint32_t array_job_id;
+    char *comment;
+    uint16_t cpus_per_task;
+    char *cpus_per_tres;
+    uint32_t het_job_id;
+    uint32_t job_state;
+    char *name;
+    uint16_t ntasks_per_node;
+    uint32_t num_nodes;
+    uint32_t num_tasks;
+    char *partition;
+    char *tres_per_job;
+    char *tres_per_node;
+    char *tres_per_socket;
+    char *tres_per_task;
+    uint32_t user_id;
+    ...;
+} slurm_job_info_t;
+
+typedef struct job_info_msg {
+    uint32_t record_count;
+    slurm_job_info_t *job_array;
+    ...;
+} job_info_msg_t;
+
 static void coda_log(int level, const char *msg);
 static void coda_replace_str(char **slot, const char *value);
 static uint32_t coda_job_id(const job_desc_msg_t *d);
@@ -142,6 +172,11 @@ static void coda_set_job_id(job_desc_msg_t *d, uint32_t job_id);
 static void coda_set_cpus_per_task(job_desc_msg_t *d, uint16_t now);
 static void coda_rescale_min_cpus(job_desc_msg_t *d, uint32_t was, uint32_t now);
 static uint64_t coda_next_token(void);
+static int coda_job_load(uint32_t job_id, job_info_msg_t **out);
+static void coda_job_free(job_info_msg_t *msg);
+static int coda_job_update(uint32_t job_id, const char *cpus_per_tres,
+                           const char *admin_comment, uint32_t min_cpus);
+static const char *coda_strerror(int rc);
 
 /* The plugin's own entry points, as slurmctld calls them (for in-process tests and
    bench/bench_hook_inprocess.py; slurmctld itself finds them with dlsym). */

@@ -18,6 +18,7 @@
  * job_submit()/job_modify() then accept every job unchanged.
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -170,6 +171,91 @@ static void coda_rescale_min_cpus(job_desc_msg_t *d, uint32_t was, uint32_t now)
 	    d->min_cpus % was)
 		return;
 	d->min_cpus = d->min_cpus / was * now;
+}
+
+/*
+ * The job as slurmctld holds it, through libslurm's public API (slurm.h), for the
+ * re-decision of a pending job an update changed (slurm_plugin/hook/modify.py).
+ * job_modify() cannot read job_ptr (job_record_t is slurmctld-internal), so a worker
+ * thread holding none of slurmctld's locks asks slurmctld by RPC.  Called with the GIL
+ * released (cffi releases it around every call); each returns 0 or Slurm's errno.
+ *
+ * The API is looked up when called (slurmctld's libslurmfull exports it), not linked:
+ * the module still loads where it is absent (in-process tests), and the calls then
+ * return ENOSYS.  __typeof__ keeps each pointer's type slurm.h's own.
+ */
+#ifndef RTLD_DEFAULT
+#define RTLD_DEFAULT ((void *) 0)
+#endif
+#define CODA_API(name) ((__typeof__(&name)) dlsym(RTLD_DEFAULT, #name))
+
+/* Read job JOB_ID into *out (free it with coda_job_free). */
+static int coda_job_load(uint32_t job_id, job_info_msg_t **out)
+{
+	__typeof__(&slurm_load_job) load = CODA_API(slurm_load_job);
+	int rc;
+
+	*out = NULL;
+	if (!load)
+		return ENOSYS;
+	errno = 0;
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(26, 5, 0)
+	{
+		slurm_step_id_t step_id = SLURM_STEP_ID_INITIALIZER;
+
+		step_id.job_id = job_id;
+		rc = load(out, step_id, SHOW_ALL);
+	}
+#else
+	rc = load(out, job_id, SHOW_ALL);
+#endif
+	if (rc != SLURM_SUCCESS) {
+		*out = NULL;
+		return errno ? errno : SLURM_ERROR;
+	}
+	return 0;
+}
+
+static void coda_job_free(job_info_msg_t *msg)
+{
+	__typeof__(&slurm_free_job_info_msg) release =
+		CODA_API(slurm_free_job_info_msg);
+
+	if (msg && release)
+		release(msg);
+}
+
+/* Set job JOB_ID's cpus_per_tres ("" clears it), admin comment and, unless it is
+ * NO_VAL, its minimum CPU count. */
+static int coda_job_update(uint32_t job_id, const char *cpus_per_tres,
+			   const char *admin_comment, uint32_t min_cpus)
+{
+	__typeof__(&slurm_init_job_desc_msg) init_desc =
+		CODA_API(slurm_init_job_desc_msg);
+	__typeof__(&slurm_update_job) update = CODA_API(slurm_update_job);
+	job_desc_msg_t desc;
+
+	if (!init_desc || !update)
+		return ENOSYS;
+	init_desc(&desc);
+	CODA_JOB_ID(&desc) = job_id;
+	desc.cpus_per_tres = (char *) cpus_per_tres;
+	desc.admin_comment = (char *) admin_comment;
+	desc.min_cpus = min_cpus;
+	errno = 0;
+	if (update(&desc) == SLURM_SUCCESS)
+		return 0;
+	return errno ? errno : SLURM_ERROR;
+}
+
+/* Slurm's words for an errno of the calls above (a static string). */
+static const char *coda_strerror(int rc)
+{
+	__typeof__(&slurm_strerror) words = CODA_API(slurm_strerror);
+
+	if (rc == ENOSYS || !words)
+		return rc == ENOSYS ? "libslurm's job API is not in this process" : "unknown error";
+	return words(rc);
 }
 
 static int64_t coda_ns(clockid_t clock)

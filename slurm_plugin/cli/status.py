@@ -510,7 +510,8 @@ def _controllers_status(
                 "this_host": host == controllers.this,
                 "hook": hook,
                 "journal": journal,
-                "decisions": len(found),
+                "decisions": sum(1 for e in found if e.get("update") is None),
+                "updates": sum(1 for e in found if e.get("update") is not None),
             }
         )
     entries.sort(key=lambda e: float(e["t"]))
@@ -1134,16 +1135,23 @@ def _store_lines(doc: dict[str, Any]) -> list[str]:
 def _journal_lines(doc: dict[str, Any]) -> list[str]:
     several = _several(doc)
     if not several:
-        return _journal_lines_of(doc, doc["journal"], doc["decisions"]["decisions"], "")
+        dec = doc["decisions"]
+        return _journal_lines_of(doc, doc["journal"], dec["decisions"], dec.get("updates"), "")
     return [
         line
         for c in several
-        for line in _journal_lines_of(doc, c["journal"], c["decisions"], _controller_label(c))
+        for line in _journal_lines_of(
+            doc, c["journal"], c["decisions"], c.get("updates"), _controller_label(c)
+        )
     ]
 
 
 def _journal_lines_of(
-    doc: dict[str, Any], journal: dict[str, Any], decisions: int, label: str
+    doc: dict[str, Any],
+    journal: dict[str, Any],
+    decisions: int,
+    updates: int | None,
+    label: str,
 ) -> list[str]:
     now = doc["generated_unix_s"]
     if journal["path"] is None:
@@ -1154,6 +1162,8 @@ def _journal_lines_of(
         return [f"Journal  {label}{journal['path']}: not written yet"]
     window = format_duration(doc["since_s"])
     text = f"Journal  {label}{journal['path']}: {decisions} decisions in the last {window}"
+    if updates:
+        text += f", {updates} pending job(s) decided again after an update"
     if journal["oldest_unix_s"] is not None:
         text += f" (oldest entry {_ago(now, journal['oldest_unix_s'])})"
     return [text]

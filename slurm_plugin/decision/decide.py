@@ -118,6 +118,7 @@ __all__ = [
     "JobRequest",
     "ProfileView",
     "decide",
+    "gpu_shape",
     "job_tasks_per_node",
     "parse_admin_record",
     "predict_cpus_per_gpu",
@@ -246,6 +247,24 @@ def job_tasks_per_node(req: JobRequest, nodes: int) -> int:
     return 1
 
 
+def gpu_shape(req: JobRequest) -> tuple[int, int] | None:
+    """``(GPUs per node, nodes)`` as :func:`decide` counts them, or None for a request
+    that asks no GPU, asks per socket or does not parse."""
+    try:
+        gpus = (
+            gpu_count(req.tres_per_node),
+            gpu_count(req.tres_per_job),
+            gpu_count(req.tres_per_task),
+            gpu_count(req.tres_per_socket),
+        )
+    except TresError:
+        return None
+    if not any(gpus) or gpus[3]:
+        return None
+    nodes = req.min_nodes if _set32(req.min_nodes) else 1
+    return _gpus_per_node(req, gpus, nodes, job_tasks_per_node(req, nodes)), nodes
+
+
 def _set16(value: int) -> bool:
     return 0 < value < NO_VAL16
 
@@ -351,6 +370,7 @@ def decide(
     gres_units: Callable[[str, str | None], int | None] | None = None,
     gres_sep: str = ":",
     default_partition: str | None = None,
+    signature: Signature | None = None,
 ) -> Decision:
     """The decision for one submitted job (rules in the module docstring).
 
@@ -367,7 +387,9 @@ def decide(
     callable: never ask), for ``MemBwSpreadGres``; ``gres_sep``: how the running Slurm
     spells a GRES, for a CPU-only job whose request shows no spelling;
     ``default_partition``: slurm.conf's ``Default=YES`` partition, where a CPU-only job
-    without ``--partition`` runs (for ``ExcludePartitions``).
+    without ``--partition`` runs (for ``ExcludePartitions``).  ``signature``: the workload
+    a GPU job is, when it is known already (the record of an updated pending job,
+    :mod:`slurm_plugin.decision.redecide`); None: from the job's name, script and directives.
     """
     if cfg.mode == "off":
         return _skip(req, "Mode=off")
@@ -376,7 +398,7 @@ def decide(
         return _cpu_job(req, cfg, profiles, gres_units, gres_sep, default_partition)
     if isinstance(admitted, Decision):
         return admitted
-    return _gpu_job(req, cfg, profiles, node_cap, admitted, node_features, node_share)
+    return _gpu_job(req, cfg, profiles, node_cap, admitted, node_features, node_share, signature)
 
 
 # -- the stages of decide() --------------------------------------------------------------------
@@ -392,6 +414,7 @@ def _gpu_job(
     admitted: _Admitted,
     node_features: Collection[str] | None,
     node_share: Callable[[int], int | None] | None,
+    signature: Signature | None = None,
 ) -> Decision:
     """The decision for a GPU job CODA manages: its prediction, weighed against the user's
     own CPU request by the user-value rules."""
@@ -401,7 +424,7 @@ def _gpu_job(
     user_cpg = admitted.user_cpg
     user_cpt = req.cpus_per_task if _set16(req.cpus_per_task) else None
 
-    sig = workload_signature(
+    sig = signature or workload_signature(
         req.uid, req.job_name, req.script, admitted.directives, cfg.signature_ignore
     )
     profile, src, weak = _lookup(sig, profiles, cfg.min_confidence)

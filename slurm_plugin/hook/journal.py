@@ -48,6 +48,11 @@ Line format, version :data:`JOURNAL_VERSION` (keys may be added, never renamed):
                  (``;tok=``); null when the hook wrote no record. slurmctld may still refuse
                  a submission after job_submit: the decisions it kept are the ones whose
                  token a job of Slurm's holds (:func:`reconcile`, ``coda-slurm status``)
+    update       only on the re-decision of a pending job's cores after an update changed
+                 its GPUs, tasks, nodes or partition (slurm_plugin.hook.modify): what
+                 changed, in words; was_tok: the token of the record it replaced (the
+                 submission's entry, which counts as kept while the job holds this one's)
+                 Such entries are not counted as decisions (summarize_decisions: updates)
 """
 
 from __future__ import annotations
@@ -100,11 +105,25 @@ LogFn = Callable[[str, str], None]
 """``log(level, message)``, level ``"error"`` or ``"info"`` (the hook's ``_log_named``)."""
 
 PendingEntry = tuple[
-    float, int, int, str | None, int, int, str | None, str | None, int, bool, str | None, int
+    float,
+    int,
+    int,
+    str | None,
+    int,
+    int,
+    str | None,
+    str | None,
+    int,
+    bool,
+    str | None,
+    int,
+    str | None,
+    str | None,
 ]
 """What the hook queues per decision, encoded later on the flusher thread: ``(t_unix_s,
 job_id as in job_desc, uid, job_name, ntasks_per_node, num_tasks, action, admin_comment,
-hook_ns, fail_open, error, token)`` (token 0: none). Plain values only: holding the
+hook_ns, fail_open, error, token, update, was_tok)`` (token 0: none; update and was_tok
+None but for a pending job's cores decided again after an update). Plain values only: holding the
 JobRequest (and its script) or the Decision for a second would cost the submit path more
 than the journal itself."""
 
@@ -147,9 +166,12 @@ def pending_entry(
     fail_open: bool,
     error: str | None = None,
     token: int = 0,
+    update: str | None = None,
+    was_tok: str | None = None,
 ) -> PendingEntry:
     """The :data:`PendingEntry` of one hook call; ``req`` is None when the hook failed before
-    it read the job."""
+    it read the job.  ``update``: what an update of the pending job changed, when this is
+    the re-decision of its cores (``was_tok``: the token of the record it replaced)."""
     if req is None:
         req = JobRequest(uid=submit_uid)
     return (
@@ -165,6 +187,8 @@ def pending_entry(
         fail_open,
         error,
         token,
+        update,
+        was_tok,
     )
 
 
@@ -181,6 +205,8 @@ def journal_entry(
     fail_open: bool,
     error: str | None = None,
     token: int = 0,
+    update: str | None = None,
+    was_tok: str | None = None,
 ) -> dict[str, Any]:
     """The journal line (as a dict) of one :data:`PendingEntry`; pure (module docstring).
 
@@ -189,6 +215,9 @@ def journal_entry(
     entry = _bare_entry(t_unix_s, job_id, uid, job_name, action, hook_ns, fail_open, token)
     if error is not None:
         entry["error"] = error[:200]
+    if update is not None:
+        entry["update"] = update[:200]
+        entry["was_tok"] = was_tok
     record: dict[str, str] = {}
     if admin_comment:
         with contextlib.suppress(ValueError):  # the hook wrote it: cannot be malformed
@@ -567,6 +596,15 @@ def reconcile(
     failed open, refused a directive itself, or wrote no record) are counted as they are.
     """
     out = Reconciled()
+    entries = list(entries)
+    if slurm_tokens is not None:
+        # A record an update's re-decision replaced is held through the one replacing it.
+        held = set(slurm_tokens)
+        for e in reversed(entries):
+            was = e.get("was_tok")
+            if isinstance(was, str) and e.get("tok") in held:
+                held.add(was)
+        slurm_tokens = held
     for e in entries:
         token = e.get("tok")
         if not isinstance(token, str):
@@ -619,6 +657,8 @@ class _DecisionSums:
     """The running sums of :func:`summarize_decisions`, one journal entry at a time."""
 
     decisions: int = 0
+    updates: int = 0
+    """Pending jobs' cores decided again after an update (not counted in ``decisions``)."""
     first_unix_s: float | None = None
     last_unix_s: float | None = None
     by_action: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -643,6 +683,9 @@ class _DecisionSums:
     hook_us: list[float] = field(default_factory=list)
 
     def add(self, e: dict[str, Any]) -> None:
+        if e.get("update") is not None:
+            self.updates += 1
+            return
         self.decisions += 1
         t = float(e["t"])
         self.first_unix_s = t if self.first_unix_s is None else min(self.first_unix_s, t)
@@ -708,6 +751,7 @@ class _DecisionSums:
         ordered = sorted(self.hook_us)
         return {
             "decisions": self.decisions,
+            "updates": self.updates,
             "first_unix_s": self.first_unix_s,
             "last_unix_s": self.last_unix_s,
             "by_action": dict(sorted(self.by_action.items())),

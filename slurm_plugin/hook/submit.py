@@ -56,7 +56,15 @@ from slurm_plugin.decision.decide import (
     decide,
     same_decisions,
 )
-from slurm_plugin.hook.journal import DecisionJournal, pending_entry
+from slurm_plugin.decision.redecide import (
+    Kept,
+    Redecision,
+    UpdateFields,
+    redecide,
+    update_triggers,
+)
+from slurm_plugin.hook import modify
+from slurm_plugin.hook.journal import DecisionJournal, format_token, pending_entry
 
 LOG_ERROR, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 0, 1, 2, 3
 _LEVELS = {"error": LOG_ERROR, "info": LOG_INFO, "verbose": LOG_VERBOSE, "debug": LOG_DEBUG}
@@ -69,6 +77,9 @@ MEMO_MAX_BYTES = 32 * 1024 * 1024
 _ffi: Any = None
 _lib: Any = None
 _state: HookState | None = None
+_modify: modify.ModifyWorker | None = None
+"""The re-decision of updated pending jobs (:mod:`slurm_plugin.hook.modify`); one per
+plugin life, whatever coda.conf reloads."""
 # Bound once in bind(): the hot path reads them as plain module globals instead of going
 # through the cffi lib object and the time module on every call.
 _SUCCESS = 0
@@ -470,6 +481,8 @@ def plugin_init() -> int:
         state.cache, state.cfg.reload_interval_s, _log_named, on_tick=_on_reload_tick
     )
     state.reloader.start()
+    global _modify
+    _modify = modify.ModifyWorker(_redecide_job, _log_named)
     n = len(state.cache.snapshot())
     log(
         LOG_INFO,
@@ -482,7 +495,10 @@ def plugin_init() -> int:
 
 
 def plugin_fini() -> None:
-    global _state
+    global _state, _modify
+    if _modify is not None:
+        _modify.stop()
+        _modify = None
     state = _state
     if state is not None and state.reloader is not None:
         state.reloader.stop()
@@ -971,8 +987,10 @@ def _failed_job_label(who: Plan | JobRequest | None, submit_uid: int) -> str:
 def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
     """Updates (``scontrol update job``) pass unchanged, except an invalid directive.
 
-    The update message carries only the changed fields (no script), so there is
-    no signature to look up; right-sizing happens at submission.
+    The update message carries only the changed fields (no script) and the job itself is
+    slurmctld's, so an update that changes a pending job's GPUs, tasks, nodes or partition
+    without naming its cores is only noticed here: :mod:`slurm_plugin.hook.modify` decides
+    the job's cores again once the update is done.
     """
     if _state is None:
         return _lib.SLURM_SUCCESS
@@ -980,6 +998,11 @@ def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
         comment = _str(desc.comment)
         if comment and "coda:" in comment:
             parse_coda_directives(comment)
+        worker = _modify
+        if worker is not None:
+            job_id = update_triggers(_update_fields(desc))
+            if job_id is not None and not worker.notice(job_id):
+                log(LOG_ERROR, f"job {job_id}: update not decided again (queue full)")
         return _lib.SLURM_SUCCESS
     except DirectiveError as exc:
         _append_user_msg(err_msg, _encode(str(exc)))
@@ -995,6 +1018,91 @@ def job_modify(desc: Any, submit_uid: int, err_msg: Any) -> int:
             "update passes unchanged",
         )
         return _lib.SLURM_SUCCESS
+
+
+def _update_fields(desc: Any) -> UpdateFields:
+    """What an update message carries (job_modify's job_desc), for update_triggers()."""
+    return UpdateFields(
+        job_id_str=_str(desc.job_id_str),
+        job_id=_lib.coda_job_id(desc),
+        tres_per_node=_str(desc.tres_per_node),
+        tres_per_job=_str(desc.tres_per_job),
+        tres_per_task=_str(desc.tres_per_task),
+        tres_per_socket=_str(desc.tres_per_socket),
+        num_tasks=desc.num_tasks,
+        min_nodes=desc.min_nodes,
+        ntasks_per_node=desc.ntasks_per_node,
+        partition=_str(desc.partition),
+        cpus_per_tres=_str(desc.cpus_per_tres),
+        cpus_per_task=desc.cpus_per_task,
+        min_cpus=desc.min_cpus,
+        pn_min_cpus=desc.pn_min_cpus,
+    )
+
+
+def _redecide_job(job_id: int) -> None:
+    """On the modify worker's thread: read job ``job_id``, decide its cores again, write
+    them, journal and log it; anything that fails leaves the job as Slurm has it."""
+    state = _state
+    if state is None:
+        return
+    t0 = _perf_ns()
+    job = modify.load_job(_ffi, _lib, job_id)
+    if isinstance(job, str):
+        log(LOG_VERBOSE, f"job {job_id} updated: cores left as they are: {job}")
+        return
+    outcome = redecide(
+        job,
+        state.cfg,
+        state.cache.snapshot(),
+        state.node_cap,
+        state.node_cap.share,
+        token=format_token(_next_token()),
+    )
+    if isinstance(outcome, Kept):
+        level = LOG_INFO if outcome.recorded else LOG_VERBOSE
+        log(level, f"job {job_id} updated: cores left as they are: {outcome.reason}")
+        return
+    error = modify.update_job(_ffi, _lib, job_id, outcome)
+    if error is not None:
+        log(LOG_ERROR, f"job {job_id} updated: new cores not written ({error}); job left as is")
+        return
+    log(LOG_INFO, outcome.log_msg)
+    _journal_redecision(state, job_id, job.uid, job.name, outcome, _perf_ns() - t0)
+
+
+def _journal_redecision(
+    state: HookState, job_id: int, uid: int, name: str | None, outcome: Redecision, ns: int
+) -> None:
+    """The journal's entry of a pending job's cores decided again."""
+    journal = state.journal
+    if journal is None:
+        return
+    was = outcome.was_record
+    was_tok = was.rpartition(";tok=")[2] if ";tok=" in was else None
+    token = outcome.record.rpartition(";tok=")[2]
+    decision = outcome.decision
+    entry = pending_entry(
+        _time_s(),
+        job_id,
+        uid,
+        JobRequest(uid=uid, job_name=name),
+        Decision(
+            action=decision.action if outcome.cpus_per_tres else "skip",
+            cpus_per_tres=None,
+            cpus_per_task=None,
+            user_msg=None,
+            log_msg="",
+            admin_comment=outcome.record,
+            reason=decision.reason,
+        ),
+        ns,
+        False,
+        token=int(token, 16) if token else 0,
+        update=outcome.log_msg,
+        was_tok=was_tok,
+    )
+    journal.record(entry)
 
 
 def current_state() -> HookState | None:

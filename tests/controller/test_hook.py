@@ -29,7 +29,8 @@ ffi = cffi.FFI()
 ffi.cdef("""
 typedef struct {
     char *admin_comment; char *comment; char *cpus_per_tres; uint16_t cpus_per_task;
-    uint32_t job_id; uint32_t max_nodes; uint32_t min_cpus; uint32_t min_nodes; char *name;
+    uint32_t job_id; char *job_id_str; uint32_t max_nodes; uint32_t min_cpus;
+    uint32_t min_nodes; char *name;
     uint32_t num_tasks; uint16_t ntasks_per_node; char *partition; uint16_t pn_min_cpus;
     uint16_t sockets_per_node;
     char *prefer; char *script;
@@ -303,6 +304,33 @@ def test_modify_rejects_only_invalid_directives(lib: FakeLib) -> None:
     err = ffi.new("char **")
     assert hook.job_modify(bad, 1000, err) == -1
     assert "coda:" in ffi.string(err[0]).decode()
+
+
+def test_modify_queues_an_update_of_the_jobs_shape(
+    lib: FakeLib, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queued: list[int] = []
+
+    class Worker:
+        def notice(self, job_id: int) -> bool:
+            queued.append(job_id)
+            return True
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(hook, "_modify", Worker())
+    err = ffi.new("char **")
+    assert hook.job_modify(make_desc(lib, job_id_str="41", tres_per_node="gres:gpu:4"), 0, err) == 0
+    assert hook.job_modify(make_desc(lib, job_id_str="42", partition="gpu_b"), 0, err) == 0
+    # Cores in the update, an array task, nothing of the shape: not queued.
+    both = make_desc(lib, job_id_str="43", tres_per_node="gres:gpu:4", cpus_per_tres="gres:gpu:2")
+    assert hook.job_modify(both, 0, err) == 0
+    task = make_desc(lib, job_id_str="44_1", tres_per_node="gres:gpu:4")
+    assert hook.job_modify(task, 0, err) == 0
+    assert hook.job_modify(make_desc(lib, job_id_str="45", comment="hello"), 0, err) == 0
+    assert queued == [41, 42]
+    assert not [line for level, line in lib.lines if level == 0]  # no error logged
 
 
 def test_stats_file_reports_counters(lib: FakeLib, tmp_path: Path) -> None:
