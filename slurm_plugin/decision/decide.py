@@ -247,16 +247,22 @@ def job_tasks_per_node(req: JobRequest, nodes: int) -> int:
     return 1
 
 
+def _gpu_counts(req: JobRequest) -> tuple[int, int, int, int]:
+    """The GPUs ``req`` asks per node, per job, per task and per socket (0 where it asks
+    none there); raises TresError for a request that does not parse."""
+    return (
+        gpu_count(req.tres_per_node),
+        gpu_count(req.tres_per_job),
+        gpu_count(req.tres_per_task),
+        gpu_count(req.tres_per_socket),
+    )
+
+
 def gpu_shape(req: JobRequest) -> tuple[int, int] | None:
     """``(GPUs per node, nodes)`` as :func:`decide` counts them, or None for a request
     that asks no GPU, asks per socket or does not parse."""
     try:
-        gpus = (
-            gpu_count(req.tres_per_node),
-            gpu_count(req.tres_per_job),
-            gpu_count(req.tres_per_task),
-            gpu_count(req.tres_per_socket),
-        )
+        gpus = _gpu_counts(req)
     except TresError:
         return None
     if not any(gpus) or gpus[3]:
@@ -487,12 +493,7 @@ def _admit(req: JobRequest, cfg: CodaConfig) -> _Admitted | _CpuOnly | Decision:
     parse and do not say ``coda:off``.  The Decision (skip, reject) of the first check that
     fails; :class:`_CpuOnly` for a job that asks for no GPU."""
     try:
-        gpus = (
-            gpu_count(req.tres_per_node),
-            gpu_count(req.tres_per_job),
-            gpu_count(req.tres_per_task),
-            gpu_count(req.tres_per_socket),
-        )
+        gpus = _gpu_counts(req)
         sep = gres_separator(
             req.tres_per_node, req.tres_per_job, req.tres_per_task, req.tres_per_socket
         )
