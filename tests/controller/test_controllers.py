@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,11 @@ import pytest
 from coda_common.config.codaconf import parse_config
 from coda_common.slurm.conffile import ConfigError
 from coda_common.slurm.slurmconf import read_slurmctld_hosts, slurmctld_host_names
-from coda_common.store.profiles import Profile, ProfileStore
 from slurm_plugin.cli import status as cli_status
 from slurm_plugin.cli.status import collect_status, render
 from slurm_plugin.config.controllers import Controllers, host_file, this_controller
 from slurm_plugin.hook import submit as hook
-from tests.controller.test_hook import FakeLib, field, start_hook
+from tests.controller.test_hook import FakeLib, field, lib  # noqa: F401 (a fixture)
 from tests.controller.test_slurm_status import (
     entry,
     journal_lines,
@@ -163,32 +161,10 @@ def test_one_controller_keeps_its_files_as_configured(tmp_path: Path) -> None:
     assert "Journal  " + str(tmp_path / "d.jsonl") + ": 1 decisions" in render(doc)
 
 
-@pytest.fixture
-def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLib]:
-    """The hook on a FakeLib with one profile (resnet50: 6 cores per GPU)."""
-    store = tmp_path / "profiles"
-    store.mkdir(mode=0o755)
-    ProfileStore(store).write(
-        Profile(
-            signature="workload:*:resnet50",
-            workload="resnet50",
-            cpus_per_gpu=6,
-            confidence=0.95,
-            n_samples=8,
-            updated_unix_s=time.time(),
-            source="test",
-        )
-    )
-    yield from start_hook(
-        tmp_path,
-        monkeypatch,
-        f"ProfileStore={store}\nHookStatsFile={tmp_path / 'stats.json'}\n"
-        f"DecisionJournal={tmp_path / 'decisions.jsonl'}\n",
-    )
-
-
 def test_the_hook_of_each_controller_writes_files_of_its_own(
-    started: FakeLib, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lib: FakeLib,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(socket, "gethostname", lambda: "ctl2.example.org")
     slurm_conf = tmp_path / "slurm.conf"
@@ -198,7 +174,7 @@ def test_the_hook_of_each_controller_writes_files_of_its_own(
     hook._reload_config(hook.current_state(), (tmp_path / "coda.conf").stat().st_mtime_ns)
     state = hook.current_state()
     assert state.journal_path == tmp_path / "decisions.ctl2.jsonl"
-    rc, desc = submit_gpu_job(started)
+    rc, desc = submit_gpu_job(lib)
     assert rc == 0 and field(desc, "cpus_per_tres") == "gres:gpu:6"
     state.journal.flush()
     hook._write_stats(state)
